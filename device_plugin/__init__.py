@@ -1,0 +1,1 @@
+"""The kubelet device plugin advertising ``gnnsched.io/gpu-share`` MPS client slots."""

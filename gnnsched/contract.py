@@ -1,0 +1,132 @@
+"""The names and wire shapes the components agree on.
+
+Every string that crosses a process boundary (annotation keys, resource names, env vars, host paths, the GPUNode
+status) is defined once here, so that the operator, the extender, the node agent, the device plugin and the chart
+cannot drift apart. Components import this module; none of them defines its own copy.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic.alias_generators import to_camel
+
+GROUP = "gnnsched.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+GNNJOB_KIND = "GNNJob"
+GNNJOB_PLURAL = "gnnjobs"
+GPUNODE_KIND = "GPUNode"
+GPUNODE_PLURAL = "gpunodes"
+
+SCHEDULER_NAME = "gnnsched-scheduler"
+GPU_SHARE_RESOURCE = f"{GROUP}/gpu-share"
+"""Extended resource: MPS client slots. Each gated process takes one; the agent enforces the per-GPU cap."""
+
+# Pod annotations. Written by the operator:
+ANN_JOB = f"{GROUP}/job"  # "<namespace>/<name>" of the owning GNNJob
+ANN_ADMIT_BYTES = f"{GROUP}/admit-bytes"  # int: what the gate reserves on one GPU for this pod
+ANN_PMC_BYTES = f"{GROUP}/pmc-bytes"  # int: predicted peak memory consumption (before overhead and safety factor)
+ANN_PREDICTED_RUNTIME = f"{GROUP}/predicted-runtime-seconds"  # float
+ANN_INTENSITY = f"{GROUP}/intensity"  # "memory" | "compute": arithmetic-intensity class for interference pairing
+# Written by a user for a pod the operator did not create:
+ANN_GPU_MEMORY = f"{GROUP}/gpu-memory"  # Kubernetes quantity of GPU memory the pod needs on one GPU
+# Written by the extender at bind:
+ANN_RESERVATION = f"{GROUP}/reservation"  # JSON {"node", "gpu", "bytes", "at"}
+# Written by the node agent:
+ANN_GPU = f"{GROUP}/gpu"  # uuid of the GPU the gate admitted the pod on
+ANN_GROUP = f"{GROUP}/group"  # id of the admission group
+ANN_ADMITTED_AT = f"{GROUP}/admitted-at"  # RFC 3339
+ANN_STARTED_AT = f"{GROUP}/started-at"
+ANN_FINISHED_AT = f"{GROUP}/finished-at"
+ANN_OBSERVED_PEAK_BYTES = f"{GROUP}/observed-peak-bytes"
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_JOB_NAME = f"{GROUP}/job-name"
+MANAGED_BY_VALUE = "gnnsched"
+
+# Environment the operator sets through the downward API and the gate client reads.
+ENV_POD_UID = "GNNSCHED_POD_UID"
+ENV_POD_NAME = "GNNSCHED_POD_NAME"
+ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
+ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
+
+# Host paths shared by the node DaemonSet, the device plugin's Allocate mounts and the agent's defaults.
+DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_MPS_PIPE_DIR = "/var/run/gnnsched/mps"
+DEFAULT_MPS_LOG_DIR = "/var/log/gnnsched/mps"
+DEFAULT_GATE_SOCKET = "/var/run/gnnsched/gate.sock"
+
+DEFAULT_EXTENDER_PORT = 8888
+DEFAULT_AGENT_METRICS_PORT = 9400
+DEFAULT_OPERATOR_METRICS_PORT = 9401
+
+MPS_MAX_CLIENTS_PER_GPU = 48
+"""Volta and later accept at most 48 MPS clients per GPU (fewer before Volta)."""
+
+
+class _CamelModel(BaseModel):
+    """Wire models: camelCase on the wire (Kubernetes style), snake_case in Python."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict:
+        """The JSON-ready dict as it is written to the API server."""
+        return self.model_dump(by_alias=True, mode="json")
+
+
+class GPUJob(_CamelModel):
+    """A pod holding (running) or waiting for (queued) memory on one GPU."""
+
+    pod_uid: str
+    namespace: str = ""
+    name: str = ""
+    job: str | None = None
+    bytes: int = Field(ge=0)
+    predicted_remaining_seconds: float | None = Field(default=None, ge=0)
+    intensity: Literal["memory", "compute"] | None = None
+
+
+class GPUStatus(_CamelModel):
+    """One GPU as its node agent sees it; the extender's cache is built from these."""
+
+    index: int = Field(ge=0)
+    uuid: str
+    model: str
+    total_bytes: int = Field(ge=0)
+    reserve_bytes: int = Field(default=0, ge=0)
+    committed_bytes: int = Field(default=0, ge=0)
+    used_bytes: int = Field(default=0, ge=0)
+    healthy: bool = True
+    mps_healthy: bool = True
+    max_clients: int = Field(default=MPS_MAX_CLIENTS_PER_GPU, ge=1)
+    running: list[GPUJob] = Field(default_factory=list)
+    queued: list[GPUJob] = Field(default_factory=list)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """What the gate may ever commit on this GPU."""
+        return max(0, self.total_bytes - self.reserve_bytes)
+
+
+class MPSStatus(_CamelModel):
+    healthy: bool = True
+    restarts: int = Field(default=0, ge=0)
+    message: str = ""
+
+
+class GPUNodeStatus(_CamelModel):
+    """The status of a cluster-scoped ``GPUNode`` object, written only by the node's agent."""
+
+    node_name: str
+    updated_at: datetime | None = None
+    mps: MPSStatus = Field(default_factory=MPSStatus)
+    gpus: list[GPUStatus] = Field(default_factory=list)
+
+    @computed_field(alias="gpuCount")  # type: ignore[prop-decorator]
+    @property
+    def gpu_count(self) -> int:
+        """Written for the ``kubectl get gpunodes`` column; derived, so it cannot disagree with ``gpus``."""
+        return len(self.gpus)

@@ -1,0 +1,411 @@
+"""The GNNJob resource as Python types: what users write, what the operator reports, and one error type for both.
+
+The CRD in ``crds/gnnjob.yaml`` and these models must accept and reject the same manifests (``tests/test_spec.py``
+checks both on ``examples/`` and on a set of bad manifests). Bounds live in ``LIMITS`` so the test can compare them
+with the CRD's ``minimum``/``maximum``. Cross-field rules (exactly one way to name the graph, heads only for GAT,
+train-only and infer-only fields) are CEL rules in the CRD and validators here, with the same wording.
+
+Every error is a ``SpecError`` that names the field as the user wrote it (``spec.model.layers``), so the CLI can
+print one line and exit 2 and the operator can put the same line in a status condition.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from gnnsched.contract import API_VERSION, GNNJOB_KIND
+from gnnsched.datasets import dataset_names, get_dataset
+from gnnsched.quantity import QuantityError, parse_bytes, parse_cpu
+
+Arch = Literal["gcn", "sage", "gin", "gat"]
+Mode = Literal["train", "infer"]
+Phase = Literal["Pending", "Estimated", "Scheduled", "Queued", "Running", "Succeeded", "Failed", "Unschedulable"]
+
+LIMITS: dict[str, tuple[float, float]] = {
+    # field path: (minimum, maximum), inclusive; the CRD carries the same numbers.
+    "spec.model.layers": (1, 16),
+    "spec.model.hidden": (1, 16384),
+    "spec.model.heads": (1, 64),
+    "spec.graph.nodes": (1, 10_000_000_000),
+    "spec.graph.edges": (0, 100_000_000_000),
+    "spec.graph.features": (1, 1_000_000),
+    "spec.graph.classes": (2, 100_000),
+    "spec.epochs": (1, 1_000_000),
+    "spec.requests": (1, 1_000_000_000),
+    "spec.parallelism": (1, 64),
+    "spec.batching.batchSize": (1, 10_000_000),
+    "spec.batching.fanouts[]": (1, 1000),
+    "spec.backoffLimit": (0, 10),
+}
+DEFAULT_EPOCHS = 200
+DEFAULT_REQUESTS = 100
+DEFAULT_FANOUT = 10
+DEFAULT_THETA = 0.05
+
+
+class SpecError(ValueError):
+    """A manifest that cannot be a GNNJob. ``field`` is the dotted path as written in YAML (``spec.model.layers``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+def _bounded(path: str, **kwargs: Any) -> Any:
+    low, high = LIMITS[path]
+    return Field(ge=low, le=high, **kwargs)
+
+
+class _Spec(BaseModel):
+    """Spec models: camelCase in YAML, snake_case in Python, unknown keys rejected (typos must not pass silently)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class ModelSpec(_Spec):
+    arch: Arch
+    layers: int = _bounded("spec.model.layers", default=2)
+    hidden: int = _bounded("spec.model.hidden", default=64)
+    heads: int | None = _bounded("spec.model.heads", default=None)
+    dropout: float = Field(default=0.5, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _heads_only_for_gat(self) -> ModelSpec:
+        if self.arch == "gat" and self.heads is None:
+            raise ValueError("heads: required when arch is gat (attention heads per layer, 1-64)")
+        if self.arch != "gat" and self.heads is not None:
+            raise ValueError(f"heads: applies only to arch gat, not {self.arch}")
+        return self
+
+
+class GraphDims(BaseModel):
+    """A graph's dimensions, resolved from a named dataset or given directly."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nodes: int
+    edges: int
+    features: int
+    classes: int
+    dataset: str | None = None
+
+
+class GraphSpec(_Spec):
+    dataset: str | None = None
+    nodes: int | None = _bounded("spec.graph.nodes", default=None)
+    edges: int | None = _bounded("spec.graph.edges", default=None)
+    features: int | None = _bounded("spec.graph.features", default=None)
+    classes: int | None = _bounded("spec.graph.classes", default=None)
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return get_dataset(value).name
+        except KeyError:
+            raise ValueError(f"unknown dataset {value!r}; known: {', '.join(dataset_names())}") from None
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_graph(self) -> GraphSpec:
+        dims = {"nodes": self.nodes, "edges": self.edges, "features": self.features, "classes": self.classes}
+        given = [k for k, v in dims.items() if v is not None]
+        if self.dataset is not None and given:
+            raise ValueError(f"give either dataset or nodes/edges/features/classes, not both (also got {', '.join(given)})")
+        if self.dataset is None:
+            missing = [k for k, v in dims.items() if v is None]
+            if missing:
+                raise ValueError(
+                    f"{missing[0]}: required unless dataset is given (missing: {', '.join(missing)})"
+                    if given
+                    else "required: either dataset or all of nodes, edges, features, classes"
+                )
+            if self.edges > self.nodes * self.nodes:  # type: ignore[operator]
+                raise ValueError(f"edges: {self.edges} exceeds nodes² ({self.nodes}²); not a simple graph")
+        return self
+
+    def resolve(self) -> GraphDims:
+        """The graph's dimensions, whichever way the spec named it."""
+        if self.dataset is not None:
+            d = get_dataset(self.dataset)
+            return GraphDims(nodes=d.nodes, edges=d.edges, features=d.features, classes=d.classes, dataset=d.name)
+        return GraphDims(nodes=self.nodes, edges=self.edges, features=self.features, classes=self.classes)  # type: ignore[arg-type]
+
+
+class BatchingSpec(_Spec):
+    mode: Literal["full", "minibatch"] = "full"
+    batch_size: int | None = _bounded("spec.batching.batchSize", default=None)
+    fanouts: list[int] | None = None
+
+    @field_validator("fanouts")
+    @classmethod
+    def _fanouts_in_range(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        low, high = LIMITS["spec.batching.fanouts[]"]
+        if not value:
+            raise ValueError("must list one fanout per layer")
+        for i, fanout in enumerate(value):
+            if not low <= fanout <= high:
+                raise ValueError(f"fanouts[{i}]: {fanout} is outside {int(low)}-{int(high)}")
+        return value
+
+    @model_validator(mode="after")
+    def _minibatch_needs_batch_size(self) -> BatchingSpec:
+        if self.mode == "minibatch" and self.batch_size is None:
+            raise ValueError("batchSize: required when mode is minibatch")
+        if self.mode == "full" and (self.batch_size is not None or self.fanouts is not None):
+            raise ValueError("batchSize and fanouts apply only to mode minibatch")
+        return self
+
+
+class ResourcesSpec(_Spec):
+    """CPU and host memory as the user requests them (Kubernetes quantities)."""
+
+    cpu: str | None = Field(default=None, max_length=64)
+    memory: str | None = Field(default=None, max_length=64)
+
+    @field_validator("cpu", "memory", mode="before")
+    @classmethod
+    def _quantity(cls, value: Any) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity")
+        text = str(value)
+        try:
+            amount = parse_cpu(text)
+        except QuantityError as exc:
+            raise ValueError(str(exc)) from None
+        if amount <= 0:
+            raise ValueError(f"{text!r} must be positive")
+        return text
+
+    def cpu_cores(self) -> float | None:
+        return None if self.cpu is None else parse_cpu(self.cpu)
+
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else parse_bytes(self.memory)
+
+
+class ScalingSpec(_Spec):
+    """Adaptive resource scaling (seed 004): shrink over-requested CPU/memory while predicted runtime barely changes."""
+
+    enabled: bool = True
+    theta: float = Field(default=DEFAULT_THETA, gt=0.0, le=0.5)
+
+
+class GNNJobSpec(_Spec):
+    mode: Mode
+    model: ModelSpec
+    graph: GraphSpec
+    epochs: int | None = _bounded("spec.epochs", default=None)
+    requests: int | None = _bounded("spec.requests", default=None)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    qos_target_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
+    parallelism: int = _bounded("spec.parallelism", default=1)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    command: list[str] | None = None
+    args: list[str] | None = None
+    backoff_limit: int = _bounded("spec.backoffLimit", default=0)
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> GNNJobSpec:
+        if self.mode == "train":
+            for name, alias in (("requests", "requests"), ("qos_target_seconds", "qosTargetSeconds")):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{alias}: applies only to mode infer")
+            if self.parallelism != 1:
+                raise ValueError("parallelism: applies only to mode infer (workers sharing one model copy)")
+        elif self.epochs is not None:
+            raise ValueError("epochs: applies only to mode train (use requests for infer)")
+        if self.batching.mode == "minibatch" and self.model.arch not in ("sage", "gat"):
+            raise ValueError(f"batching.mode: minibatch is supported for sage and gat, not {self.model.arch}")
+        if self.batching.fanouts is not None and len(self.batching.fanouts) != self.model.layers:
+            raise ValueError(
+                f"batching.fanouts: has {len(self.batching.fanouts)} entries; model.layers is {self.model.layers}"
+            )
+        return self
+
+    @property
+    def steps(self) -> int:
+        """Epochs for training, inference requests for inference, with their defaults applied."""
+        if self.mode == "train":
+            return self.epochs if self.epochs is not None else DEFAULT_EPOCHS
+        return self.requests if self.requests is not None else DEFAULT_REQUESTS
+
+    @property
+    def fanouts(self) -> list[int]:
+        """Neighbour-sampling fanouts per layer (defaults when minibatch and none given; empty for full-batch)."""
+        if self.batching.mode != "minibatch":
+            return []
+        return list(self.batching.fanouts or [DEFAULT_FANOUT] * self.model.layers)
+
+
+class Condition(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
+    observed_generation: int | None = None
+
+
+class ResourceQuantities(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    cpu: str | None = None
+    memory: str | None = None
+
+
+class GNNJobStatus(BaseModel):
+    """What the operator reports; every field optional because status is written piecewise as the job advances."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    phase: Phase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    pmc_bytes: int | None = Field(default=None, ge=0)
+    pmc: str | None = None  # human form of pmcBytes for the printer column
+    admit_bytes: int | None = Field(default=None, ge=0)
+    predicted_runtime_seconds: float | None = Field(default=None, ge=0)
+    requested_resources: ResourceQuantities | None = None
+    scaled_resources: ResourceQuantities | None = None
+    pod_name: str | None = None
+    node: str | None = None
+    gpu: str | None = None
+    group: str | None = None
+    attempts: int | None = Field(default=None, ge=0)
+    admitted_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    observed_peak_bytes: int | None = Field(default=None, ge=0)
+    observed_runtime_seconds: float | None = Field(default=None, ge=0)
+    observed_generation: int | None = None
+    message: str | None = None
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class GNNJob(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    api_version: Literal["gnnsched.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["GNNJob"] = GNNJOB_KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GNNJobSpec
+    status: GNNJobStatus | None = None
+
+
+def _field_path(loc: tuple[Any, ...], message: str) -> tuple[str, str]:
+    """Turn pydantic's location into the YAML path; a validator may name a sub-field as ``name: message``."""
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        elif item in ("function-after", "function-before") or str(item).startswith(("function-", "literal[")):
+            continue
+        else:
+            parts.append(str(item))
+    prefix = message.split(":", 1)
+    if len(prefix) == 2 and prefix[0] and " " not in prefix[0].strip():
+        sub = prefix[0].strip()
+        parts.extend(sub.split("."))
+        message = prefix[1].strip()
+    return ".".join(parts), message
+
+
+def _first_error(exc: ValidationError, root: str) -> SpecError:
+    err = exc.errors(include_url=False)[0]
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    if err["type"] == "extra_forbidden":
+        message = "unknown field (check the spelling; fields are camelCase)"
+    elif err["type"] == "missing":
+        message = "required"
+    elif err["type"] in ("literal_error", "enum"):
+        message = f"{message}; got {err.get('input')!r}"
+    elif "input" in err and not isinstance(err["input"], (dict, list)) and "got" not in message:
+        message = f"{message} (got {err['input']!r})"
+    path, message = _field_path(tuple(err["loc"]), message)
+    return SpecError(f"{root}.{path}" if path else root, message)
+
+
+def parse_spec(obj: Any) -> GNNJobSpec:
+    """Validate a ``GNNJob.spec`` mapping; raises ``SpecError`` naming the field."""
+    if not isinstance(obj, dict):
+        raise SpecError("spec", f"must be a mapping, got {type(obj).__name__}")
+    try:
+        return GNNJobSpec.model_validate(obj)
+    except ValidationError as exc:
+        raise _first_error(exc, "spec") from None
+
+
+def parse_job(obj: Any) -> GNNJob:
+    """Validate a whole GNNJob object (a manifest, or what the API server returns); raises ``SpecError``."""
+    if not isinstance(obj, dict):
+        raise SpecError("", f"a GNNJob manifest must be a mapping, got {type(obj).__name__}")
+    if obj.get("apiVersion") != API_VERSION:
+        raise SpecError("apiVersion", f"must be {API_VERSION}, got {obj.get('apiVersion')!r}")
+    if obj.get("kind") != GNNJOB_KIND:
+        raise SpecError("kind", f"must be {GNNJOB_KIND}, got {obj.get('kind')!r}")
+    if "spec" not in obj:
+        raise SpecError("spec", "required")
+    spec = parse_spec(obj["spec"])
+    rest = {k: v for k, v in obj.items() if k not in ("spec", "status")}
+    try:
+        job = GNNJob.model_validate({**rest, "spec": spec})
+    except ValidationError as exc:
+        raise _first_error(exc, "") from None
+    status = obj.get("status")
+    if isinstance(status, dict):
+        try:
+            job = job.model_copy(update={"status": GNNJobStatus.model_validate(status)})
+        except ValidationError:
+            pass  # a status we cannot read is the operator's to rewrite, never a reason to reject the spec
+    return job
+
+
+def load_job(path: str | Path) -> GNNJob:
+    """Read a manifest file (YAML or JSON, one document) and return the validated GNNJob."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("", f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError("", f"{path}: cannot read: {exc}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError("", f"{path}: not valid YAML{where}: {problem}") from None
+    if len(documents) != 1:
+        raise SpecError("", f"{path}: expected one GNNJob document, found {len(documents)}")
+    try:
+        return parse_job(documents[0])
+    except SpecError as exc:
+        raise SpecError(exc.field, f"{exc.message} (in {path})") from None

@@ -32,6 +32,10 @@ def _root(
 
 # --- component registrations (one block per component; keep imports light) ---
 
+from gnnsched.simulator.cli import simulate as _simulate  # noqa: E402  (simulator; heavy imports inside)
+
+app.command("simulate")(_simulate)
+
 
 def main() -> None:
     """Console-script entry point."""

@@ -109,7 +109,7 @@ class Integrations:
         estimate = _import("gnnsched.estimator", "estimate", "estimator")
         solo = _import("gnnsched.runtime_prior", "solo_runtime_seconds", "predictor")
         intensity_of = _import("gnnsched.runtime_prior", "arithmetic_intensity", "predictor")
-        est = estimate(spec, device="cpu", gpu_model=gm)
+        est = estimate(spec, device="cuda", gpu_model=gm)
         seconds = float(solo(spec, gm))
         intensity = _intensity_class(float(intensity_of(spec)), gm)
         prof = self._interference().profile_for(intensity)

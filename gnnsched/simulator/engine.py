@@ -17,6 +17,8 @@ agent's grouping policy and the gate invariant); the engine only keeps the books
 from __future__ import annotations
 
 import heapq
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -174,7 +176,7 @@ class Simulation:
         self.now = 0.0
         self.heap: list[tuple] = []
         self.seq = 0
-        self.pending: list[SimJob] = []
+        self.pending: dict[int, SimJob] = {}  # insertion-ordered: arrival / retry order
         self.pending_dirty = False
         self.dirty_nodes: set[int] = set()
         self.rr = 0
@@ -194,6 +196,13 @@ class Simulation:
         self.running_count = 0
         self.gate_checks = 0
         self.mem_capacity = float(sum(g.total for g in self.gpus))
+        # per-node arrays for vectorised feasibility (GPU-less nodes never qualify: slots stay 0)
+        self.cpu_arr = np.array([n.cpu_free for n in self.nodes], dtype=np.float64)
+        self.mem_arr = np.array([n.mem_free for n in self.nodes], dtype=np.float64)
+        self.cpu_cap_arr = np.array([max(n.spec.cpu_milli, 1) for n in self.nodes], dtype=np.float64)
+        self.slots_arr = np.zeros(len(self.nodes), dtype=np.int64)
+        for node in self.gpu_nodes:
+            self._refresh_slots(node)
         self.cpu_capacity = float(sum(n.spec.cpu_milli for n in self.nodes))
         self.memh_capacity = float(sum(n.spec.memory_bytes for n in self.nodes))
 
@@ -272,14 +281,14 @@ class Simulation:
             cpu, mem = self.ix.scaled_request(job)
         out.cpu_milli, out.memory_bytes = cpu, mem
         out.status = "pending"
-        self.pending.append(job)
+        self.pending[job.id] = job
         self.pending_dirty = True
         self.waiting += 1
 
     def _requeue(self, job: SimJob) -> None:
         out = self.outcomes[job.id]
         out.status = "pending"
-        self.pending.append(job)
+        self.pending[job.id] = job
         self.pending_dirty = True
         self.waiting += 1
 
@@ -289,39 +298,39 @@ class Simulation:
     def _schedule(self) -> None:
         if self.pending_dirty and self.pending:
             self.pending_dirty = False
-            order = self._order(self.pending)
-            placed: set[int] = set()
             failures = 0
-            for job in order:
-                if failures >= MAX_FAILED_PLACEMENTS:
+            for job in self._order(self.pending):
+                if failures >= MAX_FAILED_PLACEMENTS or not self._room():
                     break
                 verdict = self._place(job)
                 if verdict is None:
                     failures += 1
                     continue
+                del self.pending[job.id]
                 if verdict == "never":
                     out = self.outcomes[job.id]
                     out.status = "unschedulable"
                     out.reason = out.reason or "fits on no GPU of the cluster"
-                    placed.add(job.id)
                     self.waiting -= 1
                     self._resolve(job)
-                    continue
-                placed.add(job.id)
-            if placed:
-                self.pending = [j for j in self.pending if j.id not in placed]
         if self.dirty_nodes:
             dirty = sorted(self.dirty_nodes)
             self.dirty_nodes.clear()
             for idx in dirty:
                 self._admit(self.nodes[idx])
 
-    def _order(self, jobs: list[SimJob]) -> list[SimJob]:
+    def _room(self) -> bool:
+        """Cheap global test before trying placements: can any node take a pod at all?"""
+        if self.policy.is_gnnsched:
+            return True
+        return bool(self.slots_arr.any())
+
+    def _order(self, jobs: dict[int, SimJob]) -> list[SimJob]:
         if self.base == "srtf":
-            return sorted(jobs, key=lambda j: (self._predicted(j), j.arrival, j.id))
+            return sorted(jobs.values(), key=lambda j: (self._predicted(j), j.arrival, j.id))
         if self.base == "drf":
-            return sorted(jobs, key=lambda j: (self._dominant_share(j), j.arrival, j.id))
-        return jobs  # FIFO: pending is kept in arrival/retry order
+            return sorted(jobs.values(), key=lambda j: (self._dominant_share(j), j.arrival, j.id))
+        return list(jobs.values())  # FIFO: arrival / retry order
 
     def _predicted(self, job: SimJob) -> float:
         return job.profile(self.gpu_nodes[0].gpus[0].model).predicted_s
@@ -332,24 +341,28 @@ class Simulation:
         return max(out.cpu_milli / self.cpu_capacity, out.memory_bytes / self.memh_capacity, gpu_share)
 
     # ------------------------------------------------------------------ placement
-    def _host_fits(self, node: NodeState, out: JobOutcome) -> bool:
-        return node.cpu_free >= out.cpu_milli and node.mem_free >= out.memory_bytes
+    def _gpu_ok(self, g: GpuState) -> bool:
+        """Can a baseline bind one more pod to ``g`` (device-plugin slots: whole GPU, MPS replicas, time slices)?"""
+        if self.base == "temporal":
+            return len(g.waiting) + len(g.running) < g.max_clients
+        limit = self.per_gpu_cap if self.per_gpu_cap is not None else g.max_clients
+        return len(g.running) + len(g.waiting) < limit
 
-    def _candidates(self, ok: Callable[[NodeState], bool]) -> list[NodeState]:
-        """Feasible nodes, scanned round-robin from where the last search stopped, as kube-scheduler does."""
-        nodes = self.gpu_nodes
-        n = len(nodes)
-        want = feasible_nodes_to_find(n)
-        found: list[NodeState] = []
-        start = self.rr
-        for k in range(n):
-            node = nodes[(start + k) % n]
-            if ok(node):
-                found.append(node)
-                if len(found) >= want:
-                    self.rr = (start + k + 1) % n
-                    break
-        return found
+    def _refresh_slots(self, node: NodeState) -> None:
+        if not self.policy.is_gnnsched:
+            self.slots_arr[node.idx] = sum(1 for g in node.gpus if self._gpu_ok(g))
+
+    def _candidates_arr(self, out: JobOutcome) -> np.ndarray:
+        """Feasible node indices, taken round-robin from where the last search stopped, as kube-scheduler does."""
+        ok = (self.cpu_arr >= out.cpu_milli) & (self.mem_arr >= out.memory_bytes) & (self.slots_arr > 0)
+        idx = np.flatnonzero(ok)
+        if idx.size == 0:
+            return idx
+        want = feasible_nodes_to_find(len(self.nodes))
+        start = int(np.searchsorted(idx, self.rr))
+        rolled = np.concatenate([idx[start:], idx[:start]])[:want]
+        self.rr = (int(rolled[-1]) + 1) % len(self.nodes)
+        return rolled
 
     def _place(self, job: SimJob):
         """Bind ``job`` to a node (and for baselines a GPU). None: not now; "never": on no node ever."""
@@ -359,31 +372,24 @@ class Simulation:
         if out.cpu_milli > self.max_node_cpu or out.memory_bytes > self.max_node_mem:
             out.reason = "requests exceed every node's CPU or memory"
             return "never"
-        cap = self.per_gpu_cap
-
-        def gpu_ok(g: GpuState) -> bool:
-            limit = cap if cap is not None else g.max_clients
-            if self.base == "temporal":
-                return len(g.waiting) + len(g.running) < g.max_clients
-            return len(g.running) + len(g.waiting) < limit
-
-        def node_ok(node: NodeState) -> bool:
-            return self._host_fits(node, out) and any(gpu_ok(g) for g in node.gpus)
-
-        cands = self._candidates(node_ok)
-        if not cands:
+        cands = self._candidates_arr(out)
+        if cands.size == 0:
             return None
-        # Kubernetes default scoring (NodeResourcesFit LeastAllocated): spread by free CPU fraction; GPU with the
-        # fewest pods attached.
-        node = max(cands, key=lambda nd: (nd.cpu_free / nd.spec.cpu_milli, -nd.idx))
-        gpu = min((g for g in node.gpus if gpu_ok(g)), key=lambda g: (len(g.running) + len(g.waiting), g.index))
+        # Kubernetes default scoring (NodeResourcesFit LeastAllocated): the node with the largest free CPU share;
+        # on it, the GPU with the fewest pods attached.
+        share = self.cpu_arr[cands] / self.cpu_cap_arr[cands]
+        node = self.nodes[int(cands[int(np.argmax(share))])]
+        gpu = min((g for g in node.gpus if self._gpu_ok(g)), key=lambda g: (len(g.running) + len(g.waiting), g.index))
         self._bind(job, out, node)
         gpu.waiting.append(job)
+        self._refresh_slots(node)
         return node
 
     def _bind(self, job: SimJob, out: JobOutcome, node: NodeState) -> None:
         node.cpu_free -= out.cpu_milli
         node.mem_free -= out.memory_bytes
+        self.cpu_arr[node.idx] = node.cpu_free
+        self.mem_arr[node.idx] = node.mem_free
         node.bound += 1
         self.cpu_alloc_now += out.cpu_milli
         self.memh_alloc_now += out.memory_bytes
@@ -394,6 +400,8 @@ class Simulation:
     def _unbind(self, out: JobOutcome, node: NodeState) -> None:
         node.cpu_free += out.cpu_milli
         node.mem_free += out.memory_bytes
+        self.cpu_arr[node.idx] = node.cpu_free
+        self.mem_arr[node.idx] = node.mem_free
         node.bound -= 1
         self.cpu_alloc_now -= out.cpu_milli
         self.memh_alloc_now -= out.memory_bytes
@@ -442,6 +450,7 @@ class Simulation:
                 self._rerate(gpu)
             if started:
                 self._record_group(gpu)
+        self._refresh_slots(node)
 
     def _record_group(self, gpu: GpuState) -> None:
         if len(self.groups) < 20000:
@@ -505,6 +514,7 @@ class Simulation:
         self._unbind(out, gpu.node)
         self._resolve(job)
         self._rerate(gpu)
+        self._refresh_slots(gpu.node)
         self.dirty_nodes.add(gpu.node.idx)
         self.pending_dirty = True
 

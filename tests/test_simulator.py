@@ -198,3 +198,52 @@ def test_cli_bad_input_is_one_line_exit_2(args, field):
 def test_cli_list():
     out = _cli("--list")
     assert out.returncode == 0 and "cognn-mix" in out.stdout and "pai32" in out.stdout
+
+
+# ------------------------------------------------------------------------------------------------ openb / FGD
+def _tiny_openb():
+    from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
+    from gnnsched.simulator.openb import Pod
+
+    nodes = tuple(NodeSpec(f"n{i}", g, "T4", 32_000, 128 * GiB) for i, g in enumerate((1, 2, 4, 8)))
+    pods = [Pod(4000, 8 * GiB, 1, m) for m in (250, 500, 700, 1000)] + [Pod(8000, 16 * GiB, 2, 1000),
+                                                                           Pod(2000, 4 * GiB, 0, 0)]
+    return ClusterSpec("tiny", nodes), pods
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "fgd"])
+def test_openb_incremental_fragmentation_matches_recomputation(policy: str):
+    import numpy as np
+
+    from gnnsched.simulator.openb import Classes, OpenbCluster
+
+    cluster, pods = _tiny_openb()
+    state = OpenbCluster(cluster)
+    cl = Classes(pods)
+    state.init_frag(cl)
+    rng = np.random.default_rng(1)
+    placed = 0
+    for _ in range(40):
+        placed += state.place(pods[int(rng.integers(len(pods)))], policy, cl)
+        assert (state.free >= 0).all() and (state.cpu >= 0).all() and (state.mem >= 0).all()
+        fresh = OpenbCluster(cluster)
+        fresh.free, fresh.cpu, fresh.mem = state.free.copy(), state.cpu.copy(), state.mem.copy()
+        fresh.init_frag(cl)
+        assert state.fcache == pytest.approx(fresh.fcache)
+    assert placed > 0
+
+
+def test_openb_fgd_leaves_no_more_fragment_than_best_fit_on_the_trace():
+    from gnnsched.simulator.cluster import parse_cluster
+    from gnnsched.simulator.openb import load_pods, replay
+
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    data = data if data.exists() else Path("/work/shared/data")
+    if not (data / "traces" / "openb_pod_list_default.csv").exists():
+        pytest.skip("shared openb trace not available")
+    cluster = parse_cluster("openb", data)
+    pods = load_pods(data)
+    bf = replay(cluster, pods, "best-fit", seed=0, until=0.3)
+    fgd = replay(cluster, pods, "fgd", seed=0, until=0.3)
+    assert fgd["pods_arrived"] == bf["pods_arrived"]  # same draw of pods
+    assert fgd["fragmented_gpus"] <= bf["fragmented_gpus"]

@@ -65,9 +65,9 @@ def openb_workload(seed: int, data_dir: Path) -> Workload:
 
 
 class Classes:
-    """The workload's task classes and popularity."""
+    """The workload's task classes and popularity (the ``top`` most frequent requests; they cover most pods)."""
 
-    def __init__(self, pods: list[Pod], top: int = 64) -> None:
+    def __init__(self, pods: list[Pod], top: int = 32) -> None:
         counts: dict[tuple[int, int, int, int], int] = {}
         for p in pods:
             key = (p.cpu, p.mem, p.gpus, p.milli)
@@ -96,83 +96,120 @@ class OpenbCluster:
         self.mem = np.array([n.memory_bytes for n in nodes], dtype=np.int64)
         self.capacity = int(self.valid.sum()) * FULL
 
-    def frag(self, free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, valid: np.ndarray, cl: Classes) -> np.ndarray:
-        """``F_n(M)`` for rows of nodes (free: rows x G), in milli-GPUs."""
-        f = np.where(valid, free, 0)
-        total = f.sum(axis=1)  # (R,)
-        full = (f == FULL).sum(axis=1)
-        top = f.max(axis=1)
-        share = (cl.gpus == 1) & (cl.milli < FULL)  # (M,)
-        need = np.where(share, cl.milli, FULL)  # per-GPU need
-        gpu_ok = np.where(cl.gpus == 0, True,
-                          np.where(share, top[:, None] >= cl.milli[None, :], full[:, None] >= cl.gpus[None, :]))
+    # ---- fragmentation, decomposed so that a candidate placement is evaluated from cached per-node statistics
+    def _stats(self, rows: np.ndarray, cl: Classes) -> dict[str, np.ndarray]:
+        f = np.where(self.valid[rows], self.free[rows], -1)  # -1: no GPU in that slot
+        fz = np.maximum(f, 0)
+        srt = np.sort(f, axis=1)
+        partial = np.where((f >= 0) & (f < FULL), f, -1)
+        need = self._need(cl)
+        small = (f[:, :, None] >= 0) & (f[:, :, None] < need[None, None, :])
+        stranded = (fz[:, :, None] * small).sum(axis=1).astype(np.float64)
+        stranded[:, cl.gpus == 0] = 0.0
+        return {"total": fz.sum(axis=1), "full": (f == FULL).sum(axis=1), "top1": srt[:, -1],
+                "top2": srt[:, -2] if f.shape[1] > 1 else np.full(len(rows), -1),
+                "top_partial": partial.max(axis=1), "stranded": stranded}
+
+    @staticmethod
+    def _need(cl: Classes) -> np.ndarray:
+        share = (cl.gpus == 1) & (cl.milli < FULL)
+        return np.where(share, cl.milli, FULL)
+
+    @staticmethod
+    def _frag_from(total, full, top, stranded, cpu, mem, cl: Classes) -> np.ndarray:
+        """``F_n(M)`` from node statistics (see the module docstring)."""
+        share = (cl.gpus == 1) & (cl.milli < FULL)
+        gpu_ok = np.where(cl.gpus[None, :] == 0, True,
+                          np.where(share[None, :], top[:, None] >= cl.milli[None, :],
+                                   full[:, None] >= cl.gpus[None, :]))
         host_ok = (cpu[:, None] >= cl.cpu[None, :]) & (mem[:, None] >= cl.mem[None, :])
-        sched = gpu_ok & host_ok  # (R, M)
-        # free capacity on GPUs that cannot hold one unit of the class
-        small = (f[:, :, None] < need[None, None, :]) & valid[:, :, None]
-        stranded = (f[:, :, None] * small).sum(axis=1)  # (R, M)
-        stranded = np.where(cl.gpus[None, :] == 0, 0, stranded)
-        per_class = np.where(sched, stranded, total[:, None])
+        per_class = np.where(gpu_ok & host_ok, stranded, total[:, None].astype(np.float64))
         return per_class @ cl.p
 
+    def init_frag(self, cl: Classes) -> None:
+        """Cache per-node statistics and ``F_n(M)``; a placement changes one node, so only its row is redone."""
+        self.cl = cl
+        self.st = self._stats(np.arange(len(self.names)), cl)
+        st = self.st
+        self.fcache = self._frag_from(st["total"], st["full"], st["top1"], st["stranded"], self.cpu, self.mem, cl)
+
+    def _update(self, row: int, cl: Classes) -> None:
+        one = self._stats(np.array([row]), cl)
+        for key, val in one.items():
+            self.st[key][row] = val[0]
+        st = self.st
+        r = slice(row, row + 1)
+        self.fcache[row] = self._frag_from(st["total"][r], st["full"][r], st["top1"][r], st["stranded"][r],
+                                           self.cpu[r], self.mem[r], cl)[0]
+
     def place(self, pod: Pod, policy: str, cl: Classes) -> bool:
+        """Place one pod by ``policy``; False when no node can take it. Candidate GPUs at the same free level on
+        the same node leave the node in the same state, so each is evaluated once."""
+        st = self.st
         host = (self.cpu >= pod.cpu) & (self.mem >= pod.mem)
         if pod.gpus == 0:
             rows = np.flatnonzero(host)
             if rows.size == 0:
                 return False
             if policy == "fgd":
-                before = self.frag(self.free[rows], self.cpu[rows], self.mem[rows], self.valid[rows], cl)
-                after = self.frag(self.free[rows], self.cpu[rows] - pod.cpu, self.mem[rows] - pod.mem,
-                                  self.valid[rows], cl)
-                best = rows[int(np.argmin(after - before))]
+                after = self._frag_from(st["total"][rows], st["full"][rows], st["top1"][rows],
+                                        st["stranded"][rows], self.cpu[rows] - pod.cpu, self.mem[rows] - pod.mem, cl)
+                row = int(rows[int(np.argmin(after - self.fcache[rows]))])
             else:
-                best = rows[int(np.argmin(self.cpu[rows] - pod.cpu))]
-            self.cpu[best] -= pod.cpu
-            self.mem[best] -= pod.mem
+                row = int(rows[int(np.argmin(self.cpu[rows] - pod.cpu))])
+            self.cpu[row] -= pod.cpu
+            self.mem[row] -= pod.mem
+            self._update(row, cl)
             return True
         if pod.gpus == 1 and pod.milli < FULL:
             ok = host[:, None] & self.valid & (self.free >= pod.milli)
-        else:
-            full = ((self.free == FULL) & self.valid).sum(axis=1)
-            ok = (host & (full >= pod.gpus))[:, None] & self.valid & (self.free == FULL)
-        cand = np.argwhere(ok)  # (K, 2): node row, gpu index
-        if cand.size == 0:
-            return False
-        if pod.gpus > 1 or pod.milli >= FULL:
-            # whole GPUs: the choice is the node; take its first free GPUs
-            rows = np.unique(cand[:, 0])
-            after_free = self.free[rows].copy()
-            for i in range(len(rows)):
-                idx = np.flatnonzero((after_free[i] == FULL) & self.valid[rows[i]])[: pod.gpus]
-                after_free[i, idx] = 0
-            score = self._score(policy, rows, after_free, pod, cl)
+            rows, cols = np.nonzero(ok)
+            if rows.size == 0:
+                return False
+            _, first = np.unique(rows * (FULL + 1) + self.free[rows, cols], return_index=True)
+            rows, cols = rows[first], cols[first]
+            a_old = self.free[rows, cols]
+            a_new = a_old - pod.milli
+            if policy == "fgd":
+                need = self._need(cl)
+                h_old = a_old[:, None] * (a_old[:, None] < need[None, :])
+                h_new = a_new[:, None] * (a_new[:, None] < need[None, :])
+                stranded = st["stranded"][rows] - h_old + h_new
+                stranded[:, cl.gpus == 0] = 0.0
+                top1, top2 = st["top1"][rows], st["top2"][rows]
+                top = np.where(a_old == top1, np.maximum(top2, a_new), top1)
+                full = st["full"][rows] - (a_old == FULL)
+                after = self._frag_from(st["total"][rows] - pod.milli, full, top, stranded,
+                                        self.cpu[rows] - pod.cpu, self.mem[rows] - pod.mem, cl)
+                score = after - self.fcache[rows]
+            else:  # best fit: least free GPU share left on the node, then on the GPU
+                score = (st["total"][rows] - pod.milli) * (FULL + 1.0) + a_new
             k = int(np.argmin(score))
-            row = rows[k]
-            self.free[row] = after_free[k]
+            row, col = int(rows[k]), int(cols[k])
+            self.free[row, col] -= pod.milli
         else:
-            rows = cand[:, 0]
-            after_free = self.free[rows].copy()
-            after_free[np.arange(len(rows)), cand[:, 1]] -= pod.milli
-            score = self._score(policy, rows, after_free, pod, cl)
-            k = int(np.argmin(score))
-            row = rows[k]
-            self.free[row, cand[k, 1]] -= pod.milli
+            rows = np.flatnonzero(host & (st["full"] >= pod.gpus))
+            if rows.size == 0:
+                return False
+            if policy == "fgd":
+                # whole GPUs go from fully free to 0: neither counts as stranded for any class
+                full = st["full"][rows] - pod.gpus
+                top = np.where(full > 0, FULL, np.maximum(st["top_partial"][rows], 0))
+                after = self._frag_from(st["total"][rows] - pod.gpus * FULL, full, top, st["stranded"][rows],
+                                        self.cpu[rows] - pod.cpu, self.mem[rows] - pod.mem, cl)
+                score = after - self.fcache[rows]
+            else:
+                score = (st["total"][rows] - pod.gpus * FULL).astype(np.float64)
+            row = int(rows[int(np.argmin(score))])
+            idx = np.flatnonzero((self.free[row] == FULL) & self.valid[row])[: pod.gpus]
+            self.free[row, idx] = 0
         self.cpu[row] -= pod.cpu
         self.mem[row] -= pod.mem
+        self._update(row, cl)
         return True
 
-    def _score(self, policy: str, rows: np.ndarray, after_free: np.ndarray, pod: Pod, cl: Classes) -> np.ndarray:
-        valid = self.valid[rows]
-        if policy == "fgd":
-            before = self.frag(self.free[rows], self.cpu[rows], self.mem[rows], valid, cl)
-            after = self.frag(after_free, self.cpu[rows] - pod.cpu, self.mem[rows] - pod.mem, valid, cl)
-            return after - before
-        # best fit: least free GPU share left on the node, then on the GPU
-        return np.where(valid, after_free, 0).sum(axis=1).astype(np.float64)
-
-    def fragmentation(self, cl: Classes) -> float:
-        return float(self.frag(self.free, self.cpu, self.mem, self.valid, cl).sum())
+    def fragmentation(self) -> float:
+        return float(self.fcache.sum())
 
 
 def replay(cluster: ClusterSpec, pods: list[Pod], policy: str, seed: int, until: float = 1.0,
@@ -182,6 +219,7 @@ def replay(cluster: ClusterSpec, pods: list[Pod], policy: str, seed: int, until:
         raise ValueError(f"policies: {policy!r} is not an openb placement policy (best-fit, fgd)")
     state = OpenbCluster(cluster)
     cl = Classes(pods)
+    state.init_frag(cl)
     rng = random.Random(f"openb-replay-{seed}")
     arrived = 0
     placed = failed = failed_gpu = 0
@@ -201,11 +239,11 @@ def replay(cluster: ClusterSpec, pods: list[Pod], policy: str, seed: int, until:
         if i % 200 == 0:
             allocated = state.capacity - int(np.where(state.valid, state.free, 0).sum())
             curve.append((arrived / state.capacity, allocated / state.capacity,
-                          state.fragmentation(cl) / state.capacity))
+                          state.fragmentation() / state.capacity))
             if progress is not None:
                 progress(int(min(arrived, target)), int(target))
     free = int(np.where(state.valid, state.free, 0).sum())
-    frag = state.fragmentation(cl)
+    frag = state.fragmentation()
     return {
         "pods_arrived": i, "pods_placed": placed, "pods_failed": failed,
         "gpu_demand_arrived": round(arrived / state.capacity, 4),

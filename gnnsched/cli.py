@@ -32,6 +32,10 @@ def _root(
 
 # --- component registrations (one block per component; keep imports light) ---
 
+from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
+
+app.add_typer(_predictor_app, name="predictor")
+
 from gnnsched.simulator.cli import simulate as _simulate  # noqa: E402  (simulator; heavy imports inside)
 
 app.command("simulate")(_simulate)

@@ -96,22 +96,22 @@ class Integrations:
         return mod
 
     # ------------------------------------------------------------------ job costs
-    def profile(self, spec: Any, gpu_model: str) -> JobProfile:
-        """A GNN job's cost on ``gpu_model``: the estimator's PMC and admit bytes, the analytic runtime prior, and
-        the interference model's solo profile for the job's arithmetic-intensity class."""
-        key = ("profile", spec.model_dump_json(), gpu_model)
+    def profile(self, spec: Any, gpu_model: str, cpu_cores: float | None = None) -> JobProfile:
+        """A GNN job's cost on ``gpu_model``: the estimator's PMC and admit bytes (device ``cuda``: the GPU model's
+        context, workspace and allocator overheads included), the analytic runtime prior with ``cpu_cores``, its
+        roofline intensity class, and the interference model's solo profile for that class."""
+        key = ("profile", spec.model_dump_json(), gpu_model, cpu_cores)
         hit = self.memo.get(key)
         if hit is not None:
             return hit
         from gnnsched.gpus import get_gpu_model
 
         gm = get_gpu_model(gpu_model)
-        estimate = _import("gnnsched.estimator", "estimate", "estimator")
+        est = self._estimate(spec, gm)
         solo = _import("gnnsched.runtime_prior", "solo_runtime_seconds", "predictor")
-        intensity_of = _import("gnnsched.runtime_prior", "arithmetic_intensity", "predictor")
-        est = estimate(spec, device="cuda", gpu_model=gm)
-        seconds = float(solo(spec, gm))
-        intensity = _intensity_class(float(intensity_of(spec)), gm)
+        intensity_class = _import("gnnsched.runtime_prior", "intensity_class", "predictor")
+        seconds = float(solo(spec, gm, cpu_cores))
+        intensity = str(intensity_class(spec, gm))
         prof = self._interference().profile_for(intensity)
         out = JobProfile(
             admit_bytes=int(est.admit_bytes),
@@ -125,17 +125,42 @@ class Integrations:
         self.memo[key] = out
         return out
 
-    def scale(self, spec: Any, cpu_milli: int, memory_bytes: int, gpu_model: str) -> tuple[int, int]:
-        """Right-sized CPU millicores and memory bytes from ``gnnsched.scaling.scale`` (seed 004's Algorithm 1)."""
+    def _estimate(self, spec: Any, gm: Any) -> Any:
+        """``gnnsched.estimator.estimate`` once per (spec without its step count, GPU model): the peak of one step
+        does not depend on how many steps there are."""
+        shape = spec.model_dump(mode="json", exclude={"epochs", "requests", "qos_target_seconds", "resources",
+                                                      "scaling", "backoff_limit"})
+        key = ("estimate", repr(sorted(shape.items())), gm.name)
+        hit = self.memo.get(key)
+        if hit is None:
+            estimate = _import("gnnsched.estimator", "estimate", "estimator")
+            hit = estimate(spec, device="cuda", gpu_model=gm)
+            self.memo[key] = hit
+        return hit
+
+    def scale(self, spec: Any, cpu_milli: int, memory_bytes: int, gpu_model: str) -> tuple[int, int, float]:
+        """``gnnsched.scaling.scale`` (seed 004's Algorithm 1 with floors): the right-sized CPU millicores and memory
+        bytes, and the factor by which the job's solo runtime changes with the scaled CPU (the runtime prior's
+        answer, which is the simulator's ground truth, not the predictor's)."""
         scale = _import("gnnsched.scaling", "scale", "predictor")
-        raise IntegrationMissing("gnnsched.scaling.scale adapter", "simulator",
-                                 f"wire {scale!r} once its signature is on this branch")
+        resources = _import("gnnsched.scaling", "Resources", "predictor")
+        predictor = self.memo.get("predictor")
+        if predictor is None:
+            predictor = _import("gnnsched.predictor.gnn", "GNNRuntimePredictor", "predictor").load_default()
+            self.memo["predictor"] = predictor
+        got = scale(spec, resources(cpu=cpu_milli / 1000, memory=int(memory_bytes)), predictor=predictor,
+                    gpu_model=gpu_model)
+        cpu = int(round(got.scaled.cpu * 1000))
+        solo = _import("gnnsched.runtime_prior", "solo_runtime_seconds", "predictor")
+        before = float(solo(spec, gpu_model, cpu_milli / 1000))
+        after = float(solo(spec, gpu_model, cpu / 1000))
+        return cpu, int(got.scaled.memory), (after / before if before > 0 else 1.0)
 
     def scaled_request(self, job: SimJob) -> tuple[int, int]:
-        """CPU millicores and memory bytes after ``gnnsched.scaling.scale`` (adaptive resource scaling)."""
-        if job.scaled_cpu_milli is not None and job.scaled_memory_bytes is not None:
-            return job.scaled_cpu_milli, job.scaled_memory_bytes
-        raise IntegrationMissing("gnnsched.scaling.scale", "predictor", "not merged into the simulator branch yet")
+        """The requests ``scale`` chose for ``job`` (computed once per workload, see ``runner.materialise``)."""
+        if job.scaled_cpu_milli is None or job.scaled_memory_bytes is None:
+            raise IntegrationMissing("gnnsched.scaling.scale", "predictor", f"job {job.name} was not scaled")
+        return job.scaled_cpu_milli, job.scaled_memory_bytes
 
     # ------------------------------------------------------------------ co-location
     def slowdowns(self, sim: Any, gpu: Any, jobs: list[SimJob]) -> list[float]:
@@ -213,8 +238,3 @@ def _optional(module: str) -> Any:
     except ImportError:
         return None
 
-
-def _intensity_class(flops_per_byte: float, gpu_model: Any) -> str:
-    """Roofline class on ``gpu_model``: compute-bound above the ridge point (peak FLOP/s over bandwidth)."""
-    ridge = gpu_model.fp32_flops_per_s / gpu_model.bandwidth_bytes_per_s
-    return "compute" if flops_per_byte >= ridge else "memory"

@@ -484,7 +484,8 @@ class Simulation:
             return False
         out.status = "running"
         out.ran = True
-        work = prof.solo_s + (0.0 if self.base == "temporal" else self.startup_s)
+        solo = prof.solo_s * (job.scaled_solo_factor if self.policy.scaling else 1.0)
+        work = solo + (0.0 if self.base == "temporal" else self.startup_s)
         run = Run(job, gpu, work, self.now)
         if not gpu.running:
             self.idle_gpus -= 1

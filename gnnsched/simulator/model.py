@@ -53,6 +53,7 @@ class SimJob:
     backoff_limit: int = 3
     scaled_cpu_milli: int | None = None
     scaled_memory_bytes: int | None = None
+    scaled_solo_factor: float = 1.0
     labels: dict[str, str] = field(default_factory=dict)
 
     def profile(self, gpu_model: str) -> JobProfile:

@@ -54,21 +54,24 @@ def materialise(workload: Workload, cluster: ClusterSpec, ix: Integrations, *, s
             continue
         spec = t.spec
         target = t.labels.get("runtime_target")
+        cores = t.cpu_milli / 1000
         if target is not None:
-            one = ix.profile(spec, ref)
+            one = ix.profile(spec, ref, cores)
             epochs = int(min(MAX_EPOCHS, max(1, round(float(target) / max(one.solo_s, 1e-9)))))
             spec = spec.model_copy(update={"epochs": epochs})
-        profiles = {m: ix.profile(spec, m) for m in models}
+        profiles = {m: ix.profile(spec, m, cores) for m in models}
         qos = None
         if t.qos_factor is not None:
             qos = t.qos_factor * (profiles[ref].solo_s + startup_s)
         scaled_cpu = scaled_mem = None
+        factor = 1.0
         if scaling:
-            scaled_cpu, scaled_mem = ix.scale(spec, t.cpu_milli, t.memory_bytes, ref)
+            scaled_cpu, scaled_mem, factor = ix.scale(spec, t.cpu_milli, t.memory_bytes, ref)
         jobs.append(SimJob(
             id=i, name=t.name, arrival=t.arrival, mode=spec.mode, cpu_milli=t.cpu_milli,
             memory_bytes=t.memory_bytes, profiles=profiles, spec=spec, qos_target_s=qos,
             backoff_limit=t.backoff_limit, scaled_cpu_milli=scaled_cpu, scaled_memory_bytes=scaled_mem,
+            scaled_solo_factor=factor,
             labels=dict(t.labels),
         ))
     if workload.reference.get("period_slots"):

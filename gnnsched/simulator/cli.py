@@ -82,8 +82,8 @@ def fits_on(cluster, ix):
         return None
     smallest = get_gpu_model(models[0])
 
-    def fits(spec) -> bool:
-        return ix.profile(spec, smallest.name).admit_bytes <= smallest.memory_bytes
+    def fits(spec, share: float = 1.0) -> bool:
+        return ix.profile(spec, smallest.name).admit_bytes <= share * smallest.memory_bytes
 
     return fits
 

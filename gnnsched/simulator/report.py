@@ -52,6 +52,8 @@ def render_table(report: Report) -> str:
         sim = "-" if ref["simulated"] is None else f"{ref['simulated']:g}{ref['unit']}"
         lines.append(f"{ref['paper']}: {ref['compare']} {ref['metric']}: paper {ref['paper_value']:g}{ref['unit']}, "
                      f"simulated {sim}")
+    for note in report.notes:
+        lines.append(f"note: {note}")
     return "\n".join(lines)
 
 

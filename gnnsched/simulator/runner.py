@@ -46,6 +46,7 @@ def materialise(workload: Workload, cluster: ClusterSpec, ix: Integrations, *, s
     ref = models[0]
     jobs: list[SimJob] = []
     templates = workload.templates
+    truncated = 0
     for i, t in enumerate(templates):
         if progress is not None:
             progress(i, len(templates))
@@ -57,7 +58,9 @@ def materialise(workload: Workload, cluster: ClusterSpec, ix: Integrations, *, s
         cores = t.cpu_milli / 1000
         if target is not None:
             one = ix.profile(spec, ref, cores)
-            epochs = int(min(MAX_EPOCHS, max(1, round(float(target) / max(one.solo_s, 1e-9)))))
+            wanted = round(float(target) / max(one.solo_s, 1e-9))
+            truncated += wanted > MAX_EPOCHS
+            epochs = int(min(MAX_EPOCHS, max(1, wanted)))
             spec = spec.model_copy(update={"epochs": epochs})
         profiles = {m: ix.profile(spec, m, cores) for m in models}
         qos = None
@@ -74,6 +77,9 @@ def materialise(workload: Workload, cluster: ClusterSpec, ix: Integrations, *, s
             scaled_solo_factor=factor,
             labels=dict(t.labels),
         ))
+    if truncated:
+        workload.notes.append(f"{truncated} jobs needed more than {MAX_EPOCHS} epochs to match their trace lifetime; "
+                              "their runtime is shorter than the lifetime")
     if workload.reference.get("period_slots"):
         # GNNSched batches: arrival slot k happens at k * T, T = the queue's mean standalone time on the reference
         # GPU, so mean 1 task per slot loads one GPU running jobs one at a time to ~100 %.
@@ -113,7 +119,8 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
     if jobs is None:
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in policies), startup_s=startup_s,
                            progress=(lambda d, t: progress("costing jobs", d, t)) if progress else None)
-    report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={})
+    report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={},
+                    notes=list(workload.notes))
     for spec in policies:
         sim = Simulation(jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                          startup_s=startup_s, record_timeline=record_timeline,

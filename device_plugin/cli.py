@@ -17,6 +17,8 @@ from gnnsched.contract import MPS_MAX_CLIENTS_PER_GPU
 log = logging.getLogger("gnnsched.device_plugin")
 
 NVML_UNAVAILABLE_EXIT = 1
+RUNTIME_EXIT = 1
+MAX_UNIX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
 
 
 def run(
@@ -49,7 +51,10 @@ def run(
     from gnnsched.node_status_file import status_file_path
 
     from .mps_health import StatusFileMPSHealth, assume_mps_healthy
-    from .server import DevicePlugin, PluginConfig
+    from .server import DEFAULT_ENDPOINT, DevicePlugin, PluginConfig
+
+    if len(str(Path(plugin_dir) / DEFAULT_ENDPOINT)) > MAX_UNIX_SOCKET_PATH:
+        fail(f"--plugin-dir: {plugin_dir} is too long for a unix socket path ({MAX_UNIX_SOCKET_PATH} bytes at most)")
 
     try:
         backend = open_backend(gpus)
@@ -77,7 +82,11 @@ def run(
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    plugin.start()
+    try:
+        plugin.start()
+    except (RuntimeError, OSError) as exc:  # e.g. no permission to create the socket in the plugin dir
+        backend.close()
+        fail(f"--plugin-dir: cannot serve {config.socket_path}: {exc}", code=RUNTIME_EXIT)
     try:
         while not done.wait(1.0):
             pass

@@ -118,10 +118,12 @@ class DevicePlugin:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        # Threads first: the supervisor may be re-serving, and a server it created after we stopped ours would leak.
+        for t in self._threads:
+            t.join(timeout=self.config.register_timeout_s + self.config.poll_interval_s + 1.0)
         if self._server is not None:
             self._server.stop(grace_s).wait()
-        for t in self._threads:
-            t.join(timeout=max(2.0, self.config.poll_interval_s + 1.0))
+            self._server = None
         try:
             if self._socket_id is not None and _file_id(self.config.socket_path) == self._socket_id:
                 self.config.socket_path.unlink()
@@ -214,7 +216,8 @@ class DevicePlugin:
         registered_with: tuple[int, int, int] | None = None
         backoff = 0.0
         last_error = ""
-        while not self._stop.wait(backoff or self.config.watch_interval_s):
+        delay = 0.0  # try to register at once, then every watch interval (or backoff after a failure)
+        while not self._stop.wait(delay):
             if _file_id(self.config.socket_path) != self._socket_id:
                 log.warning("plugin socket %s vanished or was replaced; serving a new one", self.config.socket_path)
                 self._serve()
@@ -222,6 +225,7 @@ class DevicePlugin:
             kubelet = _file_id(self.config.kubelet_socket)
             if kubelet is None or kubelet == registered_with:
                 backoff = 0.0
+                delay = self.config.watch_interval_s
                 continue
             try:
                 self._register()
@@ -231,8 +235,9 @@ class DevicePlugin:
                     log.warning("registration with kubelet at %s failed: %s", self.config.kubelet_socket, msg)
                     last_error = msg
                 backoff = min(self.config.max_register_backoff_s, max(self.config.watch_interval_s, backoff * 2))
+                delay = backoff
                 continue
-            registered_with, backoff, last_error = kubelet, 0.0, ""
+            registered_with, backoff, last_error, delay = kubelet, 0.0, "", self.config.watch_interval_s
             with self._cond:
                 self._registrations += 1
                 self._cond.notify_all()

@@ -88,7 +88,8 @@ def test_registers_after_serving_and_lists_slots(rig):
     assert set(groups) == {g.uuid for g in backend.devices()}
     assert all(len(v) == SLOTS for v in groups.values())
     assert all(len(d) <= 63 for d in devices)
-    assert plugin.registrations == 1
+    # kubelet may stream before the plugin's Register call has returned: wait for the plugin's side too
+    assert plugin.wait_registered(1, timeout_s=5) and plugin.registrations == 1
 
 
 def test_preferred_allocation_packs_one_gpu(rig):

@@ -94,3 +94,12 @@ def test_cli_defaults_are_the_contract():
     assert params["gate_socket"] == contract.DEFAULT_GATE_SOCKET
     assert params["slots_per_gpu"] == contract.MPS_MAX_CLIENTS_PER_GPU
     assert params["gpus"] == "nvml"
+
+
+def test_plugin_dir_too_long_for_a_unix_socket(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    r = subprocess.run([*CMD, f"--plugin-dir={deep}", "--gpus=fake:1x1Gi"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--plugin-dir" in lines[0] and "too long" in lines[0]

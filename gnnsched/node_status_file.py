@@ -4,7 +4,8 @@ Why a file and not an RPC: the device plugin must keep advertising (and marking 
 restarts, and must not depend on the agent's process being up to answer. The agent rewrites the file on every
 status publish; readers treat a missing, unreadable or stale file as "MPS not known to be healthy".
 
-Format: ``GPUNodeStatus.wire()`` JSON (camelCase, as in the ``GPUNode`` object). Path:
+Format: ``GPUNodeStatus.wire()`` JSON (camelCase, as in the ``GPUNode`` object); readers also accept a whole
+``GPUNode`` object (``{"apiVersion", "kind": "GPUNode", "metadata", "status"}``) and use its ``status``. Path:
 ``<MPS pipe directory>/contract.NODE_STATUS_FILE_NAME`` (:func:`status_file_path`): the agent owns that directory and
 the device plugin mounts it read-only already. Caveat: job pods mount the pipe directory read-write (MPS clients need
 it), so a hostile job could overwrite the file; it could equally break the MPS daemon's pipes there, so this adds no
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gnnsched.contract import NODE_STATUS_FILE_NAME, GPUNodeStatus
+from gnnsched.contract import GPUNODE_KIND, NODE_STATUS_FILE_NAME, GPUNodeStatus
 
 __all__ = ["StatusFileError", "read_status_file", "status_age_seconds", "status_file_path", "write_status_file"]
 
@@ -63,7 +64,13 @@ def read_status_file(path: str | os.PathLike[str]) -> GPUNodeStatus:
     except OSError as exc:
         raise StatusFileError(f"cannot read node agent status file {path}: {exc.strerror}") from None
     try:
-        return GPUNodeStatus.model_validate_json(text)
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise StatusFileError(f"node agent status file {path} is not JSON: {exc}") from None
+    if isinstance(obj, dict) and obj.get("kind") == GPUNODE_KIND and isinstance(obj.get("status"), dict):
+        obj = obj["status"]  # a whole GPUNode object (as the agent's file sink writes it) is accepted too
+    try:
+        return GPUNodeStatus.model_validate(obj)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(root)"

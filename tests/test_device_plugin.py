@@ -284,3 +284,24 @@ def test_stub_paths_match_kubelet():
         "v1beta1.DevicePlugin.PreStartContainer",
     }
     assert hasattr(pb_grpc, "DevicePluginStub") and hasattr(pb_grpc, "RegistrationStub")
+
+
+def test_broken_sources_mark_slots_unhealthy_instead_of_crashing(tmp_path):
+    """A failing MPS health source or a GPU backend that stops answering turns slots Unhealthy (no stale Healthy)."""
+    backend = FakeGPUBackend(2, GI)
+    mps = SettableMPS()
+    plugin = DevicePlugin(backend, _config(tmp_path), mps)  # not started: refresh() is what the watcher runs
+    assert plugin.refresh() and all(s.healthy for s in plugin.snapshot())
+    assert not plugin.refresh()  # nothing changed, nothing published
+
+    def broken():
+        raise OSError("boom")
+
+    plugin.mps_health = broken
+    assert plugin.refresh() and not any(s.healthy for s in plugin.snapshot())
+    plugin.mps_health = mps
+    assert plugin.refresh() and all(s.healthy for s in plugin.snapshot())
+    backend.close()  # devices() now raises GPUBackendError
+    assert plugin.refresh()
+    slots = plugin.snapshot()
+    assert len(slots) == 2 * SLOTS and not any(s.healthy for s in slots)

@@ -38,6 +38,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -59,6 +60,8 @@ END_SLOTS = 4
 SIZE_QUANTILES = 8
 #: Reservations not reported by the node agent within this many seconds are dropped.
 DEFAULT_RESERVATION_TTL = 300.0
+
+_PROFILE_KEYS = ("memory", "compute", "none")
 
 # Reason codes, also the ``reason`` label of the nodes-filtered-out metric.
 R_UNKNOWN = "unknown_node"
@@ -161,6 +164,7 @@ class ClusterCache:
         self.lock = threading.RLock()
         self._nodes: dict[str, _Node] = {}
         self._names: list[str] = []
+        self._row: dict[str, int] = {}
         self._reservations: dict[str, Reservation] = {}
         self._by_node: dict[str, set[str]] = {}
         self._pod_node: dict[str, str] = {}  # uid -> node the pod is bound to
@@ -174,23 +178,35 @@ class ClusterCache:
     # ------------------------------------------------------------------ arrays
 
     def _alloc(self, rows: int, gpus: int) -> None:
-        """(Re)allocate the arrays for ``rows`` nodes of up to ``gpus`` GPUs, keeping existing rows."""
+        """(Re)allocate the arrays for ``rows`` nodes of up to ``gpus`` GPUs, keeping existing rows.
+
+        Layout is GPU-slot-major: ``(gpus, rows)`` (and ``(END_SLOTS, gpus, rows)``), so the per-node reductions
+        of the hot path (min/any over a node's GPUs) run over contiguous rows of nodes, which numpy does an
+        order of magnitude faster than a reduction along a short last axis.
+        """
         old = getattr(self, "_a", None)
         k = END_SLOTS
+        g2 = (gpus, rows)
         a = {
-            "cap": np.zeros((rows, gpus)),
-            "used": np.zeros((rows, gpus)),
-            "healthy": np.zeros((rows, gpus), dtype=bool),
-            "valid": np.zeros((rows, gpus), dtype=bool),
-            "clients": np.zeros((rows, gpus), dtype=np.int32),
-            "max_clients": np.zeros((rows, gpus), dtype=np.int32),
-            "qbytes": np.zeros((rows, gpus)),
-            "qsecs": np.zeros((rows, gpus)),
-            "sum_sm": np.zeros((rows, gpus)),
-            "sum_mem": np.zeros((rows, gpus)),
-            "ends": np.full((rows, gpus, k), np.inf),
-            "freed": np.zeros((rows, gpus, k)),
-            "last_end": np.zeros((rows, gpus)),
+            "cap": np.zeros(g2),
+            "used": np.zeros(g2),
+            "healthy": np.zeros(g2, dtype=bool),
+            "valid": np.zeros(g2, dtype=bool),
+            "clients": np.zeros(g2, dtype=np.int32),
+            "max_clients": np.zeros(g2, dtype=np.int32),
+            "qbytes": np.zeros(g2),
+            "qsecs": np.zeros(g2),
+            "sum_sm": np.zeros(g2),
+            "sum_mem": np.zeros(g2),
+            "ends": np.full((k, gpus, rows), np.inf),
+            "freed": np.zeros((k, gpus, rows)),
+            "last_end": np.zeros(g2),
+            # derived per GPU, pod-independent (see _derive): -inf / -1 where the GPU cannot take any pod
+            "avail": np.full(g2, -np.inf),  # free - queued bytes
+            "capu": np.full(g2, -1.0),  # capacity
+            "free": np.zeros(g2),
+            "frag0": np.zeros(g2),  # F(free)
+            **{f"slow_{p}": np.ones(g2) for p in _PROFILE_KEYS},
             "known": np.zeros(rows, dtype=bool),
             "cpu_free": np.full(rows, np.inf),
             "mem_free": np.full(rows, np.inf),
@@ -201,22 +217,32 @@ class ClusterCache:
                 src = old[key]
                 if arr.ndim == 1:
                     arr[:n] = src[:n]
+                elif arr.ndim == 2:
+                    g = min(src.shape[0], gpus)
+                    arr[:g, :n] = src[:g, :n]
                 else:
                     g = min(src.shape[1], gpus)
-                    arr[:n, :g] = src[:n, :g]
+                    arr[:, :g, :n] = src[:, :g, :n]
         self._a = a
         self._cap_rows = rows
         self._gmax = gpus
+
+    def reserve_rows(self, rows: int, gpus: int = 1) -> None:
+        """Pre-size the arrays (bulk loads): the hot path computes over every allocated row."""
+        with self.lock:
+            if rows > self._cap_rows or gpus > self._gmax:
+                self._alloc(max(rows, self._cap_rows), max(gpus, self._gmax))
 
     def _node(self, name: str) -> _Node:
         node = self._nodes.get(name)
         if node is None:
             row = len(self._names)
             if row >= self._cap_rows:
-                self._alloc(max(64, 2 * self._cap_rows), self._gmax)
+                self._alloc(max(64, self._cap_rows + self._cap_rows // 4), self._gmax)
             node = _Node(name=name, row=row)
             self._nodes[name] = node
             self._names.append(name)
+            self._row[name] = row
         return node
 
     def _refresh(self, node: _Node) -> None:
@@ -225,13 +251,14 @@ class ClusterCache:
             self._alloc(self._cap_rows, len(node.gpus))
         a = self._a
         r = node.row
-        for key in ("cap", "used", "qbytes", "qsecs", "sum_sm", "sum_mem", "freed", "last_end"):
-            a[key][r] = 0
-        a["healthy"][r] = False
-        a["valid"][r] = False
-        a["clients"][r] = 0
-        a["max_clients"][r] = 0
-        a["ends"][r] = np.inf
+        for key in ("cap", "used", "qbytes", "qsecs", "sum_sm", "sum_mem", "last_end"):
+            a[key][:, r] = 0
+        a["freed"][:, :, r] = 0
+        a["healthy"][:, r] = False
+        a["valid"][:, r] = False
+        a["clients"][:, r] = 0
+        a["max_clients"][:, r] = 0
+        a["ends"][:, :, r] = np.inf
         a["known"][r] = node.has_status
         reservations = [self._reservations[u] for u in sorted(self._by_node.get(node.name, ()))]
         cpu_used = sum(c for c, _ in node.pods.values())
@@ -259,25 +286,40 @@ class ClusterCache:
                 else:
                     qbytes += res.bytes
                     qsecs += res.runtime
-            a["valid"][r, slot] = True
-            a["cap"][r, slot] = gpu.capacity
-            a["used"][r, slot] = used
-            a["healthy"][r, slot] = gpu.healthy and gpu.mps_healthy and node.node_mps_healthy
-            a["clients"][r, slot] = clients
-            a["max_clients"][r, slot] = gpu.max_clients
-            a["qbytes"][r, slot] = qbytes
-            a["qsecs"][r, slot] = qsecs
-            a["sum_sm"][r, slot] = sum(j.profile.sm_util for j in running)
-            a["sum_mem"][r, slot] = sum(j.profile.mem_util for j in running)
+            a["valid"][slot, r] = True
+            a["cap"][slot, r] = gpu.capacity
+            a["used"][slot, r] = used
+            a["healthy"][slot, r] = gpu.healthy and gpu.mps_healthy and node.node_mps_healthy
+            a["clients"][slot, r] = clients
+            a["max_clients"][slot, r] = gpu.max_clients
+            a["qbytes"][slot, r] = qbytes
+            a["qsecs"][slot, r] = qsecs
+            a["sum_sm"][slot, r] = sum(j.profile.sm_util for j in running)
+            a["sum_mem"][slot, r] = sum(j.profile.mem_util for j in running)
             running.sort(key=lambda j: j.end)
             cum = 0.0
             for k, job in enumerate(running):
                 cum += job.bytes
                 kk = min(k, END_SLOTS - 1)
-                a["ends"][r, slot, kk] = job.end
-                a["freed"][r, slot, kk] = cum
-            a["last_end"][r, slot] = running[-1].end if running else 0.0
+                a["ends"][kk, slot, r] = job.end
+                a["freed"][kk, slot, r] = cum
+            a["last_end"][slot, r] = running[-1].end if running else 0.0
+        self._derive(slice(r, r + 1))
         self.version += 1
+
+    def _derive(self, rows: slice) -> None:
+        """Pod-independent per-GPU figures the hot path starts from, for the node rows ``rows``."""
+        a = self._a
+        usable = a["healthy"][:, rows] & (a["clients"][:, rows] < a["max_clients"][:, rows]) & a["known"][rows]
+        free = np.maximum(a["cap"][:, rows] - a["used"][:, rows], 0.0)
+        a["free"][:, rows] = free
+        a["avail"][:, rows] = np.where(usable, free - a["qbytes"][:, rows], -np.inf)
+        a["capu"][:, rows] = np.where(usable, a["cap"][:, rows], -1.0)
+        a["frag0"][:, rows] = _frag(free, self._sizes) if self._sizes.size else 0.0
+        for key in _PROFILE_KEYS:
+            a_u, a_m = self.interference.sensitivity(self.interference.profile_for(key))
+            slow = 1.0 + np.maximum(a_u * a["sum_sm"][:, rows] + a_m * a["sum_mem"][:, rows], 0.0)
+            a[f"slow_{key}"][:, rows] = slow
 
     # ------------------------------------------------------------------ updates from the cluster
 
@@ -407,8 +449,8 @@ class ClusterCache:
                 r, slots = node.row, {g.index: s for s, g in enumerate(node.gpus)}
                 s = slots.get(res.gpu)
                 if s is not None:
-                    free = self._a["cap"][r, s] - self._a["used"][r, s]
-                    res.immediate = bool(free >= res.bytes and self._a["qbytes"][r, s] == 0)
+                    free = self._a["cap"][s, r] - self._a["used"][s, r]
+                    res.immediate = bool(free >= res.bytes and self._a["qbytes"][s, r] == 0)
         self._reservations[res.uid] = res
         self._by_node.setdefault(res.node, set()).add(res.uid)
 
@@ -452,19 +494,21 @@ class ClusterCache:
         return len(self._names)
 
     def index_of(self, names: list[str]) -> np.ndarray:
-        """Row of each name (-1 for names the cache does not know)."""
-        get = self._index_get
-        return np.fromiter(map(get, names), dtype=np.int64, count=len(names))
-
-    def _index_get(self, name: Any) -> int:
-        node = self._nodes.get(name) if isinstance(name, str) else None
-        return node.row if node is not None else -1
+        """Row of each name (-1 for names the cache does not know). ``TypeError`` if a name is unhashable."""
+        return np.fromiter(map(self._row.get, names, repeat(-1)), dtype=np.int64, count=len(names))
 
     def name_of(self, row: int) -> str:
         return self._names[row]
 
-    def _size_mix(self) -> np.ndarray:
-        if self._sizes_dirty:
+    def refresh_size_mix(self, force: bool = False) -> bool:
+        """Recompute the job-size mix of the fragmentation term from the jobs the agents report.
+
+        Called at start-up and by the maintenance loop (not per request: at 5,000 agents the mix would be
+        dirty at every call). Returns whether it changed anything.
+        """
+        with self.lock:
+            if not (self._sizes_dirty or force):
+                return False
             sizes = [j.bytes for n in self._nodes.values() for g in n.gpus for j in (*g.running, *g.queued)]
             if sizes:
                 qs = (np.arange(SIZE_QUANTILES) + 0.5) / SIZE_QUANTILES
@@ -472,14 +516,20 @@ class ClusterCache:
             else:
                 self._sizes = np.zeros(0)
             self._sizes_dirty = False
-        return self._sizes
+            self._derive(slice(0, len(self._names)))
+            self.version += 1
+            return True
 
     def max_capacity(self) -> float:
         """Largest capacity after reserve over every GPU the cluster has (healthy or not)."""
         a = self._a
         n = len(self._names)
-        caps = np.where(a["valid"][:n], a["cap"][:n], 0)
+        caps = np.where(a["valid"][:, :n], a["cap"][:, :n], 0)
         return float(caps.max()) if caps.size else 0.0
+
+    def _views(self) -> dict[str, np.ndarray]:
+        """All allocated rows (contiguous; unused rows are never usable: capu = -1, known = False)."""
+        return self._a
 
     def filter(
         self,
@@ -488,28 +538,38 @@ class ClusterCache:
         cpu_free_override: np.ndarray | None = None,
         mem_free_override: np.ndarray | None = None,
     ) -> FilterOutcome:
-        """Which candidate rows can ever hold the pod, and a user-actionable reason for each that cannot."""
+        """Which candidate rows can ever hold the pod, and a user-actionable reason for each that cannot.
+
+        Evaluated over every node's contiguous rows (cheaper than gathering the candidates' rows first), then
+        picked out for the candidates.
+        """
         with self.lock:
-            a = self._a
+            a = self._views()
+            b = float(demand.gpu_bytes)
+            fits = a["healthy"] & (a["cap"] >= b)
+            good = a["capu"] >= b
+            node_ok = a["known"] & np.logical_or.reduce(good, axis=0)
+            if cpu_free_override is None:
+                node_ok &= (a["cpu_free"] >= demand.cpu_millis) & (a["mem_free"] >= demand.memory_bytes)
             known_row = rows >= 0
             r = np.where(known_row, rows, 0)
-            b = float(demand.gpu_bytes)
-            cap = a["cap"][r]
-            healthy = a["healthy"][r]
-            fits = healthy & (cap >= b)
-            good = fits & (a["clients"][r] < a["max_clients"][r])
-            cpu_free = a["cpu_free"][r] if cpu_free_override is None else cpu_free_override
-            mem_free = a["mem_free"][r] if mem_free_override is None else mem_free_override
-            ok = known_row & a["known"][r] & good.any(axis=1) & (cpu_free >= demand.cpu_millis)
-            ok &= mem_free >= demand.memory_bytes
+            ok = known_row & node_ok[r] if len(node_ok) else np.zeros(len(rows), dtype=bool)
+            if cpu_free_override is not None:
+                ok &= (cpu_free_override >= demand.cpu_millis) & (mem_free_override >= demand.memory_bytes)
             reasons: dict[int, tuple[str, str]] = {}
             failed = np.flatnonzero(~ok)
             cluster_max = self.max_capacity()
             unresolvable = cluster_max < b
             for i in failed.tolist():
+                row = int(rows[i])
+                if row < 0:
+                    reasons[i] = self._reason(demand, row, *(np.zeros(0),) * 5, 0.0, 0.0, cluster_max)
+                    continue
+                cpu_free = float(a["cpu_free"][row] if cpu_free_override is None else cpu_free_override[i])
+                mem_free = float(a["mem_free"][row] if mem_free_override is None else mem_free_override[i])
                 reasons[i] = self._reason(
-                    demand, int(rows[i]), cap[i], a["valid"][r[i]], healthy[i], fits[i], good[i],
-                    float(cpu_free[i]), float(mem_free[i]), cluster_max,
+                    demand, row, a["cap"][:, row], a["valid"][:, row], a["healthy"][:, row], fits[:, row],
+                    good[:, row], cpu_free, mem_free, cluster_max,
                 )
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)
 
@@ -547,53 +607,72 @@ class ClusterCache:
             return R_CPU, f"node has {max(cpu_free, 0) / 1000:g} CPU unclaimed; pod requests {d.cpu_millis / 1000:g}"
         return R_MEMORY, f"node has {format_bytes(max(mem_free, 0))} memory unclaimed; pod requests {format_bytes(d.memory_bytes)}"
 
+    def _cost_matrix(self, demand: PodDemand, now: float) -> np.ndarray:
+        """Cost of placing the pod on every GPU slot of every allocated row, ``(gpus, rows)``; ``inf`` where
+        the GPU cannot take it. Caller holds the lock."""
+        if self._sizes_dirty and not self._sizes.size:
+            self.refresh_size_mix()  # first use only; afterwards the maintenance loop refreshes it
+        a = self._a
+        b = float(demand.gpu_bytes)
+        big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
+        good = a["capu"] >= b
+        fits_now = a["avail"] >= b
+        key = demand.intensity if demand.intensity in ("memory", "compute") else "none"
+        cost = a[f"slow_{key}"].copy()  # (wait + R * slowdown) / R; the wait is added below
+        flat_wait = np.flatnonzero(good & ~fits_now)
+        if flat_wait.size:
+            k_slots = a["ends"].shape[0]
+            need_w = a["qbytes"].ravel()[flat_wait] + b
+            freed = a["freed"].reshape(k_slots, -1)[:, flat_wait]
+            enough = (freed + a["free"].ravel()[flat_wait]) >= need_w
+            any_k = np.logical_or.reduce(enough, axis=0)
+            k = enough.argmax(axis=0)
+            end_k = a["ends"].reshape(k_slots, -1)[k, flat_wait]
+            later = np.maximum(a["last_end"].ravel()[flat_wait] - now, 0.0) + a["qsecs"].ravel()[flat_wait]
+            wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
+            cost.ravel()[flat_wait] += wait / big_r
+        if self._sizes.size:
+            d_frag = _frag(a["free"] - b, self._sizes)
+            d_frag -= a["frag0"]
+            d_frag *= fits_now
+            d_frag *= W_FRAG
+            d_frag /= np.maximum(a["cap"], 1.0)
+            cost += d_frag
+        np.copyto(cost, np.inf, where=~good)
+        return cost
+
     def costs(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate row: the best GPU slot and its cost (``inf`` when no GPU of the node can take the pod).
 
-        See the module docstring for the formula.
+        See the module docstring for the formula. Evaluated over all rows at once (contiguous arrays, no
+        gathers) from the pod-independent arrays ``_derive`` keeps; the wait term only where a GPU must wait.
         """
         now = self.clock() if now is None else now
         with self.lock:
-            a = self._a
+            cost = self._cost_matrix(demand, now)
             known_row = rows >= 0
             r = np.where(known_row, rows, 0)
-            b = float(demand.gpu_bytes)
-            big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
-            cap = a["cap"][r]
-            good = a["healthy"][r] & (cap >= b) & (a["clients"][r] < a["max_clients"][r])
-            good &= (known_row & a["known"][r])[:, None]
-            free = np.maximum(cap - a["used"][r], 0.0)
-            need = b + a["qbytes"][r]
-            fits_now = free >= need
-            enough = (free[:, :, None] + a["freed"][r]) >= need[:, :, None]
-            any_k = enough.any(axis=2)
-            k = enough.argmax(axis=2)
-            end_k = np.take_along_axis(a["ends"][r], k[:, :, None], axis=2)[:, :, 0]
-            later = np.maximum(a["last_end"][r] - now, 0.0) + a["qsecs"][r]
-            wait = np.where(fits_now, 0.0, np.where(any_k, np.maximum(end_k - now, 0.0), later))
-            profile = self.interference.profile_for(demand.intensity)
-            slow = self.interference.slowdown_many(profile, a["sum_sm"][r], a["sum_mem"][r])
-            cost = (wait + big_r * slow) / big_r
-            sizes = self._size_mix()
-            if sizes.size:
-                after = free - b
-                d_frag = _frag(after, sizes) - _frag(free, sizes)
-                cost = cost + W_FRAG * np.where(fits_now, d_frag, 0.0) / np.maximum(cap, 1.0)
-            cost = np.where(good, cost, np.inf)
-            slot = cost.argmin(axis=1)
-            best = np.take_along_axis(cost, slot[:, None], axis=1)[:, 0]
-            return slot, best
+            sub = cost[:, r]
+            slot = sub.argmin(axis=0) if len(r) else np.zeros(0, dtype=np.int64)
+            best = np.minimum.reduce(sub, axis=0) if len(r) else np.zeros(0)
+            return slot, np.where(known_row, best, np.inf)
 
     def score(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> np.ndarray:
         """0..10 per candidate row; the best candidate gets 10, a node twice as costly 5, unusable nodes 0."""
-        _, best = self.costs(demand, rows, now)
+        now = self.clock() if now is None else now
+        with self.lock:
+            best_all = np.minimum.reduce(self._cost_matrix(demand, now), axis=0)
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64)
+        best = best_all[rows]
+        best[rows < 0] = np.inf
         finite = np.isfinite(best)
         if not finite.any():
             return np.zeros(len(rows), dtype=np.int64)
         lo = best[finite].min()
-        scores = np.zeros(len(rows), dtype=np.int64)
-        scores[finite] = np.clip(np.rint(10.0 * lo / best[finite]), 0, 10).astype(np.int64)
-        return scores
+        with np.errstate(divide="ignore"):
+            scores = np.rint(10.0 * lo / best)  # inf -> 0
+        return np.clip(scores, 0, 10).astype(np.int64)
 
     # ------------------------------------------------------------------ bind
 
@@ -619,8 +698,8 @@ class ClusterCache:
             slot, _ = self.costs(demand, rows, now)
             s = int(slot[0])
             a = self._a
-            free = a["cap"][node.row, s] - a["used"][node.row, s]
-            immediate = bool(free >= demand.gpu_bytes and a["qbytes"][node.row, s] == 0)
+            free = a["cap"][s, node.row] - a["used"][s, node.row]
+            immediate = bool(free >= demand.gpu_bytes and a["qbytes"][s, node.row] == 0)
             res = Reservation(
                 uid=demand.uid, namespace=demand.namespace, name=demand.name, node=node_name,
                 gpu=node.gpus[s].index, bytes=demand.gpu_bytes, at=now, runtime=demand.runtime_seconds,
@@ -638,18 +717,24 @@ class ClusterCache:
             a, r = self._a, node.row
             return [
                 {
-                    "index": g.index, "capacity": float(a["cap"][r, s]), "used": float(a["used"][r, s]),
-                    "queued": float(a["qbytes"][r, s]), "clients": int(a["clients"][r, s]),
+                    "index": g.index, "capacity": float(a["cap"][s, r]), "used": float(a["used"][s, r]),
+                    "queued": float(a["qbytes"][s, r]), "clients": int(a["clients"][s, r]),
                 }
                 for s, g in enumerate(node.gpus)
             ]
 
 
 def _frag(free: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """``F(f) = f * P(s > f)``: free bytes a job drawn from the size mix cannot use."""
+    """``F(f) = f * P(s > f)``: free bytes a job drawn from the size mix cannot use.
+
+    A sum of comparisons against the (8) sizes: much faster than ``searchsorted`` over 40,000 GPUs."""
     f = np.maximum(free, 0.0)
-    above = sizes.size - np.searchsorted(sizes, f.ravel(), side="right").reshape(f.shape)
-    return f * (above / sizes.size)
+    above = np.zeros(f.shape)
+    for size in sizes.tolist():
+        above += f < size
+    above *= f
+    above /= sizes.size
+    return above
 
 
 def reservation_from_pod(pod: dict, interference: InterferenceModel | None = None) -> Reservation | None:

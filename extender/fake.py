@@ -97,6 +97,7 @@ def fake_statuses(spec: FakeClusterSpec, anchor: float, seed: int = 0) -> list[G
 
 def populate(cache: ClusterCache, spec: FakeClusterSpec, anchor: float, seed: int = 0) -> None:
     """Fill ``cache`` with the synthetic cluster: GPUNode statuses, Node allocatables and the jobs' pods."""
+    cache.reserve_rows(spec.nodes, spec.gpus)
     for status in fake_statuses(spec, anchor, seed):
         cache.upsert_node(status.node_name, 12_000 * spec.gpus, 128 * GiB * spec.gpus)
         cache.upsert_gpunode(status, now=anchor)
@@ -112,3 +113,4 @@ def populate(cache: ClusterCache, spec: FakeClusterSpec, anchor: float, seed: in
                         "status": {"phase": "Running"},
                     }
                 )
+    cache.refresh_size_mix(force=True)

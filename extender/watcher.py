@@ -103,6 +103,7 @@ class ClusterWatcher:
             self._apply_gpunode(g, False)
         pods, rv_pods = self._list_pods()
         self.cache.rebuild(pods)
+        self.cache.refresh_size_mix(force=True)
         return {"nodes": rv_nodes, "gpunodes": rv_gpu, "pods": rv_pods}
 
     def _loop(self, kind: str, rv: str) -> None:

@@ -331,7 +331,9 @@ class ExtenderService:
         m = self.metrics
         try:
             self.binder.bind(args.PodNamespace, args.PodName, args.PodUID or res.uid, args.Node, res, pod)
-        except BindFailed as exc:
+        except Exception as exc:  # BindFailed, or anything unexpected: the capacity must not stay promised
+            if not isinstance(exc, BindFailed):
+                log.exception("bind of %s/%s failed", args.PodNamespace, args.PodName)
             self.cache.release(res.uid)
             m.requests.labels("bind", "error").inc()
             m.binds.labels("failed").inc()
@@ -353,6 +355,50 @@ def _with_uid(d: PodDemand, uid: str) -> PodDemand:
         uid=uid, namespace=d.namespace, name=d.name, gpu_bytes=d.gpu_bytes, runtime_seconds=d.runtime_seconds,
         runtime_known=d.runtime_known, intensity=d.intensity, cpu_millis=d.cpu_millis, memory_bytes=d.memory_bytes,
     )
+
+
+class HotPathMiddleware:
+    """Serves ``POST /filter`` and ``POST /prioritize`` straight from ASGI, skipping routing, dependency
+    resolution and exception middleware (about 0.3 ms of CPU per request, a sixth of a pod's budget). The
+    FastAPI routes below stay the documented API (OpenAPI) and answer every other method and path.
+
+    Any unexpected exception becomes an ``Error`` reply, never a 5xx: kube-scheduler must get an answer.
+    """
+
+    def __init__(self, app: Any, service: "ExtenderService") -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ("/filter", "/prioritize"):
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            if scope["path"] == "/filter":
+                status, reply = 200, self.service.filter(body)
+            else:
+                status, reply = self.service.prioritize(body)
+        except Exception as exc:  # a bug must still produce an answer the scheduler understands
+            log.exception("%s failed", scope["path"])
+            status = 200 if scope["path"] == "/filter" else 400
+            reply = orjson.dumps({"Error": f"internal error in extender: {type(exc).__name__}: {exc}"})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(reply))],
+            }
+        )
+        await send({"type": "http.response.body", "body": reply})
 
 
 def _schema_body(model: type) -> dict:
@@ -417,6 +463,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
+    app.add_middleware(HotPathMiddleware, service=service)
 
     @app.post(
         "/filter",
@@ -447,10 +494,14 @@ def create_app(
         response_class=Response,
     )
     async def bind(request: Request) -> Response:
-        first = service.reserve_for_bind(await request.body())
-        if isinstance(first, bytes):
-            return Response(first, media_type=_JSON)
-        body = await run_in_threadpool(service.complete_bind, *first)
+        try:
+            first = service.reserve_for_bind(await request.body())
+            if isinstance(first, bytes):
+                return Response(first, media_type=_JSON)
+            body = await run_in_threadpool(service.complete_bind, *first)
+        except Exception as exc:  # never a 5xx: the scheduler retries on Error
+            log.exception("bind failed")
+            body = orjson.dumps({"Error": f"internal error in extender: {type(exc).__name__}: {exc}"})
         return Response(body, media_type=_JSON)
 
     @app.get("/healthz", summary="Liveness")

@@ -401,6 +401,31 @@ class HotPathMiddleware:
         await send({"type": "http.response.body", "body": reply})
 
 
+def create_ops_app(service: "ExtenderService") -> FastAPI:
+    """Health, readiness and metrics on their own port (``--metrics-port``): probes and Prometheus reach them
+    from the cluster network while the scheduler verbs stay on loopback."""
+    ops = FastAPI(title="gnnsched extender (ops)", docs_url=None, redoc_url=None, openapi_url=None)
+    _add_ops_routes(ops, service)
+    return ops
+
+
+def _add_ops_routes(app: FastAPI, service: "ExtenderService") -> None:
+    @app.get("/healthz", summary="Liveness")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Readiness: the cache is synced", responses={503: {"model": ErrorReply}})
+    async def readyz() -> Response:
+        if service.ready:
+            return Response(orjson.dumps({"status": "ready", "nodes": service.cache.node_count}), media_type=_JSON)
+        return Response(orjson.dumps({"Error": "cache not synced yet"}), status_code=503, media_type=_JSON)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def metrics_() -> Response:
+        service.refresh_gauges()
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
 def _schema_body(model: type) -> dict:
     return {
         "required": True,
@@ -504,20 +529,7 @@ def create_app(
             body = orjson.dumps({"Error": f"internal error in extender: {type(exc).__name__}: {exc}"})
         return Response(body, media_type=_JSON)
 
-    @app.get("/healthz", summary="Liveness")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/readyz", summary="Readiness: the cache is synced", responses={503: {"model": ErrorReply}})
-    async def readyz() -> Response:
-        if service.ready:
-            return Response(orjson.dumps({"status": "ready", "nodes": cache.node_count}), media_type=_JSON)
-        return Response(orjson.dumps({"Error": "cache not synced yet"}), status_code=503, media_type=_JSON)
-
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    async def metrics_() -> Response:
-        service.refresh_gauges()
-        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    _add_ops_routes(app, service)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

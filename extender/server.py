@@ -35,6 +35,8 @@ class ExtenderOptions:
     reservation_ttl: float = DEFAULT_RESERVATION_TTL
     kubeconfig: str | None = None
     log_level: str = "info"
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = None  # None: /metrics, /healthz, /readyz only on the main port
 
 
 def build_app(opts: ExtenderOptions) -> FastAPI:
@@ -82,9 +84,40 @@ def build_app(opts: ExtenderOptions) -> FastAPI:
 
 
 def serve(opts: ExtenderOptions) -> None:
-    """Run uvicorn (single process: the cache and its reservations live in this process)."""
+    """Run uvicorn (single process: the cache and its reservations live in this process); with
+    ``metrics_port``, a second listener in the same event loop serves /metrics, /healthz and /readyz."""
+    import asyncio
+
     import uvicorn
 
+    from .app import create_ops_app
+
     logging.basicConfig(level=opts.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if opts.metrics_port is not None and not 0 < opts.metrics_port < 65536:
+        raise OptionError("--metrics-port", f"{opts.metrics_port} is not a TCP port")
+    if opts.metrics_port is not None and opts.metrics_port == opts.port:
+        raise OptionError("--metrics-port", "must differ from --port")
     app = build_app(opts)
-    uvicorn.run(app, host=opts.host, port=opts.port, log_level=opts.log_level, access_log=False)
+    common = {"log_level": opts.log_level, "access_log": False}
+    if opts.metrics_port is None:
+        uvicorn.run(app, host=opts.host, port=opts.port, **common)
+        return
+    main = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, **common))
+    ops = uvicorn.Server(
+        uvicorn.Config(create_ops_app(app.state.service), host=opts.metrics_host, port=opts.metrics_port,
+                       lifespan="off", **common)
+    )
+
+    async def both() -> None:
+        # Each server installs the signal handlers; whichever stops first (SIGTERM), the other follows.
+        tasks = [asyncio.ensure_future(main.serve()), asyncio.ensure_future(ops.serve())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        main.should_exit = ops.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        import uvloop
+
+        uvloop.run(both())
+    except ImportError:
+        asyncio.run(both())

@@ -50,6 +50,10 @@ def extender_cmd(
     reservation_ttl: float = typer.Option(300.0, help="Seconds a reservation waits for the node agent's report."),
     kubeconfig: str = typer.Option(None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
     log_level: str = typer.Option("info", help="Log level."),
+    metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="Address of the metrics/health listener."),
+    metrics_port: int = typer.Option(
+        None, "--metrics-port", help="Serve /metrics, /healthz and /readyz on this port too (probes, Prometheus)."
+    ),
     print_scheduler_config: bool = typer.Option(
         False, "--print-scheduler-config", help="Print the KubeSchedulerConfiguration for this extender and exit."
     ),
@@ -79,6 +83,7 @@ def extender_cmd(
     opts = ExtenderOptions(
         host=host, port=port, fake_cluster=fake_cluster, fake_state=Path(fake_state) if fake_state else None,
         fake_seed=fake_seed, reservation_ttl=reservation_ttl, kubeconfig=kubeconfig, log_level=log_level.lower(),
+        metrics_host=metrics_host, metrics_port=metrics_port,
     )
     try:
         serve(opts)

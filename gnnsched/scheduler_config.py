@@ -43,13 +43,20 @@ def scheduler_config(
     timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS,
     leader_elect: bool = True,
     namespace: str = "gnnsched-system",
+    scheduler_name: str = SCHEDULER_NAME,
+    ignorable: bool = False,
 ) -> dict[str, Any]:
-    """The configuration as a dict (YAML/JSON-ready). ``ValueError`` on a bad argument, naming it."""
+    """The configuration as a dict (YAML/JSON-ready). ``ValueError`` on a bad argument, naming it.
+
+    The chart runs the extender as a sidecar of kube-scheduler and passes ``url_prefix=http://127.0.0.1:<port>``.
+    """
     url = url_prefix if url_prefix is not None else default_url_prefix(namespace=namespace)
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"url_prefix: {url!r} must start with http:// or https://")
     if not 1 <= weight <= 100:
         raise ValueError(f"weight: {weight} must be 1..100")
+    if not scheduler_name:
+        raise ValueError("scheduler_name: must not be empty")
     if not 1 <= timeout_seconds <= 60:
         raise ValueError(f"timeout_seconds: {timeout_seconds} must be 1..60")
     return {
@@ -57,10 +64,11 @@ def scheduler_config(
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": {
             "leaderElect": leader_elect,
-            "resourceName": SCHEDULER_NAME,
+            "resourceLock": "leases",
+            "resourceName": scheduler_name,
             "resourceNamespace": namespace,
         },
-        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+        "profiles": [{"schedulerName": scheduler_name}],
         "extenders": [
             {
                 "urlPrefix": url.rstrip("/"),
@@ -71,7 +79,7 @@ def scheduler_config(
                 "enableHTTPS": url.startswith("https://"),
                 "httpTimeout": f"{timeout_seconds}s",
                 "nodeCacheCapable": True,
-                "ignorable": False,
+                "ignorable": ignorable,
                 "managedResources": [{"name": GPU_SHARE_RESOURCE, "ignoredByScheduler": True}],
             }
         ],

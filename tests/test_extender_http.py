@@ -264,3 +264,45 @@ def test_cli_prints_scheduler_config() -> None:
 
 
 _ = NOW
+
+
+def test_cli_serves_verbs_and_a_separate_metrics_port() -> None:
+    import signal
+    import socket
+    import time
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    port, mport = ports
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gnnsched.cli", "extender", "--host", "127.0.0.1", "--port", str(port),
+         "--metrics-host", "127.0.0.1", "--metrics-port", str(mport), "--fake-cluster", "6x2", "--log-level",
+         "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{mport}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        body = httpx.post(f"http://127.0.0.1:{port}/filter",
+                          json={"Pod": make_pod("cli", 2), "NodeNames": NODES[:6]}).json()
+        assert body["Error"] == "" and body["NodeNames"]
+        assert httpx.get(f"http://127.0.0.1:{mport}/healthz").json() == {"status": "ok"}
+        metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
+        assert 'gnnsched_extender_requests_total{outcome="ok",verb="filter"} 1.0' in metrics
+        assert httpx.post(f"http://127.0.0.1:{mport}/filter", json={}).status_code in (404, 405)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM (the exit status Kubernetes expects)
+    assert proc.returncode in (0, -signal.SIGTERM), proc.stderr.read()
+    assert "Traceback" not in proc.stderr.read()

@@ -50,6 +50,10 @@ def render_table(report: Report) -> str:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     for ref in report.reference:
         sim = "-" if ref["simulated"] is None else f"{ref['simulated']:g}{ref['unit']}"
+        if ref["paper_value"] is None:
+            verdict = "gnnsched better" if ref.get("gnnsched_wins") else "gnnsched NOT better"
+            lines.append(f"{ref['compare']} on {ref['metric']}: ratio {sim} ({verdict})")
+            continue
         lines.append(f"{ref['paper']}: {ref['compare']} {ref['metric']}: paper {ref['paper_value']:g}{ref['unit']}, "
                      f"simulated {sim}")
     for note in report.notes:

@@ -28,7 +28,7 @@ from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
 
-ARRIVE, FINISH, RETRY = 0, 1, 2
+ARRIVE, FINISH, RETRY, STARTED = 0, 1, 2, 3
 MPS_BASE_CLIENTS = 4
 BACKOFF_S = 10.0
 BACKOFF_MAX_S = 360.0
@@ -80,9 +80,11 @@ class NodeState:
 
 
 class Run:
-    __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown")
+    """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
-    def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float) -> None:
+    __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting")
+
+    def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool) -> None:
         self.job = job
         self.gpu = gpu
         self.remaining = work
@@ -90,6 +92,7 @@ class Run:
         self.last = now
         self.token = 0
         self.slowdown = 1.0
+        self.starting = starting
 
 
 @dataclass
@@ -242,6 +245,10 @@ class Simulation:
                 elif kind == FINISH:
                     if payload.token == token:
                         self._finish(payload)
+                elif kind == STARTED:
+                    payload.starting = False
+                    payload.last = t
+                    self._rerate(payload.gpu)
                 else:
                     self._requeue(payload)
             self._schedule()
@@ -251,7 +258,7 @@ class Simulation:
                 self.progress(self.resolved, total)
         end = self.horizon if self.horizon is not None else self.now
         self._advance(end)
-        for run in [r for g in self.gpus for r in g.running]:
+        for run in [r for g in self.gpus for r in g.running if not r.starting]:
             run.remaining -= run.rate * (end - run.last)
         if self.progress is not None:
             self.progress(total, total)
@@ -485,8 +492,10 @@ class Simulation:
         out.status = "running"
         out.ran = True
         solo = prof.solo_s * (job.scaled_solo_factor if self.policy.scaling else 1.0)
-        work = solo + (0.0 if self.base == "temporal" else self.startup_s)
-        run = Run(job, gpu, work, self.now)
+        startup = 0.0 if self.base == "temporal" else self.startup_s
+        run = Run(job, gpu, solo, self.now, starting=startup > 0)
+        if startup > 0:
+            self._push(self.now + startup, STARTED, run)
         if not gpu.running:
             self.idle_gpus -= 1
         gpu.running.append(run)
@@ -522,7 +531,7 @@ class Simulation:
     # ------------------------------------------------------------------ rates
     def _rerate(self, gpu: GpuState) -> None:
         now = self.now
-        runs = gpu.running
+        runs = [r for r in gpu.running if not r.starting]
         for r in runs:
             if r.last != now:
                 r.remaining -= r.rate * (now - r.last)

@@ -51,8 +51,8 @@ def render_table(report: Report) -> str:
     for ref in report.reference:
         sim = "-" if ref["simulated"] is None else f"{ref['simulated']:g}{ref['unit']}"
         if ref["paper_value"] is None:
-            verdict = "gnnsched better" if ref.get("gnnsched_wins") else "gnnsched NOT better"
-            lines.append(f"{ref['compare']} on {ref['metric']}: ratio {sim} ({verdict})")
+            lines.append(f"best gnnsched vs best other: {ref['compare']} on {ref['metric']}: ratio {sim} "
+                         f"(gnnsched {ref.get('verdict')})")
             continue
         lines.append(f"{ref['paper']}: {ref['compare']} {ref['metric']}: paper {ref['paper_value']:g}{ref['unit']}, "
                      f"simulated {sim}")

@@ -179,9 +179,10 @@ def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: boo
     a = pick(ours, key=ours.get)
     b = pick(theirs, key=theirs.get)
     better = ours[a] > theirs[b] if higher else ours[a] < theirs[b]
+    verdict = "better" if better else ("tie" if abs(ours[a] - theirs[b]) <= 1e-9 * max(abs(theirs[b]), 1) else "worse")
     return {"paper": "this run", "claim": "gnnsched's best policy against the best other policy", "metric": metric,
             "compare": f"{a} vs {b}", "paper_value": None, "simulated": round(ours[a] / theirs[b], 4) if theirs[b]
-            else None, "unit": "x", "gnnsched_wins": better}
+            else None, "unit": "x", "gnnsched_wins": better, "verdict": verdict}
 
 
 def compare_reference(workload: Workload, metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -96,18 +96,15 @@ class GNNRuntimePredictor:
     @staticmethod
     def fit_history(records: list[Any], params: dict[str, Any] | None = None, source: str = "") -> GNNRuntimePredictor:
         """Fit the residual on ``HistoryRecord``s (features from the *scaled* resources the job actually ran with)."""
-        import xgboost as xgb  # heavy: only when training
-
         if len(records) < MIN_HISTORY:
             raise ValueError(f"history has {len(records)} records; need at least {MIN_HISTORY} finished GNNJobs")
         specs = [r.job_spec() for r in records]
         x = np.array([gnn_features(s, r.gpu_model, r.scaled.cpu, r.scaled.memory) for s, r in zip(specs, records)])
         y = np.log(np.array([r.observed_runtime_seconds for r in records])) - x[:, 0]
         params = params or {"n_estimators": 200, "max_depth": 3, "learning_rate": 0.05, "min_child_weight": 1.0}
-        model = xgb.XGBRegressor(**params, objective="reg:absoluteerror", monotone_constraints=GNN_MONOTONE,
-                                 random_state=0, n_jobs=1)
-        model.fit(x, y)
-        residual = TreeEnsemble.from_booster(model.get_booster())
+        from gnnsched.predictor.boost import fit_l1
+
+        residual = fit_l1(x, y, params, GNN_MONOTONE)
         predict_log = lambda m: m[:, 0] + residual.predict(m)  # noqa: E731
         from gnnsched.predictor.requests_model import permutation_importance
 

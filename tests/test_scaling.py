@@ -19,6 +19,30 @@ DEFAULT = GNNRuntimePredictor.load_default()
 GiB = 2**30
 
 
+def _trained() -> GNNRuntimePredictor:
+    """A predictor with a real XGBoost residual, fit on a history whose runtimes also depend on memory headroom,
+    so the property test exercises scaling against trees and not only the analytic prior."""
+    from datetime import datetime, timezone
+
+    from gnnsched.predictor.history import HistoryRecord
+    from gnnsched.runtime_prior import solo_runtime_seconds
+
+    records = []
+    for i in range(60):
+        arch = ("gcn", "sage", "gin")[i % 3]
+        spec_dict = {"mode": "train", "model": {"arch": arch, "hidden": 32 * (1 + i % 4)},
+                     "graph": {"dataset": ("cora", "pubmed", "ogbn-arxiv", "proteins")[i % 4]}, "epochs": 10 + i}
+        cpu, memory = 1.0 + 2 * ((i // 16) % 4), (2 + i % 16) * GiB  # independent of each other
+        observed = solo_runtime_seconds(parse_spec(spec_dict), "A100-80GB", cpu) * (1.0 + 4.0 / (memory / GiB))
+        records.append(HistoryRecord(spec=spec_dict, requested={"cpu": 8, "memory": "32Gi"},
+                                     scaled={"cpu": cpu, "memory": memory}, gpu_model="A100-80GB",
+                                     observed_runtime_seconds=observed, finished_at=datetime.now(timezone.utc)))
+    return GNNRuntimePredictor.fit_history(records)
+
+
+TRAINED = _trained()
+
+
 @st.composite
 def specs(draw):
     arch = draw(st.sampled_from(["gcn", "sage", "gin", "gat"]))
@@ -52,9 +76,10 @@ requests = st.builds(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs(), requested=requests, alpha0=st.floats(0.05, 0.95), gpu=st.sampled_from(["A100-80GB", "T4", "V100M16"]))
-def test_never_below_floor_never_above_request_deterministic(spec, requested, alpha0, gpu) -> None:
-    result = scale(spec, requested, predictor=DEFAULT, gpu_model=gpu, alpha0=alpha0)
+@given(spec=specs(), requested=requests, alpha0=st.floats(0.05, 0.95), gpu=st.sampled_from(["A100-80GB", "T4", "V100M16"]),
+       predictor=st.sampled_from([DEFAULT, TRAINED]))
+def test_never_below_floor_never_above_request_deterministic(spec, requested, alpha0, gpu, predictor) -> None:
+    result = scale(spec, requested, predictor=predictor, gpu_model=gpu, alpha0=alpha0)
     scaled = result.scaled
     # Never more than requested.
     assert scaled.cpu <= requested.cpu and scaled.memory <= requested.memory
@@ -69,7 +94,7 @@ def test_never_below_floor_never_above_request_deterministic(spec, requested, al
     before, after = result.predicted_runtime_before, result.predicted_runtime_after
     assert abs(after - before) < spec.scaling.theta * before or after == before
     # Deterministic: same inputs, same decision.
-    assert scale(spec, requested, predictor=DEFAULT, gpu_model=gpu, alpha0=alpha0) == result
+    assert scale(spec, requested, predictor=predictor, gpu_model=gpu, alpha0=alpha0) == result
 
 
 def test_full_batch_job_shrinks_to_half_at_most() -> None:
@@ -95,6 +120,15 @@ def test_theta_stops_a_shrink_that_costs_runtime() -> None:
     assert result.scaled.cpu == 8  # every α < 1 takes away >= 1 core of a host-bound job: > 5 % slower
     loose = scale(spec, predictor=DEFAULT, importance_threshold=10.0, theta=0.5)
     assert loose.scaled.cpu < 8 and loose.predicted_runtime_after < 1.5 * loose.predicted_runtime_before
+
+
+def test_trained_residual_that_needs_memory_keeps_it() -> None:
+    """History says runtime grows as memory shrinks (1 + 4/GiB): the residual's importance for memory is high and
+    above that of cores (which the history's runtimes do not depend on), so scaling must not take memory away."""
+    importance = TRAINED.class_importance(load_job(EXAMPLES / "gcn-train-cora.yaml").spec)
+    assert importance["memory"] > 0.05 and importance["memory"] > 2 * importance["cpu"]
+    result = scale(load_job(EXAMPLES / "gcn-train-cora.yaml").spec, predictor=TRAINED)
+    assert result.scaled.memory == result.requested.memory
 
 
 def test_request_below_floor_is_returned_unchanged() -> None:

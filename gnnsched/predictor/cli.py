@@ -115,7 +115,7 @@ def train(
 @app.command()
 def evaluate(
     data: Path = typer.Option(..., "--data", help="openb pod CSV to score on."),
-    model: Optional[Path] = typer.Option(None, "--model", help="A trained requests model; default: train one on the earlier part of --data."),
+    model: Optional[str] = typer.Option(None, "--model", help="A trained requests model file, or 'default' for the shipped one; without it: train one on the earlier part of --data."),
     train_data: Optional[list[Path]] = typer.Option(None, "--train-data", help="CSV(s) the baselines are fit on when --model is given (default: the model's own training files)."),
     train_fraction: float = typer.Option(0.8, "--train-fraction", help="Without --model: share of finished pods (by creation time) to train on."),
     as_json: bool = typer.Option(False, "--json", help="Print n, mae, wmape, r2 and baselines as JSON."),
@@ -138,7 +138,7 @@ def evaluate(
             from gnnsched.predictor.requests_model import RequestsRuntimeModel
 
             try:
-                trained = RequestsRuntimeModel.load(model)
+                trained = RequestsRuntimeModel.load_default() if model == "default" else RequestsRuntimeModel.load(model)
             except ValueError as exc:
                 fail(f"--model: {exc}")
             sources = [Path(p) for p in (train_data or trained.training.get("data", []))]

@@ -14,7 +14,7 @@ import pytest
 from gnnsched.gpus import get_gpu_model
 from gnnsched.host_footprint import LOAD_PEAK_FACTOR, RUNTIME_BYTES, host_footprint
 from gnnsched.predictor.gnn import GNNRuntimePredictor, job_class, probe_grid
-from gnnsched.predictor.history import HistoryError, HistoryRecord, load_history
+from gnnsched.predictor.history import HistoryError, HistoryRecord, append_history, load_history
 from gnnsched.runtime_prior import (
     arithmetic_intensity,
     device_seconds_per_step,
@@ -136,6 +136,8 @@ def test_history_round_trip_and_quantities(tmp_path: Path) -> None:
     path.write_text(rec.to_json_line() + "\n\n" + rec.to_json_line() + "\n")
     loaded = load_history(path)
     assert loaded == [rec, rec]
+    append_history(path, rec)
+    assert load_history(path) == [rec, rec, rec]
     assert loaded[0].job_spec().model.arch == "gcn"
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from gnnsched.gpus import GPUModel, get_gpu_model
 from gnnsched.predictor.trees import TreeEnsemble
-from gnnsched.runtime_prior import arithmetic_intensity, solo_runtime_seconds
+from gnnsched.runtime_prior import arithmetic_intensity, solo_runtime_seconds, step_cost
 from gnnsched.spec import GNNJobSpec
 
 GNN_FEATURES = (
@@ -55,14 +55,15 @@ def gnn_features(spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores: float, 
     """One feature row in ``GNN_FEATURES`` order."""
     gpu = _gpu(gpu_model)
     g = spec.graph.resolve()
-    prior = solo_runtime_seconds(spec, gpu, cpu_cores)
+    cost = step_cost(spec)
+    prior = solo_runtime_seconds(spec, gpu, cpu_cores, cost)
     arch = spec.model.arch
     return [
         math.log(max(prior, 1e-9)),
         float(arch == "gcn"), float(arch == "sage"), float(arch == "gin"), float(arch == "gat"),
         float(spec.model.layers), math.log(spec.model.hidden), math.log(g.nodes), math.log1p(g.edges),
         math.log(g.features), float(spec.mode == "train"), float(spec.batching.mode == "minibatch"),
-        math.log(max(arithmetic_intensity(spec), 1e-9)), math.log(gpu.bandwidth_bytes_per_s),
+        math.log(max(arithmetic_intensity(spec, cost), 1e-9)), math.log(gpu.bandwidth_bytes_per_s),
         float(cpu_cores), float(memory_bytes) / GiB,
     ]
 

@@ -154,3 +154,44 @@ def test_disabled_scaling_and_missing_request() -> None:
         requested_from_spec(no_request)
     with pytest.raises(ValueError, match="alpha0"):
         scale(spec, Resources(cpu=1, memory=GiB), predictor=DEFAULT, alpha0=1.0)
+
+
+def test_scheduling_round_fits_more_jobs_with_scaling() -> None:
+    """Algorithm 2: four Cora GCN jobs asking 4 cores / 8 GiB each on two 8-core / 16 GiB servers. As requested,
+    two wait; scaled by Algorithm 1 (full-batch GCN needs one core), all four run."""
+    from gnnsched.scaling import ServerState, schedule_round
+
+    spec = load_job(EXAMPLES / "gcn-train-cora.yaml").spec
+    jobs = [(f"j{i}", spec, Resources(cpu=4, memory=8 * GiB)) for i in range(4)] + [
+        ("big", spec, Resources(cpu=64, memory=8 * GiB))]
+    servers = [ServerState(name="a", cpu_free=8, memory_free=16 * GiB), ServerState(name="b", cpu_free=8, memory_free=16 * GiB)]
+    plain = schedule_round(jobs, servers, adaptive=False)
+    assert plain.placements == {"j0": "a", "j1": "a", "j2": "b", "j3": "b"} and plain.pending == ("big",)
+    adaptive = schedule_round(jobs, servers, predictor=DEFAULT)
+    assert set(adaptive.placements) == {"j0", "j1", "j2", "j3"}
+    assert all(adaptive.given[j] == Resources(cpu=2, memory=4 * GiB) for j in adaptive.placements)
+    assert adaptive.pending == ("big",)  # 32 cores after one halving still fit nowhere: it waits
+    # Best fit: the first job fills server a before b is touched.
+    assert adaptive.placements["j0"] == adaptive.placements["j1"] == "a"
+    assert servers[0].cpu_free == 8  # inputs untouched
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs(), reqs=st.lists(requests, min_size=1, max_size=8),
+       caps=st.lists(st.tuples(st.floats(0, 64), st.integers(0, 512 * GiB)), min_size=1, max_size=4),
+       adaptive=st.booleans())
+def test_scheduling_round_never_overcommits(spec, reqs, caps, adaptive) -> None:
+    from gnnsched.scaling import ServerState, schedule_round
+
+    servers = [ServerState(name=f"s{i}", cpu_free=c, memory_free=m) for i, (c, m) in enumerate(caps)]
+    jobs = [(f"j{i}", spec, r) for i, r in enumerate(reqs)]
+    result = schedule_round(jobs, servers, predictor=DEFAULT, adaptive=adaptive)
+    assert set(result.placements) | set(result.pending) == {j for j, _, _ in jobs}
+    for server in servers:
+        placed = [result.given[j] for j, s in result.placements.items() if s == server.name]
+        assert sum(r.cpu for r in placed) <= server.cpu_free + 1e-6
+        assert sum(r.memory for r in placed) <= server.memory_free
+    for name, _, requested in jobs:
+        if name in result.given:
+            assert result.given[name].cpu <= requested.cpu and result.given[name].memory <= requested.memory
+    assert schedule_round(jobs, servers, predictor=DEFAULT, adaptive=adaptive) == result

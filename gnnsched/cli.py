@@ -32,6 +32,13 @@ def _root(
 
 # --- component registrations (one block per component; keep imports light) ---
 
+# estimator and worker (core): these modules import torch only inside the command bodies.
+from gnnsched.estimate_cli import estimate_command  # noqa: E402
+from gnnsched.worker_cli import worker_command  # noqa: E402
+
+app.command("estimate")(estimate_command)
+app.command("worker")(worker_command)
+
 
 def main() -> None:
     """Console-script entry point."""

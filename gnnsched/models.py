@@ -101,11 +101,14 @@ def pyg_backends() -> dict[str, bool]:
 
 
 def default_data_dir() -> Path:
-    """``$GNNSCHED_DATA_DIR``, else ``../shared/data/graphs`` beside the repository checkout."""
+    """``$GNNSCHED_DATA_DIR``, else ``shared/data/graphs`` beside the repository checkout (``../shared``), or beside
+    one of its parents (a git worktree nested one or two levels deeper)."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "graphs"
+    repo = Path(__file__).resolve().parent.parent
+    candidates = [ancestor / "shared" / "data" / "graphs" for ancestor in list(repo.parents)[:3]]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def _planetoid_name(spec: GNNJobSpec) -> str | None:
@@ -397,8 +400,13 @@ class NeighborSampler:
                 offset = torch.where(deg_e <= fanout, offset_in_group, drawn)
                 src = csr.sources[first[owner] + offset]
                 dst = frontier[owner]
-                pairs = torch.unique(torch.stack([src, dst]), dim=1)
-                src, dst = pairs[0], pairs[1]
+                n = graph.layout.nodes
+                if n < 3_000_000_000:  # n * n fits in int64: a 1-D key sorts much faster than unique(dim=1)
+                    keys = torch.unique(src * n + dst)
+                    src, dst = keys // n, keys % n
+                else:
+                    pairs = torch.unique(torch.stack([src, dst]), dim=1)
+                    src, dst = pairs[0], pairs[1]
                 new = torch.unique(src[position[src] < 0])
                 position[new] = torch.arange(count, count + new.numel())
                 count += new.numel()

@@ -134,7 +134,7 @@ def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | No
             if workers == 1:
                 run_step(model, batch, spec.mode)
             else:
-                meter = ConcurrentMeter()
+                meter = ConcurrentMeter(_resident_tensors(model, batch))
                 barrier = threading.Barrier(workers)
 
                 def one() -> None:
@@ -160,11 +160,15 @@ class ConcurrentMeter:
     no autograd runs, so a dispatch mode sees exactly the allocations a plain run makes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, resident: list[torch.Tensor] | tuple[torch.Tensor, ...] = ()) -> None:
         self._lock = threading.Lock()
         self.live = 0
         self.peak = 0
         self._known: set[int] = set()
+        # Storages that exist before the threads start (graph, weights) are already counted by the caller; a view
+        # of one (``edge_index[0]``) must not count its whole storage again.
+        self._resident = {id(t.untyped_storage()) for t in resident}
+        self._resident_refs = [t.untyped_storage() for t in resident]  # keep ids stable while the meter lives
 
     def _add(self, key: int, nbytes: int) -> None:
         with self._lock:
@@ -192,13 +196,17 @@ class ConcurrentMeter:
                     if isinstance(t, torch.Tensor) and t.device.type == "cpu":
                         storage = t.untyped_storage()
                         key = id(storage)
-                        if key not in meter._known:
+                        if key not in meter._known and key not in meter._resident:
                             nbytes = storage.nbytes()
                             meter._add(key, nbytes)
                             weakref.finalize(storage, meter._drop, key, nbytes)
                 return out
 
         return _Mode()
+
+
+def _resident_tensors(model: Any, graph: Graph) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers(), graph.x, graph.edge_index, graph.y, graph.target]
 
 
 class _StepInputs:
@@ -285,7 +293,7 @@ def run_job(
                 if progress is not None:
                     progress(1)
         else:
-            meter = ConcurrentMeter() if device == "cpu" else None
+            meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
             with torch.profiler.record_function(STEP_MARK):
                 pass  # marks the resident level when serving starts (child threads are invisible to the profiler)
             _serve_parallel(model, inputs, total, workers, progress, meter)

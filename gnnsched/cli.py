@@ -100,6 +100,14 @@ def extender_cmd(
         raise typer.Exit(2) from None
 
 
+# estimator and worker (core): these modules import torch only inside the command bodies.
+from gnnsched.estimate_cli import estimate_command  # noqa: E402
+from gnnsched.worker_cli import worker_command  # noqa: E402
+
+app.command("estimate")(estimate_command)
+app.command("worker")(worker_command)
+
+
 @app.command("device-plugin")
 def device_plugin(
     plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", help="kubelet's device-plugin directory (holds kubelet.sock)."),

@@ -32,6 +32,10 @@ def _root(
 
 # --- component registrations (one block per component; keep imports light) ---
 
+from gnnsched.node_agent.cli import register as _register_node_agent  # noqa: E402
+
+_register_node_agent(app)
+
 
 def main() -> None:
     """Console-script entry point."""

@@ -196,20 +196,33 @@ class FilePodLookup:
     def on_node(self, node_name: str) -> list[PodInfo]:
         return [p for p in self._infos() if p.node_name in (None, node_name)]
 
+    def mutate(self, change: Callable[[dict[str, Any]], None]) -> None:
+        """Read-modify-write the file under an exclusive lock (the agent and a test or tool may both write it)."""
+        import fcntl
+
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._load()
+            data.setdefault("pods", [])
+            data.setdefault("gnnjobs", [])
+            change(data)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.path)
+
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
-        data = self._load()
-        for p in data.get("pods") or []:
-            meta = p.setdefault("metadata", {})
-            if meta.get("namespace", "default") == namespace and meta.get("name") == name:
-                ann = meta.setdefault("annotations", {})
-                for k, v in annotations.items():
-                    if v is None:
-                        ann.pop(k, None)
-                    else:
-                        ann[k] = v
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.path)
+        def change(data: dict[str, Any]) -> None:
+            for p in data.get("pods") or []:
+                meta = p.setdefault("metadata", {})
+                if meta.get("namespace", "default") == namespace and meta.get("name") == name:
+                    ann = meta.setdefault("annotations", {})
+                    for k, v in annotations.items():
+                        if v is None:
+                            ann.pop(k, None)
+                        else:
+                            ann[k] = v
+
+        self.mutate(change)
 
 
 class KubePodLookup:

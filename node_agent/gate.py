@@ -122,6 +122,7 @@ class GateServer:
             socket_path.unlink()  # a stale socket from a previous agent; our own lock is the process itself
         self._annotations = asyncio.Queue()
         self._hold_until = time.monotonic() + self.config.recovery_grace
+        self._event("start", policy=self.books.policy.value, gpus=len(self.books.gpus))
         await self._adopt_pods()
         self._server = await asyncio.start_unix_server(self._handle, path=str(socket_path), limit=MAX_LINE)
         os.chmod(socket_path, 0o666)  # pods of any UID must reach it; identity comes from SO_PEERCRED, not perms
@@ -129,7 +130,6 @@ class GateServer:
         self._spawn(self._release_hold())
         if self.config.reconcile_seconds > 0:
             self._spawn(self._reconcile_loop())
-        self._event("start", policy=self.books.policy.value, gpus=len(self.books.gpus))
 
     async def close(self) -> None:
         if self._server is not None:
@@ -307,6 +307,16 @@ class GateServer:
         self, key: str, req: AdmitRequest, pod: PodInfo, demand: Demand, pid: int | None,
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     ) -> None:
+        if key in self.books.running and key not in self._conns:
+            # Booked from the pod's annotations after a restart, and no keeper has re-attached. A new admit from the
+            # same pod and container means that process ended (the container restarted). Keepers of live workloads
+            # reconnect within the grace period, so only after it is the stale booking released.
+            delay = self._hold_until - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if key in self.books.running and key not in self._conns:
+                self._event("superseded", key=key)
+                self.release(key, "superseded")
         try:
             e = self.books.enqueue(
                 key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
@@ -383,6 +393,8 @@ class GateServer:
                 await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
                 return
             self._event("resumed", key=key, gpu=self.books.running[key].gpu_index, bytes=req.bytes)
+        else:
+            self._event("reattached", key=key, gpu=existing.gpu_index, bytes=existing.bytes)
         conn = _Conn(key=key, writer=writer, pid=pid)
         conn.admitted.cancel()
         self._conns[key] = conn

@@ -92,6 +92,7 @@ class Books:
         self.policy = parse_policy(policy)
         self.queued: dict[str, Entry] = {}
         self.running: dict[str, Entry] = {}
+        self._tasks: dict[str, Task] = {}  # the policies' view of each queued entry, built once per request
         self._seq = 0
         self._groups = 0
 
@@ -126,8 +127,7 @@ class Books:
         """The queue in the order the policy will consider it."""
         from gnnsched.policies import traversal
 
-        by_key = self.queued
-        return [by_key[t.key] for t in traversal(self.policy, (e.task() for e in by_key.values()))]
+        return [self.queued[t.key] for t in traversal(self.policy, self._tasks.values())]
 
     # --- mutations ---------------------------------------------------------------------------------------------
 
@@ -160,10 +160,12 @@ class Books:
             qt_seconds=qt_seconds, intensity=intensity, queued_at=now,
         )
         self.queued[key] = e
+        self._tasks[key] = e.task()
         return e
 
     def cancel(self, key: str) -> Entry | None:
         """Drop a queued request (its client went away). Unknown keys are a no-op."""
+        self._tasks.pop(key, None)
         return self.queued.pop(key, None)
 
     def release(self, key: str) -> Entry | None:
@@ -182,13 +184,14 @@ class Books:
         for g in self.gpus.values():
             slots = g.max_clients - self.clients(g.index) if g.healthy else 0
             free.append(GPUFree(g.index, g.capacity_bytes - self.committed_bytes(g.index), max(0, slots), g.capacity_bytes))
-        plan: list[Admission] = plan_admissions(self.policy, (e.task() for e in self.queued.values()), free)
+        plan: list[Admission] = plan_admissions(self.policy, self._tasks.values(), free)
         out: list[Decision] = []
         for adm in plan:
             self._groups += 1
             d = Decision(group=f"g{self._groups}", gpu=self.gpus[adm.gpu_index])
             for t in adm.tasks:
                 e = self.queued.pop(t.key)
+                del self._tasks[t.key]
                 e.gpu_index, e.group, e.admitted_at = adm.gpu_index, d.group, now
                 self.running[e.key] = e
                 d.entries.append(e)
@@ -226,6 +229,7 @@ class Books:
         if self.committed_bytes(gpu.index) + bytes > gpu.capacity_bytes or self.clients(gpu.index) >= gpu.max_clients:
             raise Rejected("resume-conflict", f"{key}: {bytes} B does not fit the books of GPU {gpu.index}")
         self.queued.pop(key, None)
+        self._tasks.pop(key, None)
         self._seq += 1
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,

@@ -25,6 +25,7 @@ from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.mps import MPSManager
 from gnnsched.node_agent.status import StatusSink, build_status
+from gnnsched.node_status_file import status_file_path, write_status_file
 
 log = logging.getLogger("gnnsched.node_agent")
 
@@ -108,6 +109,13 @@ class NodeAgent:
             await asyncio.to_thread(self.sink.publish, status)
         except Exception as exc:  # a down API server must not stop the gate
             log.warning("publishing GPUNode status failed: %s", exc)
+        # The same status for the node's device plugin (slot health follows MPS/GPU health), in the MPS pipe dir.
+        local = status_file_path(self.opts.pipe_directory)
+        try:
+            await asyncio.to_thread(local.parent.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(write_status_file, local, status)
+        except OSError as exc:
+            log.warning("writing %s failed: %s", local, exc)
 
     async def _sample(self) -> None:
         """Driver + MPS health into the books (an unhealthy GPU or MPS admits nothing new) and into the metrics."""

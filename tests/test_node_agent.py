@@ -22,6 +22,7 @@ from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
 from gnnsched.node_agent.status import FileStatusSink
+from gnnsched.node_status_file import read_status_file, status_file_path
 
 FAKES = Path(__file__).parent / "fakes"
 pytestmark = [pytest.mark.timeout(60)]
@@ -84,6 +85,7 @@ async def test_status_metrics_health_and_observed_peak(agent: Harness) -> None:
     h, agent = agent, agent.a
     s = _status(h)
     assert s.node_name == "node-a" and s.mps.healthy and len(s.gpus) == 2
+    assert read_status_file(status_file_path(h.tmp / "mps")) == s  # the device plugin's copy
     g0 = s.gpus[0]
     assert g0.model == "A100-80GB" and g0.total_bytes == 80 * GiB and g0.reserve_bytes == 4 * GiB
     assert g0.max_clients == 3 and g0.committed_bytes == 0

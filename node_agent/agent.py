@@ -76,6 +76,11 @@ class NodeAgent:
     metrics_server: object | None = None
     _dirty: asyncio.Event | None = None
     _stop_threads: threading.Event = field(default_factory=threading.Event)
+    _heartbeat: float = field(default_factory=time.monotonic)
+
+    def alive(self) -> bool:
+        """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
+        return time.monotonic() - self._heartbeat < max(30.0, 3 * self.opts.status_interval)
 
     def _mps_status(self) -> MPSStatus:
         if self.mps is None:
@@ -97,7 +102,7 @@ class NodeAgent:
         await self._sample()
         await self.gate.start(self.opts.gate_socket)
         if self.opts.metrics_port is not None:
-            self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr)
+            self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive)
         await self._publish()
         return self.gate
 
@@ -191,6 +196,7 @@ class NodeAgent:
                 await asyncio.wait_for(self._dirty.wait(), self.opts.status_interval)
                 await asyncio.sleep(0.2)
             self._dirty.clear()
+            self._heartbeat = time.monotonic()
             await self._publish()
 
     async def _sample_loop(self) -> None:

@@ -114,6 +114,8 @@ async def test_status_metrics_health_and_observed_peak(agent: Harness) -> None:
     assert "gnnsched_gate_queue_length 0.0" in text and "gnnsched_mps_daemon_up 1.0" in text
     assert 'gnnsched_job_observed_peak_bytes{namespace="default",pod="p0"} 1.8253611008e+10' in text
     assert 'gnnsched_gpu_healthy{gpu="1"' in text
+    port = agent.metrics_server.server_port  # type: ignore[union-attr]
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read() == b"ok\n"
     w0.close()
     for _ in range(200):
         ann = json.loads(h.pods.read_text())["pods"][0]["metadata"]["annotations"]

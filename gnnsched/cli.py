@@ -107,6 +107,10 @@ from gnnsched.worker_cli import worker_command  # noqa: E402
 app.command("estimate")(estimate_command)
 app.command("worker")(worker_command)
 
+from gnnsched.node_agent.cli import register as _register_node_agent  # noqa: E402
+
+_register_node_agent(app)
+
 
 @app.command("device-plugin")
 def device_plugin(

@@ -210,6 +210,10 @@ def plan_admissions(
     items = list(queue)
     if not items:
         return []
+    gpus = list(gpus)
+    smallest = min(t.bytes for t in items)
+    if not any(g.free_slots > 0 and g.free_bytes >= smallest for g in gpus):
+        return []  # nothing fits anywhere: skip the sort (the common case with a long queue on full GPUs)
     order = traversal(p, items)
     remaining_bytes = sum(t.bytes for t in order)
     out: list[Admission] = []

@@ -236,9 +236,12 @@ class ExtenderService:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         target = unresolvable if out.unresolvable else failed
+        counts: dict[str, int] = {}
         for i, (code, msg) in out.reasons.items():
             target[names[i]] = msg
-            m.filtered_out.labels(code).inc()
+            counts[code] = counts.get(code, 0) + 1
+        for code, n in counts.items():
+            m.filtered_out.labels(code).inc(n)
         if out.reasons:
             keep = np.flatnonzero(out.passed).tolist()
             passed_names = [names[i] for i in keep]

@@ -58,6 +58,8 @@ W_FRAG = 0.5
 END_SLOTS = 4
 #: Quantiles of the cluster's job sizes used by the fragmentation term.
 SIZE_QUANTILES = 8
+#: Grid of the fragmentation term's lookup table (bytes).
+_FRAG_BIN = float(2**20)
 #: Reservations not reported by the node agent within this many seconds are dropped.
 DEFAULT_RESERVATION_TTL = 300.0
 
@@ -172,8 +174,10 @@ class ClusterCache:
         self._cap_rows = 0
         self._alloc(64, 1)
         self._sizes = np.zeros(0)
+        self._above = np.zeros(1)  # P(size > f) on a 1 MiB grid of f (see _frag)
         self._sizes_dirty = True
         self.version = 0  # bumped on every change; lets callers cache derived data
+        self._max_cap: tuple[int, float] = (-1, 0.0)
 
     # ------------------------------------------------------------------ arrays
 
@@ -206,6 +210,7 @@ class ClusterCache:
             "capu": np.full(g2, -1.0),  # capacity
             "free": np.zeros(g2),
             "frag0": np.zeros(g2),  # F(free)
+            "fscale": np.zeros(g2),  # W_FRAG / capacity
             **{f"slow_{p}": np.ones(g2) for p in _PROFILE_KEYS},
             "known": np.zeros(rows, dtype=bool),
             "cpu_free": np.full(rows, np.inf),
@@ -315,7 +320,8 @@ class ClusterCache:
         a["free"][:, rows] = free
         a["avail"][:, rows] = np.where(usable, free - a["qbytes"][:, rows], -np.inf)
         a["capu"][:, rows] = np.where(usable, a["cap"][:, rows], -1.0)
-        a["frag0"][:, rows] = _frag(free, self._sizes) if self._sizes.size else 0.0
+        a["frag0"][:, rows] = _frag(free, self._above)
+        a["fscale"][:, rows] = W_FRAG / np.maximum(a["cap"][:, rows], 1.0)
         for key in _PROFILE_KEYS:
             a_u, a_m = self.interference.sensitivity(self.interference.profile_for(key))
             slow = 1.0 + np.maximum(a_u * a["sum_sm"][:, rows] + a_m * a["sum_mem"][:, rows], 0.0)
@@ -515,17 +521,20 @@ class ClusterCache:
                 self._sizes = np.sort(np.quantile(np.asarray(sizes, dtype=np.float64), qs))
             else:
                 self._sizes = np.zeros(0)
+            grid = np.arange(int(self._sizes.max() // _FRAG_BIN) + 2 if self._sizes.size else 1) * _FRAG_BIN
+            self._above = (grid[:, None] < self._sizes[None, :]).mean(axis=1) if self._sizes.size else np.zeros(1)
             self._sizes_dirty = False
             self._derive(slice(0, len(self._names)))
             self.version += 1
             return True
 
     def max_capacity(self) -> float:
-        """Largest capacity after reserve over every GPU the cluster has (healthy or not)."""
-        a = self._a
-        n = len(self._names)
-        caps = np.where(a["valid"][:, :n], a["cap"][:, :n], 0)
-        return float(caps.max()) if caps.size else 0.0
+        """Largest capacity after reserve over every GPU the cluster has (healthy or not); cached per version."""
+        if self._max_cap[0] != self.version:
+            a = self._a
+            caps = np.where(a["valid"], a["cap"], 0)
+            self._max_cap = (self.version, float(caps.max()) if caps.size else 0.0)
+        return self._max_cap[1]
 
     def _views(self) -> dict[str, np.ndarray]:
         """All allocated rows (contiguous; unused rows are never usable: capu = -1, known = False)."""
@@ -546,7 +555,6 @@ class ClusterCache:
         with self.lock:
             a = self._views()
             b = float(demand.gpu_bytes)
-            fits = a["healthy"] & (a["cap"] >= b)
             good = a["capu"] >= b
             node_ok = a["known"] & np.logical_or.reduce(good, axis=0)
             if cpu_free_override is None:
@@ -556,56 +564,90 @@ class ClusterCache:
             ok = known_row & node_ok[r] if len(node_ok) else np.zeros(len(rows), dtype=bool)
             if cpu_free_override is not None:
                 ok &= (cpu_free_override >= demand.cpu_millis) & (mem_free_override >= demand.memory_bytes)
-            reasons: dict[int, tuple[str, str]] = {}
             failed = np.flatnonzero(~ok)
             cluster_max = self.max_capacity()
             unresolvable = cluster_max < b
-            for i in failed.tolist():
-                row = int(rows[i])
-                if row < 0:
-                    reasons[i] = self._reason(demand, row, *(np.zeros(0),) * 5, 0.0, 0.0, cluster_max)
-                    continue
-                cpu_free = float(a["cpu_free"][row] if cpu_free_override is None else cpu_free_override[i])
-                mem_free = float(a["mem_free"][row] if mem_free_override is None else mem_free_override[i])
-                reasons[i] = self._reason(
-                    demand, row, a["cap"][:, row], a["valid"][:, row], a["healthy"][:, row], fits[:, row],
-                    good[:, row], cpu_free, mem_free, cluster_max,
-                )
+            reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max)
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)
 
-    def _reason(
-        self, d: PodDemand, row: int, cap: np.ndarray, valid: np.ndarray, healthy: np.ndarray, fits: np.ndarray,
-        good: np.ndarray, cpu_free: float, mem_free: float, cluster_max: float,
-    ) -> tuple[str, str]:
+    def _reasons(
+        self, d: PodDemand, rows: np.ndarray, failed: np.ndarray, good: np.ndarray,
+        cpu_override: np.ndarray | None, mem_override: np.ndarray | None, cluster_max: float,
+    ) -> dict[int, tuple[str, str]]:
+        """A reason per failed candidate. Classified with array operations over the failed nodes and formatted
+        once per distinct message: a pod that fits nowhere fails on all 5,000 nodes at once."""
+        if not failed.size:
+            return {}
+        a = self._a
         need = format_bytes(d.gpu_bytes)
-        if row < 0:
-            return R_UNKNOWN, "node is not in the gnnsched cache (no GPUNode status: is the gnnsched node agent running there?)"
-        node = self._nodes[self._names[row]]
-        if not node.has_status:
-            return R_UNKNOWN, "node has no GPUNode status (is the gnnsched node agent running there?)"
-        if not valid.any():
-            return R_NO_GPU, "node agent reports no GPUs on this node"
-        if cluster_max < d.gpu_bytes:
-            return R_GPU_MEMORY, (
+        fr = rows[failed]
+        unknown = fr < 0
+        frc = np.where(unknown, 0, fr)
+        has_status = a["known"][frc] & ~unknown
+        valid = a["valid"][:, frc]
+        healthy = a["healthy"][:, frc] & valid
+        n_valid = valid.sum(axis=0).tolist()
+        any_healthy = healthy.any(axis=0).tolist()
+        any_fits = (healthy & (a["cap"][:, frc] >= d.gpu_bytes)).any(axis=0).tolist()
+        any_good = good[:, frc].any(axis=0).tolist()
+        largest = np.where(healthy, a["cap"][:, frc], -1.0).max(axis=0).tolist()
+        cpu_free = (a["cpu_free"][frc] if cpu_override is None else cpu_override[failed]).tolist()
+        mem_free = (a["mem_free"][frc] if mem_override is None else mem_override[failed]).tolist()
+        memo: dict[tuple, tuple[str, str]] = {}
+
+        def say(key: tuple, make: Callable[[], tuple[str, str]]) -> tuple[str, str]:
+            hit = memo.get(key)
+            if hit is None:
+                hit = memo[key] = make()
+            return hit
+
+        out: dict[int, tuple[str, str]] = {}
+        if cluster_max < d.gpu_bytes and has_status.all():  # fits nowhere: one message for every node
+            msg = (R_GPU_MEMORY, (
                 f"job needs {need} on one GPU; the largest GPU in the cluster has {format_bytes(cluster_max)} "
                 "after reserve (no node can ever run it: lower the batch size, use mini-batching or a larger GPU)"
-            )
-        if not healthy[valid].any():
-            if not node.node_mps_healthy:
-                return R_UNHEALTHY, f"MPS daemon unhealthy on this node ({int(valid.sum())} GPUs unusable)"
-            return R_UNHEALTHY, f"none of the node's {int(valid.sum())} GPUs is healthy with a healthy MPS server"
-        if not fits.any():
-            largest = float(cap[healthy].max())
-            models = sorted({g.model for g in node.gpus})
-            return R_GPU_MEMORY, (
-                f"largest healthy GPU ({', '.join(models)}) has {format_bytes(largest)} after reserve; "
-                f"job needs {need}"
-            )
-        if not good.any():
-            return R_CLIENTS, f"every GPU that can hold {need} already has its maximum number of MPS clients"
-        if cpu_free < d.cpu_millis:
-            return R_CPU, f"node has {max(cpu_free, 0) / 1000:g} CPU unclaimed; pod requests {d.cpu_millis / 1000:g}"
-        return R_MEMORY, f"node has {format_bytes(max(mem_free, 0))} memory unclaimed; pod requests {format_bytes(d.memory_bytes)}"
+            ))
+            return dict.fromkeys(failed.tolist(), msg)
+        for k, (i, unk, status) in enumerate(zip(failed.tolist(), unknown.tolist(), has_status.tolist())):
+            if unk:
+                out[i] = say(("unknown",), lambda: (R_UNKNOWN, "node is not in the gnnsched cache (no GPUNode "
+                                                    "status: is the gnnsched node agent running there?)"))
+            elif not status:
+                out[i] = say(("nostatus",), lambda: (R_UNKNOWN, "node has no GPUNode status (is the gnnsched node "
+                                                     "agent running there?)"))
+            elif not n_valid[k]:
+                out[i] = say(("nogpu",), lambda: (R_NO_GPU, "node agent reports no GPUs on this node"))
+            elif cluster_max < d.gpu_bytes:
+                out[i] = say(("cluster",), lambda: (R_GPU_MEMORY, (
+                    f"job needs {need} on one GPU; the largest GPU in the cluster has {format_bytes(cluster_max)} "
+                    "after reserve (no node can ever run it: lower the batch size, use mini-batching or a larger GPU)"
+                )))
+            elif not any_healthy[k]:
+                node = self._nodes[self._names[int(fr[k])]]
+                nv = n_valid[k]
+                if not node.node_mps_healthy:
+                    out[i] = say(("mps", nv), lambda: (R_UNHEALTHY, f"MPS daemon unhealthy on this node ({nv} GPUs unusable)"))
+                else:
+                    out[i] = say(("sick", nv), lambda: (
+                        R_UNHEALTHY, f"none of the node's {nv} GPUs is healthy with a healthy MPS server"))
+            elif not any_fits[k]:
+                node = self._nodes[self._names[int(fr[k])]]
+                label = ", ".join(sorted({g.model for g in node.gpus}))
+                big = largest[k]
+                out[i] = say(("mem", label, big), lambda: (R_GPU_MEMORY, (
+                    f"largest healthy GPU ({label}) has {format_bytes(big)} after reserve; job needs {need}")))
+            elif not any_good[k]:
+                out[i] = say(("clients",), lambda: (
+                    R_CLIENTS, f"every GPU that can hold {need} already has its maximum number of MPS clients"))
+            elif cpu_free[k] < d.cpu_millis:
+                c = cpu_free[k]
+                out[i] = say(("cpu", c), lambda: (
+                    R_CPU, f"node has {max(c, 0) / 1000:g} CPU unclaimed; pod requests {d.cpu_millis / 1000:g}"))
+            else:
+                m = mem_free[k]
+                out[i] = say(("memory", m), lambda: (R_MEMORY, (
+                    f"node has {format_bytes(max(m, 0))} memory unclaimed; pod requests {format_bytes(d.memory_bytes)}")))
+        return out
 
     def _cost_matrix(self, demand: PodDemand, now: float) -> np.ndarray:
         """Cost of placing the pod on every GPU slot of every allocated row, ``(gpus, rows)``; ``inf`` where
@@ -632,11 +674,10 @@ class ClusterCache:
             wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
             cost.ravel()[flat_wait] += wait / big_r
         if self._sizes.size:
-            d_frag = _frag(a["free"] - b, self._sizes)
+            d_frag = _frag(a["free"] - b, self._above)
             d_frag -= a["frag0"]
             d_frag *= fits_now
-            d_frag *= W_FRAG
-            d_frag /= np.maximum(a["cap"], 1.0)
+            d_frag *= a["fscale"]
             cost += d_frag
         np.copyto(cost, np.inf, where=~good)
         return cost
@@ -724,17 +765,17 @@ class ClusterCache:
             ]
 
 
-def _frag(free: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def _frag(free: np.ndarray, above: np.ndarray) -> np.ndarray:
     """``F(f) = f * P(s > f)``: free bytes a job drawn from the size mix cannot use.
 
-    A sum of comparisons against the (8) sizes: much faster than ``searchsorted`` over 40,000 GPUs."""
+    ``above[i] = P(s > i MiB)`` (a table built with the size mix): one multiply, one cast and one lookup per GPU
+    instead of a comparison per size quantile. ``f`` is rounded down to whole MiB for the lookup only."""
     f = np.maximum(free, 0.0)
-    above = np.zeros(f.shape)
-    for size in sizes.tolist():
-        above += f < size
-    above *= f
-    above /= sizes.size
-    return above
+    idx = (f * (1.0 / _FRAG_BIN)).astype(np.int64)
+    np.minimum(idx, len(above) - 1, out=idx)
+    out = above[idx]
+    out *= f
+    return out
 
 
 def reservation_from_pod(pod: dict, interference: InterferenceModel | None = None) -> Reservation | None:

@@ -20,7 +20,7 @@ import heapq
 
 import numpy as np
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from gnnsched.gpus import get_gpu_model
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
@@ -306,6 +306,7 @@ class Simulation:
         if self.pending_dirty and self.pending:
             self.pending_dirty = False
             failures = 0
+            done: list[int] = []
             for job in self._order(self.pending):
                 if failures >= MAX_FAILED_PLACEMENTS or not self._room():
                     break
@@ -313,13 +314,15 @@ class Simulation:
                 if verdict is None:
                     failures += 1
                     continue
-                del self.pending[job.id]
+                done.append(job.id)
                 if verdict == "never":
                     out = self.outcomes[job.id]
                     out.status = "unschedulable"
                     out.reason = out.reason or "fits on no GPU of the cluster"
                     self.waiting -= 1
                     self._resolve(job)
+            for jid in done:
+                del self.pending[jid]
         if self.dirty_nodes:
             dirty = sorted(self.dirty_nodes)
             self.dirty_nodes.clear()
@@ -332,12 +335,12 @@ class Simulation:
             return True
         return bool(self.slots_arr.any())
 
-    def _order(self, jobs: dict[int, SimJob]) -> list[SimJob]:
+    def _order(self, jobs: dict[int, SimJob]) -> Iterable[SimJob]:
         if self.base == "srtf":
             return sorted(jobs.values(), key=lambda j: (self._predicted(j), j.arrival, j.id))
         if self.base == "drf":
             return sorted(jobs.values(), key=lambda j: (self._dominant_share(j), j.arrival, j.id))
-        return list(jobs.values())  # FIFO: arrival / retry order
+        return iter(jobs.values())  # FIFO: arrival / retry order (consumed lazily, deleted after the loop)
 
     def _predicted(self, job: SimJob) -> float:
         return job.profile(self.gpu_nodes[0].gpus[0].model).predicted_s

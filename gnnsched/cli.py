@@ -34,6 +34,10 @@ def _root(
 
 # --- component registrations (one block per component; keep imports light) ---
 
+from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
+
+app.add_typer(_predictor_app, name="predictor")
+
 
 @app.command("extender")
 def extender_cmd(

@@ -3,7 +3,8 @@
 Starts ``gnnsched extender --fake-cluster NxG`` as its own process (real uvicorn), then plays kube-scheduler:
 for each pod a ``filter`` call with every node name (``nodeCacheCapable: true``) and a ``prioritize`` call with
 the names that passed. Reports p50/p99 of filter+prioritize per pod and pods/s, for 1 and 8 concurrent clients
-(each client its own process and keep-alive connection, as kube-scheduler's parallel scheduling cycles would be),
+(one client process, a thread and keep-alive connection per concurrent client, as kube-scheduler's parallel
+scheduling cycles would be),
 plus the server's CPU seconds per pod (from /proc), which is the figure that bounds its throughput.
 
     python bench/extender_latency.py                       # 5000x8, 400 pods per client setting
@@ -111,6 +112,27 @@ def _client(port: int, names: list[str], pods: list[dict], start: float, q: mp.Q
     q.put((lat, passed_total / max(len(pods), 1)))
 
 
+def _client_group(port: int, names: list[str], groups: list[list[dict]], start: float, q: mp.Queue) -> None:
+    """One client process with a thread (and keep-alive connection) per concurrent client, like kube-scheduler:
+    one process whose parallel scheduling cycles each hold a connection."""
+    import queue as _queue
+    import threading
+
+    inner: _queue.Queue = _queue.Queue()
+
+    class _Q:
+        def put(self, item: object) -> None:
+            inner.put(item)
+
+    threads = [threading.Thread(target=_client, args=(port, names, pods, start, _Q())) for pods in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = [inner.get() for _ in threads]
+    q.put(([x for r in results for x in r[0]], float(np.mean([r[1] for r in results]))))
+
+
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
@@ -164,7 +186,8 @@ def main() -> int:
         for n_clients in args.clients:
             per = max(1, args.pods // n_clients)
             start = time.time() + 2.0
-            procs = [ctx.Process(target=_client, args=(port, names, _pods(per, k), start, q)) for k in range(n_clients)]
+            groups = [_pods(per, k) for k in range(n_clients)]
+            procs = [ctx.Process(target=_client_group, args=(port, names, groups, start, q))]
             for p in procs:
                 p.start()
             while time.time() < start:
@@ -194,6 +217,20 @@ def main() -> int:
             f"server CPU per pod (filter+prioritize, 200 pods): {cpu / 200 * 1e3:.2f} ms  -> at most "
             f"{200 / cpu:.0f} pods/s per server core  (wall {time.time() - t1:.1f} s)"
         )
+        c = http.client.HTTPConnection("127.0.0.1", port)
+        c.request("GET", "/metrics")
+        sums: dict[str, float] = {}
+        for line in c.getresponse().read().decode().splitlines():
+            if line.startswith("gnnsched_extender_request_seconds_"):
+                key, value = line.rsplit(" ", 1)
+                sums[key] = float(value)
+        parts = []
+        for verb in ("filter", "prioritize"):
+            n = sums.get(f'gnnsched_extender_request_seconds_count{{verb="{verb}"}}', 0)
+            total = sums.get(f'gnnsched_extender_request_seconds_sum{{verb="{verb}"}}', 0)
+            if n:
+                parts.append(f"{verb} {total / n * 1e3:.2f} ms")
+        print("server handler time per request (mean, from /metrics, excludes HTTP): " + ", ".join(parts))
         print(f"uptime: {open('/proc/loadavg').read().strip()}")
     finally:
         proc.terminate()

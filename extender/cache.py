@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterable
 from itertools import repeat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 import numpy as np
 

@@ -38,6 +38,10 @@ from gnnsched.node_agent.cli import register as _register_node_agent  # noqa: E4
 
 _register_node_agent(app)
 
+from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
+
+app.add_typer(_predictor_app, name="predictor")
+
 
 @app.command("device-plugin")
 def device_plugin(

@@ -41,6 +41,10 @@ from gnnsched.worker_cli import worker_command  # noqa: E402
 app.command("estimate")(estimate_command)
 app.command("worker")(worker_command)
 
+from gnnsched.node_agent.cli import register as _register_node_agent  # noqa: E402
+
+_register_node_agent(app)
+
 from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
 
 app.add_typer(_predictor_app, name="predictor")

@@ -130,3 +130,13 @@ def test_cuda_run_reports_max_memory_allocated_near_the_estimate():
     result = run_job(spec, device="cuda")
     est = estimate(spec, device="cuda")
     assert result.observed_peak_bytes <= est.pmc_bytes * est.safety_factor
+
+
+def test_cpu_profiling_stops_after_the_first_steps_and_keeps_the_peak(monkeypatch):
+    import gnnsched.worker as worker
+
+    monkeypatch.setattr(worker, "PROFILED_STEPS", 2)
+    spec = _spec("gcn", epochs=6)
+    result = run_job(spec)
+    assert result.steps == 6
+    assert result.observed_peak_bytes == pytest.approx(estimate(spec).pmc_bytes, rel=0.005)

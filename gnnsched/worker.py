@@ -1,0 +1,370 @@
+"""``gnnsched worker``: run a GNNJob for real and report the peak memory it used.
+
+The worker is what a job's pod runs (behind the gate). It builds the graph and the model with the same functions the
+estimator traces (``gnnsched.models``), runs the job's steps (training epochs or inference requests) and reports one
+JSON line: ``observed_peak_bytes`` (peak of live tensor bytes: ``torch.profiler`` allocation events over the first
+``PROFILED_STEPS`` steps on CPU, ``torch.cuda.max_memory_allocated`` over the whole run on CUDA), ``seconds`` (wall time of the steps) and ``steps``.
+
+Inference with ``parallelism: N`` runs N threads that share one copy of the model and the graph (the model-sharing
+seed: read-only weights need one copy), each serving its share of the requests.
+
+Mini-batch jobs (sage/gat with ``batching.mode: minibatch``) sample neighbours with ``gnnsched.models``' pure-torch
+sampler: an epoch visits every labelled node once in batches; an inference request is one sampled batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._C._profiler import _EventType
+
+from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
+from gnnsched.spec import GNNJobSpec
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    observed_peak_bytes: int
+    seconds: float
+    steps: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"observed_peak_bytes": self.observed_peak_bytes, "seconds": self.seconds, "steps": self.steps}
+
+
+STEP_MARK = "gnnsched.step"
+"""``record_function`` label around each step, so allocation events can be attributed to the steps."""
+
+
+def _allocation_events(prof: Any) -> list[tuple[int, int]]:
+    """``(time_ns, live bytes after the event)`` for every CPU allocation/free seen by the profiler, in time order.
+
+    Live bytes are summed from the session's own events: the profiler's ``total_allocated`` is a counter that only
+    moves while a profiler is on, so it drifts across sessions, and a free of memory allocated before the session
+    (garbage of earlier code) is ignored because the session never counted its allocation.
+    """
+    raw: list[tuple[int, int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            raw.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    raw.sort(key=lambda e: e[0])
+    owned: dict[int, int] = {}
+    level = 0
+    out: list[tuple[int, int]] = []
+    for when, ptr, size in raw:
+        if size > 0:
+            owned[ptr] = size
+        elif owned.pop(ptr, None) is None:
+            continue
+        level += size
+        out.append((when, level))
+    return out
+
+
+def _marked_windows(prof: Any, label: str) -> list[tuple[int, int]]:
+    windows: list[tuple[int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.TorchOp and node.name == label:
+            windows.append((node.start_time_ns, node.end_time_ns))
+        stack.extend(node.children)
+    windows.sort()
+    return windows
+
+
+def profiled_peak(prof: Any, label: str = STEP_MARK, last_only: bool = False) -> int:
+    """Peak of live CPU bytes (counted from the profiler's start) during the windows marked ``label``.
+
+    The level just before a window counts too (what is resident when the step starts). ``last_only`` restricts
+    the peak to the last window: the steady-state step the estimator predicts.
+    """
+    events = _allocation_events(prof)
+    windows = _marked_windows(prof, label)
+    if last_only:
+        windows = windows[-1:]
+    if not windows:
+        raise RuntimeError(f"no profiler window labelled {label!r}")
+    peak = 0
+    pos = 0
+    level = 0
+    for start, end in windows:
+        while pos < len(events) and events[pos][0] < start:
+            level = events[pos][1]
+            pos += 1
+        peak = max(peak, level)
+        while pos < len(events) and events[pos][0] <= end:
+            level = events[pos][1]
+            peak = max(peak, level)
+            pos += 1
+    return peak
+
+
+def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | None = None) -> int:
+    """Ground truth for the estimator: the profiler's peak of one steady-state step on CPU.
+
+    Profiles everything from graph creation on (so every resident byte is counted), runs one warm-up step (the
+    optimizer creates its state) and reports the peak of the second step. For ``parallelism: N`` inference it runs
+    the N workers' forward passes concurrently, as the worker does.
+    """
+    import gc
+
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        graph = make_graph(spec, seed, root)
+        model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes)
+        inputs = _StepInputs(spec, graph, "cpu", seed)
+        stream = inputs.stream()
+        run_step(model, next(stream), spec.mode)
+        batch = next(stream)
+        workers = spec.parallelism if spec.mode == "infer" else 1
+        with torch.profiler.record_function(STEP_MARK):
+            if workers == 1:
+                run_step(model, batch, spec.mode)
+            else:
+                meter = ConcurrentMeter(_resident_tensors(model, batch))
+                barrier = threading.Barrier(workers)
+
+                def one() -> None:
+                    with meter.thread_mode():
+                        barrier.wait()
+                        run_step(model, batch, spec.mode)
+
+                threads = [threading.Thread(target=one) for _ in range(workers)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        del batch
+    resident = profiled_peak(prof, last_only=True)
+    return resident if workers == 1 else resident + meter.peak
+
+
+class ConcurrentMeter:
+    """Peak of tensor bytes created by several threads at once (the profiler records only the thread that started it).
+
+    Each worker thread enters its own ``thread_mode()``; all of them add to one counter under a lock. A storage is
+    counted from the operator that creates it until its last reference dies. Used for parallel inference only, where
+    no autograd runs, so a dispatch mode sees exactly the allocations a plain run makes.
+    """
+
+    def __init__(self, resident: list[torch.Tensor] | tuple[torch.Tensor, ...] = ()) -> None:
+        self._lock = threading.Lock()
+        self.live = 0
+        self.peak = 0
+        self._known: set[int] = set()
+        # Storages that exist before the threads start (graph, weights) are already counted by the caller; a view
+        # of one (``edge_index[0]``) must not count its whole storage again.
+        self._resident = {id(t.untyped_storage()) for t in resident}
+        self._resident_refs = [t.untyped_storage() for t in resident]  # keep ids stable while the meter lives
+
+    def _add(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            self._known.add(key)
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+
+    def _drop(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            self._known.discard(key)
+            self.live -= nbytes
+
+    def thread_mode(self) -> Any:
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        meter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                        storage = t.untyped_storage()
+                        key = id(storage)
+                        if key not in meter._known and key not in meter._resident:
+                            nbytes = storage.nbytes()
+                            meter._add(key, nbytes)
+                            weakref.finalize(storage, meter._drop, key, nbytes)
+                return out
+
+        return _Mode()
+
+
+def _resident_tensors(model: Any, graph: Graph) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers(), graph.x, graph.edge_index, graph.y, graph.target]
+
+
+class _StepInputs:
+    """What each step consumes: the whole graph every step (full-batch), or sampled batches from one sampler that
+    lives for the whole job (mini-batch; the full graph stays in host memory and only batches move to ``device``)."""
+
+    def __init__(self, spec: GNNJobSpec, graph: Graph, device: str, seed: int) -> None:
+        self.minibatch = spec.batching.mode == "minibatch"
+        self.device = device
+        self.seed = seed
+        if self.minibatch:
+            self.sampler: NeighborSampler | None = NeighborSampler(graph, spec)
+            self.graph = graph
+        else:
+            self.sampler = None
+            self.graph = graph.to(device)
+
+    def stream(self, rank: int = 0) -> Iterator[Graph]:
+        """Endless step inputs; each worker rank reshuffles with its own seed."""
+        if self.sampler is None:
+            while True:
+                yield self.graph
+        epoch = 0
+        while True:
+            for batch in self.sampler.batches(seed=self.seed + 1000 * rank + epoch):
+                yield batch.to(self.device)
+            epoch += 1
+
+
+def steps_for(spec: GNNJobSpec, graph: Graph, epochs: int | None) -> int:
+    """Number of steps: epochs (times batches per epoch for mini-batch training), or inference requests."""
+    if spec.mode == "infer":
+        return spec.steps
+    n = epochs if epochs is not None else spec.steps
+    if spec.batching.mode == "minibatch":
+        per_epoch = -(-graph.target.numel() // int(spec.batching.batch_size or 1))
+        return n * per_epoch
+    return n
+
+
+PROFILED_STEPS = 20
+"""On CPU the profiler records the first this-many steps, then stops: its event buffer grows with every operator,
+so profiling a million-request job whole would cost more memory than the job. Full-batch steps after the first are
+identical, so the steady-state peak is among them; for mini-batches it is the peak over the first batches."""
+
+
+class _PeakMeter:
+    """Peak live tensor bytes of a run: the profiler's allocation events on CPU, CUDA's allocator stats on GPU."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._prof: Any = None
+        self._peak: int | None = None
+
+    def __enter__(self) -> _PeakMeter:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.start()
+        return self
+
+    def step_done(self, index: int) -> None:
+        if self._prof is not None and index + 1 == PROFILED_STEPS:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._prof is not None:
+            self._prof.stop()
+            self._peak = profiled_peak(self._prof)
+            self._prof = None
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def peak(self) -> int:
+        if self.device == "cuda":
+            return int(torch.cuda.max_memory_allocated())
+        if self._peak is None:
+            raise RuntimeError("peak() before the meter stopped")
+        return self._peak
+
+
+def run_job(
+    spec: GNNJobSpec,
+    device: str = "cpu",
+    epochs: int | None = None,
+    seed: int = 0,
+    root: str | Path | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> WorkerResult:
+    """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: no CUDA device is available to this process")
+    torch.manual_seed(seed)
+    with _PeakMeter(device) as meter_:
+        graph = make_graph(spec, seed, root)
+        model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
+        inputs = _StepInputs(spec, graph, device, seed)
+        total = steps_for(spec, graph, epochs)
+        if on_start is not None:
+            on_start(total)
+        started = time.perf_counter()
+        workers = spec.parallelism if spec.mode == "infer" else 1
+        if workers == 1:
+            stream = inputs.stream()
+            for index in range(total):
+                with torch.profiler.record_function(STEP_MARK):
+                    run_step(model, next(stream), spec.mode)
+                meter_.step_done(index)
+                if progress is not None:
+                    progress(1)
+        else:
+            meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
+            with torch.profiler.record_function(STEP_MARK):
+                pass  # marks the resident level when serving starts (child threads are invisible to the profiler)
+            _serve_parallel(model, inputs, total, workers, progress, meter)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+    observed = meter_.peak()
+    if workers > 1 and device == "cpu":
+        observed += meter.peak  # type: ignore[union-attr]
+    return WorkerResult(observed_peak_bytes=observed, seconds=round(seconds, 6), steps=total)
+
+
+def _serve_parallel(
+    model: Any,
+    inputs: _StepInputs,
+    total: int,
+    workers: int,
+    progress: Callable[[int], None] | None,
+    meter: ConcurrentMeter | None = None,
+) -> None:
+    """N threads share ``model`` and the graph; thread i serves requests i, i+N, ... (inference only)."""
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def serve(rank: int) -> None:
+        try:
+            with meter.thread_mode() if meter is not None else nullcontext():
+                stream = inputs.stream(rank)
+                for _ in range(rank, total, workers):
+                    run_step(model, next(stream), "infer")
+                    if progress is not None:
+                        with lock:
+                            progress(1)
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve, args=(rank,), name=f"gnnsched-infer-{rank}") for rank in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -346,6 +346,13 @@ class ExtenderService:
         m.binds.labels("immediate" if res.immediate else "queued").inc()
         return orjson.dumps({"Error": ""})
 
+    def bind(self, body: bytes) -> bytes:
+        """The whole bind (may block on the API: call it from a worker thread)."""
+        first = self.reserve_for_bind(body)
+        if isinstance(first, bytes):
+            return first
+        return self.complete_bind(*first)
+
     def refresh_gauges(self) -> None:
         imm, queued = self.cache.reservation_counts()
         self.metrics.reservations.labels("immediate").set(imm)
@@ -523,10 +530,9 @@ def create_app(
     )
     async def bind(request: Request) -> Response:
         try:
-            first = service.reserve_for_bind(await request.body())
-            if isinstance(first, bytes):
-                return Response(first, media_type=_JSON)
-            body = await run_in_threadpool(service.complete_bind, *first)
+            # in a worker thread: reading an unseen pod and creating the Binding are API calls; the reservation
+            # itself is atomic under the cache lock, whichever thread takes it
+            body = await run_in_threadpool(service.bind, await request.body())
         except Exception as exc:  # never a 5xx: the scheduler retries on Error
             log.exception("bind failed")
             body = orjson.dumps({"Error": f"internal error in extender: {type(exc).__name__}: {exc}"})

@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterable
 from itertools import repeat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
 
 import numpy as np
 
@@ -174,7 +173,7 @@ class ClusterCache:
         self._cap_rows = 0
         self._alloc(64, 1)
         self._sizes = np.zeros(0)
-        self._above = np.zeros(1)  # P(size > f) on a 1 MiB grid of f (see _frag)
+        self._above = np.zeros(1, dtype=np.float32)  # P(size > f) on a 1 MiB grid of f (see _frag)
         self._sizes_dirty = True
         self.version = 0  # bumped on every change; lets callers cache derived data
         self._max_cap: tuple[int, float] = (-1, 0.0)
@@ -209,9 +208,11 @@ class ClusterCache:
             "avail": np.full(g2, -np.inf),  # free - queued bytes
             "capu": np.full(g2, -1.0),  # capacity
             "free": np.zeros(g2),
-            "frag0": np.zeros(g2),  # F(free)
-            "fscale": np.zeros(g2),  # W_FRAG / capacity
-            **{f"slow_{p}": np.ones(g2) for p in _PROFILE_KEYS},
+            # score-only terms in float32: half the memory traffic of the hot path; feasibility stays float64
+            "free32": np.zeros(g2, dtype=np.float32),
+            "frag0": np.zeros(g2, dtype=np.float32),  # F(free)
+            "fscale": np.zeros(g2, dtype=np.float32),  # W_FRAG / capacity
+            **{f"slow_{p}": np.ones(g2, dtype=np.float32) for p in _PROFILE_KEYS},
             "known": np.zeros(rows, dtype=bool),
             "cpu_free": np.full(rows, np.inf),
             "mem_free": np.full(rows, np.inf),
@@ -320,7 +321,8 @@ class ClusterCache:
         a["free"][:, rows] = free
         a["avail"][:, rows] = np.where(usable, free - a["qbytes"][:, rows], -np.inf)
         a["capu"][:, rows] = np.where(usable, a["cap"][:, rows], -1.0)
-        a["frag0"][:, rows] = _frag(free, self._above)
+        a["free32"][:, rows] = free
+        a["frag0"][:, rows] = _frag(a["free32"][:, rows], self._above)
         a["fscale"][:, rows] = W_FRAG / np.maximum(a["cap"][:, rows], 1.0)
         for key in _PROFILE_KEYS:
             a_u, a_m = self.interference.sensitivity(self.interference.profile_for(key))
@@ -522,7 +524,8 @@ class ClusterCache:
             else:
                 self._sizes = np.zeros(0)
             grid = np.arange(int(self._sizes.max() // _FRAG_BIN) + 2 if self._sizes.size else 1) * _FRAG_BIN
-            self._above = (grid[:, None] < self._sizes[None, :]).mean(axis=1) if self._sizes.size else np.zeros(1)
+            above = (grid[:, None] < self._sizes[None, :]).mean(axis=1) if self._sizes.size else np.zeros(1)
+            self._above = above.astype(np.float32)
             self._sizes_dirty = False
             self._derive(slice(0, len(self._names)))
             self.version += 1
@@ -674,7 +677,7 @@ class ClusterCache:
             wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
             cost.ravel()[flat_wait] += wait / big_r
         if self._sizes.size:
-            d_frag = _frag(a["free"] - b, self._above)
+            d_frag = _frag(a["free32"] - np.float32(b), self._above)
             d_frag -= a["frag0"]
             d_frag *= fits_now
             d_frag *= a["fscale"]
@@ -770,8 +773,8 @@ def _frag(free: np.ndarray, above: np.ndarray) -> np.ndarray:
 
     ``above[i] = P(s > i MiB)`` (a table built with the size mix): one multiply, one cast and one lookup per GPU
     instead of a comparison per size quantile. ``f`` is rounded down to whole MiB for the lookup only."""
-    f = np.maximum(free, 0.0)
-    idx = (f * (1.0 / _FRAG_BIN)).astype(np.int64)
+    f = np.maximum(free, np.float32(0.0))
+    idx = (f * np.float32(1.0 / _FRAG_BIN)).astype(np.int64)
     np.minimum(idx, len(above) - 1, out=idx)
     out = above[idx]
     out *= f

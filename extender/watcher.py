@@ -12,6 +12,7 @@ accounts for them.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -179,6 +180,8 @@ class ClusterWatcher:
                     self._stop.wait(2.0)
             else:
                 return
+            gc.collect()
+            gc.freeze()  # the synced cache is long-lived: keep full collections from walking it (tail latency)
             service.ready = True
             for kind, rv in rvs.items():
                 t = threading.Thread(target=self._loop, args=(kind, rv), name=f"watch-{kind}", daemon=True)

@@ -34,13 +34,24 @@ def _root(
 
 # --- component registrations (one block per component; keep imports light) ---
 
-from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
-
-app.add_typer(_predictor_app, name="predictor")
-
 from gnnsched.simulator.cli import simulate as _simulate  # noqa: E402  (simulator; heavy imports inside)
 
 app.command("simulate")(_simulate)
+
+# estimator and worker (core): these modules import torch only inside the command bodies.
+from gnnsched.estimate_cli import estimate_command  # noqa: E402
+from gnnsched.worker_cli import worker_command  # noqa: E402
+
+app.command("estimate")(estimate_command)
+app.command("worker")(worker_command)
+
+from gnnsched.node_agent.cli import register as _register_node_agent  # noqa: E402
+
+_register_node_agent(app)
+
+from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
+
+app.add_typer(_predictor_app, name="predictor")
 
 
 @app.command("extender")
@@ -98,18 +109,6 @@ def extender_cmd(
     except OptionError as exc:
         print(str(exc), file=sys.stderr)
         raise typer.Exit(2) from None
-
-
-# estimator and worker (core): these modules import torch only inside the command bodies.
-from gnnsched.estimate_cli import estimate_command  # noqa: E402
-from gnnsched.worker_cli import worker_command  # noqa: E402
-
-app.command("estimate")(estimate_command)
-app.command("worker")(worker_command)
-
-from gnnsched.node_agent.cli import register as _register_node_agent  # noqa: E402
-
-_register_node_agent(app)
 
 
 @app.command("device-plugin")

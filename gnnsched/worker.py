@@ -2,8 +2,8 @@
 
 The worker is what a job's pod runs (behind the gate). It builds the graph and the model with the same functions the
 estimator traces (``gnnsched.models``), runs the job's steps (training epochs or inference requests) and reports one
-JSON line: ``observed_peak_bytes`` (peak of live tensor bytes over the steps: ``torch.profiler`` allocation events on
-CPU, ``torch.cuda.max_memory_allocated`` on CUDA), ``seconds`` (wall time of the steps) and ``steps``.
+JSON line: ``observed_peak_bytes`` (peak of live tensor bytes: ``torch.profiler`` allocation events over the first
+``PROFILED_STEPS`` steps on CPU, ``torch.cuda.max_memory_allocated`` over the whole run on CUDA), ``seconds`` (wall time of the steps) and ``steps``.
 
 Inference with ``parallelism: N`` runs N threads that share one copy of the model and the graph (the model-sharing
 seed: read-only weights need one copy), each serving its share of the requests.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -247,20 +247,50 @@ def steps_for(spec: GNNJobSpec, graph: Graph, epochs: int | None) -> int:
     return n
 
 
-@contextmanager
-def _peak_meter(device: str) -> Iterator[Callable[[], int]]:
-    """Yields a function returning the peak bytes seen inside the block (profiler on CPU, CUDA stats on GPU)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        yield lambda: int(torch.cuda.max_memory_allocated())
-        return
-    from torch.profiler import ProfilerActivity, profile
+PROFILED_STEPS = 20
+"""On CPU the profiler records the first this-many steps, then stops: its event buffer grows with every operator,
+so profiling a million-request job whole would cost more memory than the job. Full-batch steps after the first are
+identical, so the steady-state peak is among them; for mini-batches it is the peak over the first batches."""
 
-    holder: dict[str, int] = {}
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        yield lambda: holder["peak"]
-    holder["peak"] = profiled_peak(prof)
+
+class _PeakMeter:
+    """Peak live tensor bytes of a run: the profiler's allocation events on CPU, CUDA's allocator stats on GPU."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._prof: Any = None
+        self._peak: int | None = None
+
+    def __enter__(self) -> _PeakMeter:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.start()
+        return self
+
+    def step_done(self, index: int) -> None:
+        if self._prof is not None and index + 1 == PROFILED_STEPS:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._prof is not None:
+            self._prof.stop()
+            self._peak = profiled_peak(self._prof)
+            self._prof = None
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def peak(self) -> int:
+        if self.device == "cuda":
+            return int(torch.cuda.max_memory_allocated())
+        if self._peak is None:
+            raise RuntimeError("peak() before the meter stopped")
+        return self._peak
 
 
 def run_job(
@@ -276,7 +306,7 @@ def run_job(
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     torch.manual_seed(seed)
-    with _peak_meter(device) as peak:
+    with _PeakMeter(device) as meter_:
         graph = make_graph(spec, seed, root)
         model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
         inputs = _StepInputs(spec, graph, device, seed)
@@ -287,9 +317,10 @@ def run_job(
         workers = spec.parallelism if spec.mode == "infer" else 1
         if workers == 1:
             stream = inputs.stream()
-            for _ in range(total):
+            for index in range(total):
                 with torch.profiler.record_function(STEP_MARK):
                     run_step(model, next(stream), spec.mode)
+                meter_.step_done(index)
                 if progress is not None:
                     progress(1)
         else:
@@ -300,7 +331,7 @@ def run_job(
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
-    observed = peak()
+    observed = meter_.peak()
     if workers > 1 and device == "cpu":
         observed += meter.peak  # type: ignore[union-attr]
     return WorkerResult(observed_peak_bytes=observed, seconds=round(seconds, 6), steps=total)

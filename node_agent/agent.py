@@ -48,6 +48,7 @@ class AgentOptions:
     event_log: Path | None = None
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
+    live_memory_check: bool = True
 
 
 def gpu_slots(backend: GPUBackend, opts: AgentOptions) -> list[GPUSlot]:
@@ -88,7 +89,7 @@ class NodeAgent:
         return MPSStatus(healthy=self.mps.healthy, restarts=self.mps.restarts, message=self.mps.message[:500])
 
     async def start(self) -> GateServer:
-        books = Books(gpu_slots(self.backend, self.opts), self.opts.policy)
+        books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check)
         self._dirty = asyncio.Event()
         cfg = GateConfig(
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,
@@ -139,8 +140,11 @@ class NodeAgent:
         books = self.gate.books
         became_healthy = False
         changed = False
+        freed = False
         for d in devices:
             if d.index in books.gpus:
+                freed |= d.used_bytes < books.gpus[d.index].used_bytes
+                books.set_used(d.index, d.used_bytes)
                 ok = d.healthy and mps_ok
                 if books.gpus[d.index].healthy != ok:
                     changed = True
@@ -149,7 +153,7 @@ class NodeAgent:
         self.metrics.sample(devices, procs, books, self.gate.pids)
         if changed and self._dirty is not None:
             self._dirty.set()
-        if became_healthy:
+        if became_healthy or (freed and books.live_memory_check):
             self.gate.decide()
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -43,6 +43,7 @@ class GPUSlot:
     reserve_bytes: int
     max_clients: int
     healthy: bool = True
+    used_bytes: int = 0  # what the driver last reported in use (for the optional live-memory check)
 
     @property
     def capacity_bytes(self) -> int:
@@ -83,13 +84,14 @@ class Decision:
 class Books:
     """Queue + running set for one node's GPUs under one policy."""
 
-    def __init__(self, gpus: list[GPUSlot], policy: Policy | str) -> None:
+    def __init__(self, gpus: list[GPUSlot], policy: Policy | str, live_memory_check: bool = False) -> None:
         if not gpus:
             raise ValueError("gpus: the gate needs at least one GPU")
         if len({g.index for g in gpus}) != len(gpus) or len({g.uuid for g in gpus}) != len(gpus):
             raise ValueError("gpus: indices and uuids must be unique")
         self.gpus: dict[int, GPUSlot] = {g.index: g for g in gpus}
         self.policy = parse_policy(policy)
+        self.live_memory_check = live_memory_check
         self.queued: dict[str, Entry] = {}
         self.running: dict[str, Entry] = {}
         self._tasks: dict[str, Task] = {}  # the policies' view of each queued entry, built once per request
@@ -172,6 +174,10 @@ class Books:
         """Free a running entry's bytes (process exited or pod gone). Unknown keys are a no-op."""
         return self.running.pop(key, None)
 
+    def set_used(self, index: int, used_bytes: int) -> None:
+        """The driver's current used bytes on a GPU (only consulted with ``live_memory_check``)."""
+        self.gpus[index].used_bytes = max(0, int(used_bytes))
+
     def set_health(self, index: int, healthy: bool) -> None:
         """An unhealthy GPU admits nothing new; what runs there stays booked until it exits."""
         self.gpus[index].healthy = healthy
@@ -183,7 +189,12 @@ class Books:
         free = []
         for g in self.gpus.values():
             slots = g.max_clients - self.clients(g.index) if g.healthy else 0
-            free.append(GPUFree(g.index, g.capacity_bytes - self.committed_bytes(g.index), max(0, slots), g.capacity_bytes))
+            room = g.capacity_bytes - self.committed_bytes(g.index)
+            if self.live_memory_check:
+                # Second opinion from the driver: admit only into memory that is physically free too (a process
+                # outside the gate, or memory a finished job has not given back yet, shrinks it).
+                room = min(room, g.total_bytes - g.used_bytes)
+            free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes))
         plan: list[Admission] = plan_admissions(self.policy, self._tasks.values(), free)
         out: list[Decision] = []
         for adm in plan:

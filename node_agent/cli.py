@@ -37,6 +37,7 @@ def node_agent(
     mps_pipe_dir: Path = typer.Option(Path(DEFAULT_MPS_PIPE_DIR), "--mps-pipe-dir"),
     mps_log_dir: Path = typer.Option(Path(DEFAULT_MPS_LOG_DIR), "--mps-log-dir"),
     compute_mode: str = typer.Option("exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS, as MPS wants), default, or keep."),
+    live_memory_check: bool = typer.Option(True, "--live-memory-check/--no-live-memory-check", help="Also admit only into memory the driver reports free (second check besides the books)."),
     pods_file: Optional[Path] = typer.Option(None, "--pods-file", help="Read pods/GNNJobs from this JSON file instead of the API server (development)."),
     status_file: Optional[Path] = typer.Option(None, "--status-file", help="Write GPUNode status to this file instead of the API server (development)."),
     peer_check: str = typer.Option("cgroup", "--peer-check", help="cgroup: verify the pod UID against the peer's cgroup (Linux); off: trust the claimed UID."),
@@ -130,7 +131,7 @@ def node_agent(
         reserve_fraction=reserve_fraction, max_clients_per_gpu=max_clients_per_gpu,
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
-        metrics_addr=metrics_addr,
+        metrics_addr=metrics_addr, live_memory_check=live_memory_check,
     )
     agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr)
 

@@ -226,17 +226,19 @@ class FilePodLookup:
 
 
 class KubePodLookup:
-    """The in-cluster lookup (kubernetes client). Not exercised here: there is no API server on this machine."""
+    """The in-cluster lookup (kubernetes client); tested against kmock's in-memory API server."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_client: Any = None) -> None:
+        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else kubeconfig."""
         from kubernetes import client, config
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._core = client.CoreV1Api()
-        self._custom = client.CustomObjectsApi()
+        if api_client is None:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
 
     def _job_uid(self, namespace: str, name: str) -> str | None:
         from kubernetes.client.rest import ApiException
@@ -263,7 +265,8 @@ class KubePodLookup:
 
     def on_node(self, node_name: str) -> list[PodInfo]:
         pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}")
-        return [self._info(p) for p in pods.items]
+        infos = [self._info(p) for p in pods.items]
+        return [p for p in infos if p.node_name == node_name]  # also when a server ignores the field selector
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
         self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})

@@ -11,7 +11,7 @@ import json
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gnnsched.contract import (
     API_VERSION,
@@ -82,16 +82,18 @@ class FileStatusSink:
 
 
 class KubeStatusSink:
-    """Writes ``GPUNode/<node>`` status through the API server (status subresource). Not exercised here: no cluster."""
+    """Writes ``GPUNode/<node>`` status through the API server (status subresource), creating the object first if it
+    does not exist yet. Tested against kmock's in-memory API server."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_client: Any = None) -> None:
         from kubernetes import client, config
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._api = client.CustomObjectsApi()
+        if api_client is None:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        self._api = client.CustomObjectsApi(api_client)
 
     def publish(self, status: GPUNodeStatus) -> None:
         from kubernetes.client.rest import ApiException

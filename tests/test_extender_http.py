@@ -306,3 +306,28 @@ def test_cli_serves_verbs_and_a_separate_metrics_port() -> None:
     # uvicorn shuts down gracefully, then re-raises SIGTERM (the exit status Kubernetes expects)
     assert proc.returncode in (0, -signal.SIGTERM), proc.stderr.read()
     assert "Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"scheduler": {"name": "acme-gnn-scheduler", "extender": {"port": 9000, "weight": 3, "ignorable": True}}}],
+)
+def test_chart_renders_exactly_the_generated_scheduler_config(values: dict) -> None:
+    """gnnsched.scheduler_config is the source of truth; the chart's template must render the same document."""
+    helm_python = pytest.importorskip("helm_python")
+    chart_dir = Path(__file__).resolve().parents[1] / "charts" / "gnnsched"
+    chart = helm_python.Chart.load(str(chart_dir))
+    try:
+        out = chart.render(values or None, name="gs", namespace="gnnsched", is_install=True)
+    finally:
+        chart.close()
+    docs = [d for name, text in out.items() if name.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "scheduler-config.yaml" in d.get("data", {})]
+    rendered = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    sched = values.get("scheduler", {})
+    ext = sched.get("extender", {})
+    expected = scheduler_config(
+        f"http://127.0.0.1:{ext.get('port', 8888)}", weight=ext.get("weight", 5), namespace="gnnsched",
+        scheduler_name=sched.get("name", "gnnsched-scheduler"), ignorable=ext.get("ignorable", False),
+    )
+    assert rendered == expected

@@ -268,3 +268,24 @@ async def test_peer_cgroup_check(tmp_path) -> None:
         finally:
             await h.server.close()
     assert seen == [os.getpid()]
+
+
+@pytest.mark.asyncio
+async def test_pod_gone_releases_and_closes(gate: Harness) -> None:
+    """The agent releases on the pod going away even if the client's connection never ends."""
+    pods = [gate.add(*job_pod(f"g{i}", 50 * GiB)) for i in range(3)]
+    conns = []
+    for p in pods:
+        conns.append(await gate.request(p))
+        await gate.reply(conns[-1][0])
+    assert len(gate.books.running) == 2 and len(gate.books.queued) == 1
+
+    def drop(data: dict) -> None:
+        data["pods"] = [p for p in data["pods"] if p["metadata"]["name"] != "g0"]
+
+    FilePodLookup(gate.pods_file).mutate(drop)
+    await gate.server.reconcile()
+    assert (await asyncio.wait_for(conns[0][0].read(), 5)) == b""  # the gate hung up on the vanished pod
+    msg = await gate.reply(conns[2][0], "admitted")  # its memory went to the waiting one
+    assert msg["status"] == "admitted"
+    assert sorted(e.name for e in gate.books.running.values()) == ["g1", "g2"]

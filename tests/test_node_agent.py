@@ -195,3 +195,23 @@ def test_gate_client_errors(tmp_path) -> None:
     assert cp.returncode == 2 and "COMMAND: missing" in cp.stderr
     cp = _cli("gate", "--socket", str(tmp_path / "none.sock"), "--wait-seconds", "0.3", "--", "true", env=env)
     assert cp.returncode == 4 and "no node agent at" in cp.stderr
+
+
+@pytest.mark.asyncio
+async def test_live_memory_check(agent: Harness) -> None:
+    """Second check: a GPU the books call empty but the driver reports nearly full admits nothing until it frees."""
+    h, agent = agent, agent.a
+    pod, job = job_pod("live", 30 * GiB)
+    add_pods(h.pods, [pod], [job])
+    for i in (0, 1):
+        h.fake.set_used_bytes(i, 60 * GiB)  # someone outside the gate holds 60 of 80 GiB on both GPUs
+    await agent._sample()
+    r, w = await asyncio.open_unix_connection(str(agent.opts.gate_socket))
+    m = pod["metadata"]
+    w.write(json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode() + b"\n")
+    assert json.loads(await asyncio.wait_for(r.readline(), 5))["status"] == "queued"
+    h.fake.set_used_bytes(1, 10 * GiB)
+    await agent._sample()  # memory came back on GPU 1: the sampler triggers a decision
+    msg = json.loads(await asyncio.wait_for(r.readline(), 5))
+    assert msg["status"] == "admitted" and msg["gpuIndex"] == 1
+    w.close()

@@ -13,22 +13,11 @@ the node agent reports the pod (the agent's own accounting takes over), when the
 written to the pod as the ``gnnsched.io/reservation`` annotation and rebuilt from the pods after a restart, in
 the order of their ``at`` times, which replays the original decisions.
 
-The score (see ``score``): predicted completion time on the best GPU of each node, relative to the pod's solo
-runtime, plus a fragmentation term::
-
-    cost(g) = (wait(g) + R * slowdown(g)) / R  +  W_FRAG * dF(g) / capacity(g)
-    score(node) = round(10 * min_over_candidates(cost) / min_g cost(g))        (0..10, best node = 10)
-
-* ``wait(g)``: 0 when ``free(g) >= bytes + queued(g)``; otherwise the predicted end of the running job whose
-  completion frees enough memory (running jobs sorted by predicted end, cumulative freed bytes); if even an
-  empty GPU must first serve its queue, the last end plus the queue's predicted seconds.
-* ``slowdown(g)``: the InSS-style interference model (``gnnsched.interference``) against the sum of the
-  profiles of the jobs already running (or reserved) on the GPU; memory-bound next to memory-bound costs most.
-* ``dF(g)``: FGD-style fragmentation (ATC'23): with ``S`` the sizes of the jobs the cluster runs (8 quantiles),
-  ``F(f) = f * P(s > f)`` is the free memory a typical job cannot use; ``dF = F(free - bytes) - F(free)`` when
-  the pod fits now (0 otherwise). Negative when the placement uses up a fragment no typical job fits in.
-* Weights: completion time weight 1 (it is the objective), ``W_FRAG = 0.5``: a placement that leaves a whole
-  GPU's worth of unusable fragment costs as much as half the job's runtime in extra waiting.
+The placement math — the filter's fit test, the per-GPU cost (wait + runtime x interference slowdown +
+``W_FRAG`` x fragmentation change), the fragmentation term and the 0..10 score normalisation — lives in the core
+module :mod:`gnnsched.placement` (its docstring has the formula and the weights), so that the simulator runs the
+very same functions. This module keeps the extender's own concerns: the per-node objects, locking, reservations,
+user-facing reasons.
 """
 
 from __future__ import annotations
@@ -45,24 +34,15 @@ from datetime import datetime, timezone
 import numpy as np
 
 from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
+from gnnsched import placement as pl
 from gnnsched.interference import InterferenceModel, JobProfile
+from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
 
 from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_resources
 
-#: Weight of the fragmentation term (see module docstring).
-W_FRAG = 0.5
-#: Running jobs per GPU tracked individually for the wait computation; later-ending ones are merged into the
-#: last slot (their bytes are freed at the latest of their ends: a conservative wait).
-END_SLOTS = 4
-#: Quantiles of the cluster's job sizes used by the fragmentation term.
-SIZE_QUANTILES = 8
-#: Grid of the fragmentation term's lookup table (bytes).
-_FRAG_BIN = float(2**20)
 #: Reservations not reported by the node agent within this many seconds are dropped.
 DEFAULT_RESERVATION_TTL = 300.0
-
-_PROFILE_KEYS = ("memory", "compute", "none")
 
 # Reason codes, also the ``reason`` label of the nodes-filtered-out metric.
 R_UNKNOWN = "unknown_node"
@@ -172,8 +152,7 @@ class ClusterCache:
         self._gmax = 1
         self._cap_rows = 0
         self._alloc(64, 1)
-        self._sizes = np.zeros(0)
-        self._above = np.zeros(1, dtype=np.float32)  # P(size > f) on a 1 MiB grid of f (see _frag)
+        self._above = pl.size_table(())  # P(size > f) on a 1 MiB grid of f (see gnnsched.placement.frag)
         self._sizes_dirty = True
         self.version = 0  # bumped on every change; lets callers cache derived data
         self._max_cap: tuple[int, float] = (-1, 0.0)
@@ -181,55 +160,9 @@ class ClusterCache:
     # ------------------------------------------------------------------ arrays
 
     def _alloc(self, rows: int, gpus: int) -> None:
-        """(Re)allocate the arrays for ``rows`` nodes of up to ``gpus`` GPUs, keeping existing rows.
-
-        Layout is GPU-slot-major: ``(gpus, rows)`` (and ``(END_SLOTS, gpus, rows)``), so the per-node reductions
-        of the hot path (min/any over a node's GPUs) run over contiguous rows of nodes, which numpy does an
-        order of magnitude faster than a reduction along a short last axis.
-        """
-        old = getattr(self, "_a", None)
-        k = END_SLOTS
-        g2 = (gpus, rows)
-        a = {
-            "cap": np.zeros(g2),
-            "used": np.zeros(g2),
-            "healthy": np.zeros(g2, dtype=bool),
-            "valid": np.zeros(g2, dtype=bool),
-            "clients": np.zeros(g2, dtype=np.int32),
-            "max_clients": np.zeros(g2, dtype=np.int32),
-            "qbytes": np.zeros(g2),
-            "qsecs": np.zeros(g2),
-            "sum_sm": np.zeros(g2),
-            "sum_mem": np.zeros(g2),
-            "ends": np.full((k, gpus, rows), np.inf),
-            "freed": np.zeros((k, gpus, rows)),
-            "last_end": np.zeros(g2),
-            # derived per GPU, pod-independent (see _derive): -inf / -1 where the GPU cannot take any pod
-            "avail": np.full(g2, -np.inf),  # free - queued bytes
-            "capu": np.full(g2, -1.0),  # capacity
-            "free": np.zeros(g2),
-            # score-only terms in float32: half the memory traffic of the hot path; feasibility stays float64
-            "free32": np.zeros(g2, dtype=np.float32),
-            "frag0": np.zeros(g2, dtype=np.float32),  # F(free)
-            "fscale": np.zeros(g2, dtype=np.float32),  # W_FRAG / capacity
-            **{f"slow_{p}": np.ones(g2, dtype=np.float32) for p in _PROFILE_KEYS},
-            "known": np.zeros(rows, dtype=bool),
-            "cpu_free": np.full(rows, np.inf),
-            "mem_free": np.full(rows, np.inf),
-        }
-        if old is not None:
-            n = min(self._cap_rows, rows)
-            for key, arr in a.items():
-                src = old[key]
-                if arr.ndim == 1:
-                    arr[:n] = src[:n]
-                elif arr.ndim == 2:
-                    g = min(src.shape[0], gpus)
-                    arr[:g, :n] = src[:g, :n]
-                else:
-                    g = min(src.shape[1], gpus)
-                    arr[:, :g, :n] = src[:, :g, :n]
-        self._a = a
+        """(Re)allocate the arrays (layout: :func:`gnnsched.placement.new_state`) for ``rows`` nodes of up to
+        ``gpus`` GPUs, keeping existing rows."""
+        self._a = pl.new_state(rows, gpus, getattr(self, "_a", None), self._cap_rows)
         self._cap_rows = rows
         self._gmax = gpus
 
@@ -257,15 +190,7 @@ class ClusterCache:
             self._alloc(self._cap_rows, len(node.gpus))
         a = self._a
         r = node.row
-        for key in ("cap", "used", "qbytes", "qsecs", "sum_sm", "sum_mem", "last_end"):
-            a[key][:, r] = 0
-        a["freed"][:, :, r] = 0
-        a["healthy"][:, r] = False
-        a["valid"][:, r] = False
-        a["clients"][:, r] = 0
-        a["max_clients"][:, r] = 0
-        a["ends"][:, :, r] = np.inf
-        a["known"][r] = node.has_status
+        pl.clear_row(a, r, node.has_status)
         reservations = [self._reservations[u] for u in sorted(self._by_node.get(node.name, ()))]
         cpu_used = sum(c for c, _ in node.pods.values())
         mem_used = sum(m for _, m in node.pods.values())
@@ -273,10 +198,10 @@ class ClusterCache:
             if res.uid not in node.pods:
                 cpu_used += res.cpu_millis
                 mem_used += res.memory_bytes
-        a["cpu_free"][r] = np.inf if node.cpu_alloc is None else node.cpu_alloc - cpu_used
-        a["mem_free"][r] = np.inf if node.mem_alloc is None else node.mem_alloc - mem_used
+        pl.set_host(a, r, np.inf if node.cpu_alloc is None else node.cpu_alloc - cpu_used,
+                    np.inf if node.mem_alloc is None else node.mem_alloc - mem_used)
         for slot, gpu in enumerate(node.gpus):
-            running = list(gpu.running)
+            running = [(j.end, j.bytes, j.profile.sm_util, j.profile.mem_util) for j in gpu.running]
             used = gpu.committed
             qbytes = sum(j.bytes for j in gpu.queued)
             qsecs = sum(j.seconds for j in gpu.queued)
@@ -285,49 +210,24 @@ class ClusterCache:
                 if res.gpu != gpu.index:
                     continue
                 clients += 1
-                profile = self.interference.profile_for(res.intensity)
                 if res.immediate:
+                    profile = self.interference.profile_for(res.intensity)
                     used += res.bytes
-                    running.append(_Job(res.uid, res.bytes, res.at + res.runtime, res.runtime, profile))
+                    running.append((res.at + res.runtime, res.bytes, profile.sm_util, profile.mem_util))
                 else:
                     qbytes += res.bytes
                     qsecs += res.runtime
-            a["valid"][slot, r] = True
-            a["cap"][slot, r] = gpu.capacity
-            a["used"][slot, r] = used
-            a["healthy"][slot, r] = gpu.healthy and gpu.mps_healthy and node.node_mps_healthy
-            a["clients"][slot, r] = clients
-            a["max_clients"][slot, r] = gpu.max_clients
-            a["qbytes"][slot, r] = qbytes
-            a["qsecs"][slot, r] = qsecs
-            a["sum_sm"][slot, r] = sum(j.profile.sm_util for j in running)
-            a["sum_mem"][slot, r] = sum(j.profile.mem_util for j in running)
-            running.sort(key=lambda j: j.end)
-            cum = 0.0
-            for k, job in enumerate(running):
-                cum += job.bytes
-                kk = min(k, END_SLOTS - 1)
-                a["ends"][kk, slot, r] = job.end
-                a["freed"][kk, slot, r] = cum
-            a["last_end"][slot, r] = running[-1].end if running else 0.0
+            pl.set_gpu(
+                a, slot, r, capacity=gpu.capacity, used=used,
+                healthy=gpu.healthy and gpu.mps_healthy and node.node_mps_healthy, clients=clients,
+                max_clients=gpu.max_clients, qbytes=qbytes, qsecs=qsecs, running=running,
+            )
         self._derive(slice(r, r + 1))
         self.version += 1
 
     def _derive(self, rows: slice) -> None:
         """Pod-independent per-GPU figures the hot path starts from, for the node rows ``rows``."""
-        a = self._a
-        usable = a["healthy"][:, rows] & (a["clients"][:, rows] < a["max_clients"][:, rows]) & a["known"][rows]
-        free = np.maximum(a["cap"][:, rows] - a["used"][:, rows], 0.0)
-        a["free"][:, rows] = free
-        a["avail"][:, rows] = np.where(usable, free - a["qbytes"][:, rows], -np.inf)
-        a["capu"][:, rows] = np.where(usable, a["cap"][:, rows], -1.0)
-        a["free32"][:, rows] = free
-        a["frag0"][:, rows] = _frag(a["free32"][:, rows], self._above)
-        a["fscale"][:, rows] = W_FRAG / np.maximum(a["cap"][:, rows], 1.0)
-        for key in _PROFILE_KEYS:
-            a_u, a_m = self.interference.sensitivity(self.interference.profile_for(key))
-            slow = 1.0 + np.maximum(a_u * a["sum_sm"][:, rows] + a_m * a["sum_mem"][:, rows], 0.0)
-            a[f"slow_{key}"][:, rows] = slow
+        pl.derive(self._a, rows, self._above, self.interference)
 
     # ------------------------------------------------------------------ updates from the cluster
 
@@ -518,14 +418,7 @@ class ClusterCache:
             if not (self._sizes_dirty or force):
                 return False
             sizes = [j.bytes for n in self._nodes.values() for g in n.gpus for j in (*g.running, *g.queued)]
-            if sizes:
-                qs = (np.arange(SIZE_QUANTILES) + 0.5) / SIZE_QUANTILES
-                self._sizes = np.sort(np.quantile(np.asarray(sizes, dtype=np.float64), qs))
-            else:
-                self._sizes = np.zeros(0)
-            grid = np.arange(int(self._sizes.max() // _FRAG_BIN) + 2 if self._sizes.size else 1) * _FRAG_BIN
-            above = (grid[:, None] < self._sizes[None, :]).mean(axis=1) if self._sizes.size else np.zeros(1)
-            self._above = above.astype(np.float32)
+            self._above = pl.size_table(sizes)
             self._sizes_dirty = False
             self._derive(slice(0, len(self._names)))
             self.version += 1
@@ -558,10 +451,11 @@ class ClusterCache:
         with self.lock:
             a = self._views()
             b = float(demand.gpu_bytes)
-            good = a["capu"] >= b
-            node_ok = a["known"] & np.logical_or.reduce(good, axis=0)
+            good = pl.fit_mask(a, b)
             if cpu_free_override is None:
-                node_ok &= (a["cpu_free"] >= demand.cpu_millis) & (a["mem_free"] >= demand.memory_bytes)
+                node_ok = pl.node_filter(a, good, demand.cpu_millis, demand.memory_bytes)
+            else:
+                node_ok = pl.node_filter(a, good, None, None)
             known_row = rows >= 0
             r = np.where(known_row, rows, 0)
             ok = known_row & node_ok[r] if len(node_ok) else np.zeros(len(rows), dtype=bool)
@@ -655,51 +549,20 @@ class ClusterCache:
     def _cost_matrix(self, demand: PodDemand, now: float) -> np.ndarray:
         """Cost of placing the pod on every GPU slot of every allocated row, ``(gpus, rows)``; ``inf`` where
         the GPU cannot take it. Caller holds the lock."""
-        if self._sizes_dirty and not self._sizes.size:
+        if self._sizes_dirty and len(self._above) <= 1:
             self.refresh_size_mix()  # first use only; afterwards the maintenance loop refreshes it
-        a = self._a
-        b = float(demand.gpu_bytes)
         big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
-        good = a["capu"] >= b
-        fits_now = a["avail"] >= b
-        key = demand.intensity if demand.intensity in ("memory", "compute") else "none"
-        cost = a[f"slow_{key}"].copy()  # (wait + R * slowdown) / R; the wait is added below
-        flat_wait = np.flatnonzero(good & ~fits_now)
-        if flat_wait.size:
-            k_slots = a["ends"].shape[0]
-            need_w = a["qbytes"].ravel()[flat_wait] + b
-            freed = a["freed"].reshape(k_slots, -1)[:, flat_wait]
-            enough = (freed + a["free"].ravel()[flat_wait]) >= need_w
-            any_k = np.logical_or.reduce(enough, axis=0)
-            k = enough.argmax(axis=0)
-            end_k = a["ends"].reshape(k_slots, -1)[k, flat_wait]
-            later = np.maximum(a["last_end"].ravel()[flat_wait] - now, 0.0) + a["qsecs"].ravel()[flat_wait]
-            wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
-            cost.ravel()[flat_wait] += wait / big_r
-        if self._sizes.size:
-            d_frag = _frag(a["free32"] - np.float32(b), self._above)
-            d_frag -= a["frag0"]
-            d_frag *= fits_now
-            d_frag *= a["fscale"]
-            cost += d_frag
-        np.copyto(cost, np.inf, where=~good)
-        return cost
+        return pl.cost_matrix(self._a, demand.gpu_bytes, big_r, demand.intensity, now, self._above)
 
     def costs(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate row: the best GPU slot and its cost (``inf`` when no GPU of the node can take the pod).
 
-        See the module docstring for the formula. Evaluated over all rows at once (contiguous arrays, no
+        See :mod:`gnnsched.placement` for the formula. Evaluated over all rows at once (contiguous arrays, no
         gathers) from the pod-independent arrays ``_derive`` keeps; the wait term only where a GPU must wait.
         """
         now = self.clock() if now is None else now
         with self.lock:
-            cost = self._cost_matrix(demand, now)
-            known_row = rows >= 0
-            r = np.where(known_row, rows, 0)
-            sub = cost[:, r]
-            slot = sub.argmin(axis=0) if len(r) else np.zeros(0, dtype=np.int64)
-            best = np.minimum.reduce(sub, axis=0) if len(r) else np.zeros(0)
-            return slot, np.where(known_row, best, np.inf)
+            return pl.best_gpu(self._cost_matrix(demand, now), rows)
 
     def score(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> np.ndarray:
         """0..10 per candidate row; the best candidate gets 10, a node twice as costly 5, unusable nodes 0."""
@@ -710,13 +573,7 @@ class ClusterCache:
             return np.zeros(0, dtype=np.int64)
         best = best_all[rows]
         best[rows < 0] = np.inf
-        finite = np.isfinite(best)
-        if not finite.any():
-            return np.zeros(len(rows), dtype=np.int64)
-        lo = best[finite].min()
-        with np.errstate(divide="ignore"):
-            scores = np.rint(10.0 * lo / best)  # inf -> 0
-        return np.clip(scores, 0, 10).astype(np.int64)
+        return pl.normalise_scores(best)
 
     # ------------------------------------------------------------------ bind
 
@@ -766,19 +623,6 @@ class ClusterCache:
                 }
                 for s, g in enumerate(node.gpus)
             ]
-
-
-def _frag(free: np.ndarray, above: np.ndarray) -> np.ndarray:
-    """``F(f) = f * P(s > f)``: free bytes a job drawn from the size mix cannot use.
-
-    ``above[i] = P(s > i MiB)`` (a table built with the size mix): one multiply, one cast and one lookup per GPU
-    instead of a comparison per size quantile. ``f`` is rounded down to whole MiB for the lookup only."""
-    f = np.maximum(free, np.float32(0.0))
-    idx = (f * np.float32(1.0 / _FRAG_BIN)).astype(np.int64)
-    np.minimum(idx, len(above) - 1, out=idx)
-    out = above[idx]
-    out *= f
-    return out
 
 
 def reservation_from_pod(pod: dict, interference: InterferenceModel | None = None) -> Reservation | None:

@@ -1,0 +1,280 @@
+"""Placement math shared by the scheduler extender and the simulator: filter, cost, fragmentation, score.
+
+Why a core module: the extender (a component) runs these decisions in a cluster, and the simulator (core) must
+measure exactly those decisions, but the core may not import a component. So the arithmetic lives here, as pure
+functions over numpy arrays; the extender keeps only its own concerns (locking, reservations, user-facing reasons,
+reading Kubernetes objects) and the simulator only its books.
+
+**State layout.** A :class:`PlacementState` is a dict of arrays in GPU-slot-major layout ``(gpus, rows)`` (one row
+per node, one slot per GPU of the node; ``(END_SLOTS, gpus, rows)`` for running jobs' ends), so the per-node
+reductions of the hot path (min/any over a node's GPUs) run over contiguous rows of nodes, which numpy does an order
+of magnitude faster than a reduction along a short last axis. ``new_state`` allocates it, ``clear_row``/``set_gpu``/
+``set_host`` write one node's raw figures and ``derive`` computes the pod-independent per-GPU figures the hot path
+starts from. Unused slots and rows are never usable (``capu = -1``, ``known = False``).
+
+**Filter.** A node passes when its status is known, one of its GPUs is usable (healthy, fewer MPS clients than its
+limit) with capacity (total − reserve) ≥ the pod's admit bytes — *ever* fits, not fits now: the node agent's gate
+queues the pod until memory frees — and its unclaimed CPU and memory cover the pod's requests.
+
+**Cost** of placing a pod (``b`` admit bytes, solo runtime ``R``) on GPU ``g``: predicted completion time relative
+to the solo runtime, plus a fragmentation term::
+
+    cost(g) = (wait(g) + R * slowdown(g)) / R  +  W_FRAG * dF(g) / capacity(g)
+    score(node) = round(10 * min_over_candidates(cost) / min_g cost(g))        (0..10, best node = 10)
+
+* ``wait(g)``: 0 when ``free(g) >= b + queued(g)``; otherwise the predicted end of the running job whose
+  completion frees enough memory (running jobs sorted by predicted end, cumulative freed bytes); if even an
+  empty GPU must first serve its queue, the last end plus the queue's predicted seconds.
+* ``slowdown(g)``: the InSS-style interference model (``gnnsched.interference``) against the sum of the
+  profiles of the jobs already running (or reserved) on the GPU; memory-bound next to memory-bound costs most.
+  With interference-aware scoring off (the simulator's ``-interference`` policies) it is 1 everywhere.
+* ``dF(g)``: FGD-style fragmentation (ATC'23): with ``S`` the sizes of the jobs the cluster runs
+  (``SIZE_QUANTILES`` quantiles), ``F(f) = f * P(s > f)`` is the free memory a typical job cannot use;
+  ``dF = F(free - b) - F(free)`` when the pod fits now (0 otherwise). Negative when the placement uses up a
+  fragment no typical job fits in.
+* Weights: completion time weight 1 (it is the objective), ``W_FRAG = 0.5``: a placement that leaves a whole
+  GPU's worth of unusable fragment costs as much as half the job's runtime in extra waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+#: Weight of the fragmentation term (see module docstring).
+W_FRAG = 0.5
+#: Running jobs per GPU tracked individually for the wait computation; later-ending ones are merged into the
+#: last slot (their bytes are freed at the latest of their ends: a conservative wait).
+END_SLOTS = 4
+#: Quantiles of the cluster's job sizes used by the fragmentation term.
+SIZE_QUANTILES = 8
+#: Grid of the fragmentation term's lookup table (bytes).
+FRAG_BIN = float(2**20)
+#: Intensity classes the slowdown arrays are kept for (``none``: unknown class, the median profile).
+PROFILE_KEYS = ("memory", "compute", "none")
+
+PlacementState = dict[str, np.ndarray]
+
+_G2_KEYS = ("cap", "used", "qbytes", "qsecs", "sum_sm", "sum_mem", "last_end", "free")
+
+
+def new_state(rows: int, gpus: int, old: PlacementState | None = None, old_rows: int = 0) -> PlacementState:
+    """Arrays for ``rows`` nodes of up to ``gpus`` GPUs; the first ``old_rows`` rows of ``old`` are kept."""
+    k = END_SLOTS
+    g2 = (gpus, rows)
+    a: PlacementState = {
+        "cap": np.zeros(g2),
+        "used": np.zeros(g2),
+        "healthy": np.zeros(g2, dtype=bool),
+        "valid": np.zeros(g2, dtype=bool),
+        "clients": np.zeros(g2, dtype=np.int32),
+        "max_clients": np.zeros(g2, dtype=np.int32),
+        "qbytes": np.zeros(g2),
+        "qsecs": np.zeros(g2),
+        "sum_sm": np.zeros(g2),
+        "sum_mem": np.zeros(g2),
+        "ends": np.full((k, gpus, rows), np.inf),
+        "freed": np.zeros((k, gpus, rows)),
+        "last_end": np.zeros(g2),
+        # derived per GPU, pod-independent (see derive): -inf / -1 where the GPU cannot take any pod
+        "avail": np.full(g2, -np.inf),  # free - queued bytes
+        "capu": np.full(g2, -1.0),  # capacity
+        "free": np.zeros(g2),
+        # score-only terms in float32: half the memory traffic of the hot path; feasibility stays float64
+        "free32": np.zeros(g2, dtype=np.float32),
+        "frag0": np.zeros(g2, dtype=np.float32),  # F(free)
+        "fscale": np.zeros(g2, dtype=np.float32),  # W_FRAG / capacity
+        **{f"slow_{p}": np.ones(g2, dtype=np.float32) for p in PROFILE_KEYS},
+        "known": np.zeros(rows, dtype=bool),
+        "cpu_free": np.full(rows, np.inf),
+        "mem_free": np.full(rows, np.inf),
+    }
+    if old is not None:
+        n = min(old_rows, rows)
+        for key, arr in a.items():
+            src = old[key]
+            if arr.ndim == 1:
+                arr[:n] = src[:n]
+            elif arr.ndim == 2:
+                g = min(src.shape[0], gpus)
+                arr[:g, :n] = src[:g, :n]
+            else:
+                g = min(src.shape[1], gpus)
+                arr[:, :g, :n] = src[:, :g, :n]
+    return a
+
+
+def clear_row(a: PlacementState, r: int, known: bool) -> None:
+    """Reset node row ``r`` to "no GPU" before its GPUs are written again."""
+    for key in ("cap", "used", "qbytes", "qsecs", "sum_sm", "sum_mem", "last_end"):
+        a[key][:, r] = 0
+    a["freed"][:, :, r] = 0
+    a["healthy"][:, r] = False
+    a["valid"][:, r] = False
+    a["clients"][:, r] = 0
+    a["max_clients"][:, r] = 0
+    a["ends"][:, :, r] = np.inf
+    a["known"][r] = known
+
+
+def set_host(a: PlacementState, r: int, cpu_free: float, mem_free: float) -> None:
+    """Unclaimed CPU (millicores) and memory (bytes) of node row ``r``; ``inf`` = not checked."""
+    a["cpu_free"][r] = cpu_free
+    a["mem_free"][r] = mem_free
+
+
+def set_gpu(
+    a: PlacementState, slot: int, r: int, *, capacity: float, used: float, healthy: bool, clients: int,
+    max_clients: int, qbytes: float, qsecs: float, running: Sequence[tuple[float, float, float, float]],
+) -> None:
+    """One GPU's raw figures. ``running``: ``(predicted end, bytes, sm_util, mem_util)`` of each job running (or
+    reserved to run now) on it; ``used``/``qbytes``/``qsecs``: committed bytes, queued bytes and queued predicted
+    seconds; ``capacity``: total − reserve."""
+    a["valid"][slot, r] = True
+    a["cap"][slot, r] = capacity
+    a["used"][slot, r] = used
+    a["healthy"][slot, r] = healthy
+    a["clients"][slot, r] = clients
+    a["max_clients"][slot, r] = max_clients
+    a["qbytes"][slot, r] = qbytes
+    a["qsecs"][slot, r] = qsecs
+    a["sum_sm"][slot, r] = sum(j[2] for j in running)
+    a["sum_mem"][slot, r] = sum(j[3] for j in running)
+    ordered = sorted(running, key=lambda j: j[0])
+    cum = 0.0
+    for k, job in enumerate(ordered):
+        cum += job[1]
+        kk = min(k, END_SLOTS - 1)
+        a["ends"][kk, slot, r] = job[0]
+        a["freed"][kk, slot, r] = cum
+    a["last_end"][slot, r] = ordered[-1][0] if ordered else 0.0
+
+
+def size_table(sizes: Iterable[float]) -> np.ndarray:
+    """``above[i] = P(s > i MiB)`` over ``SIZE_QUANTILES`` quantiles of the job sizes ``sizes`` (the lookup table
+    of :func:`frag`); ``[0]`` when there are no jobs (the fragmentation term is then off, see :func:`cost_matrix`)."""
+    arr = np.asarray(list(sizes), dtype=np.float64)
+    if not arr.size:
+        return np.zeros(1, dtype=np.float32)
+    qs = (np.arange(SIZE_QUANTILES) + 0.5) / SIZE_QUANTILES
+    quantiles = np.sort(np.quantile(arr, qs))
+    grid = np.arange(int(quantiles.max() // FRAG_BIN) + 2) * FRAG_BIN
+    return (grid[:, None] < quantiles[None, :]).mean(axis=1).astype(np.float32)
+
+
+def frag(free: np.ndarray, above: np.ndarray) -> np.ndarray:
+    """``F(f) = f * P(s > f)``: free bytes a job drawn from the size mix cannot use.
+
+    ``above[i] = P(s > i MiB)`` (a table built with the size mix): one multiply, one cast and one lookup per GPU
+    instead of a comparison per size quantile. ``f`` is rounded down to whole MiB for the lookup only."""
+    f = np.maximum(free, np.float32(0.0))
+    idx = (f * np.float32(1.0 / FRAG_BIN)).astype(np.int64)
+    np.minimum(idx, len(above) - 1, out=idx)
+    out = above[idx]
+    out *= f
+    return out
+
+
+def derive(a: PlacementState, rows: slice, above: np.ndarray, interference: Any) -> None:
+    """Pod-independent per-GPU figures for the node rows ``rows``: usable capacity, free and available bytes,
+    ``F(free)`` and the interference slowdown a job of each intensity class would suffer there."""
+    usable = a["healthy"][:, rows] & (a["clients"][:, rows] < a["max_clients"][:, rows]) & a["known"][rows]
+    free = np.maximum(a["cap"][:, rows] - a["used"][:, rows], 0.0)
+    a["free"][:, rows] = free
+    a["avail"][:, rows] = np.where(usable, free - a["qbytes"][:, rows], -np.inf)
+    a["capu"][:, rows] = np.where(usable, a["cap"][:, rows], -1.0)
+    a["free32"][:, rows] = free
+    a["frag0"][:, rows] = frag(a["free32"][:, rows], above)
+    a["fscale"][:, rows] = W_FRAG / np.maximum(a["cap"][:, rows], 1.0)
+    for key in PROFILE_KEYS:
+        a_u, a_m = interference.sensitivity(interference.profile_for(key))
+        slow = 1.0 + np.maximum(a_u * a["sum_sm"][:, rows] + a_m * a["sum_mem"][:, rows], 0.0)
+        a[f"slow_{key}"][:, rows] = slow
+
+
+def fit_mask(a: PlacementState, gpu_bytes: float) -> np.ndarray:
+    """Per GPU ``(gpus, rows)``: usable and large enough to ever hold ``gpu_bytes``."""
+    return a["capu"] >= gpu_bytes
+
+
+def node_filter(a: PlacementState, good: np.ndarray, cpu_millis: float | None, memory_bytes: float | None) -> np.ndarray:
+    """Per node row: the filter decision (known, a GPU in ``good``, and — unless ``cpu_millis`` is None, when the
+    caller checks host resources itself — enough unclaimed CPU and memory)."""
+    ok = a["known"] & np.logical_or.reduce(good, axis=0)
+    if cpu_millis is not None:
+        ok &= (a["cpu_free"] >= cpu_millis) & (a["mem_free"] >= memory_bytes)
+    return ok
+
+
+def intensity_key(intensity: str | None) -> str:
+    return intensity if intensity in ("memory", "compute") else "none"
+
+
+def cost_matrix(
+    a: PlacementState, gpu_bytes: float, runtime_seconds: float, intensity: str | None, now: float,
+    above: np.ndarray | None, *, interference_aware: bool = True,
+) -> np.ndarray:
+    """Cost of placing the pod on every GPU slot of every row, ``(gpus, rows)``; ``inf`` where the GPU cannot
+    take it. ``above``: the size table (:func:`size_table`), None or empty mix = no fragmentation term.
+    See the module docstring for the formula."""
+    b = float(gpu_bytes)
+    big_r = runtime_seconds
+    good = a["capu"] >= b
+    fits_now = a["avail"] >= b
+    if interference_aware:
+        cost = a[f"slow_{intensity_key(intensity)}"].copy()  # (wait + R * slowdown) / R; the wait is added below
+    else:
+        cost = np.ones_like(a["free32"])
+    flat_wait = np.flatnonzero(good & ~fits_now)
+    if flat_wait.size:
+        k_slots = a["ends"].shape[0]
+        need_w = a["qbytes"].ravel()[flat_wait] + b
+        freed = a["freed"].reshape(k_slots, -1)[:, flat_wait]
+        enough = (freed + a["free"].ravel()[flat_wait]) >= need_w
+        any_k = np.logical_or.reduce(enough, axis=0)
+        k = enough.argmax(axis=0)
+        end_k = a["ends"].reshape(k_slots, -1)[k, flat_wait]
+        later = np.maximum(a["last_end"].ravel()[flat_wait] - now, 0.0) + a["qsecs"].ravel()[flat_wait]
+        wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
+        cost.ravel()[flat_wait] += wait / big_r
+    if above is not None and len(above) > 1:
+        d_frag = frag(a["free32"] - np.float32(b), above)
+        d_frag -= a["frag0"]
+        d_frag *= fits_now
+        d_frag *= a["fscale"]
+        cost += d_frag
+    np.copyto(cost, np.inf, where=~good)
+    return cost
+
+
+def best_gpu(cost: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``rows`` (``-1`` = unknown node): the cheapest GPU slot and its cost (``inf`` if none)."""
+    known_row = rows >= 0
+    r = np.where(known_row, rows, 0)
+    sub = cost[:, r]
+    slot = sub.argmin(axis=0) if len(r) else np.zeros(0, dtype=np.int64)
+    best = np.minimum.reduce(sub, axis=0) if len(r) else np.zeros(0)
+    return slot, np.where(known_row, best, np.inf)
+
+
+def normalise_scores(best: np.ndarray) -> np.ndarray:
+    """0..10 per candidate from its best cost: the cheapest candidate gets 10, one twice as costly 5, a candidate
+    with no usable GPU (``inf``) 0 — kube-scheduler's extender score range (``MaxExtenderPriority = 10``)."""
+    if len(best) == 0:
+        return np.zeros(0, dtype=np.int64)
+    finite = np.isfinite(best)
+    if not finite.any():
+        return np.zeros(len(best), dtype=np.int64)
+    lo = best[finite].min()
+    with np.errstate(divide="ignore"):
+        scores = np.rint(10.0 * lo / best)  # inf -> 0
+    return np.clip(scores, 0, 10).astype(np.int64)
+
+
+__all__ = [
+    "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "PlacementState", "best_gpu", "clear_row",
+    "cost_matrix", "derive", "fit_mask", "frag", "intensity_key", "new_state", "node_filter", "normalise_scores",
+    "set_gpu", "set_host", "size_table",
+]

@@ -10,7 +10,7 @@ solo runtime             ``gnnsched.runtime_prior.solo_runtime_seconds``      pr
 intensity class          ``gnnsched.runtime_prior.arithmetic_intensity``      predictor
 right-sized requests     ``gnnsched.scaling.scale``                           predictor
 co-location slowdown     ``gnnsched.interference``                            extender
-node filter / score      the extender's pure filter and score functions       extender
+node filter / score      ``gnnsched.placement`` (what the extender runs)     extender / placement
 grouping, gate check     ``gnnsched.policies``                                nodeagent
 ======================  ===================================================  =====================================
 
@@ -24,6 +24,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from gnnsched.simulator.model import JobProfile, SimJob
 
@@ -173,30 +175,19 @@ class Integrations:
     def place(self, sim: Any, job: SimJob, outcome: Any) -> Any:
         """Where the extender binds ``job``: a node, None (no node can take it now) or "never" (no node ever can).
 
-        The extender's filter and score live in the ``extender`` component (``ClusterCache.filter/costs/score``),
-        which the core must not import. Until they move to a core module, only a cluster with a single GPU node can
-        be simulated under gnnsched policies: there the extender has no choice to make, and the feasibility test is
-        the gate's own bound (admit bytes <= total - reserve on some GPU, CPU and memory on the node).
+        Plays kube-scheduler with the gnnsched extender: the scheduler's own NodeResourcesFit filter (CPU, memory)
+        picks up to ``numFeasibleNodesToFind`` nodes round-robin; the extender's filter
+        (:func:`gnnsched.placement.fit_mask` / ``node_filter``) keeps those with a GPU that can ever hold the admit
+        bytes; its prioritize (:func:`~gnnsched.placement.cost_matrix`, ``best_gpu``, ``normalise_scores``) scores
+        them 0..10 and the highest score wins (ties: the lower cost; kube-scheduler would pick among equal totals at
+        random). Bind reserves the cheapest GPU of the node, as ``ClusterCache.reserve`` does: an *immediate*
+        reservation when the bytes fit there now with no queue, a *queued* one otherwise, until the node agent
+        reports the pod (here: its next admission pass). ``-interference`` policies score with slowdown 1.
         """
-        placement = _optional("gnnsched.placement")
-        if placement is not None:  # pragma: no cover - not on this branch yet
-            raise IntegrationMissing("gnnsched.placement adapter", "simulator", "placement exists but is not wired")
-        nodes = sim.gpu_nodes
-        if len(nodes) != 1:
-            raise IntegrationMissing(
-                "extender filter/score as core functions (e.g. gnnsched.placement)", "extender",
-                "the scoring math is in extender/cache.py (a component the core may not import); gnnsched "
-                "policies can be simulated on single-node clusters only until it moves to the core",
-            )
-        node = nodes[0]
-        admit = max(job.profile(g.model).admit_bytes for g in node.gpus)
-        if not any(job.profile(g.model).admit_bytes <= g.total - g.reserve for g in node.gpus) or \
-                node.spec.cpu_milli < outcome.cpu_milli or node.spec.memory_bytes < outcome.memory_bytes:
-            outcome.reason = f"PredictedPeakExceedsGPU: admit {admit} B fits on no GPU, or requests exceed the node"
-            return "never"
-        if node.cpu_free < outcome.cpu_milli or node.mem_free < outcome.memory_bytes:
-            return None
-        return node
+        view = sim.placement_view
+        if view is None:
+            view = sim.placement_view = PlacementView(sim, self._interference())
+        return view.place(job, outcome)
 
     # ------------------------------------------------------------------ node agent
     def next_group(self, sim: Any, node: Any) -> list[tuple[SimJob, Any]]:
@@ -232,9 +223,131 @@ class Integrations:
         pol.check_gate_invariant([books])
 
 
-def _optional(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
+class PlacementView:
+    """The extender's cache as the simulator sees it: the same :mod:`gnnsched.placement` arrays, one row per node
+    (``node.idx``), refreshed for the nodes the engine marks in ``sim.changed_nodes``.
+
+    What each row holds mirrors ``extender/cache.py``'s ``_refresh`` fed by a node agent that reports instantly:
+    committed admit bytes and the running jobs (predicted end = start + start-up + predicted seconds, intensity
+    profile) as the agent reports them, plus the simulator's own record of the extender's reservations
+    (``sim.reservations``: job id -> (GPU index, immediate)) for pods the agent has not admitted yet.
+    """
+
+    #: Seconds between refreshes of the fragmentation term's job-size mix (the extender's maintenance loop).
+    SIZE_MIX_INTERVAL = 1.0
+
+    def __init__(self, sim: Any, interference: Any) -> None:
+        from gnnsched import placement as pl
+
+        self.pl = pl
+        self.sim = sim
+        self.interference = interference
+        self.aware = bool(sim.policy.interference)
+        self.rows = len(sim.nodes)
+        self.state = pl.new_state(self.rows, max(len(n.gpus) for n in sim.nodes))
+        self.above = pl.size_table(())
+        self.above_at = -float("inf")
+        self.models = sorted({g.model for g in sim.gpus})
+        self.model_rows = {m: np.array([bool(n.gpus) and n.gpus[0].model == m for n in sim.nodes]) for m in self.models}
+        self.max_cap = {m: max(g.total - g.reserve for g in sim.gpus if g.model == m) for m in self.models}
+        for node in sim.nodes:
+            self.refresh(node)
+        sim.changed_nodes.clear()
+        self.pl.derive(self.state, slice(0, self.rows), self.above, interference)
+
+    def refresh(self, node: Any) -> None:
+        """Re-write ``node``'s row from the simulator's books (``ClusterCache._refresh``'s inputs)."""
+        pl, sim, a, r = self.pl, self.sim, self.state, node.idx
+        pl.clear_row(a, r, bool(node.gpus))
+        pl.set_host(a, r, float(node.cpu_free), float(node.mem_free))
+        cap_clients = sim.per_gpu_cap
+        per_gpu: dict[int, list] = {g.index: [[], 0.0, 0.0, 0] for g in node.gpus}  # running, qbytes, qsecs, n
+        extra_used = {g.index: 0 for g in node.gpus}
+        for job in node.queue:
+            slot, immediate = sim.reservations.get(job.id, (0, False))
+            prof = job.profile(node.gpus[slot].model)
+            book = per_gpu[slot]
+            book[3] += 1
+            if immediate:
+                at = sim.reserved_at.get(job.id, sim.now)
+                book[0].append((at + prof.predicted_s, prof.admit_bytes, prof.sm_util, prof.mem_util))
+                extra_used[slot] += prof.admit_bytes
+            else:
+                book[1] += prof.admit_bytes
+                book[2] += prof.predicted_s
+        for s, g in enumerate(node.gpus):
+            running, qbytes, qsecs, queued = per_gpu[g.index]
+            for run in g.running:
+                prof = run.job.profile(g.model)
+                start = sim.outcomes[run.job.id].start or 0.0
+                running.append((start + sim.startup_s + prof.predicted_s, prof.admit_bytes, prof.sm_util,
+                                prof.mem_util))
+            pl.set_gpu(
+                a, s, r, capacity=g.total - g.reserve, used=g.committed + extra_used[g.index], healthy=True,
+                clients=len(g.running) + queued,
+                max_clients=cap_clients if cap_clients is not None else g.max_clients,
+                qbytes=qbytes, qsecs=qsecs, running=running,
+            )
+
+    def _sync(self) -> None:
+        sim = self.sim
+        if sim.now - self.above_at >= self.SIZE_MIX_INTERVAL:
+            sizes = [r.job.profile(g.model).admit_bytes for g in sim.gpus for r in g.running]
+            sizes += [j.profile(n.gpus[0].model).admit_bytes for n in sim.gpu_nodes for j in n.queue]
+            self.above = self.pl.size_table(sizes)
+            self.above_at = sim.now
+            for node in sim.nodes:  # F(free) depends on the mix: every row
+                self.refresh(node)
+            sim.changed_nodes.clear()
+            self.pl.derive(self.state, slice(0, self.rows), self.above, self.interference)
+            return
+        for idx in sim.changed_nodes:
+            self.refresh(sim.nodes[idx])
+            self.pl.derive(self.state, slice(idx, idx + 1), self.above, self.interference)
+        sim.changed_nodes.clear()
+
+    def place(self, job: SimJob, out: Any) -> Any:
+        pl, sim = self.pl, self.sim
+        demand = {m: job.profile(m) for m in self.models}
+        if all(demand[m].admit_bytes > self.max_cap[m] for m in self.models):
+            big = max(self.max_cap.values())
+            out.reason = (f"PredictedPeakExceedsGPU: admit {min(p.admit_bytes for p in demand.values())} B; the "
+                          f"largest GPU in the cluster has {big} B after reserve")
+            return "never"
+        if out.cpu_milli > sim.max_node_cpu or out.memory_bytes > sim.max_node_mem:
+            out.reason = "requests exceed every node's CPU or memory"
+            return "never"
+        # kube-scheduler's own filter (NodeResourcesFit) and its numFeasibleNodesToFind cut, round-robin.
+        cands = sim.host_candidates(out)
+        if cands.size == 0:
+            return None
+        self._sync()
+        a = self.state
+        cost = good = None
+        for m in self.models:  # one GPU model per node; admit bytes depend on the model (device overheads)
+            prof = demand[m]
+            g = pl.fit_mask(a, prof.admit_bytes)
+            c = pl.cost_matrix(a, prof.admit_bytes, prof.predicted_s if prof.predicted_s > 0 else 1.0,
+                               prof.intensity, sim.now, self.above, interference_aware=self.aware)
+            if cost is None:
+                cost, good = c, g
+            else:
+                rows = self.model_rows[m][None, :]
+                cost, good = np.where(rows, c, cost), np.where(rows, g, good)
+        # The extender's filter on the candidates kube-scheduler sends it (host resources already checked).
+        passed = pl.node_filter(a, good, None, None)
+        cands = cands[passed[cands]]
+        if cands.size == 0:
+            return None
+        slot, best = pl.best_gpu(cost, cands)
+        scores = pl.normalise_scores(best)
+        pick = int(np.lexsort((best, -scores))[0])
+        node = sim.nodes[int(cands[pick])]
+        s = int(slot[pick])
+        gpu = node.gpus[s]
+        need = demand[gpu.model].admit_bytes
+        free = gpu.total - gpu.reserve - a["used"][s, node.idx]
+        sim.reservations[job.id] = (gpu.index, bool(free >= need and a["qbytes"][s, node.idx] == 0))
+        sim.reserved_at[job.id] = sim.now
+        return node
 

@@ -206,6 +206,13 @@ class Simulation:
         self.slots_arr = np.zeros(len(self.nodes), dtype=np.int64)
         for node in self.gpu_nodes:
             self._refresh_slots(node)
+        self.has_gpu_arr = np.array([bool(n.gpus) for n in self.nodes])
+        # gnnsched placement (see adapters.PlacementView): nodes whose books changed since the view last looked,
+        # and the extender's reservations (job id -> (GPU index, immediate), bind time) until the agent admits.
+        self.placement_view = None
+        self.changed_nodes: set[int] = set()
+        self.reservations: dict[int, tuple[int, bool]] = {}
+        self.reserved_at: dict[int, float] = {}
         self.cpu_capacity = float(sum(n.spec.cpu_milli for n in self.nodes))
         self.memh_capacity = float(sum(n.spec.memory_bytes for n in self.nodes))
 
@@ -365,7 +372,15 @@ class Simulation:
     def _candidates_arr(self, out: JobOutcome) -> np.ndarray:
         """Feasible node indices, taken round-robin from where the last search stopped, as kube-scheduler does."""
         ok = (self.cpu_arr >= out.cpu_milli) & (self.mem_arr >= out.memory_bytes) & (self.slots_arr > 0)
-        idx = np.flatnonzero(ok)
+        return self._round_robin(np.flatnonzero(ok))
+
+    def host_candidates(self, out: JobOutcome) -> np.ndarray:
+        """kube-scheduler's own filter for gnnsched pods (NodeResourcesFit: CPU and memory on a GPU node), cut to
+        ``numFeasibleNodesToFind`` round-robin; the extender filters and scores these."""
+        ok = (self.cpu_arr >= out.cpu_milli) & (self.mem_arr >= out.memory_bytes) & self.has_gpu_arr
+        return self._round_robin(np.flatnonzero(ok))
+
+    def _round_robin(self, idx: np.ndarray) -> np.ndarray:
         if idx.size == 0:
             return idx
         want = feasible_nodes_to_find(len(self.nodes))
@@ -406,6 +421,7 @@ class Simulation:
         out.status = "queued"
         out.node = node.name
         self.dirty_nodes.add(node.idx)
+        self.changed_nodes.add(node.idx)
 
     def _unbind(self, out: JobOutcome, node: NodeState) -> None:
         node.cpu_free += out.cpu_milli
@@ -413,6 +429,7 @@ class Simulation:
         self.cpu_arr[node.idx] = node.cpu_free
         self.mem_arr[node.idx] = node.mem_free
         node.bound -= 1
+        self.changed_nodes.add(node.idx)
         self.cpu_alloc_now -= out.cpu_milli
         self.memh_alloc_now -= out.memory_bytes
 
@@ -433,6 +450,11 @@ class Simulation:
             if not node.queue:
                 return
             admissions = self.ix.next_group(self, node)
+            # The agent now reports the jobs it did not admit as queued: their reservations stop being immediate.
+            for j in node.queue:
+                if j.id in self.reservations:
+                    self.reservations[j.id] = (self.reservations[j.id][0], False)
+            self.changed_nodes.add(node.idx)
             if not admissions:
                 return
             chosen = {id(j) for j, _ in admissions}
@@ -477,6 +499,9 @@ class Simulation:
             out.first_start = self.now
         out.start = self.now
         out.gpu = gpu.index
+        self.reservations.pop(job.id, None)
+        self.reserved_at.pop(job.id, None)
+        self.changed_nodes.add(gpu.node.idx)
         if (not self.policy.uvm) and gpu.used + prof.peak_bytes > gpu.total:
             # The allocation that does not fit fails: CUDA out of memory, the process exits.
             out.oom_kills += 1
@@ -516,6 +541,7 @@ class Simulation:
         out = self.outcomes[job.id]
         prof = job.profile(gpu.model)
         gpu.running.remove(run)
+        self.changed_nodes.add(gpu.node.idx)
         gpu.used -= prof.peak_bytes
         if self.policy.is_gnnsched:
             gpu.committed -= prof.admit_bytes

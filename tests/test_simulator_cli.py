@@ -61,3 +61,19 @@ def test_table_and_plots(run_dir: Path):
     for name in ("jct_cdf.png", "utilisation.png", "group_memory.png"):
         png = run_dir / "plots" / name
         assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gnnsched_policies_on_a_multi_node_cluster(run_dir: Path):
+    # Used to exit 3 ("multi-node placement missing"); now the extender's placement math (gnnsched.placement)
+    # spreads the pods over the nodes and the gate keeps every GPU safe.
+    out = subprocess.run(
+        [sys.executable, "-m", "gnnsched.cli", "simulate", "--workload", str(run_dir / "w.yaml"), "--cluster",
+         "4x1xV100-32GB", "--policies", "lmcf,lmcf-interference,bqt", "--json", str(run_dir / "multi.json"),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((run_dir / "multi.json").read_text())
+    for name in ("lmcf", "lmcf-interference", "bqt"):
+        m = doc["policies"][name]
+        assert m["completed"] == 6 and m["oom_kills"] == 0 and m["gate_checks"] > 0, name

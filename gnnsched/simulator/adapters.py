@@ -296,10 +296,10 @@ class PlacementView:
             sizes += [j.profile(n.gpus[0].model).admit_bytes for n in sim.gpu_nodes for j in n.queue]
             self.above = self.pl.size_table(sizes)
             self.above_at = sim.now
-            for node in sim.nodes:  # F(free) depends on the mix: every row
-                self.refresh(node)
+            for idx in sim.changed_nodes:
+                self.refresh(sim.nodes[idx])
             sim.changed_nodes.clear()
-            self.pl.derive(self.state, slice(0, self.rows), self.above, self.interference)
+            self.pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
             return
         for idx in sim.changed_nodes:
             self.refresh(sim.nodes[idx])

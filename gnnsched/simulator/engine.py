@@ -452,9 +452,10 @@ class Simulation:
             admissions = self.ix.next_group(self, node)
             # The agent now reports the jobs it did not admit as queued: their reservations stop being immediate.
             for j in node.queue:
-                if j.id in self.reservations:
-                    self.reservations[j.id] = (self.reservations[j.id][0], False)
-            self.changed_nodes.add(node.idx)
+                res = self.reservations.get(j.id)
+                if res is not None and res[1]:
+                    self.reservations[j.id] = (res[0], False)
+                    self.changed_nodes.add(node.idx)
             if not admissions:
                 return
             chosen = {id(j) for j, _ in admissions}

@@ -258,24 +258,43 @@ def _openb_pods(data_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+#: Mean CPU cores a graph-learning task uses in the PAI production cluster the resource-demand paper simulates
+#: (seed 004, Table 1: GNN 11.9 cores, 0.8 % of a GPU, 9.5 GB memory on average).
+PAI_GNN_CPU_CORES = 11.9
+#: Share of one GPU a resource-demand job's GNN shape must fit in: PAI's GNN tasks use 0.8 % of a GPU on average
+#: (Table 1), so they share GPUs and the cluster saturates on CPU (section 4.2: "CPU is the bottleneck resource").
+RESOURCE_DEMAND_GPU_SHARE = 0.25
+
+
 def resource_demand(seed: int, data_dir: Path, fits: Fits | None = None) -> Workload:
     """Resource-demand paper (seed 004) experiment 1: Poisson arrivals at 70 jobs/h for 12 h on 32 GPUs / 384 cores
-    / 2 TB; FIFO/SRTF/DRF with and without adaptive scaling.
+    / 2 TB; FIFO with and without adaptive scaling (here gnnsched's ``scale()``).
 
-    The PAI-2020 task tables are not available offline; each job's CPU/memory request and lifetime are drawn from
-    a finished one-GPU openb pod (real user requests and runtimes), and the job is a GNN training job of one of
-    ``SHAPES`` recurring shapes (random arch, a large table-IV dataset, 2-8 layers, hidden 64-256, each fitting one GPU)
-    whose epoch count is set so its solo runtime on a V100 matches that lifetime (``runner.materialise``).
+    What the paper's cluster looks like, and how it is reproduced:
+
+    * Its jobs are PAI graph-learning tasks that use 11.9 CPU cores and 0.8 % of a GPU on average (Table 1): they
+      share GPUs, and the cluster saturates on **CPU requests** about 2 h into the baseline run (Fig. 3), because
+      users over-request. The PAI-2020 task tables are not available offline, so each job's CPU/memory request and
+      lifetime come from a finished one-GPU openb pod (real user requests, real runtimes, Alibaba's 2023 trace), with
+      the CPU requests rescaled by one factor so that their mean is PAI's mean GNN CPU *usage* (a lower bound for
+      the mean request; openb's mean is ~5 cores over all job types). Memory requests are openb's as they are.
+    * Each job is a GNN training job of one of ``SHAPES`` recurring shapes (random arch, a large table-IV dataset,
+      2-8 layers, hidden 64-256) that fits in ``RESOURCE_DEMAND_GPU_SHARE`` of a GPU, whose epoch count is set so
+      its solo runtime on a V100 matches the pod's lifetime (``runner.materialise``).
+    * The policies are gnnsched's (``lmcf``: pods packed on shared GPUs through MPS behind the memory gate, FIFO
+      pending queue as the paper's experiment 1) with and without ``+scaling``; ``exclusive`` (one pod per GPU)
+      is kept for comparison.
     """
     rng = random.Random(f"resource-{seed}")
     pods = [p for p in _openb_pods(data_dir) if p["pod_phase"] in ("Succeeded", "Failed") and p["num_gpu"] == "1"
             and p["scheduled_time"] and float(p["deletion_time"]) > float(p["scheduled_time"])
             and int(p["cpu_milli"]) > 0 and int(p["memory_mib"]) > 0]
+    cpu_factor = PAI_GNN_CPU_CORES * 1000 / (sum(int(p["cpu_milli"]) for p in pods) / len(pods))
     shapes: list[GNNJobSpec] = []
-    while len(shapes) < SHAPES:  # recurring job shapes (a cluster's jobs repeat); each fits one GPU alone
+    while len(shapes) < SHAPES:  # recurring job shapes (a cluster's jobs repeat); each fits a share of one GPU
         spec = _train_spec(rng.choice(("gcn", "sage", "gin", "gat")), rng.choice(LARGE_DATASETS),
                            rng.randint(2, 8), rng.choice((64, 128, 256)), 1)
-        if fits is None or fits(spec, 1.0):
+        if fits is None or fits(spec, RESOURCE_DEMAND_GPU_SHARE):
             shapes.append(spec)
     t = 0.0
     horizon = 12 * 3600.0
@@ -288,19 +307,20 @@ def resource_demand(seed: int, data_dir: Path, fits: Fits | None = None) -> Work
         pod = rng.choice(pods)
         spec = rng.choice(shapes)
         lifetime = float(pod["deletion_time"]) - float(pod["scheduled_time"])
+        cpu = max(100, min(96_000, int(round(int(pod["cpu_milli"]) * cpu_factor / 100)) * 100))
         templates.append(JobTemplate(
             name=f"job-{i:04d}-{spec.model.arch}-{spec.graph.dataset}", arrival=t, spec=spec,
-            cpu_milli=int(pod["cpu_milli"]), memory_bytes=int(pod["memory_mib"]) * 2**20,
+            cpu_milli=cpu, memory_bytes=int(pod["memory_mib"]) * 2**20,
             labels={"runtime_target": f"{lifetime:.3f}", "openb_pod": pod["name"]},
         ))
         i += 1
     return Workload(
         name="resource-demand", description=f"{len(templates)} jobs, Poisson 70/h over 12 h on pai32 (seed 004)",
         templates=templates, cluster="pai32", horizon=horizon, max_clients=None,
-        policies=("exclusive", "exclusive+scaling", "srtf", "srtf+scaling", "drf", "drf+scaling"),
+        policies=("lmcf", "lmcf+scaling", "exclusive", "exclusive+scaling"),
         reference={"paper": "resource-demand (seed 004) Fig. 2", "metric": "deployed",
-                   "gain": (("exclusive", "exclusive+scaling", "deployed", 25.3),
-                            ("exclusive", "exclusive+scaling", "completion_rate", 15.2)),
+                   "gain": (("lmcf", "lmcf+scaling", "deployed", 25.3),
+                            ("lmcf", "lmcf+scaling", "completion_rate", 15.2)),
                    "kind": "percent higher",
                    "paper_note": "adaptive scaling: +25.3% deployed tasks, +15.2% completion rate at 70 jobs/h"},
     )

@@ -339,11 +339,12 @@ class PlacementView:
         cands = cands[passed[cands]]
         if cands.size == 0:
             return None
-        slot, best = pl.best_gpu(cost, cands)
+        best = np.minimum.reduce(cost, axis=0)[cands]  # as ClusterCache.score: every row, then the candidates
         scores = pl.normalise_scores(best)
         pick = int(np.lexsort((best, -scores))[0])
         node = sim.nodes[int(cands[pick])]
-        s = int(slot[pick])
+        slot, _ = pl.best_gpu(cost, cands[pick:pick + 1])  # as ClusterCache.reserve: the node's cheapest GPU
+        s = int(slot[0])
         gpu = node.gpus[s]
         need = demand[gpu.model].admit_bytes
         free = gpu.total - gpu.reserve - a["used"][s, node.idx]

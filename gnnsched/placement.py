@@ -133,6 +133,8 @@ def set_gpu(
     reserved to run now) on it; ``used``/``qbytes``/``qsecs``: committed bytes, queued bytes and queued predicted
     seconds; ``capacity``: total − reserve."""
     a["valid"][slot, r] = True
+    a["ends"][:, slot, r] = np.inf
+    a["freed"][:, slot, r] = 0.0
     a["cap"][slot, r] = capacity
     a["used"][slot, r] = used
     a["healthy"][slot, r] = healthy

@@ -115,3 +115,32 @@ def test_interference_aware_scoring_changes_the_placement():
     assert placed["lmcf"] == ["node-0", "node-1", "node-1"]
     assert placed["lmcf-interference"] == ["node-0", "node-1", "node-0"]
     assert placed["lmcf:slowdown"] < placed["lmcf-interference:slowdown"]
+
+
+def test_incremental_placement_view_matches_a_rebuild(monkeypatch):
+    # The simulator keeps the placement arrays up to date incrementally (changed GPUs and hosts only); before every
+    # placement decision they must equal arrays rebuilt from the books (jobs running, queued and reserved).
+    import numpy as np
+
+    from gnnsched.simulator.adapters import PlacementView
+
+    keys = ("cap", "used", "clients", "max_clients", "qbytes", "qsecs", "sum_sm", "sum_mem", "ends", "freed",
+            "last_end", "cpu_free", "mem_free", "capu", "avail", "known")
+    seen = {"checks": 0, "queued": False}
+    sync = PlacementView._sync
+
+    def checked_sync(self) -> None:
+        sync(self)
+        fresh = PlacementView(self.sim, self.interference)
+        seen["checks"] += 1
+        seen["queued"] |= any(n.queue for n in self.sim.nodes)
+        for key in keys:
+            assert np.array_equal(self.state[key], fresh.state[key]), (self.sim.now, key)
+
+    monkeypatch.setattr(PlacementView, "_sync", checked_sync)
+    model = load_interference()
+    jobs = [_job(i, 0.2 + 0.5 * ((i * 3) % 7) / 7, 50.0 + 13 * (i % 4), 5.0 * (i // 3) + 40.0 * (i // 30),
+                 ("memory", "compute")[i % 2], model) for i in range(60)]
+    res = Simulation(jobs, uniform_cluster(3, 2, V100), parse_policy("bqt"), Integrations(), startup_s=0.0).run()
+    assert all(o.status == "completed" for o in res.outcomes)
+    assert seen["checks"] >= 60 and seen["queued"]

@@ -225,7 +225,7 @@ class Integrations:
 
 class PlacementView:
     """The extender's cache as the simulator sees it: the same :mod:`gnnsched.placement` arrays, one row per node
-    (``node.idx``), refreshed for the nodes the engine marks in ``sim.changed_nodes``.
+    (``node.idx``), refreshed for the nodes and GPUs the engine marks in ``sim.changed_nodes`` / ``sim.changed_gpus``.
 
     What each row holds mirrors ``extender/cache.py``'s ``_refresh`` fed by a node agent that reports instantly:
     committed admit bytes and the running jobs (predicted end = start + start-up + predicted seconds, intensity
@@ -253,58 +253,69 @@ class PlacementView:
         for node in sim.nodes:
             self.refresh(node)
         sim.changed_nodes.clear()
+        sim.changed_gpus.clear()
         self.pl.derive(self.state, slice(0, self.rows), self.above, interference)
 
     def refresh(self, node: Any) -> None:
         """Re-write ``node``'s row from the simulator's books (``ClusterCache._refresh``'s inputs)."""
-        pl, sim, a, r = self.pl, self.sim, self.state, node.idx
-        pl.clear_row(a, r, bool(node.gpus))
-        pl.set_host(a, r, float(node.cpu_free), float(node.mem_free))
-        cap_clients = sim.per_gpu_cap
-        per_gpu: dict[int, list] = {g.index: [[], 0.0, 0.0, 0] for g in node.gpus}  # running, qbytes, qsecs, n
-        extra_used = {g.index: 0 for g in node.gpus}
+        self.pl.clear_row(self.state, node.idx, bool(node.gpus))
+        self.refresh_host(node)
+        for g in node.gpus:
+            self.refresh_gpu(node, g.index)
+
+    def refresh_host(self, node: Any) -> None:
+        self.pl.set_host(self.state, node.idx, float(node.cpu_free), float(node.mem_free))
+
+    def refresh_gpu(self, node: Any, index: int) -> None:
+        """Re-write one GPU of ``node``: committed bytes, running jobs, and the reservations on it."""
+        sim = self.sim
+        g = node.gpus[index]
+        running = []
+        qbytes = qsecs = 0.0
+        queued = extra_used = 0
         for job in node.queue:
             slot, immediate = sim.reservations.get(job.id, (0, False))
-            prof = job.profile(node.gpus[slot].model)
-            book = per_gpu[slot]
-            book[3] += 1
+            if slot != index:
+                continue
+            prof = job.profile(g.model)
+            queued += 1
             if immediate:
                 at = sim.reserved_at.get(job.id, sim.now)
-                book[0].append((at + prof.predicted_s, prof.admit_bytes, prof.sm_util, prof.mem_util))
-                extra_used[slot] += prof.admit_bytes
+                running.append((at + prof.predicted_s, prof.admit_bytes, prof.sm_util, prof.mem_util))
+                extra_used += prof.admit_bytes
             else:
-                book[1] += prof.admit_bytes
-                book[2] += prof.predicted_s
-        for s, g in enumerate(node.gpus):
-            running, qbytes, qsecs, queued = per_gpu[g.index]
-            for run in g.running:
-                prof = run.job.profile(g.model)
-                start = sim.outcomes[run.job.id].start or 0.0
-                running.append((start + sim.startup_s + prof.predicted_s, prof.admit_bytes, prof.sm_util,
-                                prof.mem_util))
-            pl.set_gpu(
-                a, s, r, capacity=g.total - g.reserve, used=g.committed + extra_used[g.index], healthy=True,
-                clients=len(g.running) + queued,
-                max_clients=cap_clients if cap_clients is not None else g.max_clients,
-                qbytes=qbytes, qsecs=qsecs, running=running,
-            )
+                qbytes += prof.admit_bytes
+                qsecs += prof.predicted_s
+        for run in g.running:
+            prof = run.job.profile(g.model)
+            start = sim.outcomes[run.job.id].start or 0.0
+            running.append((start + sim.startup_s + prof.predicted_s, prof.admit_bytes, prof.sm_util, prof.mem_util))
+        cap_clients = sim.per_gpu_cap
+        self.pl.set_gpu(
+            self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used, healthy=True,
+            clients=len(g.running) + queued, max_clients=cap_clients if cap_clients is not None else g.max_clients,
+            qbytes=qbytes, qsecs=qsecs, running=running,
+        )
 
     def _sync(self) -> None:
-        sim = self.sim
+        sim, pl = self.sim, self.pl
+        for idx in sim.changed_nodes:
+            self.refresh_host(sim.nodes[idx])
+        sim.changed_nodes.clear()
+        rows = set()
+        for idx, index in sim.changed_gpus:
+            self.refresh_gpu(sim.nodes[idx], index)
+            rows.add(idx)
+        sim.changed_gpus.clear()
         if sim.now - self.above_at >= self.SIZE_MIX_INTERVAL:
             sizes = [r.job.profile(g.model).admit_bytes for g in sim.gpus for r in g.running]
             sizes += [j.profile(n.gpus[0].model).admit_bytes for n in sim.gpu_nodes for j in n.queue]
-            self.above = self.pl.size_table(sizes)
+            self.above = pl.size_table(sizes)
             self.above_at = sim.now
-            for idx in sim.changed_nodes:
-                self.refresh(sim.nodes[idx])
-            sim.changed_nodes.clear()
-            self.pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
+            pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
             return
-        for idx in sim.changed_nodes:
-            self.refresh(sim.nodes[idx])
-            self.pl.derive(self.state, slice(idx, idx + 1), self.above, self.interference)
-        sim.changed_nodes.clear()
+        for idx in rows:
+            pl.derive(self.state, slice(idx, idx + 1), self.above, self.interference)
 
     def place(self, job: SimJob, out: Any) -> Any:
         pl, sim = self.pl, self.sim
@@ -350,5 +361,6 @@ class PlacementView:
         free = gpu.total - gpu.reserve - a["used"][s, node.idx]
         sim.reservations[job.id] = (gpu.index, bool(free >= need and a["qbytes"][s, node.idx] == 0))
         sim.reserved_at[job.id] = sim.now
+        sim.changed_gpus.add((node.idx, gpu.index))
         return node
 

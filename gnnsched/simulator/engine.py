@@ -210,7 +210,8 @@ class Simulation:
         # gnnsched placement (see adapters.PlacementView): nodes whose books changed since the view last looked,
         # and the extender's reservations (job id -> (GPU index, immediate), bind time) until the agent admits.
         self.placement_view = None
-        self.changed_nodes: set[int] = set()
+        self.changed_nodes: set[int] = set()  # host (CPU/memory) books changed
+        self.changed_gpus: set[tuple[int, int]] = set()  # (node idx, GPU index) books changed
         self.reservations: dict[int, tuple[int, bool]] = {}
         self.reserved_at: dict[int, float] = {}
         self.cpu_capacity = float(sum(n.spec.cpu_milli for n in self.nodes))
@@ -455,7 +456,7 @@ class Simulation:
                 res = self.reservations.get(j.id)
                 if res is not None and res[1]:
                     self.reservations[j.id] = (res[0], False)
-                    self.changed_nodes.add(node.idx)
+                    self.changed_gpus.add((node.idx, res[0]))
             if not admissions:
                 return
             chosen = {id(j) for j, _ in admissions}
@@ -500,9 +501,11 @@ class Simulation:
             out.first_start = self.now
         out.start = self.now
         out.gpu = gpu.index
-        self.reservations.pop(job.id, None)
+        res = self.reservations.pop(job.id, None)
+        if res is not None:
+            self.changed_gpus.add((gpu.node.idx, res[0]))
         self.reserved_at.pop(job.id, None)
-        self.changed_nodes.add(gpu.node.idx)
+        self.changed_gpus.add((gpu.node.idx, gpu.index))
         if (not self.policy.uvm) and gpu.used + prof.peak_bytes > gpu.total:
             # The allocation that does not fit fails: CUDA out of memory, the process exits.
             out.oom_kills += 1
@@ -542,7 +545,7 @@ class Simulation:
         out = self.outcomes[job.id]
         prof = job.profile(gpu.model)
         gpu.running.remove(run)
-        self.changed_nodes.add(gpu.node.idx)
+        self.changed_gpus.add((gpu.node.idx, gpu.index))
         gpu.used -= prof.peak_bytes
         if self.policy.is_gnnsched:
             gpu.committed -= prof.admit_bytes

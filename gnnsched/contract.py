@@ -74,7 +74,7 @@ class _CamelModel(BaseModel):
 
     def wire(self) -> dict:
         """The JSON-ready dict as it is written to the API server."""
-        return self.model_dump(by_alias=True, mode="json")
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 class GPUJob(_CamelModel):

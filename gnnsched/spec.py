@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from gnnsched.contract import API_VERSION, GNNJOB_KIND
@@ -58,22 +58,37 @@ class SpecError(ValueError):
         super().__init__(f"{field}: {message}" if field else message)
 
 
+def _integral(value: Any) -> Any:
+    """Accept ``5.0`` for an integer field, as the API server's JSON decoding does; everything else stays strict."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+
+
 def _bounded(path: str, **kwargs: Any) -> Any:
     low, high = LIMITS[path]
     return Field(ge=low, le=high, **kwargs)
 
 
 class _Spec(BaseModel):
-    """Spec models: camelCase in YAML, snake_case in Python, unknown keys rejected (typos must not pass silently)."""
+    """Spec models: camelCase in YAML, snake_case in Python, unknown keys rejected (typos must not pass silently).
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    Strict types, so that ``layers: "3"`` or ``enabled: "yes"`` is rejected here exactly as the API server rejects it.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
+    )
 
 
 class ModelSpec(_Spec):
     arch: Arch
-    layers: int = _bounded("spec.model.layers", default=2)
-    hidden: int = _bounded("spec.model.hidden", default=64)
-    heads: int | None = _bounded("spec.model.heads", default=None)
+    layers: Int = _bounded("spec.model.layers", default=2)
+    hidden: Int = _bounded("spec.model.hidden", default=64)
+    heads: Int | None = _bounded("spec.model.heads", default=None)
     dropout: float = Field(default=0.5, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
@@ -99,20 +114,23 @@ class GraphDims(BaseModel):
 
 class GraphSpec(_Spec):
     dataset: str | None = None
-    nodes: int | None = _bounded("spec.graph.nodes", default=None)
-    edges: int | None = _bounded("spec.graph.edges", default=None)
-    features: int | None = _bounded("spec.graph.features", default=None)
-    classes: int | None = _bounded("spec.graph.classes", default=None)
+    nodes: Int | None = _bounded("spec.graph.nodes", default=None)
+    edges: Int | None = _bounded("spec.graph.edges", default=None)
+    features: Int | None = _bounded("spec.graph.features", default=None)
+    classes: Int | None = _bounded("spec.graph.classes", default=None)
 
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        if value in dataset_names():
+            return value
         try:
-            return get_dataset(value).name
+            hint = f"; did you mean {get_dataset(value).name!r}?"
         except KeyError:
-            raise ValueError(f"unknown dataset {value!r}; known: {', '.join(dataset_names())}") from None
+            hint = f"; known: {', '.join(dataset_names())}"
+        raise ValueError(f"unknown dataset {value!r}{hint}")
 
     @model_validator(mode="after")
     def _one_way_to_name_the_graph(self) -> GraphSpec:
@@ -142,8 +160,8 @@ class GraphSpec(_Spec):
 
 class BatchingSpec(_Spec):
     mode: Literal["full", "minibatch"] = "full"
-    batch_size: int | None = _bounded("spec.batching.batchSize", default=None)
-    fanouts: list[int] | None = None
+    batch_size: Int | None = _bounded("spec.batching.batchSize", default=None)
+    fanouts: list[Int] | None = None
 
     @field_validator("fanouts")
     @classmethod
@@ -207,17 +225,17 @@ class GNNJobSpec(_Spec):
     mode: Mode
     model: ModelSpec
     graph: GraphSpec
-    epochs: int | None = _bounded("spec.epochs", default=None)
-    requests: int | None = _bounded("spec.requests", default=None)
+    epochs: Int | None = _bounded("spec.epochs", default=None)
+    requests: Int | None = _bounded("spec.requests", default=None)
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
     qos_target_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
-    parallelism: int = _bounded("spec.parallelism", default=1)
+    parallelism: Int = _bounded("spec.parallelism", default=1)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     image: str | None = Field(default=None, min_length=1, max_length=512)
     command: list[str] | None = None
     args: list[str] | None = None
-    backoff_limit: int = _bounded("spec.backoffLimit", default=0)
+    backoff_limit: Int = _bounded("spec.backoffLimit", default=0)
 
     @model_validator(mode="after")
     def _mode_fields(self) -> GNNJobSpec:

@@ -1,0 +1,421 @@
+"""The GNN a job runs: model, graph and one step, shared by the worker and the estimator so they cannot drift.
+
+``build_model(spec)`` builds the PyG 2.x model (gcn, sage, gin, gat; 1-16 layers) with its optimizer attached,
+``make_graph(spec, seed)`` builds the graph (the real Planetoid files for cora/citeseer when present, otherwise a
+synthetic graph of the spec's dimensions), and ``run_step(model, graph, mode)`` runs one training step (zero grads,
+forward, loss, backward, optimizer step) or one inference forward under ``torch.no_grad``.
+
+The estimator runs exactly these functions under ``FakeTensorMode``; everything here therefore avoids shapes that
+depend on data: the synthetic generator draws edges without self-loops by construction (``dst = src + offset``,
+offset never 0), the loss indexes labelled nodes with an integer index (never a boolean mask), and
+``graph_layout(spec)`` states every tensor's shape and the graph's self-loop count without touching the data, so the
+estimator can size GCN's and GAT's self-loop masks exactly.
+
+PyG runs on its pure-torch paths here (``pyg_backends()`` reports torch-scatter, torch-sparse or pyg-lib if they are
+installed, because they change which kernels run and so the peak). Neighbour sampling for mini-batches is this
+module's own pure-torch sampler (PyG's ``NeighborLoader`` needs pyg-lib or torch-sparse).
+
+This module imports torch; the CLI imports it only inside the ``worker``/``estimate`` command bodies so that
+``gnnsched --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from gnnsched.datasets import get_dataset
+from gnnsched.spec import GNNJobSpec
+
+Mode = Literal["train", "infer"]
+
+DATA_DIR_ENV = "GNNSCHED_DATA_DIR"
+"""Directory holding Planetoid raw files as ``<root>/Cora/raw/ind.cora.*`` (the shared ``data/graphs`` folder)."""
+
+LEARNING_RATE = 0.01
+WEIGHT_DECAY = 5e-4
+"""Adam settings of the PyG GCN example; the optimizer's state (two moments per weight) is part of the peak."""
+
+PLANETOID_TRAIN_PER_CLASS = 20
+"""Planetoid's public split labels 20 nodes per class (Cora 140, CiteSeer 120)."""
+
+PLANETOID_SELF_LOOPS = {"Cora": 0, "CiteSeer": 0}
+"""Self-loops in PyG's Planetoid edge_index (counted from the raw files; ``tests/test_models.py`` re-counts them)."""
+
+
+@dataclass(frozen=True)
+class GraphLayout:
+    """Every tensor shape of the graph ``make_graph`` builds, known without building it.
+
+    ``self_loops`` is the number of edges ``(i, i)`` in ``edge_index``; GCN and GAT remove/re-add self-loops through
+    boolean masks whose true-count the estimator cannot compute on fake data, so it takes it from here.
+    """
+
+    nodes: int
+    edges: int
+    features: int
+    classes: int
+    labelled: int
+    self_loops: int
+    source: str  # "synthetic" or "planetoid:<Name>"
+
+
+@dataclass
+class Graph:
+    """A graph as the model consumes it: node features, COO edges (source row 0, target row 1), labels, and the
+    integer index of the nodes the loss is computed on (train nodes, or a mini-batch's seed nodes)."""
+
+    x: torch.Tensor
+    edge_index: torch.Tensor
+    y: torch.Tensor
+    target: torch.Tensor
+    layout: GraphLayout
+
+    def to(self, device: str | torch.device) -> Graph:
+        """The same graph on ``device`` (no copy when it is already there)."""
+        return Graph(
+            x=self.x.to(device),
+            edge_index=self.edge_index.to(device),
+            y=self.y.to(device),
+            target=self.target.to(device),
+            layout=self.layout,
+        )
+
+    def nbytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for t in (self.x, self.edge_index, self.y, self.target))
+
+
+def pyg_backends() -> dict[str, bool]:
+    """Which optional PyG extension libraries are importable (each one changes kernels, hence the peak)."""
+    import importlib.util
+
+    return {name: importlib.util.find_spec(name) is not None for name in ("torch_scatter", "torch_sparse", "pyg_lib")}
+
+
+def default_data_dir() -> Path:
+    """``$GNNSCHED_DATA_DIR``, else ``../shared/data/graphs`` beside the repository checkout."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "graphs"
+
+
+def _planetoid_name(spec: GNNJobSpec) -> str | None:
+    dims = spec.graph.resolve()
+    if dims.dataset is None:
+        return None
+    return get_dataset(dims.dataset).planetoid
+
+
+def _planetoid_available(name: str, root: Path) -> bool:
+    raw = root / name / "raw"
+    return all((raw / f"ind.{name.lower()}.{part}").is_file() for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"))
+
+
+def graph_layout(spec: GNNJobSpec, root: str | Path | None = None) -> GraphLayout:
+    """The shapes of the graph ``make_graph(spec, seed, root)`` would build (same decision about real vs synthetic)."""
+    dims = spec.graph.resolve()
+    root_path = Path(root) if root is not None else default_data_dir()
+    name = _planetoid_name(spec)
+    if name is not None and _planetoid_available(name, root_path):
+        return GraphLayout(
+            nodes=dims.nodes,
+            edges=dims.edges,
+            features=dims.features,
+            classes=dims.classes,
+            labelled=PLANETOID_TRAIN_PER_CLASS * dims.classes,
+            self_loops=PLANETOID_SELF_LOOPS[name],
+            source=f"planetoid:{name}",
+        )
+    return GraphLayout(
+        nodes=dims.nodes,
+        edges=dims.edges,
+        features=dims.features,
+        classes=dims.classes,
+        labelled=dims.nodes,
+        self_loops=0,
+        source="synthetic",
+    )
+
+
+def synthetic_graph(layout: GraphLayout, seed: int) -> Graph:
+    """A random graph with the layout's shapes and no self-loops; works unchanged under ``FakeTensorMode``.
+
+    Every node is labelled (the loss covers all nodes). Features are standard normal, labels uniform. Edges are
+    uniform random pairs with ``dst = (src + offset) % nodes`` and ``offset`` in ``[1, nodes)``, so no self-loops
+    appear and no boolean filtering is needed (``edges`` may therefore exceed the number of distinct pairs only by
+    repeating pairs, which a multigraph allows).
+    """
+
+    generator = torch.Generator().manual_seed(seed)
+    n, e = layout.nodes, layout.edges
+    x = torch.randn(n, layout.features, generator=generator)
+    y = torch.randint(0, layout.classes, (n,), generator=generator)
+    edge_index = torch.empty(2, e, dtype=torch.long)
+    if n > 1:
+        torch.randint(0, n, (e,), generator=generator, out=edge_index[0])
+        torch.randint(1, n, (e,), generator=generator, out=edge_index[1])
+        edge_index[1].add_(edge_index[0]).remainder_(n)
+    else:
+        edge_index.zero_()
+    target = torch.arange(n)
+    return Graph(x=x, edge_index=edge_index, y=y, target=target, layout=layout)
+
+
+def fake_graph_tensors(layout: GraphLayout) -> Graph:
+    """Uninitialised tensors with exactly the shapes and dtypes of the real graph (used under FakeTensorMode)."""
+
+    return Graph(
+        x=torch.empty(layout.nodes, layout.features),
+        edge_index=torch.empty(2, layout.edges, dtype=torch.long),
+        y=torch.empty(layout.nodes, dtype=torch.long),
+        target=torch.empty(layout.labelled, dtype=torch.long),
+        layout=layout,
+    )
+
+
+def _load_planetoid(name: str, root: Path, layout: GraphLayout) -> Graph:
+    """Load Planetoid from read-only raw files: processing happens in a private cache dir that links to them."""
+    from torch_geometric.datasets import Planetoid
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gnnsched" / "planetoid"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        cache = Path(tempfile.mkdtemp(prefix="gnnsched-planetoid-"))
+    raw_link = cache / name / "raw"
+    if not raw_link.exists():
+        raw_link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            raw_link.symlink_to((root / name / "raw").resolve(), target_is_directory=True)
+        except OSError:
+            shutil.copytree(root / name / "raw", raw_link)
+    data = Planetoid(str(cache), name)[0]
+    target = data.train_mask.nonzero().view(-1)
+    return Graph(x=data.x, edge_index=data.edge_index, y=data.y, target=target, layout=layout)
+
+
+def make_graph(spec: GNNJobSpec, seed: int = 0, root: str | Path | None = None) -> Graph:
+    """The job's graph: real Planetoid data when the spec names cora/citeseer and the files exist under ``root``
+    (default ``default_data_dir()``), otherwise a synthetic graph with the spec's (or the dataset's) dimensions."""
+    root_path = Path(root) if root is not None else default_data_dir()
+    layout = graph_layout(spec, root_path)
+    if layout.source.startswith("planetoid:"):
+        return _load_planetoid(layout.source.split(":", 1)[1], root_path, layout)
+    return synthetic_graph(layout, seed)
+
+
+def _layer_dims(spec: GNNJobSpec, features: int, classes: int) -> list[tuple[int, int, int]]:
+    """(in, out, heads) per layer; hidden GAT layers concatenate heads, the output layer has one head."""
+    m = spec.model
+    heads = m.heads or 1
+    dims: list[tuple[int, int, int]] = []
+    width_in = features
+    for i in range(m.layers):
+        last = i == m.layers - 1
+        out = classes if last else m.hidden
+        h = 1 if (last or m.arch != "gat") else heads
+        dims.append((width_in, out, h))
+        width_in = out * h
+    return dims
+
+
+def build_model(
+    spec: GNNJobSpec, features: int | None = None, classes: int | None = None, device: str | torch.device = "cpu"
+) -> GNN:
+    """The job's model (a ``torch.nn.Module``) with its Adam optimizer at ``model.optimizer`` for training jobs.
+
+    ``features``/``classes`` default to the spec's graph dimensions. Adam runs its single-tensor implementation
+    (``foreach=False``) on every device, so the CPU trace the estimator takes has the same temporaries a GPU run has.
+    """
+    from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+
+    dims = spec.graph.resolve()
+    features = dims.features if features is None else features
+    classes = dims.classes if classes is None else classes
+    arch = spec.model.arch
+    convs = torch.nn.ModuleList()
+    for width_in, width_out, heads in _layer_dims(spec, features, classes):
+        if arch == "gcn":
+            convs.append(GCNConv(width_in, width_out))
+        elif arch == "sage":
+            convs.append(SAGEConv(width_in, width_out, aggr="mean"))
+        elif arch == "gin":
+            mlp = torch.nn.Sequential(
+                torch.nn.Linear(width_in, width_out), torch.nn.ReLU(), torch.nn.Linear(width_out, width_out)
+            )
+            convs.append(GINConv(mlp, train_eps=True))
+        elif arch == "gat":
+            convs.append(GATConv(width_in, width_out, heads=heads, dropout=spec.model.dropout))
+        else:  # the spec's Literal makes this unreachable; kept so a new arch cannot silently build nothing
+            raise ValueError(f"unknown arch {arch!r}")
+    model = GNN(convs, spec.model.dropout)
+    if torch.device(device).type != "cpu":
+        model = model.to(device)  # parameters stay the same objects, so the optimizer below sees the moved ones
+    if spec.mode == "train":
+        model.optimizer = torch.optim.Adam(
+            model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=False
+        )
+    return model
+
+
+class GNN(torch.nn.Module):
+    """Stacked message-passing layers with ReLU and dropout between them (none after the last).
+
+    ``optimizer`` is attached by ``build_model`` for training specs, so ``run_step`` needs nothing else.
+    """
+
+    def __init__(self, convs: torch.nn.ModuleList, dropout: float) -> None:
+        super().__init__()
+        self.convs = convs
+        self.dropout = dropout
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            x = F.dropout(x, p=self.dropout, training=self.training)
+            x = conv(x, edge_index)
+            if i != last:
+                x = F.relu(x)
+        return x
+
+
+def run_step(model: GNN, graph: Graph, mode: Mode) -> float | None:
+    """One step: training = zero grads, forward, cross-entropy on ``graph.target``, backward, optimizer step (returns
+    the loss); inference = one forward pass under ``torch.no_grad`` in eval mode (returns None)."""
+
+    if mode == "train":
+        optimizer = model.optimizer
+        if optimizer is None:
+            raise ValueError("run_step(mode='train') needs a model built for a training spec (it has no optimizer)")
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        out = model(graph.x, graph.edge_index)
+        loss = F.cross_entropy(out[graph.target], graph.y[graph.target])
+        del out
+        loss.backward()
+        optimizer.step()
+        value = loss.detach()
+        del loss
+        return float(value) if not _is_fake(value) else None
+    model.eval()
+    with torch.no_grad():
+        out = model(graph.x, graph.edge_index)
+        del out
+    return None
+
+
+def _is_fake(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+# --- neighbour sampling (mini-batches for sage and gat) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IncomingCSR:
+    """Incoming edges grouped by target node: the sources of node v are ``sources[rowptr[v]:rowptr[v + 1]]``.
+
+    Built with static-shape operations only (``scatter_add_`` instead of ``bincount``), so the estimator can build it
+    under ``FakeTensorMode`` and count it as resident memory of a mini-batch job.
+    """
+
+    rowptr: torch.Tensor
+    sources: torch.Tensor
+
+
+def build_incoming_csr(graph: Graph) -> IncomingCSR:
+    n = graph.layout.nodes
+    src, dst = graph.edge_index[0], graph.edge_index[1]
+    order = torch.argsort(dst, stable=True)
+    sources = src[order]
+    del order
+    counts = torch.zeros(n + 1, dtype=torch.long)
+    counts.scatter_add_(0, dst + 1, torch.ones_like(dst))
+    rowptr = counts.cumsum_(0)
+    return IncomingCSR(rowptr=rowptr, sources=sources)
+
+
+def minibatch_bound(layout: GraphLayout, batch_size: int, fanouts: list[int]) -> GraphLayout:
+    """An upper bound on a sampled batch's shapes: hop k adds at most ``frontier * fanouts[k]`` edges (and never
+    more than the graph has) and at most as many new nodes (never more than the graph has)."""
+    seeds = min(batch_size, layout.labelled)
+    nodes, frontier, edges = seeds, seeds, 0
+    for fanout in fanouts:
+        hop_edges = min(frontier * fanout, layout.edges)
+        edges += hop_edges
+        frontier = min(hop_edges, layout.nodes - nodes)
+        nodes += frontier
+    return replace(layout, nodes=nodes, edges=edges, labelled=seeds, self_loops=0, source=layout.source + ":batch")
+
+
+def sample_batches(graph: Graph, spec: GNNJobSpec, seed: int = 0, csr: IncomingCSR | None = None) -> Iterator[Graph]:
+    """One pass over ``graph.target`` in shuffled batches of ``spec.batching.batch_size`` seed nodes, each expanded
+    by ``spec.fanouts`` hops of incoming neighbours (all of them when a node has at most ``fanout``, otherwise
+    ``fanout`` drawn uniformly with replacement and de-duplicated). Each batch is a relabelled subgraph whose first
+    ``len(seeds)`` nodes are the seeds (``target``), the loss/prediction nodes.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    csr = csr if csr is not None else build_incoming_csr(graph)
+    n = graph.layout.nodes
+    batch_size = int(spec.batching.batch_size or n)
+    fanouts = spec.fanouts
+    position = torch.full((n,), -1, dtype=torch.long)  # global id -> local id in the current batch, -1 if absent
+    order = graph.target[torch.randperm(graph.target.numel(), generator=generator)]
+    for start in range(0, order.numel(), batch_size):
+        seeds = order[start : start + batch_size]
+        nodes = [seeds]
+        position[seeds] = torch.arange(seeds.numel())
+        count = seeds.numel()
+        frontier = seeds
+        sources: list[torch.Tensor] = []
+        targets: list[torch.Tensor] = []
+        for fanout in fanouts:
+            first = csr.rowptr[frontier]
+            degree = csr.rowptr[frontier + 1] - first
+            take = degree.clamp(max=fanout)
+            owner = torch.repeat_interleave(torch.arange(frontier.numel()), take)
+            offset_in_group = torch.arange(owner.numel()) - torch.repeat_interleave(take.cumsum(0) - take, take)
+            deg_e = degree[owner]
+            drawn = (torch.rand(owner.numel(), generator=generator) * deg_e).long()
+            offset = torch.where(deg_e <= fanout, offset_in_group, drawn)
+            src = csr.sources[first[owner] + offset]
+            dst = frontier[owner]
+            pairs = torch.unique(torch.stack([src, dst]), dim=1)
+            src, dst = pairs[0], pairs[1]
+            new = torch.unique(src[position[src] < 0])
+            position[new] = torch.arange(count, count + new.numel())
+            count += new.numel()
+            nodes.append(new)
+            sources.append(src)
+            targets.append(dst)
+            frontier = new
+        all_nodes = torch.cat(nodes)
+        edge_index = torch.stack([position[torch.cat(sources)], position[torch.cat(targets)]])
+        position[all_nodes] = -1
+        layout = replace(
+            graph.layout,
+            nodes=all_nodes.numel(),
+            edges=edge_index.size(1),
+            labelled=seeds.numel(),
+            self_loops=0,
+            source=graph.layout.source + ":batch",
+        )
+        yield Graph(
+            x=graph.x[all_nodes],
+            edge_index=edge_index,
+            y=graph.y[all_nodes],
+            target=torch.arange(seeds.numel()),
+            layout=layout,
+        )

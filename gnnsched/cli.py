@@ -110,6 +110,10 @@ def _operator_export_history(
 
 app.add_typer(operator_app, name="operator")
 
+from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
+
+app.add_typer(_predictor_app, name="predictor")
+
 
 def main() -> None:
     """Console-script entry point."""

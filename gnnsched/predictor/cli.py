@@ -1,0 +1,167 @@
+"""``gnnsched predictor``: train, evaluate and apply the runtime models.
+
+Imports stay light (typer only); numpy, xgboost and scikit-learn load inside the commands, so ``gnnsched --help``
+is unaffected. Every input error — a CSV with a missing column or a bad cell, an empty file, a broken history line,
+a model file that is not one — ends as one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from gnnsched.cliutil import fail, user_errors
+
+app = typer.Typer(
+    name="predictor",
+    help="Runtime prediction (XGBoost on openb requests; GNNJob prior x residual) and adaptive CPU/memory scaling.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _emit(data: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    for key, value in data.items():
+        typer.echo(f"{key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
+
+
+def _load_pods(paths: list[Path]) -> Any:
+    from gnnsched.traces import PodTable, TraceError, load_openb_pods
+
+    try:
+        tables = [load_openb_pods(p) for p in paths]
+    except TraceError as exc:
+        fail(str(exc))
+    return PodTable.concat(tables).deduplicated()
+
+
+@app.command()
+def train(
+    data: Optional[list[Path]] = typer.Option(None, "--data", help="openb pod CSV(s) (Succeeded/Failed pods are the labels)."),
+    from_history: Optional[Path] = typer.Option(None, "--from-history", help="GNNJob history JSONL (retrains the GNN residual)."),
+    out: Path = typer.Option(..., "--out", help="Where to write the model (JSON)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
+) -> None:
+    """Train the requests-only model on openb CSVs (--data), or the GNN residual on the cluster's history
+    (--from-history). Hyper-parameters of the requests model are chosen by time-ordered CV on the given rows."""
+    with user_errors():
+        if bool(data) == (from_history is not None):
+            fail("give exactly one of --data CSV... or --from-history FILE")
+        if data:
+            from gnnsched.predictor.requests_model import RequestsRuntimeModel
+
+            table = _load_pods(list(data))
+            try:
+                model = RequestsRuntimeModel.fit(table, sources=tuple(str(p) for p in data))
+            except ValueError as exc:
+                fail(f"--data: {exc}")
+            summary = {"kind": "requests", "rows": model.training["rows"], "params": model.params,
+                       "in_sample": model.training["in_sample"], "importance": model.importance}
+        else:
+            from gnnsched.predictor.gnn import GNNRuntimePredictor
+            from gnnsched.predictor.history import HistoryError, load_history
+
+            try:
+                records = load_history(from_history)  # type: ignore[arg-type]
+                model = GNNRuntimePredictor.fit_history(records, source=str(from_history))
+            except (HistoryError, ValueError) as exc:
+                fail(f"--from-history: {exc}")
+            summary = {"kind": "gnn", "rows": model.training["rows"], "in_sample": model.training["in_sample"],
+                       "prior_only": model.training["prior_only"], "importance": model.importance}
+        try:
+            model.save(out)
+        except OSError as exc:
+            fail(f"--out: cannot write {out}: {exc.strerror or exc}")
+        summary["out"] = str(out)
+        _emit(summary, as_json)
+
+
+@app.command()
+def evaluate(
+    data: Path = typer.Option(..., "--data", help="openb pod CSV to score on."),
+    model: Optional[Path] = typer.Option(None, "--model", help="A trained requests model; default: train one on the earlier part of --data."),
+    train_data: Optional[list[Path]] = typer.Option(None, "--train-data", help="CSV(s) the baselines are fit on when --model is given (default: the model's own training files)."),
+    train_fraction: float = typer.Option(0.8, "--train-fraction", help="Without --model: share of finished pods (by creation time) to train on."),
+    as_json: bool = typer.Option(False, "--json", help="Print n, mae, wmape, r2 and baselines as JSON."),
+) -> None:
+    """Score the XGBoost model against the random-forest and per-class-median baselines.
+
+    Without --model: time-ordered split of --data (train on the earliest --train-fraction of finished pods, test on
+    the rest). With --model: score that model on every finished pod of --data; baselines are fit on --train-data.
+    r2 is on log-seconds; mae in seconds; wmape = sum|error| / sum(runtime)."""
+    with user_errors():
+        from gnnsched.predictor.evaluate import evaluate_model, evaluate_time_split
+
+        table = _load_pods([data])
+        if model is None:
+            try:
+                result = evaluate_time_split(table, train_fraction)
+            except ValueError as exc:
+                fail(f"--data: {exc}")
+        else:
+            from gnnsched.predictor.requests_model import RequestsRuntimeModel
+
+            try:
+                trained = RequestsRuntimeModel.load(model)
+            except ValueError as exc:
+                fail(f"--model: {exc}")
+            sources = [Path(p) for p in (train_data or trained.training.get("data", []))]
+            if not sources:
+                fail("--train-data: required (the model does not record its training files)")
+            try:
+                result = evaluate_model(trained, _load_pods(sources), table)
+            except ValueError as exc:
+                fail(f"--data: {exc}")
+            result["model"] = str(model)
+            result["baselines_trained_on"] = [str(p) for p in sources]
+        _emit(result, as_json)
+
+
+@app.command()
+def scale(
+    job: Path = typer.Argument(..., help="GNNJob manifest (YAML)."),
+    model: Optional[Path] = typer.Option(None, "--model", help="GNN runtime model (default: the one shipped in the package)."),
+    gpu_model: str = typer.Option("A100-80GB", "--gpu-model", help="GPU model the runtime is predicted on."),
+    theta: Optional[float] = typer.Option(None, "--theta", help="Largest relative runtime change allowed (default: spec.scaling.theta)."),
+    as_json: bool = typer.Option(False, "--json", help="Print requested, scaled, predicted_runtime_seconds and importance as JSON."),
+) -> None:
+    """Adaptive scaling (seed 004, Algorithm 1) of the job's CPU and memory request, never below its floor."""
+    with user_errors():
+        from gnnsched.gpus import get_gpu_model
+        from gnnsched.predictor.gnn import GNNRuntimePredictor
+        from gnnsched.quantity import format_cpu, format_quantity_bytes
+        from gnnsched.scaling import scale as do_scale
+        from gnnsched.spec import load_job
+
+        spec = load_job(job).spec
+        try:
+            gpu = get_gpu_model(gpu_model).name
+        except KeyError as exc:
+            fail(f"--gpu-model: {exc.args[0]}")
+        if theta is not None and not 0 < theta <= 0.5:
+            fail(f"--theta: {theta} must be in (0, 0.5]")
+        try:
+            predictor = GNNRuntimePredictor.load(model) if model else GNNRuntimePredictor.load_default()
+        except ValueError as exc:
+            fail(f"--model: {exc}")
+        result = do_scale(spec, predictor=predictor, gpu_model=gpu, theta=theta)
+
+        def res(r: Any) -> dict[str, Any]:
+            return {"cpu": r.cpu, "memory": r.memory, "cpu_quantity": format_cpu(r.cpu),
+                    "memory_quantity": format_quantity_bytes(r.memory)}
+
+        _emit({
+            "requested": res(result.requested), "scaled": res(result.scaled), "floor": res(result.floor),
+            "predicted_runtime_seconds": {"before": result.predicted_runtime_before,
+                                          "after": result.predicted_runtime_after},
+            "importance": result.importance, "alpha": result.alpha, "reason": result.reason,
+            "gpu_model": gpu, "model": str(model) if model else "default",
+        }, as_json)

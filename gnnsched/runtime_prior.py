@@ -1,0 +1,186 @@
+"""Analytic solo runtime of a GNNJob on a named GPU model: a roofline-style sum over the kernels of one step.
+
+Why analytic: the cluster has no history for a job it has never run, and GNN layers are dominated by two kernels
+whose cost is easy to count — a dense transform (FLOPs bound) and a sparse gather/scatter over edges (bytes bound).
+Each kernel costs ``bytes / bandwidth + FLOPs / peak`` (a sum, not a max: it is a prior, deliberately pessimistic
+for kernels that overlap the two) plus a launch latency; a step is a forward pass (inference request) or forward +
+backward (≈ 2× forward) + an Adam update (training epoch). The XGBoost residual in ``gnnsched.predictor.gnn`` learns
+the factor this prior is off by on the cluster's real GPUs; the simulator uses the prior alone for solo runtimes.
+
+Mini-batch jobs add host work — neighbour sampling and the feature gather on CPU cores, then a PCIe copy — that
+data-loader workers pipeline with the GPU, so a batch costs ``max(host, device)``. This is the only place CPU cores
+enter, which is what makes adaptive scaling of CPU meaningful for GNN jobs: full-batch jobs need about one core.
+
+Constants below are engineering assumptions (orders of magnitude from vendor specs and PyG's sampler), NOT measured
+on a GPU here; the residual model exists to correct them. Units: bytes, FLOPs, seconds, fp32 (4-byte) features.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.spec import GNNJobSpec
+
+FLOAT_BYTES = 4
+INDEX_BYTES = 8  # PyG edge_index is int64
+KERNEL_LAUNCH_SECONDS = 10e-6  # assumption: CUDA launch + PyTorch dispatch per kernel
+KERNELS_PER_LAYER = 6  # assumption: gather/scatter, matmul, bias, activation, dropout, norm
+HOST_SAMPLED_EDGES_PER_CORE_S = 5e6  # assumption: PyG neighbour sampler throughput per core
+HOST_GATHER_BYTES_PER_CORE_S = 4e9  # assumption: feature-row gather on one core (memory-bound copy)
+PCIE_BYTES_PER_S = 12e9  # assumption: PCIe 3.0 x16 effective host-to-device
+MAX_LOADER_CORES = 8.0  # assumption: more sampler workers than this stop helping (PyG guidance: 4-8)
+DEFAULT_CPU_CORES = 4.0  # when neither the caller nor the spec says how many cores the job gets
+TRAIN_BACKWARD_FACTOR = 2.0  # backward ≈ 2× forward (gradients w.r.t. inputs and weights)
+ADAM_BYTES_PER_PARAM = 4 * FLOAT_BYTES * 2  # read+write of weight, grad, two moments
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """GPU and host work of one step (one epoch when training, one request when inferring)."""
+
+    flops: float
+    bytes: float
+    kernels: int
+    host_sampled_edges: float  # neighbour-sampling work (mini-batch only)
+    host_gather_bytes: float  # features gathered on the host and copied to the device (mini-batch only)
+    batches: int  # device passes per step (1 for full-batch)
+    params: int
+
+
+def _layer_dims(spec: GNNJobSpec, features: int, classes: int) -> list[tuple[int, int, int]]:
+    """(input width, output width per head, heads) for each layer; GAT concatenates heads except on the last."""
+    m = spec.model
+    heads = m.heads or 1
+    dims = []
+    width = features
+    for layer in range(m.layers):
+        last = layer == m.layers - 1
+        out = classes if last else m.hidden
+        h = 1 if (last or m.arch != "gat") else heads
+        dims.append((width, out, h))
+        width = out * h
+    return dims
+
+
+def _layer_cost(arch: str, n_src: float, n_dst: float, e: float, din: int, dout: int, heads: int) -> tuple[float, float, int]:
+    """(FLOPs, bytes, params) of one layer's forward pass over ``e`` edges from ``n_src`` to ``n_dst`` nodes."""
+    f = FLOAT_BYTES
+    idx = 2 * INDEX_BYTES * e
+    if arch == "gcn":  # transform then normalised sum over edges (edge weights are floats)
+        flops = 2 * n_src * din * dout + 2 * e * dout
+        byts = f * (n_src * din + din * dout + n_src * dout) + f * (e * dout + n_dst * dout + e) + idx
+        params = din * dout + dout
+    elif arch == "sage":  # mean over neighbours, then root and neighbour linears
+        flops = e * din + 4 * n_dst * din * dout
+        byts = f * (e * din + n_dst * din) + idx + f * (2 * n_dst * din + 2 * din * dout + n_dst * dout)
+        params = 2 * din * dout + dout
+    elif arch == "gin":  # sum over neighbours, then a two-layer MLP
+        flops = e * din + 2 * n_dst * (din * dout + dout * dout)
+        byts = f * (e * din + n_dst * din) + idx + f * (n_dst * din + 3 * n_dst * dout + din * dout + dout * dout)
+        params = din * dout + dout * dout + 2 * dout
+    elif arch == "gat":  # per-head transform, edge attention (score, leaky-relu, softmax), weighted sum
+        width = heads * dout
+        flops = 2 * n_src * din * width + e * heads * (8 + 2 * dout)
+        byts = f * (n_src * din + din * width + n_src * width) + f * e * heads * (4 + dout) + f * n_dst * width + idx
+        params = din * width + 3 * width
+    else:  # pragma: no cover - the spec's Literal forbids it
+        raise ValueError(f"spec.model.arch: unknown {arch!r}")
+    return float(flops), float(byts), int(params)
+
+
+def step_cost(spec: GNNJobSpec) -> StepCost:
+    """Count one step's work from the spec (see module docstring for the model)."""
+    g = spec.graph.resolve()
+    dims = _layer_dims(spec, g.features, g.classes)
+    avg_degree = g.edges / max(g.nodes, 1)
+    train = spec.mode == "train"
+    if spec.batching.mode == "minibatch":
+        batch = min(spec.batching.batch_size or g.nodes, g.nodes)
+        batches = math.ceil(g.nodes / batch) if train else 1  # an epoch covers every node; a request one batch
+        # Sizes outward from the seeds: layer l consumes nodes[l] sources to produce nodes[l+1] destinations.
+        fanouts = spec.fanouts
+        sizes = [float(batch)]
+        edges = []
+        for fanout in fanouts:  # hop 1 (nearest the seeds) first; the first layer consumes the outermost hop
+            sampled = sizes[0] * min(fanout, avg_degree)
+            edges.insert(0, sampled)
+            sizes.insert(0, min(float(g.nodes), sizes[0] + sampled))
+        passes = []
+        for layer, (din, dout, heads) in enumerate(dims):
+            passes.append((sizes[layer], sizes[layer + 1], edges[layer], din, dout, heads))
+        host_edges = sum(edges) * batches
+        host_bytes = sizes[0] * g.features * FLOAT_BYTES * batches
+    else:
+        batches = 1
+        passes = [(float(g.nodes), float(g.nodes), float(g.edges), din, dout, heads) for din, dout, heads in dims]
+        host_edges = 0.0
+        host_bytes = 0.0
+    flops = byts = 0.0
+    params = 0
+    for n_src, n_dst, e, din, dout, heads in passes:
+        lf, lb, lp = _layer_cost(spec.model.arch, n_src, n_dst, e, din, dout, heads)
+        flops, byts, params = flops + lf, byts + lb, params + lp
+    kernels = KERNELS_PER_LAYER * len(dims)
+    if train:
+        flops *= 1 + TRAIN_BACKWARD_FACTOR
+        byts = byts * (1 + TRAIN_BACKWARD_FACTOR) + ADAM_BYTES_PER_PARAM * params
+        kernels = int(kernels * (1 + TRAIN_BACKWARD_FACTOR)) + 4
+    return StepCost(
+        flops=flops * batches, bytes=byts * batches, kernels=kernels * batches,
+        host_sampled_edges=host_edges, host_gather_bytes=host_bytes, batches=batches, params=params,
+    )
+
+
+def _gpu(gpu_model: GPUModel | str) -> GPUModel:
+    return gpu_model if isinstance(gpu_model, GPUModel) else get_gpu_model(gpu_model)
+
+
+def device_seconds_per_step(spec: GNNJobSpec, gpu_model: GPUModel | str) -> float:
+    cost = step_cost(spec)
+    gpu = _gpu(gpu_model)
+    return cost.bytes / gpu.bandwidth_bytes_per_s + cost.flops / gpu.fp32_flops_per_s
+
+
+def host_seconds_per_step(spec: GNNJobSpec, cpu_cores: float) -> float:
+    """Sampling + gather on ``cpu_cores`` (capped at ``MAX_LOADER_CORES``) + PCIe copy; full-batch: launch overhead,
+    which runs on one thread and slows down only when the job gets less than one core."""
+    if cpu_cores <= 0:
+        raise ValueError(f"cpu: {cpu_cores} must be positive")
+    cost = step_cost(spec)
+    launch = cost.kernels * KERNEL_LAUNCH_SECONDS / min(cpu_cores, 1.0)
+    if cost.host_sampled_edges == 0:
+        return launch
+    cores = min(cpu_cores, MAX_LOADER_CORES)
+    sampling = cost.host_sampled_edges / (HOST_SAMPLED_EDGES_PER_CORE_S * cores)
+    gather = cost.host_gather_bytes / (HOST_GATHER_BYTES_PER_CORE_S * cores)
+    return launch + sampling + gather + cost.host_gather_bytes / PCIE_BYTES_PER_S
+
+
+def solo_runtime_seconds(spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores: float | None = None) -> float:
+    """Predicted runtime of the whole job alone on one GPU of ``gpu_model`` with ``cpu_cores`` cores.
+
+    ``cpu_cores`` defaults to the spec's CPU request, else ``DEFAULT_CPU_CORES``. Host and device work of a step
+    overlap (loader workers prefetch), so a step costs the larger of the two, plus launch latency.
+    """
+    if cpu_cores is None:
+        cpu_cores = spec.resources.cpu_cores() or DEFAULT_CPU_CORES
+    device = device_seconds_per_step(spec, gpu_model)
+    host = host_seconds_per_step(spec, cpu_cores)
+    return spec.steps * max(device, host)
+
+
+def arithmetic_intensity(spec: GNNJobSpec) -> float:
+    """FLOPs per byte moved on the device for one step: the roofline's x-axis. GNN aggregation is ~0.25-1 FLOP/B;
+    compare with a GPU's ridge point (peak / bandwidth, e.g. 9.6 on A100-80GB) to call a job memory- or
+    compute-bound (``intensity_class``)."""
+    cost = step_cost(spec)
+    return cost.flops / cost.bytes if cost.bytes > 0 else 0.0
+
+
+def intensity_class(spec: GNNJobSpec, gpu_model: GPUModel | str) -> str:
+    """``memory`` or ``compute``: which side of the GPU's ridge point the job's arithmetic intensity falls."""
+    gpu = _gpu(gpu_model)
+    ridge = gpu.fp32_flops_per_s / gpu.bandwidth_bytes_per_s
+    return "compute" if arithmetic_intensity(spec) >= ridge else "memory"

@@ -1,9 +1,12 @@
-"""History export: one JSON line per finished GNNJob, for ``gnnsched predictor train --from-history``.
+"""History export: one JSON line per succeeded GNNJob, for ``gnnsched predictor train --from-history``.
+
+The line format is the predictor's (``gnnsched.predictor.history.HistoryRecord``); every record is validated
+against it before it is written, so the export can never produce a file the trainer rejects.
 
 Why from the GNNJob objects: their status already holds what the predictor learns from (the spec as applied, the
 requested and scaled resources, the predicted and the observed runtime and peak), so the export needs no database
-and no extra writes. Only jobs whose pod finished (``Succeeded``, or ``Failed`` after running) with an observed
-runtime are exported: a job that never ran tells the runtime model nothing.
+and no extra writes. Only succeeded jobs with an observed runtime are exported: a failed or unfinished run says
+nothing about how long the job takes.
 """
 
 from __future__ import annotations
@@ -12,53 +15,43 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from gnnsched.spec import SpecError, parse_spec
-
-HISTORY_FIELDS = (
-    "job", "uid", "phase", "finishedAt", "spec", "gpuModel", "gpu", "node",
-    "requestedCpu", "requestedMemory", "scaledCpu", "scaledMemory",
-    "pmcBytes", "admitBytes", "observedPeakBytes",
-    "predictedRuntimeSeconds", "runtimeSource", "observedRuntimeSeconds", "failureReason",
-)
-
 
 def record_from_job(job: Any, gpu_models: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """The history record of one GNNJob object, or ``None`` if it has not finished or is malformed."""
+    """One ``gnnsched.predictor.history.HistoryRecord`` (as a JSON-ready dict) for a succeeded GNNJob, else ``None``.
+
+    ``gpu_model`` is the model of the GPU the agent admitted the pod on (looked up by uuid in ``gpu_models``), else
+    the model the runtime was predicted for. ``scaled`` is what the pod requested; the predictor learns from it.
+    Records that the predictor's own schema would reject (e.g. a non-positive runtime) are left out, not written.
+    """
+    from pydantic import ValidationError
+
+    from gnnsched.predictor.history import HistoryRecord
+
     if not isinstance(job, dict):
         return None
     status = job.get("status") if isinstance(job.get("status"), dict) else {}
-    meta = job.get("metadata") if isinstance(job.get("metadata"), dict) else {}
-    if status.get("phase") not in ("Succeeded", "Failed") or status.get("observedRuntimeSeconds") is None:
-        return None
-    try:
-        spec = parse_spec(job.get("spec"))
-    except SpecError:
+    if status.get("phase") != "Succeeded" or not status.get("observedRuntimeSeconds"):
         return None
     plan = status.get("plan") if isinstance(status.get("plan"), dict) else {}
-    failed = next((c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "Failed"
-                   and c.get("status") == "True"), None)
+    requested = {"cpu": plan.get("requested_cpu"), "memory": plan.get("requested_memory")}
+    scaled = {"cpu": plan.get("scaled_cpu"), "memory": plan.get("scaled_memory")}
     gpu = status.get("gpu")
-    return {
-        "job": f"{meta.get('namespace')}/{meta.get('name')}",
-        "uid": meta.get("uid"),
-        "phase": status.get("phase"),
-        "finishedAt": status.get("finishedAt"),
-        "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "gpuModel": (gpu_models or {}).get(str(gpu)) or plan.get("runtime_gpu_model"),
-        "gpu": gpu,
+    candidate = {
+        "spec": job.get("spec"),
+        "requested": requested,
+        "scaled": scaled,
+        "gpu_model": (gpu_models or {}).get(str(gpu)) or plan.get("runtime_gpu_model"),
+        "predicted_runtime_seconds": status.get("predictedRuntimeSeconds"),
+        "observed_runtime_seconds": status.get("observedRuntimeSeconds"),
+        "pmc_bytes": status.get("pmcBytes"),
+        "observed_peak_bytes": status.get("observedPeakBytes"),
         "node": status.get("node"),
-        "requestedCpu": plan.get("requested_cpu"),
-        "requestedMemory": plan.get("requested_memory"),
-        "scaledCpu": plan.get("scaled_cpu"),
-        "scaledMemory": plan.get("scaled_memory"),
-        "pmcBytes": status.get("pmcBytes"),
-        "admitBytes": status.get("admitBytes"),
-        "observedPeakBytes": status.get("observedPeakBytes"),
-        "predictedRuntimeSeconds": status.get("predictedRuntimeSeconds"),
-        "runtimeSource": plan.get("runtime_source"),
-        "observedRuntimeSeconds": status.get("observedRuntimeSeconds"),
-        "failureReason": failed.get("reason") if failed else None,
+        "finished_at": status.get("finishedAt"),
     }
+    try:
+        return HistoryRecord.model_validate(candidate).model_dump(mode="json")
+    except (ValidationError, TypeError, ValueError):
+        return None
 
 
 def gpu_models_by_uuid(gpunodes: Iterable[Any]) -> dict[str, str]:

@@ -14,14 +14,17 @@ pending until a GPU with room appears).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gnnsched.quantity import format_bytes, format_cpu, format_quantity_bytes
+from gnnsched.quantity import format_bytes, format_cpu
 from gnnsched.spec import GNNJobSpec
+
+log = logging.getLogger("gnnsched.operator.planning")
 
 
 class PlanError(Exception):
@@ -118,59 +121,69 @@ class Planner:
         key = (memory_key(spec), getattr(model, "name", model))
         return self.cache.get_or_compute(key, lambda: estimate(spec, device=self.estimate_device, gpu_model=model))
 
-    def _predict_runtime(self, spec: GNNJobSpec, gpu_model: Any, cpu: float | None,
-                         memory: int | None) -> tuple[float | None, str]:
+    def _predictor(self) -> Any:
+        """The learned runtime model (loaded once per Planner; its file ships in the package)."""
+        with self._runtime_lock:
+            if self._runtime_predictor is None:
+                from gnnsched.predictor.gnn import GNNRuntimePredictor
+
+                self._runtime_predictor = GNNRuntimePredictor.load_default()
+            return self._runtime_predictor
+
+    def _predict_runtime(self, spec: GNNJobSpec, gpu_model: Any, cpu: float, memory: int) -> tuple[float | None, str]:
         """The learned predictor when it loads and answers, else the analytic prior; the source is reported.
 
         A job runs without a runtime prediction (it only orders queues), so failure is reported, not fatal.
         """
         try:
-            with self._runtime_lock:
-                if self._runtime_predictor is None:
-                    from gnnsched.predictor.gnn import GNNRuntimePredictor
-
-                    self._runtime_predictor = GNNRuntimePredictor.load_default()
-                predictor = self._runtime_predictor
-            seconds = float(predictor.predict(spec, gpu_model, cpu, memory))
+            seconds = float(self._predictor().predict(spec, gpu_model.name, cpu, memory))
             if seconds > 0 and seconds == seconds:  # positive and not NaN
                 return seconds, "gnn-predictor"
         except Exception:  # noqa: BLE001 - a predictor failure must not fail the job; the prior answers next
-            pass
+            log.warning("runtime predictor failed; using the analytic prior", exc_info=True)
         try:
             from gnnsched import runtime_prior
 
-            return float(runtime_prior.solo_runtime_seconds(spec, gpu_model)), "analytic-prior"
+            return float(runtime_prior.solo_runtime_seconds(spec, gpu_model, cpu)), "analytic-prior"
         except Exception as exc:  # noqa: BLE001
             return None, f"unavailable ({type(exc).__name__}: {exc})"
 
     def _intensity(self, spec: GNNJobSpec, gpu_model: Any) -> Literal["memory", "compute"] | None:
-        """Compute-bound when the job's FLOPs per byte exceed the GPU's ridge point (roofline), else memory-bound."""
+        """Which side of the GPU's roofline ridge point the job falls on (a pairing hint for the extender)."""
         try:
             from gnnsched import runtime_prior
 
-            flops_per_byte = float(runtime_prior.arithmetic_intensity(spec))
+            value = runtime_prior.intensity_class(spec, gpu_model)
         except Exception:  # noqa: BLE001 - the class is a scheduling hint; without it the extender pairs blindly
             return None
-        ridge = gpu_model.fp32_flops_per_s / gpu_model.bandwidth_bytes_per_s
-        return "compute" if flops_per_byte >= ridge else "memory"
+        return value if value in ("memory", "compute") else None
 
-    def _scale(self, spec: GNNJobSpec, runtime_gpu: Any) -> tuple[str | None, str | None, str]:
-        """Scaled CPU/memory requests (quantity strings) and a one-line note on what scaling did."""
-        requested_cpu = spec.resources.cpu_cores()
-        requested_mem = spec.resources.memory_bytes()
+    def _resources(self, spec: GNNJobSpec, runtime_gpu: Any) -> tuple[float, int, float, int, float | None, str]:
+        """(requested cpu, requested memory, scaled cpu, scaled memory, runtime after scaling or None, note).
+
+        A job that requests nothing gets the scaling floor as its request (1 core, its estimated host footprint),
+        so it is never scheduled as BestEffort and OOM-killed on the host; the note says so.
+        """
+        from gnnsched.host_footprint import host_footprint
+        from gnnsched.scaling import CPU_FLOOR_CORES, Resources, scale
+
+        cpu = spec.resources.cpu_cores()
+        memory = spec.resources.memory_bytes()
+        note = ""
+        if cpu is None or memory is None:
+            cpu = cpu if cpu is not None else CPU_FLOOR_CORES
+            memory = memory if memory is not None else host_footprint(spec, cpu).total_bytes
+            note = "request completed from the host-footprint floor (spec.resources incomplete); "
         if not spec.scaling.enabled:
-            return spec.resources.cpu, spec.resources.memory, "scaling disabled by spec.scaling.enabled"
-        from gnnsched.scaling import scale
-
-        scaled = scale(spec, {"cpu": requested_cpu, "memory": requested_mem}, gpu_model=runtime_gpu)
-        cpu = getattr(scaled, "cpu", None)
-        memory = getattr(scaled, "memory_bytes", None)
-        note = str(getattr(scaled, "note", "") or getattr(scaled, "reason", "") or "")
-        return (
-            format_cpu(cpu) if cpu is not None else spec.resources.cpu,
-            format_quantity_bytes(int(memory)) if memory is not None else spec.resources.memory,
-            note,
-        )
+            return cpu, memory, cpu, memory, None, note + "scaling disabled by spec.scaling.enabled"
+        try:
+            result = scale(spec, Resources(cpu=cpu, memory=memory), predictor=self._predictor(),
+                           gpu_model=runtime_gpu.name)
+        except Exception as exc:  # noqa: BLE001 - scaling is an optimisation; keep the request and say why
+            log.warning("scaling failed", exc_info=True)
+            return cpu, memory, cpu, memory, None, note + f"scaling failed, request kept: {type(exc).__name__}: {exc}"
+        return (cpu, memory, float(result.scaled.cpu), int(result.scaled.memory),
+                float(result.predicted_runtime_after), note + str(result.reason))
 
     # --- the plan ---
 
@@ -230,14 +243,11 @@ class Planner:
             except KeyError:
                 raise PlanError("InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}") from None
 
-        try:
-            scaled_cpu, scaled_memory, note = self._scale(spec, runtime_gpu)
-        except Exception as exc:  # noqa: BLE001 - scaling is an optimisation; keep the request and say why
-            scaled_cpu, scaled_memory = spec.resources.cpu, spec.resources.memory
-            note = f"scaling failed, requests kept: {type(exc).__name__}: {exc}"
-        cpu = _cores(scaled_cpu)
-        memory = _bytes(scaled_memory)
-        seconds, source = self._predict_runtime(spec, runtime_gpu, cpu, memory)
+        req_cpu, req_memory, cpu, memory, scaled_runtime, note = self._resources(spec, runtime_gpu)
+        if scaled_runtime is not None and scaled_runtime > 0:
+            seconds, source = scaled_runtime, "gnn-predictor"
+        else:
+            seconds, source = self._predict_runtime(spec, runtime_gpu, cpu, memory)
         return Plan(
             pmc_bytes=int(base.pmc_bytes),
             admit_bytes=admit_bytes,
@@ -246,10 +256,10 @@ class Planner:
             runtime_source=source,
             runtime_gpu_model=runtime_gpu.name,
             intensity=self._intensity(spec, runtime_gpu),
-            requested_cpu=spec.resources.cpu,
-            requested_memory=spec.resources.memory,
-            scaled_cpu=scaled_cpu,
-            scaled_memory=scaled_memory,
+            requested_cpu=spec.resources.cpu or format_cpu(req_cpu),
+            requested_memory=spec.resources.memory or exact_bytes_quantity(req_memory),
+            scaled_cpu=format_cpu(cpu),
+            scaled_memory=exact_bytes_quantity(memory),
             scaling_note=note,
         )
 
@@ -263,16 +273,12 @@ def _distinct_largest_per_model(gpus: list[ClusterGPU]) -> list[ClusterGPU]:
     return sorted(best.values(), key=lambda g: (g.model, g.node))
 
 
-def _cores(text: str | None) -> float | None:
-    from gnnsched.quantity import parse_cpu
-
-    return None if text is None else parse_cpu(text)
-
-
-def _bytes(text: str | None) -> int | None:
-    from gnnsched.quantity import parse_bytes
-
-    return None if text is None else parse_bytes(text)
+def exact_bytes_quantity(n: int) -> str:
+    """A byte count as a Kubernetes quantity that parses back to exactly ``n`` (a request must not round down)."""
+    for suffix, unit in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
 
 
 def gpus_from_gpunode(obj: Any) -> list[ClusterGPU]:

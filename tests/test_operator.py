@@ -162,13 +162,16 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
     reasons = [e["reason"] for e in events if e.get("involvedObject", {}).get("name") == "gcn-cora"]
     for phase in ("Estimated", "PodCreated", "Scheduled", "Queued", "Running", "Succeeded"):
         assert phase in reasons, reasons
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == 1
-    record = records[0]
-    assert record["job"] == "default/gcn-cora" and record["gpuModel"] == "A100-40GB"
-    assert record["observedPeakBytes"] == 31_337_000 and record["observedRuntimeSeconds"] == 65.0
-    assert record["pmcBytes"] == status["pmcBytes"] and record["requestedCpu"] == "4"
-    assert record["spec"]["model"]["arch"] == "gcn"
+    from gnnsched.predictor.history import load_history
+
+    [record] = load_history(out)  # the predictor's own reader accepts the export
+    assert record.gpu_model == "A100-40GB" and record.node == "node-a"
+    assert record.observed_peak_bytes == 31_337_000 and record.observed_runtime_seconds == 65.0
+    assert record.pmc_bytes == status["pmcBytes"]
+    assert (record.requested.cpu, record.requested.memory) == (4.0, 8 * GiB)
+    assert record.scaled.cpu <= 4.0 and record.scaled.memory <= 8 * GiB
+    assert record.predicted_runtime_seconds == status.get("predictedRuntimeSeconds")
+    assert record.spec["model"]["arch"] == "gcn"
 
 
 async def test_delete_removes_pods_and_config_map(tmp_path: Path) -> None:

@@ -120,16 +120,21 @@ def test_gpunode_status_is_read_and_malformed_ones_yield_nothing() -> None:
         assert gpus_from_gpunode(bad) == []
 
 
-def test_history_records_only_finished_jobs_that_ran() -> None:
+def test_history_records_only_succeeded_jobs_in_the_predictors_format() -> None:
+    from gnnsched.predictor.history import HistoryRecord
+
     finished = {"metadata": {"name": "a", "namespace": "ns", "uid": "u"}, "spec": SPEC, "status": {
         "phase": "Succeeded", "observedRuntimeSeconds": 12.0, "pmcBytes": 5, "observedPeakBytes": 6, "gpu": "G0",
-        "plan": {"runtime_gpu_model": "A100-40GB", "requested_cpu": "4", "scaled_cpu": "2"}}}
-    running = {**finished, "status": {"phase": "Running"}}
-    records = records_from_jobs([finished, running, None, {"spec": "x"}], {"G0": "T4"})
+        "finishedAt": "2026-01-01T00:00:12Z", "node": "n1",
+        "plan": {"runtime_gpu_model": "A100-40GB", "requested_cpu": "4", "requested_memory": "8Gi",
+                 "scaled_cpu": "2", "scaled_memory": "6Gi"}}}
+    running = {**finished, "status": {**finished["status"], "phase": "Running"}}
+    failed = {**finished, "status": {**finished["status"], "phase": "Failed"}}
+    records = records_from_jobs([finished, running, failed, None, {"spec": "x"}], {"G0": "T4"})
     assert len(records) == 1
-    record = records[0]
-    assert (record["job"], record["gpuModel"], record["requestedCpu"], record["scaledCpu"]) == ("ns/a", "T4", "4", "2")
-    assert json.loads(json.dumps(record)) == record
+    record = HistoryRecord.model_validate(records[0])
+    assert (record.gpu_model, record.requested.cpu, record.scaled.cpu, record.scaled.memory) == ("T4", 4, 2, 6 * 2**30)
+    assert json.loads(json.dumps(records[0])) == records[0]
 
 
 json_values = st.recursive(

@@ -9,10 +9,11 @@ it is garbage-collected with it.
 Why the gate wraps the command: the node agent admits the process onto a GPU only while the group's predicted peaks
 fit (``gnnsched gate -- ...``); a user's own command is wrapped the same way, so no pod bypasses the gate.
 
-How the worker's measurement flows back: the container's ``terminationMessagePolicy`` is ``FallbackToLogsOnError``
-and the worker's final stdout line is a JSON object (``observedPeakBytes`` ...). The operator reads the container's
-termination message (the file ``/dev/termination-log`` if the worker wrote it, else the tail of the log on error) and
-takes the last line that parses as a JSON object; the agent's ``gnnsched.io/observed-peak-bytes`` annotation, when
+How the worker's measurement flows back: the operator sets ``GNNSCHED_RESULT_FILE=/dev/termination-log``
+(``contract.ENV_RESULT_FILE``), the container's termination-message path; the worker writes its final JSON result
+line there (``observed_peak_bytes``, ``seconds``, ``steps``) as well as to stdout. With ``terminationMessagePolicy:
+FallbackToLogsOnError`` the kubelet puts that file (or, on an error exit with an empty file, the log's tail) into
+the container status; the operator takes the last line that parses as a JSON object; the agent's ``gnnsched.io/observed-peak-bytes`` annotation, when
 present, wins (it is measured on the GPU by NVML, the worker's number by the framework).
 """
 
@@ -33,6 +34,7 @@ from gnnsched.contract import (
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
+    ENV_RESULT_FILE,
     GNNJOB_KIND,
     GPU_SHARE_RESOURCE,
     LABEL_JOB_NAME,
@@ -114,8 +116,7 @@ def container_command(spec: GNNJobSpec) -> list[str]:
     if spec.command:
         workload = [*spec.command, *(spec.args or [])]
     else:
-        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--termination-log", TERMINATION_LOG,
-                    *(spec.args or [])]
+        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", *(spec.args or [])]
     return ["gnnsched", "gate", "--", *workload]
 
 
@@ -141,6 +142,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         {"name": ENV_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": ENV_RESULT_FILE, "value": TERMINATION_LOG},
     ]
     return {
         "apiVersion": "v1",

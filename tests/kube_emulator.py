@@ -9,7 +9,8 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * create assigns ``uid``, ``creationTimestamp``, ``generation`` and the namespace (owner references need the uid);
 * writes are serialised so that the ``test`` check and the write are atomic;
 * core discovery reports ``groupVersion: v1`` (kmock says ``/v1``, which hides core resources from kubectl);
-* list honours equality ``labelSelector`` terms;
+* list honours equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
+* only recent requests are remembered (kmock's full record makes each request cost O(all requests so far));
 * ``Accept: ...;as=Table`` gets a server-side ``Table`` built from registered printer columns, as the real API server
   does for CRDs with ``additionalPrinterColumns`` (so ``kubectl get gj`` prints Phase, PMC ...).
 
@@ -62,7 +63,18 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     def _next_version(self) -> str:
         return str(next(self._versions))
 
+    def _forget_old_requests(self, keep: int = 64, limit: int = 256) -> None:
+        """kmock records every request and matches each new one by scanning that record (quadratic in a long run);
+        nothing here asserts on old requests, so only the most recent are kept."""
+        if len(self._requests) > limit:
+            del self._requests[:-keep]
+        for payload in self._payloads:
+            recorded = getattr(payload, "_requests", None)
+            if isinstance(recorded, list) and len(recorded) > limit:
+                del recorded[:-keep]
+
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        self._forget_old_requests()
         if request.resource is None or request.action not in (
             enums.action.CREATE,
             enums.action.UPDATE,
@@ -126,6 +138,33 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             meta = stored.raw.get("metadata", {})
             if meta.get("finalizers") and not meta.get("deletionTimestamp"):
                 stored.patch({"metadata": {"resourceVersion": version}})
+
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        """kmock's watch stream, ended after ``timeoutSeconds`` as the real API server does.
+
+        kmock 0.8 never ends a watch stream server-side; a client that reconnects every few seconds then leaves a
+        growing number of live streams behind, each fed every event (quadratic CPU in a long run).
+        """
+        try:
+            timeout = float(request.params.get("timeoutSeconds") or 0)
+        except ValueError:
+            timeout = 0.0
+        stream = super()._serve_watch(request)
+        if timeout <= 0:
+            async for item in stream:
+                yield item
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while (remaining := deadline - loop.time()) > 0:
+                try:
+                    item = await asyncio.wait_for(stream.__anext__(), remaining)
+                except (StopAsyncIteration, asyncio.TimeoutError):
+                    break
+                yield item
+        finally:
+            await stream.aclose()
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)

@@ -61,6 +61,10 @@ DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_MPS_PIPE_DIR = "/var/run/gnnsched/mps"
 DEFAULT_MPS_LOG_DIR = "/var/log/gnnsched/mps"
 DEFAULT_GATE_SOCKET = "/var/run/gnnsched/gate.sock"
+NODE_STATUS_FILE_NAME = "gnnsched-node-status.json"
+"""The node agent's ``GPUNodeStatus`` as JSON (``wire()``), rewritten atomically on every publish into the MPS pipe
+directory (``gnnsched.node_status_file``), where the device plugin already has a read-only mount. The plugin turns
+``mps.healthy``, ``gpus[].mpsHealthy`` and a stale ``updatedAt`` into Unhealthy slots."""
 
 DEFAULT_EXTENDER_PORT = 8888
 DEFAULT_AGENT_METRICS_PORT = 9400

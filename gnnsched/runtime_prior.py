@@ -137,18 +137,18 @@ def _gpu(gpu_model: GPUModel | str) -> GPUModel:
     return gpu_model if isinstance(gpu_model, GPUModel) else get_gpu_model(gpu_model)
 
 
-def device_seconds_per_step(spec: GNNJobSpec, gpu_model: GPUModel | str) -> float:
-    cost = step_cost(spec)
+def device_seconds_per_step(spec: GNNJobSpec, gpu_model: GPUModel | str, cost: StepCost | None = None) -> float:
+    cost = cost or step_cost(spec)
     gpu = _gpu(gpu_model)
     return cost.bytes / gpu.bandwidth_bytes_per_s + cost.flops / gpu.fp32_flops_per_s
 
 
-def host_seconds_per_step(spec: GNNJobSpec, cpu_cores: float) -> float:
+def host_seconds_per_step(spec: GNNJobSpec, cpu_cores: float, cost: StepCost | None = None) -> float:
     """Sampling + gather on ``cpu_cores`` (capped at ``MAX_LOADER_CORES``) + PCIe copy; full-batch: launch overhead,
     which runs on one thread and slows down only when the job gets less than one core."""
     if cpu_cores <= 0:
         raise ValueError(f"cpu: {cpu_cores} must be positive")
-    cost = step_cost(spec)
+    cost = cost or step_cost(spec)
     launch = cost.kernels * KERNEL_LAUNCH_SECONDS / min(cpu_cores, 1.0)
     if cost.host_sampled_edges == 0:
         return launch
@@ -158,7 +158,9 @@ def host_seconds_per_step(spec: GNNJobSpec, cpu_cores: float) -> float:
     return launch + sampling + gather + cost.host_gather_bytes / PCIE_BYTES_PER_S
 
 
-def solo_runtime_seconds(spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores: float | None = None) -> float:
+def solo_runtime_seconds(
+    spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores: float | None = None, cost: StepCost | None = None,
+) -> float:
     """Predicted runtime of the whole job alone on one GPU of ``gpu_model`` with ``cpu_cores`` cores.
 
     ``cpu_cores`` defaults to the spec's CPU request, else ``DEFAULT_CPU_CORES``. Host and device work of a step
@@ -166,16 +168,17 @@ def solo_runtime_seconds(spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores:
     """
     if cpu_cores is None:
         cpu_cores = spec.resources.cpu_cores() or DEFAULT_CPU_CORES
-    device = device_seconds_per_step(spec, gpu_model)
-    host = host_seconds_per_step(spec, cpu_cores)
+    cost = cost or step_cost(spec)
+    device = device_seconds_per_step(spec, gpu_model, cost)
+    host = host_seconds_per_step(spec, cpu_cores, cost)
     return spec.steps * max(device, host)
 
 
-def arithmetic_intensity(spec: GNNJobSpec) -> float:
+def arithmetic_intensity(spec: GNNJobSpec, cost: StepCost | None = None) -> float:
     """FLOPs per byte moved on the device for one step: the roofline's x-axis. GNN aggregation is ~0.25-1 FLOP/B;
     compare with a GPU's ridge point (peak / bandwidth, e.g. 9.6 on A100-80GB) to call a job memory- or
     compute-bound (``intensity_class``)."""
-    cost = step_cost(spec)
+    cost = cost or step_cost(spec)
     return cost.flops / cost.bytes if cost.bytes > 0 else 0.0
 
 

@@ -153,3 +153,71 @@ def scale(
                 reason=f"shrunk by α={alpha:g} within θ={theta:g}",
             )
     return unchanged(f"no α in [{alpha0:g}, 1) keeps the predicted runtime within θ={theta:g}, or already at floor")
+
+
+# --- Algorithm 2: one scheduling round ------------------------------------------------------------------------------
+
+
+class ServerState(BaseModel):
+    """Free CPU cores and memory bytes of one server at the start of a round."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    cpu_free: float = Field(ge=0)
+    memory_free: int = Field(ge=0)
+
+
+class RoundResult(BaseModel):
+    """Where each job went (or that it waits), with what it was given, and the servers' state afterwards."""
+
+    model_config = ConfigDict(frozen=True)
+
+    placements: dict[str, str]  # job name -> server name
+    pending: tuple[str, ...]
+    given: dict[str, Resources]  # job name -> resources reserved (scaled or as requested)
+    decisions: dict[str, ScaledResources]
+    servers: tuple[ServerState, ...]
+
+
+def schedule_round(
+    jobs: list[tuple[str, GNNJobSpec, Resources]],
+    servers: list[ServerState],
+    *,
+    predictor: RuntimePredictor | None = None,
+    gpu_model: str = DEFAULT_GPU_MODEL,
+    adaptive: bool = True,
+) -> RoundResult:
+    """Seed 004's Algorithm 2 for one round, FIFO: jobs in the given order; each is scaled by Algorithm 1
+    (``scale``; skipped when ``adaptive`` is False), then placed on the server with the least free resources that
+    still holds it (servers sorted ascending by free memory, then free CPU, to limit fragmentation); a job no server
+    holds waits for the next round. Pure: the input lists are not modified; ties keep the input order."""
+    if predictor is None and adaptive:
+        from gnnsched.predictor.gnn import GNNRuntimePredictor
+
+        predictor = GNNRuntimePredictor.load_default()
+    free = {s.name: [s.cpu_free, s.memory_free] for s in servers}
+    order = [s.name for s in servers]
+    placements: dict[str, str] = {}
+    given: dict[str, Resources] = {}
+    decisions: dict[str, ScaledResources] = {}
+    pending: list[str] = []
+    for name, spec, requested in jobs:
+        want = requested
+        if adaptive:
+            decision = scale(spec, requested, predictor=predictor, gpu_model=gpu_model)
+            decisions[name] = decision
+            want = decision.scaled
+        candidates = sorted(order, key=lambda s: (free[s][1], free[s][0], order.index(s)))
+        target = next((s for s in candidates if free[s][0] >= want.cpu - 1e-9 and free[s][1] >= want.memory), None)
+        if target is None:
+            pending.append(name)
+            continue
+        free[target][0] -= want.cpu
+        free[target][1] -= want.memory
+        placements[name] = target
+        given[name] = want
+    return RoundResult(
+        placements=placements, pending=tuple(pending), given=given, decisions=decisions,
+        servers=tuple(ServerState(name=s, cpu_free=max(free[s][0], 0.0), memory_free=free[s][1]) for s in order),
+    )

@@ -71,7 +71,7 @@ def _rows(path: str | Path, columns: Sequence[str], header: bool = True) -> Iter
     """Yield ``(row_number, {column: text})`` with row 1 the first data row; check the header and row widths."""
     path = Path(path)
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        handle = path.open(newline="", encoding="utf-8-sig")  # tolerate a byte-order mark
     except FileNotFoundError:
         raise TraceError(path, None, None, "no such file") from None
     except OSError as exc:

@@ -35,6 +35,8 @@ def test_components_do_not_import_each_other_and_the_core_imports_none():
             for other in set(COMPONENTS) - {component}:
                 assert f"gnnsched.{other}" not in text, f"{source} imports gnnsched.{other}"
     for source in (ROOT / "gnnsched").rglob("*.py"):
+        if source == ROOT / "gnnsched" / "cli.py":
+            continue  # the CLI is the composition root: it loads each component when its command runs
         text = source.read_text()
         for other in COMPONENTS:
             assert f"from gnnsched.{other}" not in text and f"import gnnsched.{other}" not in text, (

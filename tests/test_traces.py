@@ -157,6 +157,12 @@ def test_pending_pod_without_schedule_is_fine(tmp_path: Path) -> None:
     assert pods.cpu_cores[1] == 2.0 and pods.memory_bytes[1] == 1024 * MIB
 
 
+def test_byte_order_mark_is_tolerated(tmp_path: Path) -> None:
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "p0,1000,512,1,1000,,LS,Failed,0,10,0\n").encode())
+    assert load_openb_pods(path).runtime_seconds[0] == 10.0
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no such file"):
         load_openb_pods(tmp_path / "absent.csv")

@@ -43,11 +43,38 @@ def _load_pods(paths: list[Path]) -> Any:
     return PodTable.concat(tables).deduplicated()
 
 
+PARAM_TYPES = {"max_depth": int, "n_estimators": int, "learning_rate": float, "min_child_weight": float}
+
+
+def _parse_params(text: str | None) -> dict[str, Any] | None:
+    """``--params`` JSON -> checked dict (known keys, positive numbers of the right type)."""
+    if text is None:
+        return None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"--params: not JSON: {exc.msg}")
+    if not isinstance(raw, dict):
+        fail("--params: must be a JSON object")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in PARAM_TYPES:
+            fail(f"--params: unknown key {key!r} (known: {', '.join(PARAM_TYPES)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            fail(f"--params: {key} must be a positive number, got {value!r}")
+        if PARAM_TYPES[key] is int and value != int(value):
+            fail(f"--params: {key} must be a whole number, got {value!r}")
+        out[key] = PARAM_TYPES[key](value)
+    defaults = {"max_depth": 2, "n_estimators": 100, "learning_rate": 0.05, "min_child_weight": 1.0}
+    return {**defaults, **out}
+
+
 @app.command()
 def train(
     data: Optional[list[Path]] = typer.Option(None, "--data", help="openb pod CSV(s) (Succeeded/Failed pods are the labels)."),
     from_history: Optional[Path] = typer.Option(None, "--from-history", help="GNNJob history JSONL (retrains the GNN residual)."),
     out: Path = typer.Option(..., "--out", help="Where to write the model (JSON)."),
+    params: Optional[str] = typer.Option(None, "--params", help='Fixed hyper-parameters as JSON (e.g. \'{"max_depth": 2, "n_estimators": 100}\'); default: time-ordered CV search (--data) or built-in (--from-history).'),
     as_json: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
 ) -> None:
     """Train the requests-only model on openb CSVs (--data), or the GNN residual on the cluster's history
@@ -55,12 +82,13 @@ def train(
     with user_errors():
         if bool(data) == (from_history is not None):
             fail("give exactly one of --data CSV... or --from-history FILE")
+        fixed = _parse_params(params)
         if data:
             from gnnsched.predictor.requests_model import RequestsRuntimeModel
 
             table = _load_pods(list(data))
             try:
-                model = RequestsRuntimeModel.fit(table, sources=tuple(str(p) for p in data))
+                model = RequestsRuntimeModel.fit(table, params=fixed, sources=tuple(str(p) for p in data))
             except ValueError as exc:
                 fail(f"--data: {exc}")
             summary = {"kind": "requests", "rows": model.training["rows"], "params": model.params,
@@ -71,7 +99,7 @@ def train(
 
             try:
                 records = load_history(from_history)  # type: ignore[arg-type]
-                model = GNNRuntimePredictor.fit_history(records, source=str(from_history))
+                model = GNNRuntimePredictor.fit_history(records, params=fixed, source=str(from_history))
             except (HistoryError, ValueError) as exc:
                 fail(f"--from-history: {exc}")
             summary = {"kind": "gnn", "rows": model.training["rows"], "in_sample": model.training["in_sample"],
@@ -87,7 +115,7 @@ def train(
 @app.command()
 def evaluate(
     data: Path = typer.Option(..., "--data", help="openb pod CSV to score on."),
-    model: Optional[Path] = typer.Option(None, "--model", help="A trained requests model; default: train one on the earlier part of --data."),
+    model: Optional[str] = typer.Option(None, "--model", help="A trained requests model file, or 'default' for the shipped one; without it: train one on the earlier part of --data."),
     train_data: Optional[list[Path]] = typer.Option(None, "--train-data", help="CSV(s) the baselines are fit on when --model is given (default: the model's own training files)."),
     train_fraction: float = typer.Option(0.8, "--train-fraction", help="Without --model: share of finished pods (by creation time) to train on."),
     as_json: bool = typer.Option(False, "--json", help="Print n, mae, wmape, r2 and baselines as JSON."),
@@ -110,7 +138,7 @@ def evaluate(
             from gnnsched.predictor.requests_model import RequestsRuntimeModel
 
             try:
-                trained = RequestsRuntimeModel.load(model)
+                trained = RequestsRuntimeModel.load_default() if model == "default" else RequestsRuntimeModel.load(model)
             except ValueError as exc:
                 fail(f"--model: {exc}")
             sources = [Path(p) for p in (train_data or trained.training.get("data", []))]

@@ -27,7 +27,7 @@ import numpy as np
 
 from gnnsched.gpus import GPUModel, get_gpu_model
 from gnnsched.predictor.trees import TreeEnsemble
-from gnnsched.runtime_prior import arithmetic_intensity, solo_runtime_seconds
+from gnnsched.runtime_prior import arithmetic_intensity, solo_runtime_seconds, step_cost
 from gnnsched.spec import GNNJobSpec
 
 GNN_FEATURES = (
@@ -55,14 +55,15 @@ def gnn_features(spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores: float, 
     """One feature row in ``GNN_FEATURES`` order."""
     gpu = _gpu(gpu_model)
     g = spec.graph.resolve()
-    prior = solo_runtime_seconds(spec, gpu, cpu_cores)
+    cost = step_cost(spec)
+    prior = solo_runtime_seconds(spec, gpu, cpu_cores, cost)
     arch = spec.model.arch
     return [
         math.log(max(prior, 1e-9)),
         float(arch == "gcn"), float(arch == "sage"), float(arch == "gin"), float(arch == "gat"),
         float(spec.model.layers), math.log(spec.model.hidden), math.log(g.nodes), math.log1p(g.edges),
         math.log(g.features), float(spec.mode == "train"), float(spec.batching.mode == "minibatch"),
-        math.log(max(arithmetic_intensity(spec), 1e-9)), math.log(gpu.bandwidth_bytes_per_s),
+        math.log(max(arithmetic_intensity(spec, cost), 1e-9)), math.log(gpu.bandwidth_bytes_per_s),
         float(cpu_cores), float(memory_bytes) / GiB,
     ]
 
@@ -96,18 +97,15 @@ class GNNRuntimePredictor:
     @staticmethod
     def fit_history(records: list[Any], params: dict[str, Any] | None = None, source: str = "") -> GNNRuntimePredictor:
         """Fit the residual on ``HistoryRecord``s (features from the *scaled* resources the job actually ran with)."""
-        import xgboost as xgb  # heavy: only when training
-
         if len(records) < MIN_HISTORY:
             raise ValueError(f"history has {len(records)} records; need at least {MIN_HISTORY} finished GNNJobs")
         specs = [r.job_spec() for r in records]
         x = np.array([gnn_features(s, r.gpu_model, r.scaled.cpu, r.scaled.memory) for s, r in zip(specs, records)])
         y = np.log(np.array([r.observed_runtime_seconds for r in records])) - x[:, 0]
         params = params or {"n_estimators": 200, "max_depth": 3, "learning_rate": 0.05, "min_child_weight": 1.0}
-        model = xgb.XGBRegressor(**params, objective="reg:absoluteerror", monotone_constraints=GNN_MONOTONE,
-                                 random_state=0, n_jobs=1)
-        model.fit(x, y)
-        residual = TreeEnsemble.from_booster(model.get_booster())
+        from gnnsched.predictor.boost import fit_l1
+
+        residual = fit_l1(x, y, params, GNN_MONOTONE)
         predict_log = lambda m: m[:, 0] + residual.predict(m)  # noqa: E731
         from gnnsched.predictor.requests_model import permutation_importance
 

@@ -101,6 +101,13 @@ class HistoryRecord(BaseModel):
         return json.dumps(self.model_dump(mode="json"), separators=(",", ":"), sort_keys=True)
 
 
+def append_history(path: str | Path, record: HistoryRecord) -> None:
+    """Append one finished job to the history file (created if absent); one write per line, so a crash mid-way
+    leaves at most one partial last line, which ``load_history`` reports by line number."""
+    with Path(path).open("a", encoding="utf-8") as handle:
+        handle.write(record.to_json_line() + "\n")
+
+
 def load_history(path: str | Path) -> list[HistoryRecord]:
     """Read a history JSONL file; blank lines are skipped, anything else invalid raises ``HistoryError``."""
     path = Path(path)

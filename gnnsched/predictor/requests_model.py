@@ -1,14 +1,16 @@
 """The requests-only runtime model (seed 004's XGBoost of runtime from the resources a task is given), on openb.
 
 Features are what a pod declares at submission: CPU cores, memory GiB, GPU share, whole GPUs, QoS class. The target
-is log-runtime; the objective is absolute error, so each leaf holds a conditional *median* of log-runtime, and
-exp(median of log) is the median of the runtime — the point that minimises the absolute error WMAPE adds up. The
+is log-runtime; the objective is absolute error (``boost.fit_l1``), so the model estimates a conditional *median* of
+log-runtime, and exp(median of log) is the median of the runtime — the point that minimises the absolute error WMAPE
+adds up. The
 runtime distribution is heavy-tailed (4 s to 15 days), and a squared-error fit on log chases the tail's variance.
 
 Monotone constraints (−1 on CPU, memory, GPU share and GPU count): more of a resource never predicts a longer run.
 In the trace, bigger requests come from bigger jobs, so unconstrained trees learn "more CPU ⇒ longer", and adaptive
 scaling would then *shorten* the predicted runtime by taking CPU away. The constraint removes that nonsense at a
-small cost in fit.
+small cost in fit. XGBoost's built-in absolute-error objective breaks the constraint when it refreshes leaves, hence
+the custom objective in ``boost``.
 
 Hyper-parameters are chosen by expanding-window, time-ordered cross-validation inside the training rows only.
 """
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from gnnsched.predictor import metrics
+from gnnsched.predictor.boost import fit_l1
 from gnnsched.predictor.trees import TreeEnsemble
 from gnnsched.traces import GIB, QOS_CLASSES, PodTable
 
@@ -42,7 +45,6 @@ PARAM_GRID = {
     "learning_rate": (0.05,),
     "min_child_weight": (1.0, 5.0),
 }
-FIXED_PARAMS = {"subsample": 0.8, "objective": "reg:absoluteerror", "tree_method": "hist"}
 SEED = 0
 
 
@@ -65,16 +67,6 @@ def table_features(table: PodTable) -> np.ndarray:
     ])
 
 
-def _fit_booster(x: np.ndarray, y_log: np.ndarray, params: dict[str, Any]) -> Any:
-    import xgboost as xgb  # heavy: only when training
-
-    model = xgb.XGBRegressor(
-        **params, **FIXED_PARAMS, monotone_constraints=MONOTONE, random_state=SEED, n_jobs=1,
-    )
-    model.fit(x, y_log)
-    return model.get_booster()
-
-
 def select_params(table: PodTable, folds: int = 4) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Pick hyper-parameters by expanding-window time-ordered CV on ``table`` (already the training rows only).
 
@@ -90,7 +82,7 @@ def select_params(table: PodTable, folds: int = 4) -> tuple[dict[str, Any], list
         fold_scores = []
         for k in range(1, folds + 1):
             a, b = n * k // (folds + 1), n * (k + 1) // (folds + 1)
-            ensemble = TreeEnsemble.from_booster(_fit_booster(x[:a], log_runtime(y[:a]), params))
+            ensemble = fit_l1(x[:a], log_runtime(y[:a]), params, MONOTONE)
             fold_scores.append(metrics.wmape(y[a:b], np.exp(ensemble.predict(x[a:b]))))
         scores.append({"params": params, "cv_wmape": float(np.mean(fold_scores))})
     best = min(scores, key=lambda s: s["cv_wmape"])
@@ -148,7 +140,7 @@ class RequestsRuntimeModel:
         if params is None:
             params, cv_scores = select_params(finished)
         x, y_log = table_features(finished), log_runtime(finished.runtime_seconds)
-        ensemble = TreeEnsemble.from_booster(_fit_booster(x, y_log, params))
+        ensemble = fit_l1(x, y_log, params, MONOTONE)
         importance = permutation_importance(ensemble.predict, x, y_log, FEATURES)
         training = {
             "data": list(sources) or sorted(set(finished.source)),

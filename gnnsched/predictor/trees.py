@@ -70,6 +70,55 @@ class TreeEnsemble:
         matrix = np.asarray(matrix, dtype=np.float32).astype(float)
         return np.array([self.predict_row(list(r)) for r in matrix], dtype=float)
 
+    def monotone(self, constraints: Sequence[int]) -> TreeEnsemble:
+        """Re-impose monotone constraints on every tree (``-1`` non-increasing, ``+1`` non-decreasing, ``0`` free).
+
+        Why: XGBoost honours ``monotone_constraints`` while growing a tree, but the absolute-error objective then
+        *refreshes* each leaf to the median of its residuals, which can break them (``test_predictor`` caught
+        "2× memory ⇒ +4 % runtime" on openb). This applies XGBoost's own bound-propagation rule afterwards: at a
+        split on a constrained feature every leaf on the side of smaller values must be ≥ (for −1) every leaf on the
+        other side, so both sides are clipped at a midpoint; leaves already in order are untouched. A sum of
+        monotone trees is monotone.
+        """
+        if len(constraints) != self.n_features:
+            raise ValueError(f"expected {self.n_features} constraints, got {len(constraints)}")
+
+        def leaves(tree: Tree, node: int) -> list[float]:
+            if tree.left[node] == -1:
+                return [tree.threshold[node]]
+            return leaves(tree, tree.left[node]) + leaves(tree, tree.right[node])
+
+        fixed = []
+        for tree in self.trees:
+            values = list(tree.threshold)
+
+            def walk(node: int, lo: float, hi: float, tree: Tree = tree, values: list[float] = values) -> None:
+                if tree.left[node] == -1:
+                    values[node] = _f32(min(max(values[node], lo), hi))
+                    return
+                sign = constraints[tree.feature[node]]
+                left, right = tree.left[node], tree.right[node]
+                if sign == 0:
+                    walk(left, lo, hi)
+                    walk(right, lo, hi)
+                    return
+                # "low side" = left (x < threshold). For -1 it must dominate the right side; for +1 be dominated.
+                low_vals = [min(max(v, lo), hi) for v in leaves(tree, left)]
+                high_vals = [min(max(v, lo), hi) for v in leaves(tree, right)]
+                if sign < 0:
+                    mid = (min(low_vals) + max(high_vals)) / 2 if min(low_vals) < max(high_vals) else min(low_vals)
+                    walk(left, max(lo, mid), hi)
+                    walk(right, lo, min(hi, mid))
+                else:
+                    mid = (max(low_vals) + min(high_vals)) / 2 if max(low_vals) > min(high_vals) else max(low_vals)
+                    walk(left, lo, min(hi, mid))
+                    walk(right, max(lo, mid), hi)
+
+            walk(0, -math.inf, math.inf)
+            fixed.append(Tree(left=tree.left, right=tree.right, feature=tree.feature, threshold=tuple(values),
+                              default_left=tree.default_left))
+        return TreeEnsemble(base_score=self.base_score, trees=tuple(fixed), n_features=self.n_features)
+
     # --- conversion and persistence -------------------------------------------------------------------------------
 
     @staticmethod

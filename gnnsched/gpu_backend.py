@@ -1,0 +1,487 @@
+"""GPU backend: the one place gnnsched touches the GPU driver.
+
+Why an interface: the node agent and the device plugin must run (and be tested) on machines without an NVIDIA
+driver. Everything above this module talks to a :class:`GPUBackend`; the real one wraps NVML through
+``nvidia-ml-py`` (imported as ``pynvml``), the fake one is an in-memory model of N GPUs whose state tests can
+change (mark a GPU unhealthy, set used bytes, add processes, inject Xid errors).
+
+Choose one with :func:`open_backend`, whose ``spec`` is what the CLIs take as ``--gpus``:
+
+* ``"nvml"`` (default): the real driver. If NVML cannot be loaded (no driver, no library) it raises
+  :class:`NVMLUnavailableError`, which the CLIs print as one line and exit non-zero.
+* ``"fake:NxSIZE[xMODEL]"``, e.g. ``"fake:2x80Gi"`` or ``"fake:4x40GixA100-40GB"``: N fake GPUs of SIZE bytes
+  (a Kubernetes quantity) named MODEL (default ``"Fake-GPU"``).
+
+Health: :meth:`GPUBackend.health_events` blocks up to a timeout for Xid (hardware/driver) errors; a GPU that had
+a critical Xid stays unhealthy until the process restarts (a human has to look at it). Xids that an application
+causes by itself (see :data:`APPLICATION_XIDS`) are reported but do not mark the GPU unhealthy, otherwise one
+buggy job could take a whole GPU out of the cluster.
+
+Heavy import: ``pynvml`` is imported only when the NVML backend is opened, so ``gnnsched --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "APPLICATION_XIDS",
+    "BackendSpecError",
+    "FakeGPUBackend",
+    "GPUBackend",
+    "GPUBackendError",
+    "GPUInfo",
+    "GPUProcess",
+    "HealthEvent",
+    "NVMLBackend",
+    "NVMLUnavailableError",
+    "fake_uuid",
+    "open_backend",
+    "parse_fake_spec",
+]
+
+#: Xid codes an application can trigger on its own (illegal address, page fault, preemption cleanup, ...).
+#: They are surfaced as events but do not make the GPU unhealthy. This is the same set the NVIDIA device plugin
+#: skips by default: 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
+#: 45 preemptive cleanup, 68 video decoder exception, 109 context switch timeout.
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+DEFAULT_FAKE_MODEL = "Fake-GPU"
+
+
+class GPUBackendError(Exception):
+    """Base class of everything this module raises on purpose."""
+
+
+class NVMLUnavailableError(GPUBackendError):
+    """NVML could not be loaded or initialised (no driver, no ``libnvidia-ml.so.1``, no ``pynvml``).
+
+    The message is one line, fit to print as-is before exiting non-zero.
+    """
+
+
+class BackendSpecError(GPUBackendError, ValueError):
+    """The ``--gpus`` spec is malformed; ``field`` names the flag, ``message`` says what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """A snapshot of one GPU. Immutable so it can be compared (did anything change?) and shared across threads."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+    healthy: bool = True
+    #: Why the GPU is unhealthy ("" when healthy).
+    health_reason: str = ""
+    #: Percent of time a kernel ran over the last sample period; None when the driver does not say.
+    utilization_gpu_percent: int | None = None
+    #: Percent of time device memory was read or written; None when the driver does not say.
+    utilization_memory_percent: int | None = None
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.total_bytes - self.used_bytes)
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    """A process holding a CUDA context on a GPU.
+
+    ``used_bytes`` is None when the driver cannot attribute memory to the process (it cannot under MPS on some
+    drivers, or without permission): callers must not read None as zero.
+    """
+
+    pid: int
+    used_bytes: int | None
+    kind: Literal["compute", "mps"] = "compute"
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """A driver health event (today: an Xid error) on one GPU."""
+
+    index: int
+    uuid: str
+    xid: int
+    #: True when the event made (or keeps) the GPU unhealthy; False for application-caused Xids.
+    critical: bool
+    message: str = ""
+    at: float = field(default_factory=time.time)
+
+
+@runtime_checkable
+class GPUBackend(Protocol):
+    """What gnnsched needs from a GPU driver. Implementations must be safe to call from several threads."""
+
+    def devices(self) -> list[GPUInfo]:
+        """All GPUs, ordered by index, with current memory use and health."""
+        ...
+
+    def processes(self, index: int) -> list[GPUProcess]:
+        """Compute and MPS client processes on GPU ``index`` (deduplicated by pid)."""
+        ...
+
+    def health_events(self, timeout_s: float) -> list[HealthEvent]:
+        """Block up to ``timeout_s`` for health events; return those that arrived (possibly none).
+
+        The fake also returns early (with no events) whenever a test changes its state, so a poller built on
+        this call reacts to changes at once instead of at the next tick.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release driver resources. Idempotent."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# spec parsing
+
+_FAKE_RE = re.compile(r"^fake:(?P<count>[^x]+)x(?P<size>[^x]+)(?:x(?P<model>.+))?$")
+
+
+def parse_fake_spec(spec: str, field: str = "--gpus") -> tuple[int, int, str]:
+    """Parse ``fake:NxSIZE[xMODEL]`` into ``(count, total_bytes, model)``; raise :class:`BackendSpecError`."""
+    from gnnsched.quantity import QuantityError, parse_bytes
+
+    m = _FAKE_RE.match(spec.strip())
+    if not m:
+        raise BackendSpecError(field, f"expected 'nvml' or 'fake:NxSIZE[xMODEL]' (e.g. fake:2x80Gi), got {spec!r}")
+    try:
+        count = int(m.group("count"))
+    except ValueError:
+        raise BackendSpecError(field, f"GPU count {m.group('count')!r} is not an integer") from None
+    if not 1 <= count <= 64:
+        raise BackendSpecError(field, f"GPU count must be between 1 and 64, got {count}")
+    try:
+        total = parse_bytes(m.group("size"))
+    except QuantityError:
+        raise BackendSpecError(field, f"GPU memory {m.group('size')!r} is not a quantity (e.g. 80Gi)") from None
+    if total <= 0:
+        raise BackendSpecError(field, f"GPU memory must be positive, got {m.group('size')!r}")
+    model = DEFAULT_FAKE_MODEL
+    if m.group("model") is not None:
+        from gnnsched.gpus import get_gpu_model, gpu_models
+
+        try:
+            model = get_gpu_model(m.group("model")).name  # canonical catalogue name, so the agent can look it up
+        except KeyError:
+            known = ", ".join(g.name for g in gpu_models())
+            raise BackendSpecError(field, f"unknown GPU model {m.group('model')!r} (known: {known})") from None
+    return count, total, model
+
+
+def open_backend(spec: str = "nvml") -> GPUBackend:
+    """Open the backend named by ``spec`` (the ``--gpus`` flag).
+
+    Raises :class:`BackendSpecError` for a malformed spec and :class:`NVMLUnavailableError` when ``"nvml"`` is
+    asked for on a machine where NVML does not load.
+    """
+    s = (spec or "").strip()
+    if s == "nvml":
+        return NVMLBackend()
+    if s.startswith("fake:"):
+        count, total, model = parse_fake_spec(s)
+        return FakeGPUBackend(count=count, total_bytes=total, name=model)
+    raise BackendSpecError("--gpus", f"expected 'nvml' or 'fake:NxSIZE[xMODEL]' (e.g. fake:2x80Gi), got {spec!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fake
+
+
+def fake_uuid(index: int, prefix: str = "00000000") -> str:
+    """Deterministic NVML-shaped UUID for fake GPU ``index`` (``GPU-`` + 8-4-4-4-12 hex)."""
+    return f"GPU-{prefix[:8]:0>8}-0000-4000-8000-{index:012x}"
+
+
+@dataclass
+class _FakeGPU:
+    info: GPUInfo
+    processes: dict[int, GPUProcess] = field(default_factory=dict)
+    sticky_unhealthy: bool = False
+
+
+class FakeGPUBackend:
+    """In-memory GPUs for machines without a driver, and for tests that need to steer GPU state.
+
+    Every mutator wakes threads blocked in :meth:`health_events`, so watchers see changes immediately.
+    """
+
+    def __init__(self, count: int, total_bytes: int, name: str = DEFAULT_FAKE_MODEL, uuid_prefix: str = "00000000"):
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        self._cond = threading.Condition()
+        self._gpus = [
+            _FakeGPU(GPUInfo(index=i, uuid=fake_uuid(i, uuid_prefix), name=name, total_bytes=total_bytes, used_bytes=0))
+            for i in range(count)
+        ]
+        self._events: list[HealthEvent] = []
+        self._changes = 0
+        self._closed = False
+
+    # -- GPUBackend ------------------------------------------------------------------------------------------
+    def devices(self) -> list[GPUInfo]:
+        with self._cond:
+            self._check_open()
+            return [g.info for g in self._gpus]
+
+    def processes(self, index: int) -> list[GPUProcess]:
+        with self._cond:
+            self._check_open()
+            return sorted(self._gpu(index).processes.values(), key=lambda p: p.pid)
+
+    def health_events(self, timeout_s: float) -> list[HealthEvent]:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._cond:
+            seen = self._changes
+            while not self._events and self._changes == seen and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            events, self._events = self._events, []
+            return events
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # -- test controls ---------------------------------------------------------------------------------------
+    def set_healthy(self, index: int, healthy: bool, reason: str = "") -> None:
+        """Mark GPU ``index`` healthy or not (clears a sticky Xid mark too: the test is the operator here)."""
+        with self._cond:
+            g = self._gpu(index)
+            g.sticky_unhealthy = False
+            g.info = replace(g.info, healthy=healthy, health_reason="" if healthy else (reason or "marked unhealthy"))
+            self._changed()
+
+    def set_used_bytes(self, index: int, used_bytes: int) -> None:
+        with self._cond:
+            g = self._gpu(index)
+            if not 0 <= used_bytes <= g.info.total_bytes:
+                raise ValueError(f"used_bytes must be within 0..{g.info.total_bytes}, got {used_bytes}")
+            g.info = replace(g.info, used_bytes=used_bytes)
+            self._changed()
+
+    def set_utilization(self, index: int, gpu_percent: int | None, memory_percent: int | None = None) -> None:
+        with self._cond:
+            g = self._gpu(index)
+            g.info = replace(g.info, utilization_gpu_percent=gpu_percent, utilization_memory_percent=memory_percent)
+            self._changed()
+
+    def add_process(self, index: int, pid: int, used_bytes: int | None, kind: Literal["compute", "mps"] = "mps") -> None:
+        """Register a process on GPU ``index``; its bytes count towards ``used_bytes`` (as the driver's would)."""
+        with self._cond:
+            g = self._gpu(index)
+            old = g.processes.get(pid)
+            delta = (used_bytes or 0) - ((old.used_bytes or 0) if old else 0)
+            new_used = g.info.used_bytes + delta
+            if new_used > g.info.total_bytes:
+                raise ValueError(f"GPU {index} would use {new_used} of {g.info.total_bytes} bytes")
+            g.processes[pid] = GPUProcess(pid=pid, used_bytes=used_bytes, kind=kind)
+            g.info = replace(g.info, used_bytes=new_used)
+            self._changed()
+
+    def remove_process(self, index: int, pid: int) -> None:
+        with self._cond:
+            g = self._gpu(index)
+            old = g.processes.pop(pid, None)
+            if old is not None:
+                g.info = replace(g.info, used_bytes=max(0, g.info.used_bytes - (old.used_bytes or 0)))
+                self._changed()
+
+    def inject_xid(self, index: int, xid: int, message: str = "") -> HealthEvent:
+        """Simulate an Xid error; a critical one makes the GPU unhealthy until :meth:`set_healthy` is called."""
+        with self._cond:
+            g = self._gpu(index)
+            critical = xid not in APPLICATION_XIDS
+            ev = HealthEvent(index=index, uuid=g.info.uuid, xid=xid, critical=critical, message=message)
+            if critical:
+                g.sticky_unhealthy = True
+                g.info = replace(g.info, healthy=False, health_reason=f"Xid {xid}" + (f": {message}" if message else ""))
+            self._events.append(ev)
+            self._changed()
+            return ev
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _gpu(self, index: int) -> _FakeGPU:
+        if not 0 <= index < len(self._gpus):
+            raise IndexError(f"no GPU with index {index} (have {len(self._gpus)})")
+        return self._gpus[index]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GPUBackendError("backend is closed")
+
+    def _changed(self) -> None:
+        self._changes += 1
+        self._cond.notify_all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NVML
+
+
+class NVMLBackend:
+    """The real driver through ``pynvml`` (``nvidia-ml-py``).
+
+    NVML is process-global and reference counted (``nvmlInit``/``nvmlShutdown``); each backend holds one
+    reference. Xid health comes from an NVML event set registered for critical Xid errors on every GPU that
+    supports events; a GPU whose registration fails for another reason than "not supported" is marked unhealthy,
+    since we could not watch it.
+    """
+
+    def __init__(self) -> None:
+        try:
+            import pynvml  # noqa: PLC0415 - heavy and driver-dependent; imported only when asked for
+        except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+            raise NVMLUnavailableError(f"NVML unavailable: cannot import pynvml ({exc}); use --gpus fake:NxSIZE") from None
+        self._nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NVMLUnavailableError(
+                f"NVML unavailable: {_nvml_str(exc)} (is the NVIDIA driver installed and libnvidia-ml.so.1 on the "
+                "library path?); use --gpus fake:NxSIZE to run without a GPU"
+            ) from None
+        except OSError as exc:  # pragma: no cover - odd loader failures
+            raise NVMLUnavailableError(f"NVML unavailable: {exc}") from None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sticky: dict[str, str] = {}  # uuid -> reason, for GPUs with a critical Xid
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._uuids = [_s(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        except pynvml.NVMLError as exc:
+            pynvml.nvmlShutdown()
+            raise NVMLUnavailableError(f"NVML unavailable: cannot enumerate GPUs: {_nvml_str(exc)}") from None
+        self._event_set = None
+        self._init_events()
+
+    def _init_events(self) -> None:
+        nv = self._nvml
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError:
+            self._event_set = None
+            return
+        for h, uuid in zip(self._handles, self._uuids):
+            try:
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._event_set)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
+                    self._sticky[uuid] = f"cannot watch Xid events: {_nvml_str(exc)}"
+
+    def devices(self) -> list[GPUInfo]:
+        nv = self._nvml
+        out: list[GPUInfo] = []
+        with self._lock:
+            self._check_open()
+            for i, (h, uuid) in enumerate(zip(self._handles, self._uuids)):
+                try:
+                    name = _s(nv.nvmlDeviceGetName(h))
+                    mem = nv.nvmlDeviceGetMemoryInfo(h)
+                    total, used = int(mem.total), int(mem.used)
+                except nv.NVMLError as exc:  # e.g. GPU fell off the bus
+                    out.append(GPUInfo(i, uuid, "unknown", 0, 0, healthy=False, health_reason=_nvml_str(exc)))
+                    continue
+                util_gpu = util_mem = None
+                try:
+                    u = nv.nvmlDeviceGetUtilizationRates(h)
+                    util_gpu, util_mem = int(u.gpu), int(u.memory)
+                except nv.NVMLError:
+                    pass  # not supported on this GPU / driver: leave None
+                reason = self._sticky.get(uuid, "")
+                out.append(
+                    GPUInfo(i, uuid, name, total, used, healthy=not reason, health_reason=reason,
+                            utilization_gpu_percent=util_gpu, utilization_memory_percent=util_mem)
+                )
+        return out
+
+    def processes(self, index: int) -> list[GPUProcess]:
+        nv = self._nvml
+        with self._lock:
+            self._check_open()
+            if not 0 <= index < len(self._handles):
+                raise IndexError(f"no GPU with index {index} (have {len(self._handles)})")
+            h = self._handles[index]
+            found: dict[int, GPUProcess] = {}
+            for kind, fn in (("compute", nv.nvmlDeviceGetComputeRunningProcesses),
+                             ("mps", nv.nvmlDeviceGetMPSComputeRunningProcesses)):
+                try:
+                    procs = fn(h)
+                except nv.NVMLError:
+                    continue  # MPS query unsupported (old driver) or no permission
+                for p in procs:
+                    used = p.usedGpuMemory
+                    found[int(p.pid)] = GPUProcess(int(p.pid), None if used is None else int(used), kind)  # type: ignore[arg-type]
+            return sorted(found.values(), key=lambda p: p.pid)
+
+    def health_events(self, timeout_s: float) -> list[HealthEvent]:
+        nv = self._nvml
+        if self._event_set is None:
+            time.sleep(max(0.0, timeout_s))
+            return []
+        events: list[HealthEvent] = []
+        wait_ms = max(0, int(timeout_s * 1000))
+        while True:
+            try:
+                data = nv.nvmlEventSetWait(self._event_set, wait_ms)  # blocks outside our lock on purpose
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == nv.NVML_ERROR_TIMEOUT:
+                    return events
+                raise GPUBackendError(f"NVML event wait failed: {_nvml_str(exc)}") from None
+            xid = int(data.eventData)
+            with self._lock:
+                uuid = _s(nv.nvmlDeviceGetUUID(data.device))
+                index = self._uuids.index(uuid) if uuid in self._uuids else -1
+                critical = xid not in APPLICATION_XIDS
+                if critical:
+                    self._sticky[uuid] = f"Xid {xid}"
+            events.append(HealthEvent(index=index, uuid=uuid, xid=xid, critical=critical))
+            wait_ms = 0  # drain what is already queued, then return
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._event_set is not None:
+                    self._nvml.nvmlEventSetFree(self._event_set)
+            except self._nvml.NVMLError:
+                pass
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GPUBackendError("backend is closed")
+
+
+def _s(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nvml_str(exc: BaseException) -> str:
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:  # pynvml's __str__ itself calls into the library, which may be missing
+        return type(exc).__name__

@@ -10,7 +10,8 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * writes are serialised so that the ``test`` check and the write are atomic;
 * core discovery reports ``groupVersion: v1`` (kmock says ``/v1``, which hides core resources from kubectl);
 * list honours equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
-* only recent requests are remembered (kmock's full record makes each request cost O(all requests so far));
+* matching a request to kmock's reactions looks at that request only (kmock rescans every request so far: quadratic),
+  and only recent requests are remembered;
 * ``Accept: ...;as=Table`` gets a server-side ``Table`` built from registered printer columns, as the real API server
   does for CRDs with ``additionalPrinterColumns`` (so ``kubectl get gj`` prints Phase, PMC ...).
 
@@ -20,6 +21,7 @@ It is test infrastructure (imported by ``tests/`` and ``bench/``), not part of t
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
 import itertools
 import uuid
@@ -33,6 +35,7 @@ import yaml
 from kmock._internal import enums, rendering
 
 REPO = Path(__file__).resolve().parent.parent
+_CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emulator_request", default=None)
 
 
 def _now() -> str:
@@ -63,9 +66,21 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     def _next_version(self) -> str:
         return str(next(self._versions))
 
+    def __iter__(self) -> Any:
+        """While a request is being matched, the record is just that request.
+
+        kmock decides whether a reaction applies to a request by scanning *every* request recorded so far through
+        the reaction's filters and looking for this one (``request in view``): quadratic over a run, seconds per
+        request after a few thousand. Only membership of the current request matters for that decision.
+        """
+        current = _CURRENT_REQUEST.get()
+        if current is not None:
+            yield current
+            return
+        yield from super().__iter__()
+
     def _forget_old_requests(self, keep: int = 64, limit: int = 256) -> None:
-        """kmock records every request and matches each new one by scanning that record (quadratic in a long run);
-        nothing here asserts on old requests, so only the most recent are kept."""
+        """Nothing here asserts on old requests; keep memory bounded in long runs (benchmarks)."""
         if len(self._requests) > limit:
             del self._requests[:-keep]
         for payload in self._payloads:
@@ -75,6 +90,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         self._forget_old_requests()
+        _CURRENT_REQUEST.set(request)  # per aiohttp handler task (contextvars are task-local)
         if request.resource is None or request.action not in (
             enums.action.CREATE,
             enums.action.UPDATE,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -258,46 +257,52 @@ async def test_failed_pod_is_retried_per_backoff_limit_then_fails_with_container
     assert failed["reason"] == "Error" and "exit code 1" in failed["message"] and "backoffLimit 1" in failed["message"]
 
 
-@pytest.mark.parametrize("request_reaches_server", [False, True], ids=["killed-before-create", "response-lost"])
-async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one_pod(
-    tmp_path: Path, request_reaches_server: bool
-) -> None:
-    """SIGKILL a real ``gnnsched operator`` process while its pod-create request is in flight, then restart."""
+async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one_pod(tmp_path: Path) -> None:
+    """SIGKILL a real ``gnnsched operator`` process while two pod-create requests are in flight, then restart.
+
+    Job ``lost-request``: its create is held before the API server applies it, then dropped (the pod never exists).
+    Job ``lost-response``: its pod is created but the response is held until the operator is dead (the classic
+    "did my create happen?"). After a restart each job must have exactly one pod, owned by it.
+    """
+    import kmock
+
     async with emulated_cluster(tmp_path) as cluster:
-        in_flight = asyncio.Event()
+        held = {"lost-request": asyncio.Event(), "lost-response": asyncio.Event()}
         release = asyncio.Event()
 
-        async def hold_first_pod_create(request: Any) -> None:
-            import kmock
+        def pod_create_of(request: Any) -> str | None:
+            if request.method == "POST" and request.resource is not None and request.resource.plural == "pods":
+                name = str((request.data or {}).get("metadata", {}).get("name", ""))
+                return name.rsplit("-", 1)[0] if name.endswith("-0") else None
+            return None
 
-            if request.method == "POST" and request.resource is not None and request.resource.plural == "pods" \
-                    and not in_flight.is_set():
-                in_flight.set()
+        async def before(request: Any) -> None:
+            if pod_create_of(request) == "lost-request" and not held["lost-request"].is_set():
+                held["lost-request"].set()
                 await release.wait()
-                if not request_reaches_server:
-                    raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="dropped")
+                raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="dropped")
 
-        # Either the request is held before the server applies it (and then dropped), or the pod is created and
-        # the response is held until the operator is dead (the classic "did my create happen?" case).
-        if request_reaches_server:
-            cluster.k8s.after_write = hold_first_pod_create
-        else:
-            cluster.k8s.before_write = hold_first_pod_create
-        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        async def after(request: Any) -> None:
+            if pod_create_of(request) == "lost-response" and not held["lost-response"].is_set():
+                held["lost-response"].set()
+                await release.wait()
+
+        cluster.k8s.before_write, cluster.k8s.after_write = before, after
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-P", "-m", "gnnsched.cli", "operator", "--all-namespaces", "--kubeconfig",
             str(cluster.kubeconfig), "--watch-timeout", "2", "--log-level", "warning",
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
-            await cluster.create_job(manifest())
+            await cluster.create_job(manifest("lost-request"))
+            await cluster.create_job(manifest("lost-response"))
             try:
-                await asyncio.wait_for(in_flight.wait(), 60)
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in held.values())), 60)
             except asyncio.TimeoutError:
                 proc.kill()
                 _, err = await proc.communicate()
-                raise AssertionError(f"the operator never tried to create the pod: {err.decode()[-2000:]}") from None
-            job = await cluster.get_job("gcn-cora")
-            assert job["status"]["podName"] == "gcn-cora-0"  # the plan is persisted before the pod is created
+                raise AssertionError(f"the operator never tried to create both pods: {err.decode()[-2000:]}") from None
+            for name in held:  # the plan is persisted before the pod is created
+                assert (await cluster.get_job(name))["status"]["podName"] == f"{name}-0"
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
         finally:
@@ -306,16 +311,19 @@ async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one
                 await proc.wait()
         release.set()
         await asyncio.sleep(0.2)
-        assert len(await own_pods(cluster, "gcn-cora")) == (1 if request_reaches_server else 0)
+        assert len(await own_pods(cluster, "lost-request")) == 0
+        assert len(await own_pods(cluster, "lost-response")) == 1
         cluster.k8s.before_write = cluster.k8s.after_write = None
         async with running_operator(cluster):
-            await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="the pod after restart")
-            job = await job_in_phase(cluster, "gcn-cora", "Estimated")
+            await wait_for(lambda: own_pods(cluster, "lost-request"), 30, what="the dropped pod after restart")
+            jobs = [await job_in_phase(cluster, name, "Estimated") for name in held]
             await asyncio.sleep(1.0)
-            pods = await own_pods(cluster, "gcn-cora")
-    assert [p["metadata"]["name"] for p in pods] == ["gcn-cora-0"]
-    assert pods[0]["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    assert job["status"]["attempts"] == 1
+            pods = {name: await own_pods(cluster, name) for name in held}
+    for job in jobs:
+        name = job["metadata"]["name"]
+        assert [p["metadata"]["name"] for p in pods[name]] == [f"{name}-0"]
+        assert pods[name][0]["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+        assert job["status"]["attempts"] == 1
 
 
 async def test_kubectl_apply_and_get_gj(tmp_path: Path) -> None:

@@ -222,11 +222,18 @@ async def test_peak_larger_than_every_gpu_is_unschedulable_naming_both_numbers(t
             job = await job_in_phase(cluster, "huge", "Unschedulable")
             await asyncio.sleep(0.5)
             assert await cluster.pods() == []
+            # A node with a big enough GPU joins: the resync re-plans and the job gets its pod.
+            await cluster.add_gpunode("node-big", [{**a100(0), "uuid": "GPU-big", "model": "A100-80GB",
+                                                   "totalBytes": 2**44, "reserveBytes": GiB}])
+            await wait_for(lambda: own_pods(cluster, "huge"), 30, what="the pod once a big GPU joined")
+            later = await job_in_phase(cluster, "huge", "Estimated")
     cond = condition(job, "Schedulable")
     assert (cond["status"], cond["reason"]) == ("False", "PredictedPeakExceedsGPU")
     assert "T4" in cond["message"] and str(14 * GiB) in cond["message"]
     admit = int(cond["message"].split("(")[1].split(" bytes")[0])
     assert admit > 14 * GiB
+    assert later["status"]["admitBytes"] > 14 * GiB
+    assert not any(c["reason"] == "PredictedPeakExceedsGPU" for c in later["status"]["conditions"])
 
 
 async def test_failed_pod_is_retried_per_backoff_limit_then_fails_with_container_reason(tmp_path: Path) -> None:

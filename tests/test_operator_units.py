@@ -195,3 +195,18 @@ async def test_handlers_never_raise_on_malformed_or_partial_objects(tmp_path: Pa
     assert status["phase"] == "Failed"
     [cond] = [c for c in status["conditions"] if c["type"] == "Validated"]
     assert cond["reason"] == "InvalidSpec" and cond["message"].startswith("spec.model: required")
+
+
+def test_cli_rejects_contradictory_flags_and_bad_kubeconfig_with_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gnnsched.cli import app
+
+    runner = CliRunner()
+    both = runner.invoke(app, ["operator", "--namespace", "a", "--all-namespaces"])
+    assert both.exit_code == 2
+    assert both.output.strip().splitlines() == ["error: --namespace and --all-namespaces are mutually exclusive"]
+    missing = runner.invoke(app, ["operator", "export-history", "--out", str(tmp_path / "h.jsonl"),
+                                  "--kubeconfig", str(tmp_path / "absent")])
+    assert missing.exit_code == 2 and missing.output.startswith("error: --kubeconfig:")
+    assert len(missing.output.strip().splitlines()) == 1

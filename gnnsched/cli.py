@@ -112,6 +112,17 @@ def _operator_export_history(
 
 app.add_typer(operator_app, name="operator")
 
+# estimator and worker (core): these modules import torch only inside the command bodies.
+from gnnsched.estimate_cli import estimate_command  # noqa: E402
+from gnnsched.worker_cli import worker_command  # noqa: E402
+
+app.command("estimate")(estimate_command)
+app.command("worker")(worker_command)
+
+from gnnsched.node_agent.cli import register as _register_node_agent  # noqa: E402
+
+_register_node_agent(app)
+
 from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
 
 app.add_typer(_predictor_app, name="predictor")

@@ -8,6 +8,23 @@ the estimator adds on top of the traced peak of live tensors when the job runs o
 engineering estimates, **unverified** until a GPU is lent and ``bench/pmc_accuracy.py --device cuda`` measures them;
 ``GPUModel.overheads_verified`` says so in every output that uses them.
 
+Where each device-overhead constant comes from (all **unverified** here: no GPU was available to measure them):
+
+* ``context_bytes``: the CUDA context PyTorch creates on first use (driver state, loaded kernel images). Widely
+  reported at roughly 250-550 MiB depending on the GPU generation and CUDA version; lazy module loading
+  (``CUDA_MODULE_LOADING=LAZY``, the default since CUDA 12.2) lowers it, so these values err high. Not visible to
+  ``torch.cuda.max_memory_allocated``, but it occupies the GPU, so the gate must reserve it per process.
+* ``cublas_workspace_bytes``: PyTorch's default cuBLAS workspace per (handle, stream), ``CUBLAS_WORKSPACE_CONFIG``
+  ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB; 32 MiB on Hopper. Allocated through the caching allocator; one per
+  worker thread (PyTorch keeps a cuBLAS handle per thread), so parallel inference pays it per worker.
+* ``mps_client_bytes``: 0. Under Volta-and-later MPS each client owns its own GPU address space and context, so
+  NVIDIA's MPS documentation notes the context-storage saving of MPS is "to a much lesser degree" than pre-Volta;
+  the client's cost is therefore its own ``context_bytes``. The MPS server's context is a per-GPU cost that belongs
+  in the node agent's reserve, not in any one job's admission.
+* ``allocator_overhead_fraction``: 0. The caching allocator's rounding is computed from the trace itself (requests
+  rounded to 512 B, and to 2 MiB above 1 MiB, ``gnnsched.estimator``); fragmentation beyond that is left to the
+  safety factor until a GPU measures it.
+
 The openb trace names two models only by code (``G2``, ``G3``); their specs are undisclosed, so the entries below are
 assumptions (``assumed=True``) sized from the nodes that carry them, and every figure derived from them says so.
 """

@@ -101,11 +101,14 @@ def pyg_backends() -> dict[str, bool]:
 
 
 def default_data_dir() -> Path:
-    """``$GNNSCHED_DATA_DIR``, else ``../shared/data/graphs`` beside the repository checkout."""
+    """``$GNNSCHED_DATA_DIR``, else ``shared/data/graphs`` beside the repository checkout (``../shared``), or beside
+    one of its parents (a git worktree nested one or two levels deeper)."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "graphs"
+    repo = Path(__file__).resolve().parent.parent
+    candidates = [ancestor / "shared" / "data" / "graphs" for ancestor in list(repo.parents)[:3]]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def _planetoid_name(spec: GNNJobSpec) -> str | None:
@@ -233,8 +236,9 @@ def build_model(
 ) -> GNN:
     """The job's model (a ``torch.nn.Module``) with its Adam optimizer at ``model.optimizer`` for training jobs.
 
-    ``features``/``classes`` default to the spec's graph dimensions. Adam runs its single-tensor implementation
-    (``foreach=False``) on every device, so the CPU trace the estimator takes has the same temporaries a GPU run has.
+    ``features``/``classes`` default to the spec's graph dimensions. Adam runs its multi-tensor implementation
+    (``foreach=True``, PyTorch's default on CUDA) on every device, so the CPU trace the estimator takes has the same
+    temporaries a GPU run has (and it traces in a handful of operators instead of a dozen per weight).
     """
     from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
 
@@ -262,7 +266,7 @@ def build_model(
         model = model.to(device)  # parameters stay the same objects, so the optimizer below sees the moved ones
     if spec.mode == "train":
         model.optimizer = torch.optim.Adam(
-            model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=False
+            model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=True
         )
     return model
 
@@ -289,9 +293,9 @@ class GNN(torch.nn.Module):
         return x
 
 
-def run_step(model: GNN, graph: Graph, mode: Mode) -> float | None:
+def run_step(model: GNN, graph: Graph, mode: Mode) -> torch.Tensor | None:
     """One step: training = zero grads, forward, cross-entropy on ``graph.target``, backward, optimizer step (returns
-    the loss); inference = one forward pass under ``torch.no_grad`` in eval mode (returns None)."""
+    the detached loss tensor, left on its device so no step waits for a device sync); inference = one forward pass under ``torch.no_grad`` in eval mode (returns None)."""
 
     if mode == "train":
         optimizer = model.optimizer
@@ -304,20 +308,12 @@ def run_step(model: GNN, graph: Graph, mode: Mode) -> float | None:
         del out
         loss.backward()
         optimizer.step()
-        value = loss.detach()
-        del loss
-        return float(value) if not _is_fake(value) else None
+        return loss.detach()
     model.eval()
     with torch.no_grad():
         out = model(graph.x, graph.edge_index)
         del out
     return None
-
-
-def _is_fake(t: Any) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor)
 
 
 # --- neighbour sampling (mini-batches for sage and gat) ------------------------------------------------------------
@@ -360,50 +356,70 @@ def minibatch_bound(layout: GraphLayout, batch_size: int, fanouts: list[int]) ->
     return replace(layout, nodes=nodes, edges=edges, labelled=seeds, self_loops=0, source=layout.source + ":batch")
 
 
-def sample_batches(graph: Graph, spec: GNNJobSpec, seed: int = 0, csr: IncomingCSR | None = None) -> Iterator[Graph]:
-    """One pass over ``graph.target`` in shuffled batches of ``spec.batching.batch_size`` seed nodes, each expanded
-    by ``spec.fanouts`` hops of incoming neighbours (all of them when a node has at most ``fanout``, otherwise
-    ``fanout`` drawn uniformly with replacement and de-duplicated). Each batch is a relabelled subgraph whose first
-    ``len(seeds)`` nodes are the seeds (``target``), the loss/prediction nodes.
+class NeighborSampler:
+    """Pure-torch neighbour sampler: batches of seed nodes expanded hop by hop through incoming edges.
+
+    The constructor allocates everything the sampler keeps for the whole job (the incoming-edge CSR and a
+    global-to-local id map) with static shapes only, so the estimator can construct it on fake tensors and count it
+    as resident memory; ``batches`` does the data-dependent sampling and only runs for real.
     """
-    generator = torch.Generator().manual_seed(seed)
-    csr = csr if csr is not None else build_incoming_csr(graph)
-    n = graph.layout.nodes
-    batch_size = int(spec.batching.batch_size or n)
-    fanouts = spec.fanouts
-    position = torch.full((n,), -1, dtype=torch.long)  # global id -> local id in the current batch, -1 if absent
-    order = graph.target[torch.randperm(graph.target.numel(), generator=generator)]
-    for start in range(0, order.numel(), batch_size):
-        seeds = order[start : start + batch_size]
+
+    def __init__(self, graph: Graph, spec: GNNJobSpec) -> None:
+        self.graph = graph
+        self.batch_size = int(spec.batching.batch_size or graph.layout.nodes)
+        self.fanouts = spec.fanouts
+        self.csr = build_incoming_csr(graph)
+        self.position = torch.full((graph.layout.nodes,), -1, dtype=torch.long)  # global id -> batch-local id
+
+    def batches(self, seed: int = 0) -> Iterator[Graph]:
+        """One pass over ``graph.target`` in shuffled batches (see ``sample_batches``)."""
+        graph, csr, position = self.graph, self.csr, self.position
+        generator = torch.Generator().manual_seed(seed)
+        order = graph.target[torch.randperm(graph.target.numel(), generator=generator)]
+        for start in range(0, order.numel(), self.batch_size):
+            seeds = order[start : start + self.batch_size]
+            yield self._expand(seeds, generator)
+            del seeds
+
+    def _expand(self, seeds: torch.Tensor, generator: torch.Generator) -> Graph:
+        graph, csr, position = self.graph, self.csr, self.position
         nodes = [seeds]
         position[seeds] = torch.arange(seeds.numel())
         count = seeds.numel()
         frontier = seeds
         sources: list[torch.Tensor] = []
         targets: list[torch.Tensor] = []
-        for fanout in fanouts:
-            first = csr.rowptr[frontier]
-            degree = csr.rowptr[frontier + 1] - first
-            take = degree.clamp(max=fanout)
-            owner = torch.repeat_interleave(torch.arange(frontier.numel()), take)
-            offset_in_group = torch.arange(owner.numel()) - torch.repeat_interleave(take.cumsum(0) - take, take)
-            deg_e = degree[owner]
-            drawn = (torch.rand(owner.numel(), generator=generator) * deg_e).long()
-            offset = torch.where(deg_e <= fanout, offset_in_group, drawn)
-            src = csr.sources[first[owner] + offset]
-            dst = frontier[owner]
-            pairs = torch.unique(torch.stack([src, dst]), dim=1)
-            src, dst = pairs[0], pairs[1]
-            new = torch.unique(src[position[src] < 0])
-            position[new] = torch.arange(count, count + new.numel())
-            count += new.numel()
-            nodes.append(new)
-            sources.append(src)
-            targets.append(dst)
-            frontier = new
-        all_nodes = torch.cat(nodes)
-        edge_index = torch.stack([position[torch.cat(sources)], position[torch.cat(targets)]])
-        position[all_nodes] = -1
+        try:
+            for fanout in self.fanouts:
+                first = csr.rowptr[frontier]
+                degree = csr.rowptr[frontier + 1] - first
+                take = degree.clamp(max=fanout)
+                owner = torch.repeat_interleave(torch.arange(frontier.numel()), take)
+                offset_in_group = torch.arange(owner.numel()) - torch.repeat_interleave(take.cumsum(0) - take, take)
+                deg_e = degree[owner]
+                drawn = (torch.rand(owner.numel(), generator=generator) * deg_e).long()
+                offset = torch.where(deg_e <= fanout, offset_in_group, drawn)
+                src = csr.sources[first[owner] + offset]
+                dst = frontier[owner]
+                n = graph.layout.nodes
+                if n < 3_000_000_000:  # n * n fits in int64: a 1-D key sorts much faster than unique(dim=1)
+                    keys = torch.unique(src * n + dst)
+                    src, dst = keys // n, keys % n
+                else:
+                    pairs = torch.unique(torch.stack([src, dst]), dim=1)
+                    src, dst = pairs[0], pairs[1]
+                new = torch.unique(src[position[src] < 0])
+                position[new] = torch.arange(count, count + new.numel())
+                count += new.numel()
+                nodes.append(new)
+                sources.append(src)
+                targets.append(dst)
+                frontier = new
+            all_nodes = torch.cat(nodes)
+            edge_index = torch.stack([position[torch.cat(sources)], position[torch.cat(targets)]])
+        finally:
+            for part in nodes:
+                position[part] = -1
         layout = replace(
             graph.layout,
             nodes=all_nodes.numel(),
@@ -412,10 +428,19 @@ def sample_batches(graph: Graph, spec: GNNJobSpec, seed: int = 0, csr: IncomingC
             self_loops=0,
             source=graph.layout.source + ":batch",
         )
-        yield Graph(
+        return Graph(
             x=graph.x[all_nodes],
             edge_index=edge_index,
             y=graph.y[all_nodes],
             target=torch.arange(seeds.numel()),
             layout=layout,
         )
+
+
+def sample_batches(graph: Graph, spec: GNNJobSpec, seed: int = 0) -> Iterator[Graph]:
+    """One pass over ``graph.target`` in shuffled batches of ``spec.batching.batch_size`` seed nodes, each expanded
+    by ``spec.fanouts`` hops of incoming neighbours (all of them when a node has at most ``fanout``, otherwise
+    ``fanout`` drawn uniformly with replacement and de-duplicated). Each batch is a relabelled subgraph whose first
+    ``len(seeds)`` nodes are the seeds (``target``), the loss/prediction nodes.
+    """
+    return NeighborSampler(graph, spec).batches(seed)

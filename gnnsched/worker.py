@@ -2,8 +2,8 @@
 
 The worker is what a job's pod runs (behind the gate). It builds the graph and the model with the same functions the
 estimator traces (``gnnsched.models``), runs the job's steps (training epochs or inference requests) and reports one
-JSON line: ``observed_peak_bytes`` (peak of live tensor bytes over the steps: ``torch.profiler`` allocation events on
-CPU, ``torch.cuda.max_memory_allocated`` on CUDA), ``seconds`` (wall time of the steps) and ``steps``.
+JSON line: ``observed_peak_bytes`` (peak of live tensor bytes: ``torch.profiler`` allocation events over the first
+``PROFILED_STEPS`` steps on CPU, ``torch.cuda.max_memory_allocated`` over the whole run on CUDA), ``seconds`` (wall time of the steps) and ``steps``.
 
 Inference with ``parallelism: N`` runs N threads that share one copy of the model and the graph (the model-sharing
 seed: read-only weights need one copy), each serving its share of the requests.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch._C._profiler import _EventType
 
-from gnnsched.models import Graph, build_model, make_graph, run_step, sample_batches
+from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
 from gnnsched.spec import GNNJobSpec
 
 
@@ -125,18 +125,22 @@ def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | No
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         graph = make_graph(spec, seed, root)
         model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes)
-        run_step(model, _first_batch(spec, graph, seed), spec.mode)
-        batch = _first_batch(spec, graph, seed)
+        inputs = _StepInputs(spec, graph, "cpu", seed)
+        stream = inputs.stream()
+        run_step(model, next(stream), spec.mode)
+        batch = next(stream)
         workers = spec.parallelism if spec.mode == "infer" else 1
         with torch.profiler.record_function(STEP_MARK):
             if workers == 1:
                 run_step(model, batch, spec.mode)
             else:
+                meter = ConcurrentMeter(_resident_tensors(model, batch))
                 barrier = threading.Barrier(workers)
 
                 def one() -> None:
-                    barrier.wait()
-                    run_step(model, batch, spec.mode)
+                    with meter.thread_mode():
+                        barrier.wait()
+                        run_step(model, batch, spec.mode)
 
                 threads = [threading.Thread(target=one) for _ in range(workers)]
                 for t in threads:
@@ -144,24 +148,92 @@ def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | No
                 for t in threads:
                     t.join()
         del batch
-    return profiled_peak(prof, last_only=True)
+    resident = profiled_peak(prof, last_only=True)
+    return resident if workers == 1 else resident + meter.peak
 
 
-def _first_batch(spec: GNNJobSpec, graph: Graph, seed: int) -> Graph:
-    if spec.batching.mode != "minibatch":
-        return graph
-    return next(iter(sample_batches(graph, spec, seed=seed)))
+class ConcurrentMeter:
+    """Peak of tensor bytes created by several threads at once (the profiler records only the thread that started it).
+
+    Each worker thread enters its own ``thread_mode()``; all of them add to one counter under a lock. A storage is
+    counted from the operator that creates it until its last reference dies. Used for parallel inference only, where
+    no autograd runs, so a dispatch mode sees exactly the allocations a plain run makes.
+    """
+
+    def __init__(self, resident: list[torch.Tensor] | tuple[torch.Tensor, ...] = ()) -> None:
+        self._lock = threading.Lock()
+        self.live = 0
+        self.peak = 0
+        self._known: set[int] = set()
+        # Storages that exist before the threads start (graph, weights) are already counted by the caller; a view
+        # of one (``edge_index[0]``) must not count its whole storage again.
+        self._resident = {id(t.untyped_storage()) for t in resident}
+        self._resident_refs = [t.untyped_storage() for t in resident]  # keep ids stable while the meter lives
+
+    def _add(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            self._known.add(key)
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+
+    def _drop(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            self._known.discard(key)
+            self.live -= nbytes
+
+    def thread_mode(self) -> Any:
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        meter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                        storage = t.untyped_storage()
+                        key = id(storage)
+                        if key not in meter._known and key not in meter._resident:
+                            nbytes = storage.nbytes()
+                            meter._add(key, nbytes)
+                            weakref.finalize(storage, meter._drop, key, nbytes)
+                return out
+
+        return _Mode()
 
 
-def _batches(spec: GNNJobSpec, graph: Graph, seed: int) -> Iterator[Graph]:
-    """The step inputs: the whole graph each step, or sampled batches (endlessly, reshuffled each pass)."""
-    if spec.batching.mode != "minibatch":
+def _resident_tensors(model: Any, graph: Graph) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers(), graph.x, graph.edge_index, graph.y, graph.target]
+
+
+class _StepInputs:
+    """What each step consumes: the whole graph every step (full-batch), or sampled batches from one sampler that
+    lives for the whole job (mini-batch; the full graph stays in host memory and only batches move to ``device``)."""
+
+    def __init__(self, spec: GNNJobSpec, graph: Graph, device: str, seed: int) -> None:
+        self.minibatch = spec.batching.mode == "minibatch"
+        self.device = device
+        self.seed = seed
+        if self.minibatch:
+            self.sampler: NeighborSampler | None = NeighborSampler(graph, spec)
+            self.graph = graph
+        else:
+            self.sampler = None
+            self.graph = graph.to(device)
+
+    def stream(self, rank: int = 0) -> Iterator[Graph]:
+        """Endless step inputs; each worker rank reshuffles with its own seed."""
+        if self.sampler is None:
+            while True:
+                yield self.graph
+        epoch = 0
         while True:
-            yield graph
-    epoch = 0
-    while True:
-        yield from sample_batches(graph, spec, seed=seed + epoch)
-        epoch += 1
+            for batch in self.sampler.batches(seed=self.seed + 1000 * rank + epoch):
+                yield batch.to(self.device)
+            epoch += 1
 
 
 def steps_for(spec: GNNJobSpec, graph: Graph, epochs: int | None) -> int:
@@ -175,20 +247,50 @@ def steps_for(spec: GNNJobSpec, graph: Graph, epochs: int | None) -> int:
     return n
 
 
-@contextmanager
-def _peak_meter(device: str) -> Iterator[Callable[[], int]]:
-    """Yields a function returning the peak bytes seen inside the block (profiler on CPU, CUDA stats on GPU)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        yield lambda: int(torch.cuda.max_memory_allocated())
-        return
-    from torch.profiler import ProfilerActivity, profile
+PROFILED_STEPS = 20
+"""On CPU the profiler records the first this-many steps, then stops: its event buffer grows with every operator,
+so profiling a million-request job whole would cost more memory than the job. Full-batch steps after the first are
+identical, so the steady-state peak is among them; for mini-batches it is the peak over the first batches."""
 
-    holder: dict[str, int] = {}
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        yield lambda: holder["peak"]
-    holder["peak"] = profiled_peak(prof)
+
+class _PeakMeter:
+    """Peak live tensor bytes of a run: the profiler's allocation events on CPU, CUDA's allocator stats on GPU."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._prof: Any = None
+        self._peak: int | None = None
+
+    def __enter__(self) -> _PeakMeter:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.start()
+        return self
+
+    def step_done(self, index: int) -> None:
+        if self._prof is not None and index + 1 == PROFILED_STEPS:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._prof is not None:
+            self._prof.stop()
+            self._peak = profiled_peak(self._prof)
+            self._prof = None
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def peak(self) -> int:
+        if self.device == "cuda":
+            return int(torch.cuda.max_memory_allocated())
+        if self._peak is None:
+            raise RuntimeError("peak() before the meter stopped")
+        return self._peak
 
 
 def run_job(
@@ -204,53 +306,58 @@ def run_job(
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     torch.manual_seed(seed)
-    with _peak_meter(device) as peak:
+    with _PeakMeter(device) as meter_:
         graph = make_graph(spec, seed, root)
         model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
-        graph = graph.to(device)
+        inputs = _StepInputs(spec, graph, device, seed)
         total = steps_for(spec, graph, epochs)
         if on_start is not None:
             on_start(total)
         started = time.perf_counter()
         workers = spec.parallelism if spec.mode == "infer" else 1
         if workers == 1:
-            batches = _batches(spec, graph, seed)
-            for _ in range(total):
+            stream = inputs.stream()
+            for index in range(total):
                 with torch.profiler.record_function(STEP_MARK):
-                    run_step(model, next(batches).to(device), spec.mode)
+                    run_step(model, next(stream), spec.mode)
+                meter_.step_done(index)
                 if progress is not None:
                     progress(1)
         else:
-            _serve_parallel(spec, model, graph, total, workers, device, seed, progress)
+            meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
+            with torch.profiler.record_function(STEP_MARK):
+                pass  # marks the resident level when serving starts (child threads are invisible to the profiler)
+            _serve_parallel(model, inputs, total, workers, progress, meter)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
-    return WorkerResult(observed_peak_bytes=peak(), seconds=round(seconds, 6), steps=total)
+    observed = meter_.peak()
+    if workers > 1 and device == "cpu":
+        observed += meter.peak  # type: ignore[union-attr]
+    return WorkerResult(observed_peak_bytes=observed, seconds=round(seconds, 6), steps=total)
 
 
 def _serve_parallel(
-    spec: GNNJobSpec,
     model: Any,
-    graph: Graph,
+    inputs: _StepInputs,
     total: int,
     workers: int,
-    device: str,
-    seed: int,
     progress: Callable[[int], None] | None,
+    meter: ConcurrentMeter | None = None,
 ) -> None:
-    """N threads share ``model`` and ``graph``; thread i serves requests i, i+N, ... (inference only)."""
+    """N threads share ``model`` and the graph; thread i serves requests i, i+N, ... (inference only)."""
     lock = threading.Lock()
     errors: list[BaseException] = []
 
     def serve(rank: int) -> None:
         try:
-            batches = _batches(spec, graph, seed + 1000 * rank)
-            for _ in range(rank, total, workers):
-                with torch.profiler.record_function(STEP_MARK):
-                    run_step(model, next(batches).to(device), "infer")
-                if progress is not None:
-                    with lock:
-                        progress(1)
+            with meter.thread_mode() if meter is not None else nullcontext():
+                stream = inputs.stream(rank)
+                for _ in range(rank, total, workers):
+                    run_step(model, next(stream), "infer")
+                    if progress is not None:
+                        with lock:
+                            progress(1)
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 

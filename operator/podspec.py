@@ -116,7 +116,8 @@ def container_command(spec: GNNJobSpec) -> list[str]:
     if spec.command:
         workload = [*spec.command, *(spec.args or [])]
     else:
-        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", *(spec.args or [])]
+        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", "cuda", "--no-progress",
+                    *(spec.args or [])]
     return ["gnnsched", "gate", "--", *workload]
 
 

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Accuracy of the PMC estimator against the measured peak on CPU.
+
+Ground truth is ``torch.profiler.profile(profile_memory=True)``'s allocation events over one steady-state step
+(``gnnsched.worker.measure_step_peak_cpu``: graph, model and optimizer state resident, the second step profiled), not
+a dispatch-mode tracker (under a dispatch mode autograd accumulates gradients out of place, which inflates training).
+
+The grid: 4 architectures x train/infer x 8 synthetic graph sizes (peaks from under 1 MB to a few hundred MB), with
+layers 2-10 and hidden 16-256 rotated across the sizes so every value meets every architecture, GAT heads 1/2/4;
+plus the real Cora and CiteSeer graphs for each architecture and mode. A case whose estimate exceeds ``--max-bytes``
+has its hidden size halved until it fits (the printed row shows what ran). Separately, two bound checks that are not
+part of the error statistics: parallel inference (the estimate assumes all workers peak together, so it must be >=
+the measured peak) and neighbour-sampled mini-batches (the estimate uses the largest batch the sampler can build).
+
+Usage::
+
+    python bench/pmc_accuracy.py                # full grid, prints every case and the summary
+    python bench/pmc_accuracy.py --quick        # the slice tests/test_estimator.py runs in CI
+    python bench/pmc_accuracy.py --json out.json
+
+Estimate times are reported as wall time and as the process CPU time of the estimate (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ARCHS = ("gcn", "sage", "gin", "gat")
+MODES = ("train", "infer")
+SIZES = (  # nodes, edges, features, classes
+    (500, 2_500, 16, 3),
+    (1_000, 10_000, 32, 7),
+    (2_000, 20_000, 64, 16),
+    (5_000, 40_000, 64, 40),
+    (10_000, 80_000, 128, 7),
+    (20_000, 200_000, 64, 16),
+    (40_000, 300_000, 128, 3),
+    (60_000, 600_000, 100, 40),
+)
+LAYERS = (2, 4, 6, 8, 10)
+HIDDEN = (16, 32, 64, 128, 256)
+HEADS = (1, 2, 4)
+DEFAULT_MAX_BYTES = 400 * 2**20
+
+
+@dataclass
+class Case:
+    arch: str
+    mode: str
+    layers: int
+    hidden: int
+    heads: int | None
+    graph: dict[str, Any]
+    parallelism: int = 1
+    batching: dict[str, Any] | None = None
+    kind: str = "grid"  # grid | real | parallel-bound | minibatch-bound
+
+    def spec_dict(self) -> dict[str, Any]:
+        model: dict[str, Any] = {"arch": self.arch, "layers": self.layers, "hidden": self.hidden}
+        if self.heads is not None:
+            model["heads"] = self.heads
+        spec: dict[str, Any] = {"mode": self.mode, "model": model, "graph": dict(self.graph)}
+        if self.parallelism != 1:
+            spec["parallelism"] = self.parallelism
+        if self.batching is not None:
+            spec["batching"] = dict(self.batching)
+        return spec
+
+    def label(self) -> str:
+        g = self.graph
+        graph = g["dataset"] if "dataset" in g else f"n={g['nodes']} e={g['edges']} f={g['features']} c={g['classes']}"
+        heads = f" heads={self.heads}" if self.heads else ""
+        extra = f" par={self.parallelism}" if self.parallelism != 1 else ""
+        extra += " minibatch" if self.batching else ""
+        return f"{self.arch:4} {self.mode:5} L={self.layers:<2} h={self.hidden:<3}{heads} {graph}{extra}"
+
+
+@dataclass
+class Result:
+    case: str
+    kind: str
+    estimated: int
+    measured: int
+    rel_error: float
+    estimate_wall_ms: float
+    estimate_cpu_ms: float
+
+
+def grid_cases() -> list[Case]:
+    cases = []
+    for a, arch in enumerate(ARCHS):
+        for m, mode in enumerate(MODES):
+            for i, (nodes, edges, features, classes) in enumerate(SIZES):
+                cases.append(
+                    Case(
+                        arch=arch,
+                        mode=mode,
+                        layers=LAYERS[(i + a) % len(LAYERS)],
+                        hidden=HIDDEN[(i + 2 * a + m) % len(HIDDEN)],
+                        heads=HEADS[(i + m) % len(HEADS)] if arch == "gat" else None,
+                        graph={"nodes": nodes, "edges": edges, "features": features, "classes": classes},
+                    )
+                )
+    for dataset in ("cora", "citeseer"):
+        for arch in ARCHS:
+            for mode in MODES:
+                cases.append(
+                    Case(arch=arch, mode=mode, layers=2, hidden=64, heads=8 if arch == "gat" else None,
+                         graph={"dataset": dataset}, kind="real")
+                )
+    return cases
+
+
+def bound_cases() -> list[Case]:
+    small = {"nodes": 5_000, "edges": 50_000, "features": 64, "classes": 7}
+    return [
+        Case("sage", "infer", 3, 64, None, small, parallelism=4, kind="parallel-bound"),
+        Case("gcn", "infer", 2, 128, None, small, parallelism=2, kind="parallel-bound"),
+        Case("sage", "train", 2, 64, None, {"nodes": 20_000, "edges": 200_000, "features": 32, "classes": 5},
+             batching={"mode": "minibatch", "batchSize": 512, "fanouts": [10, 5]}, kind="minibatch-bound"),
+        Case("gat", "train", 2, 32, 2, {"nodes": 20_000, "edges": 200_000, "features": 32, "classes": 5},
+             batching={"mode": "minibatch", "batchSize": 256, "fanouts": [5, 5]}, kind="minibatch-bound"),
+    ]
+
+
+def quick_cases() -> list[Case]:
+    """The CI slice: every architecture and mode once, small graphs, including the in-place-accumulation cases
+    (SAGE and GIN training at hidden 256) and one real dataset."""
+    cases = []
+    for arch in ARCHS:
+        for mode in MODES:
+            hidden = 256 if arch in ("sage", "gin") and mode == "train" else 32
+            cases.append(
+                Case(arch, mode, 3, hidden, 2 if arch == "gat" else None,
+                     {"nodes": 800, "edges": 6_000, "features": 24, "classes": 5})
+            )
+    cases.append(Case("gcn", "train", 2, 16, None, {"dataset": "cora"}, kind="real"))
+    return cases
+
+
+def run_case(case: Case, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Result:
+    from gnnsched.estimator import estimate
+    from gnnsched.spec import parse_spec
+    from gnnsched.worker import measure_step_peak_cpu
+
+    spec = parse_spec(case.spec_dict())
+    est = estimate(spec)
+    while max_bytes is not None and est.pmc_bytes > max_bytes and case.hidden > 16:
+        case.hidden //= 2
+        spec = parse_spec(case.spec_dict())
+        est = estimate(spec)
+    cpu0 = time.process_time()
+    wall0 = time.perf_counter()
+    est = estimate(spec)
+    wall_ms = (time.perf_counter() - wall0) * 1000
+    cpu_ms = (time.process_time() - cpu0) * 1000
+    measured = measure_step_peak_cpu(spec)
+    return Result(
+        case=case.label(),
+        kind=case.kind,
+        estimated=est.pmc_bytes,
+        measured=measured,
+        rel_error=(est.pmc_bytes - measured) / measured,
+        estimate_wall_ms=wall_ms,
+        estimate_cpu_ms=cpu_ms,
+    )
+
+
+def summarize(results: list[Result]) -> dict[str, Any]:
+    errors = [r.rel_error for r in results if r.kind in ("grid", "real")]
+    bounds = [r for r in results if r.kind.endswith("-bound")]
+    out: dict[str, Any] = {}
+    if errors:
+        out.update(
+            cases=len(errors),
+            median_abs_rel_error=statistics.median(abs(e) for e in errors),
+            max_abs_rel_error=max(abs(e) for e in errors),
+            most_under=min(errors),
+            most_over=max(errors),
+        )
+    times = [r.estimate_wall_ms for r in results]
+    cpu = [r.estimate_cpu_ms for r in results]
+    out.update(
+        estimate_wall_ms_median=statistics.median(times),
+        estimate_wall_ms_max=max(times),
+        estimate_cpu_ms_median=statistics.median(cpu),
+        estimate_cpu_ms_max=max(cpu),
+    )
+    if bounds:
+        out["bounds_hold"] = all(r.estimated >= r.measured for r in bounds)
+        out["bound_ratios"] = {r.case: r.estimated / r.measured for r in bounds}
+    return out
+
+
+def time_large(layers: int = 10, hidden: int = 256) -> list[dict[str, Any]]:
+    """Estimate time and host memory at 100 million edges (the estimator holds no real graph tensors)."""
+    import resource
+
+    from gnnsched.estimator import estimate
+    from gnnsched.spec import parse_spec
+
+    rows = []
+    for arch in ARCHS:
+        for mode in MODES:
+            model: dict[str, Any] = {"arch": arch, "layers": layers, "hidden": hidden}
+            if arch == "gat":
+                model["heads"] = 4
+            spec = parse_spec({"mode": mode, "model": model,
+                               "graph": {"nodes": 10_000_000, "edges": 100_000_000, "features": 128, "classes": 40}})
+            estimate(spec)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            est = estimate(spec)
+            rows.append({
+                "case": f"{arch} {mode} L={layers} h={hidden} 100M edges",
+                "pmc_gib": est.pmc_bytes / 2**30,
+                "wall_ms": (time.perf_counter() - wall0) * 1000,
+                "cpu_ms": (time.process_time() - cpu0) * 1000,
+            })
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    for row in rows:
+        row["process_max_rss_mib"] = rss / 2**20
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="run only the CI slice")
+    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="largest estimated peak to run")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is kind to a shared box)")
+    parser.add_argument("--no-bounds", action="store_true", help="skip the parallel and mini-batch bound checks")
+    parser.add_argument("--no-large", action="store_true", help="skip the 100M-edge timing")
+    parser.add_argument("--json", dest="json_path", help="also write every result and the summary here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from gnnsched.models import pyg_backends
+
+    print(f"torch {torch.__version__}, threads {args.threads}, PyG extensions: {pyg_backends()}")
+    print(f"load average: {os.getloadavg()}")
+    cases = quick_cases() if args.quick else grid_cases() + ([] if args.no_bounds else bound_cases())
+    results = []
+    for case in cases:
+        r = run_case(case, args.max_bytes)
+        results.append(r)
+        print(
+            f"{r.case:58} est={r.estimated:>11} meas={r.measured:>11} err={r.rel_error * 100:+8.4f}% "
+            f"est_time={r.estimate_wall_ms:6.1f}ms wall {r.estimate_cpu_ms:6.1f}ms cpu  [{r.kind}]",
+            flush=True,
+        )
+    summary = summarize(results)
+    large = [] if (args.quick or args.no_large) else time_large()
+    for row in large:
+        print(f"{row['case']:40} pmc={row['pmc_gib']:9.1f} GiB  estimate {row['wall_ms']:6.1f} ms wall "
+              f"{row['cpu_ms']:6.1f} ms cpu  (process max RSS {row['process_max_rss_mib']:.0f} MiB)")
+    print(f"load average: {os.getloadavg()}")
+    print(json.dumps(summary, indent=2))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as fh:
+            json.dump({"results": [asdict(r) for r in results], "summary": summary, "large": large}, fh, indent=2)
+    ok = summary.get("max_abs_rel_error", 0) <= 0.01 and summary.get("most_under", 0) >= -0.005
+    return 0 if ok and summary.get("bounds_hold", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The gate's books: which pods wait, which run where with how many bytes. A pure state machine, no I/O, no clock.
+
+The asyncio server, the restart recovery and the property test all drive this one class, so the invariant that
+matters — per GPU, ``sum(admit-bytes of running clients) <= total - reserve`` and ``clients <= max_clients`` — is
+checked in one place (``gnnsched.policies.check_gate_invariant``) after every mutation. Every public method either
+applies completely or raises ``Rejected`` and leaves the books exactly as they were: a bad request can be refused,
+never half-applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gnnsched.policies import (
+    Admission,
+    GPUBooks,
+    GPUFree,
+    Policy,
+    Task,
+    check_gate_invariant,
+    parse_policy,
+    plan_admissions,
+)
+
+
+class Rejected(Exception):
+    """A request the books refuse. ``reason`` is a short stable label (metrics, replies); ``message`` for people."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(slots=True)
+class GPUSlot:
+    """One GPU the gate manages."""
+
+    index: int
+    uuid: str
+    model: str
+    total_bytes: int
+    reserve_bytes: int
+    max_clients: int
+    healthy: bool = True
+    used_bytes: int = 0  # what the driver last reported in use (for the optional live-memory check)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return max(0, self.total_bytes - self.reserve_bytes)
+
+
+@dataclass(slots=True)
+class Entry:
+    """A pod's request, queued or running. ``key`` is unique: ``<pod uid>`` or ``<pod uid>/<container>``."""
+
+    key: str
+    pod_uid: str
+    namespace: str
+    name: str
+    job: str | None
+    bytes: int
+    seq: int
+    qt_seconds: float | None = None
+    intensity: str | None = None
+    queued_at: float = 0.0
+    gpu_index: int | None = None
+    group: str | None = None
+    admitted_at: float | None = None
+
+    def task(self) -> Task:
+        return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity)
+
+
+@dataclass(slots=True)
+class Decision:
+    """One admitted group: its id, the GPU and the entries that now run there."""
+
+    group: str
+    gpu: GPUSlot
+    entries: list[Entry] = field(default_factory=list)
+
+
+class Books:
+    """Queue + running set for one node's GPUs under one policy."""
+
+    def __init__(self, gpus: list[GPUSlot], policy: Policy | str, live_memory_check: bool = False) -> None:
+        if not gpus:
+            raise ValueError("gpus: the gate needs at least one GPU")
+        if len({g.index for g in gpus}) != len(gpus) or len({g.uuid for g in gpus}) != len(gpus):
+            raise ValueError("gpus: indices and uuids must be unique")
+        self.gpus: dict[int, GPUSlot] = {g.index: g for g in gpus}
+        self.policy = parse_policy(policy)
+        self.live_memory_check = live_memory_check
+        self.queued: dict[str, Entry] = {}
+        self.running: dict[str, Entry] = {}
+        self._tasks: dict[str, Task] = {}  # the policies' view of each queued entry, built once per request
+        self._seq = 0
+        self._groups = 0
+
+    # --- queries -----------------------------------------------------------------------------------------------
+
+    def committed_bytes(self, index: int) -> int:
+        return sum(e.bytes for e in self.running.values() if e.gpu_index == index)
+
+    def clients(self, index: int) -> int:
+        return sum(1 for e in self.running.values() if e.gpu_index == index)
+
+    def gpu_by_uuid(self, uuid: str) -> GPUSlot | None:
+        return next((g for g in self.gpus.values() if g.uuid == uuid), None)
+
+    def invariant_books(self) -> list[GPUBooks]:
+        return [
+            GPUBooks(
+                index=g.index,
+                total_bytes=g.total_bytes,
+                reserve_bytes=g.reserve_bytes,
+                committed=tuple(e.bytes for e in self.running.values() if e.gpu_index == g.index),
+                max_clients=g.max_clients,
+            )
+            for g in self.gpus.values()
+        ]
+
+    def check(self) -> None:
+        """Raise ``GateInvariantError`` if the books are unsafe (they never should be; this is the tripwire)."""
+        check_gate_invariant(self.invariant_books())
+
+    def queue_order(self) -> list[Entry]:
+        """The queue in the order the policy will consider it."""
+        from gnnsched.policies import traversal
+
+        return [self.queued[t.key] for t in traversal(self.policy, self._tasks.values())]
+
+    # --- mutations ---------------------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        key: str,
+        *,
+        pod_uid: str,
+        bytes: int,
+        namespace: str = "",
+        name: str = "",
+        job: str | None = None,
+        qt_seconds: float | None = None,
+        intensity: str | None = None,
+        now: float = 0.0,
+    ) -> Entry:
+        """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it."""
+        if not isinstance(bytes, int) or isinstance(bytes, bool) or bytes <= 0:
+            raise Rejected("invalid-bytes", f"admit-bytes must be a positive integer, got {bytes!r}")
+        if key in self.queued or key in self.running:
+            raise Rejected("duplicate", f"{key} already has a request at this gate")
+        biggest = max(g.capacity_bytes for g in self.gpus.values())
+        if bytes > biggest:
+            raise Rejected(
+                "exceeds-gpu", f"admit-bytes {bytes} exceeds the largest GPU capacity on this node ({biggest} B)"
+            )
+        self._seq += 1
+        e = Entry(
+            key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
+            qt_seconds=qt_seconds, intensity=intensity, queued_at=now,
+        )
+        self.queued[key] = e
+        self._tasks[key] = e.task()
+        return e
+
+    def cancel(self, key: str) -> Entry | None:
+        """Drop a queued request (its client went away). Unknown keys are a no-op."""
+        self._tasks.pop(key, None)
+        return self.queued.pop(key, None)
+
+    def release(self, key: str) -> Entry | None:
+        """Free a running entry's bytes (process exited or pod gone). Unknown keys are a no-op."""
+        return self.running.pop(key, None)
+
+    def set_used(self, index: int, used_bytes: int) -> None:
+        """The driver's current used bytes on a GPU (only consulted with ``live_memory_check``)."""
+        self.gpus[index].used_bytes = max(0, int(used_bytes))
+
+    def set_health(self, index: int, healthy: bool) -> None:
+        """An unhealthy GPU admits nothing new; what runs there stays booked until it exits."""
+        self.gpus[index].healthy = healthy
+
+    def decide(self, now: float = 0.0) -> list[Decision]:
+        """Apply the policy once: move every group it admits from the queue to the running set."""
+        if not self.queued:
+            return []
+        free = []
+        for g in self.gpus.values():
+            slots = g.max_clients - self.clients(g.index) if g.healthy else 0
+            room = g.capacity_bytes - self.committed_bytes(g.index)
+            if self.live_memory_check:
+                # Second opinion from the driver: admit only into memory that is physically free too (a process
+                # outside the gate, or memory a finished job has not given back yet, shrinks it).
+                room = min(room, g.total_bytes - g.used_bytes)
+            free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes))
+        plan: list[Admission] = plan_admissions(self.policy, self._tasks.values(), free)
+        out: list[Decision] = []
+        for adm in plan:
+            self._groups += 1
+            d = Decision(group=f"g{self._groups}", gpu=self.gpus[adm.gpu_index])
+            for t in adm.tasks:
+                e = self.queued.pop(t.key)
+                del self._tasks[t.key]
+                e.gpu_index, e.group, e.admitted_at = adm.gpu_index, d.group, now
+                self.running[e.key] = e
+                d.entries.append(e)
+            out.append(d)
+        self.check()
+        return out
+
+    def restore(
+        self,
+        key: str,
+        *,
+        pod_uid: str,
+        bytes: int,
+        gpu_uuid: str,
+        namespace: str = "",
+        name: str = "",
+        job: str | None = None,
+        group: str | None = None,
+        admitted_at: float | None = None,
+        qt_seconds: float | None = None,
+        intensity: str | None = None,
+    ) -> Entry:
+        """Book a pod that was admitted before an agent restart (a reconnecting client or an annotated pod).
+
+        Refused if the key is already booked, the GPU is unknown, or booking it would break the invariant — the books
+        never grow past the bound, whatever a client claims.
+        """
+        if not isinstance(bytes, int) or isinstance(bytes, bool) or bytes <= 0:
+            raise Rejected("invalid-bytes", f"admit-bytes must be a positive integer, got {bytes!r}")
+        if key in self.running:
+            raise Rejected("duplicate", f"{key} is already running at this gate")
+        gpu = self.gpu_by_uuid(gpu_uuid)
+        if gpu is None:
+            raise Rejected("unknown-gpu", f"{gpu_uuid!r} is not a GPU of this node")
+        if self.committed_bytes(gpu.index) + bytes > gpu.capacity_bytes or self.clients(gpu.index) >= gpu.max_clients:
+            raise Rejected("resume-conflict", f"{key}: {bytes} B does not fit the books of GPU {gpu.index}")
+        self.queued.pop(key, None)
+        self._tasks.pop(key, None)
+        self._seq += 1
+        e = Entry(
+            key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
+            qt_seconds=qt_seconds, intensity=intensity, gpu_index=gpu.index, group=group, admitted_at=admitted_at,
+        )
+        self.running[key] = e
+        self.check()
+        return e

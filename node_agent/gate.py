@@ -1,0 +1,467 @@
+"""The memory-safety gate: an asyncio unix-socket server in front of the books.
+
+Each connection is one pod's process. The gate identifies it (peer credentials + pod lookup, see ``identity``),
+books its trusted bytes in the queue, runs the grouping policy on every arrival and exit, answers the admitted ones
+with their GPU and MPS limits, and releases their bytes when the connection ends (the gated process exited) or when
+the pod is gone from the API server. After a restart it waits ``recovery_grace`` seconds before admitting anything
+new, so that the keepers of workloads admitted by the previous agent can reconnect and re-book first; pods the API
+server still shows as admitted (``gnnsched.io/gpu`` annotation, not finished) are booked from their annotations even
+if their keeper never comes back. Nothing in the books is ever changed by a request that fails a check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.node_agent.books import Books, Decision, Entry, Rejected
+from gnnsched.node_agent.identity import (
+    Demand,
+    IdentityError,
+    PeerVerifier,
+    PodInfo,
+    PodLookup,
+    peer_cred,
+    trusted_demand,
+)
+from gnnsched.node_agent.protocol import (
+    MAX_LINE,
+    AdmitRequest,
+    Admitted,
+    Queued,
+    Rejected as RejectedReply,
+    Resumed,
+    ResumeRequest,
+    mem_limit_value,
+    parse_request,
+)
+
+log = logging.getLogger("gnnsched.node_agent.gate")
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_rfc3339(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(slots=True)
+class GateConfig:
+    node_name: str
+    pipe_directory: str
+    active_thread_percentage: int | None = None  # None: 100 / group size
+    recovery_grace: float = 5.0
+    first_message_timeout: float = 10.0
+    reconcile_seconds: float = 5.0
+
+
+@dataclass(slots=True)
+class _Conn:
+    key: str
+    writer: asyncio.StreamWriter
+    pid: int | None
+    admitted: asyncio.Future[Decision] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class GateServer:
+    """Owns the books and every live gate connection. All mutation happens on the event loop thread."""
+
+    def __init__(
+        self,
+        books: Books,
+        config: GateConfig,
+        *,
+        pods: PodLookup,
+        verifier: PeerVerifier,
+        metrics: Any = None,
+        event_log: Path | None = None,
+        on_change: Callable[[], None] | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.books = books
+        self.config = config
+        self.pods = pods
+        self.verifier = verifier
+        self.metrics = metrics
+        self.on_change = on_change or (lambda: None)
+        self._wall = wall
+        self._event_log = event_log.open("a", buffering=1) if event_log else None
+        self._conns: dict[str, _Conn] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._hold_until = 0.0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._annotations: asyncio.Queue[tuple[str, str, dict[str, str | None]]] | None = None
+        self.decision_seconds: list[float] = []
+        self.pids: dict[str, int] = {}  # key → pid of the gated process (for observed-peak attribution)
+
+    # --- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def start(self, socket_path: Path) -> None:
+        socket_path = Path(socket_path)
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()  # a stale socket from a previous agent; our own lock is the process itself
+        self._annotations = asyncio.Queue()
+        self._hold_until = time.monotonic() + self.config.recovery_grace
+        self._event("start", policy=self.books.policy.value, gpus=len(self.books.gpus))
+        await self._adopt_pods()
+        self._server = await asyncio.start_unix_server(self._handle, path=str(socket_path), limit=MAX_LINE)
+        os.chmod(socket_path, 0o666)  # pods of any UID must reach it; identity comes from SO_PEERCRED, not perms
+        self._spawn(self._annotation_writer())
+        self._spawn(self._release_hold())
+        if self.config.reconcile_seconds > 0:
+            self._spawn(self._reconcile_loop())
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for c in list(self._conns.values()):
+            c.writer.close()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+        if self._event_log:
+            self._event_log.close()
+            self._event_log = None
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # --- events, metrics, annotations ----------------------------------------------------------------------------
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        if self._event_log:
+            self._event_log.write(json.dumps({"t": self._wall(), "event": kind, **fields}) + "\n")
+
+    def _annotate(self, e: Entry, values: dict[str, str | None]) -> None:
+        if self._annotations is not None and e.namespace and e.name:
+            self._annotations.put_nowait((e.namespace, e.name, values))
+
+    async def _annotation_writer(self) -> None:
+        """One writer, in order: a pod's admitted-at must never land after its finished-at."""
+        assert self._annotations is not None
+        while True:
+            ns, name, values = await self._annotations.get()
+            try:
+                await asyncio.to_thread(self.pods.annotate, ns, name, values)
+            except Exception as exc:  # the API server being down must not stop the gate
+                log.warning("annotating pod %s/%s failed: %s", ns, name, exc)
+
+    def _changed(self) -> None:
+        if self.metrics is not None:
+            self.metrics.books_changed(self.books)
+        self.on_change()
+
+    def _reject(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected(reason)
+
+    # --- the decision ------------------------------------------------------------------------------------------
+
+    def decide(self) -> list[Decision]:
+        """Run the policy (unless still in the post-restart hold) and hand each admitted group its reply."""
+        if time.monotonic() < self._hold_until:
+            return []
+        t0 = time.perf_counter()
+        now = self._wall()
+        decisions = self.books.decide(now)
+        self.decision_seconds.append(time.perf_counter() - t0)
+        if len(self.decision_seconds) > 10_000:
+            del self.decision_seconds[:5_000]
+        for d in decisions:
+            self._event("admitted", group=d.group, gpu=d.gpu.index, keys=[e.key for e in d.entries],
+                        bytes=[e.bytes for e in d.entries])
+            for e in d.entries:
+                if self.metrics is not None:
+                    self.metrics.admitted(now - e.queued_at)
+                self._annotate(e, {ANN_GPU: d.gpu.uuid, ANN_GROUP: d.group, ANN_ADMITTED_AT: rfc3339(now),
+                                   ANN_FINISHED_AT: None})
+                conn = self._conns.get(e.key)
+                if conn is not None and not conn.admitted.done():
+                    conn.admitted.set_result(d)
+        if decisions:
+            self._changed()
+        return decisions
+
+    async def _release_hold(self) -> None:
+        delay = self._hold_until - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        self.decide()
+
+    def release(self, key: str, why: str) -> None:
+        e = self.books.release(key)
+        if e is None:
+            return
+        self._event("released", key=key, gpu=e.gpu_index, bytes=e.bytes, why=why)
+        values: dict[str, str | None] = {ANN_FINISHED_AT: rfc3339(self._wall())}
+        peak = self.metrics.job_finished(e) if self.metrics is not None else None
+        if peak:
+            values[ANN_OBSERVED_PEAK_BYTES] = str(peak)
+        self._annotate(e, values)
+        self.pids.pop(key, None)
+        self._changed()
+        self.decide()
+
+    def cancel(self, key: str, why: str) -> None:
+        if self.books.cancel(key) is not None:
+            self._event("cancelled", key=key, why=why)
+            self._changed()
+
+    # --- connections -------------------------------------------------------------------------------------------
+
+    async def _send(self, writer: asyncio.StreamWriter, msg: Any) -> None:
+        writer.write(msg.line())
+        await writer.drain()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            try:
+                line = await asyncio.wait_for(reader.readline(), self.config.first_message_timeout)
+            except (asyncio.LimitOverrunError, ValueError):
+                self._reject("malformed")
+                await self._send(writer, RejectedReply(reason="malformed", message=f"request line longer than {MAX_LINE} bytes"))
+                return
+            except asyncio.TimeoutError:
+                self._reject("timeout")
+                return
+            if not line:
+                return
+            try:
+                req = parse_request(line)
+            except ValueError as exc:
+                self._reject("malformed")
+                await self._send(writer, RejectedReply(reason="malformed", message=str(exc)))
+                return
+            cred = peer_cred(sock) if sock is not None else None
+            try:
+                self.verifier.verify(cred, req.pod_uid)
+                pod = await asyncio.to_thread(self.pods.get, req.pod_namespace, req.pod_name)
+                demand = self._check_pod(pod, req)
+            except IdentityError as exc:
+                self._reject(exc.reason)
+                self._event("rejected", pod=req.pod_uid, reason=exc.reason)
+                await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
+                return
+            assert pod is not None
+            key = req.pod_uid if not req.container else f"{req.pod_uid}/{req.container}"
+            if isinstance(req, ResumeRequest):
+                await self._resume(key, req, pod, demand, cred.pid if cred else None, reader, writer)
+            else:
+                await self._admit(key, req, pod, demand, cred.pid if cred else None, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    def _check_pod(self, pod: PodInfo | None, req: AdmitRequest | ResumeRequest) -> Demand:
+        if pod is None:
+            raise IdentityError("unknown-pod", f"pod {req.pod_namespace}/{req.pod_name} does not exist")
+        if pod.uid != req.pod_uid:
+            raise IdentityError(
+                "pod-uid-mismatch", f"pod {req.pod_namespace}/{req.pod_name} has uid {pod.uid}, not {req.pod_uid}"
+            )
+        if pod.node_name and pod.node_name != self.config.node_name:
+            raise IdentityError("wrong-node", f"pod {pod.namespace}/{pod.name} is bound to {pod.node_name}")
+        if pod.terminated:
+            raise IdentityError("pod-finished", f"pod {pod.namespace}/{pod.name} is {pod.phase}")
+        whole = max(g.capacity_bytes for g in self.books.gpus.values())
+        return trusted_demand(pod, whole)
+
+    async def _wait_eof(self, reader: asyncio.StreamReader) -> None:
+        """The connection's end is the release signal; anything the client sends meanwhile is ignored."""
+        while True:
+            chunk = await reader.read(4096)
+            if not chunk:
+                return
+
+    async def _admit(
+        self, key: str, req: AdmitRequest, pod: PodInfo, demand: Demand, pid: int | None,
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    ) -> None:
+        if key in self.books.running and key not in self._conns:
+            # Booked from the pod's annotations after a restart, and no keeper has re-attached. A new admit from the
+            # same pod and container means that process ended (the container restarted). Keepers of live workloads
+            # reconnect within the grace period, so only after it is the stale booking released.
+            delay = self._hold_until - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if key in self.books.running and key not in self._conns:
+                self._event("superseded", key=key)
+                self.release(key, "superseded")
+        try:
+            e = self.books.enqueue(
+                key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
+                job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
+            )
+        except Rejected as exc:
+            self._reject(exc.reason)
+            self._event("rejected", key=key, reason=exc.reason)
+            await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
+            return
+        conn = _Conn(key=key, writer=writer, pid=pid)
+        self._conns[key] = conn
+        if pid is not None:
+            self.pids[key] = pid
+        self._event("queued", key=key, bytes=e.bytes, seq=e.seq, qt=e.qt_seconds, source=demand.source)
+        self._changed()
+        admitted = False
+        eof = asyncio.ensure_future(self._wait_eof(reader))
+        try:
+            self.decide()
+            if not conn.admitted.done():
+                await self._send(writer, Queued(position=len(self.books.queued)))
+            done, _ = await asyncio.wait({conn.admitted, eof}, return_when=asyncio.FIRST_COMPLETED)
+            if conn.admitted.done():
+                d = conn.admitted.result()
+                admitted = True
+                n = len(d.entries)
+                pct = self.config.active_thread_percentage or max(1, math.ceil(100 / n))
+                at = e.admitted_at if e.admitted_at is not None else self._wall()
+                await self._send(writer, Admitted(
+                    gpu_uuid=d.gpu.uuid, gpu_index=d.gpu.index, bytes=e.bytes, mem_limit=mem_limit_value(e.bytes),
+                    active_thread_percentage=pct, pipe_directory=self.config.pipe_directory, group=d.group,
+                    admitted_at=rfc3339(at),
+                ))
+                await eof
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            eof.cancel()
+            if self._conns.get(key) is conn:
+                del self._conns[key]
+            if admitted or key in self.books.running:
+                self.release(key, "exit")
+            else:
+                self.cancel(key, "client-gone")
+
+    async def _resume(
+        self, key: str, req: ResumeRequest, pod: PodInfo, demand: Demand, pid: int | None,
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    ) -> None:
+        recorded_gpu = pod.annotations.get(ANN_GPU)
+        if req.bytes != demand.bytes or (recorded_gpu and recorded_gpu != req.gpu_uuid):
+            self._reject("resume-mismatch")
+            await self._send(writer, RejectedReply(
+                reason="resume-mismatch",
+                message=f"claimed {req.bytes} B on {req.gpu_uuid}; the pod says {demand.bytes} B on {recorded_gpu}",
+            ))
+            return
+        existing = self.books.running.get(key)
+        live = self._conns.get(key)
+        if existing is not None and live is not None:
+            self._reject("duplicate")
+            await self._send(writer, RejectedReply(reason="duplicate", message=f"{key} already has a live connection"))
+            return
+        if existing is None:
+            try:
+                self.books.restore(
+                    key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
+                    name=pod.name, job=demand.job, group=req.group, admitted_at=parse_rfc3339(req.admitted_at),
+                    qt_seconds=demand.qt_seconds, intensity=demand.intensity,
+                )
+            except Rejected as exc:
+                self._reject(exc.reason)
+                await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
+                return
+            self._event("resumed", key=key, gpu=self.books.running[key].gpu_index, bytes=req.bytes)
+        else:
+            self._event("reattached", key=key, gpu=existing.gpu_index, bytes=existing.bytes)
+        conn = _Conn(key=key, writer=writer, pid=pid)
+        conn.admitted.cancel()
+        self._conns[key] = conn
+        if pid is not None:
+            self.pids[key] = pid
+        self._changed()
+        try:
+            await self._send(writer, Resumed())
+            await self._wait_eof(reader)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if self._conns.get(key) is conn:
+                del self._conns[key]
+                self.release(key, "exit")
+
+    # --- pods: adoption after restart, release when gone ----------------------------------------------------------
+
+    async def _adopt_pods(self) -> None:
+        """Book pods the API server shows as admitted on this node and not finished (their keeper may reconnect)."""
+        try:
+            pods = await asyncio.to_thread(self.pods.on_node, self.config.node_name)
+        except Exception as exc:
+            log.warning("cannot list pods on %s for recovery: %s", self.config.node_name, exc)
+            return
+        whole = max(g.capacity_bytes for g in self.books.gpus.values())
+        for pod in pods:
+            gpu = pod.annotations.get(ANN_GPU)
+            if not gpu or pod.terminated or pod.annotations.get(ANN_FINISHED_AT):
+                continue
+            try:
+                demand = trusted_demand(pod, whole)
+                self.books.restore(
+                    pod.uid, pod_uid=pod.uid, bytes=demand.bytes, gpu_uuid=gpu, namespace=pod.namespace,
+                    name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
+                    admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
+                    intensity=demand.intensity,
+                )
+                self._event("adopted", key=pod.uid, bytes=demand.bytes)
+            except (Rejected, IdentityError) as exc:
+                log.warning("pod %s/%s: not adopted: %s", pod.namespace, pod.name, exc)
+        self._changed()
+
+    async def reconcile(self) -> None:
+        """Release running entries whose pod is gone or finished, and drop queued ones likewise."""
+        entries = list(self.books.running.values()) + list(self.books.queued.values())
+        for e in entries:
+            if not e.namespace or not e.name:
+                continue
+            try:
+                pod = await asyncio.to_thread(self.pods.get, e.namespace, e.name)
+            except Exception as exc:
+                log.warning("reconcile: cannot read pod %s/%s: %s", e.namespace, e.name, exc)
+                continue
+            if pod is None or pod.terminated or pod.uid != e.pod_uid:
+                conn = self._conns.pop(e.key, None)
+                if conn is not None:
+                    conn.writer.close()
+                if e.key in self.books.running:
+                    self.release(e.key, "pod-gone")
+                else:
+                    self.cancel(e.key, "pod-gone")
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reconcile_seconds)
+            try:
+                await self.reconcile()
+            except Exception as exc:
+                log.warning("reconcile failed: %s", exc)

@@ -1,0 +1,329 @@
+"""Who is on the other end of the gate socket, and how many bytes we may believe it needs.
+
+Two independent checks, because the gate's books are only as honest as their inputs:
+
+1. **The peer is the pod it says it is.** ``SO_PEERCRED`` gives the connecting process's pid from the kernel (a client
+   cannot forge it); ``/proc/<pid>/cgroup`` names the pod's cgroup, which embeds the pod UID (``pod<uid>`` with dashes
+   under the cgroupfs driver, underscores under systemd). The claimed downward-API UID must match.
+2. **The bytes come from the API server, not from the client.** ``admit-bytes`` is read from the pod's annotations and
+   trusted only if the pod is owned (``ownerReferences``) by a GNNJob that exists with that UID — the operator wrote
+   it. A pod that writes its own ``admit-bytes`` annotation gets no credit for it: non-GNNJob pods are booked at their
+   ``gpu-memory`` annotation (a user declaration, enforced by the MPS pinned-memory limit) or at a whole GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gnnsched.contract import (
+    ANN_ADMIT_BYTES,
+    ANN_GPU_MEMORY,
+    ANN_INTENSITY,
+    ANN_JOB,
+    ANN_PREDICTED_RUNTIME,
+    API_VERSION,
+    GNNJOB_KIND,
+    GNNJOB_PLURAL,
+    GROUP,
+    VERSION,
+)
+from gnnsched.quantity import QuantityError, parse_bytes
+
+
+class IdentityError(Exception):
+    """The peer or its pod fails a check. ``reason`` is a stable label for replies and metrics."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+# --- peer credentials ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCred:
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_cred(sock: socket.socket) -> PeerCred | None:
+    """The kernel's view of the connecting process (Linux ``SO_PEERCRED``); ``None`` where unsupported."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None or sock.family != socket.AF_UNIX:
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return PeerCred(pid, uid, gid)
+
+
+_POD_IN_CGROUP = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+
+
+def pod_uids_in_cgroup(text: str) -> set[str]:
+    """Pod UIDs named in a ``/proc/<pid>/cgroup`` file (v1 or v2, cgroupfs or systemd driver), dash-normalised."""
+    return {m.group(1).replace("_", "-").lower() for m in _POD_IN_CGROUP.finditer(text)}
+
+
+def read_proc_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str:
+    return (proc_root / str(pid) / "cgroup").read_text()
+
+
+@dataclass(slots=True)
+class PeerVerifier:
+    """Checks a claimed pod UID against the peer's cgroup. ``enabled=False`` for tests and non-Linux hosts."""
+
+    enabled: bool = True
+    read_cgroup: Callable[[int], str] = read_proc_cgroup
+
+    def verify(self, cred: PeerCred | None, claimed_uid: str) -> None:
+        if not self.enabled:
+            return
+        if cred is None:
+            raise IdentityError("no-peer-credentials", "this platform cannot identify the peer process (SO_PEERCRED)")
+        try:
+            text = self.read_cgroup(cred.pid)
+        except OSError as exc:
+            raise IdentityError("peer-unreadable", f"cannot read the cgroup of pid {cred.pid}: {exc}") from None
+        found = pod_uids_in_cgroup(text)
+        if claimed_uid.lower() not in found:
+            seen = ", ".join(sorted(found)) or "none"
+            raise IdentityError(
+                "pod-uid-mismatch", f"pid {cred.pid} claims pod {claimed_uid} but its cgroup names pod(s) {seen}"
+            )
+
+
+# --- pods ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PodInfo:
+    """The parts of a pod the gate needs, as read from the API server."""
+
+    uid: str
+    namespace: str
+    name: str
+    node_name: str | None = None
+    phase: str = "Running"
+    annotations: dict[str, str] = field(default_factory=dict)
+    owner_job: str | None = None  # "<ns>/<name>" of an owning GNNJob that exists with the referenced UID
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+class PodLookup(Protocol):
+    """Read pods (and whether a GNNJob owns them). The cluster implementation uses the kubernetes client."""
+
+    def get(self, namespace: str, name: str) -> PodInfo | None: ...
+
+    def on_node(self, node_name: str) -> list[PodInfo]: ...
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None: ...
+
+
+def _gnnjob_owner(meta: dict[str, Any]) -> tuple[str, str] | None:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == GNNJOB_KIND and str(ref.get("apiVersion", "")).split("/")[0] == GROUP:
+            return str(ref.get("name", "")), str(ref.get("uid", ""))
+    return None
+
+
+def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | None]) -> PodInfo:
+    """Build ``PodInfo`` from a pod object (``dict``, API shape). ``job_uid(ns, name)`` returns the GNNJob's UID or
+    ``None`` when it cannot be read; ownership counts only when it exists with the UID the pod references."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    ns = str(meta.get("namespace", "default"))
+    owner = _gnnjob_owner(meta)
+    owner_job = None
+    if owner is not None:
+        real = job_uid(ns, owner[0])
+        if real is not None and real == owner[1]:
+            owner_job = f"{ns}/{owner[0]}"
+    return PodInfo(
+        uid=str(meta.get("uid", "")),
+        namespace=ns,
+        name=str(meta.get("name", "")),
+        node_name=spec.get("nodeName"),
+        phase=str(status.get("phase", "Running")),
+        annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+        owner_job=owner_job,
+    )
+
+
+class FilePodLookup:
+    """Pods and GNNJobs from a JSON file ``{"pods": [...], "gnnjobs": [...]}`` (API object shape), re-read on every
+    call. For running the agent without a cluster (development, tests); annotations the agent writes go to the
+    same file so a restarted agent sees them, as it would on the API server."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {"pods": [], "gnnjobs": []}
+        return data if isinstance(data, dict) else {"pods": [], "gnnjobs": []}
+
+    def _infos(self) -> list[PodInfo]:
+        data = self._load()
+        jobs = {
+            (str(j.get("metadata", {}).get("namespace", "default")), str(j.get("metadata", {}).get("name"))): str(
+                j.get("metadata", {}).get("uid", "")
+            )
+            for j in data.get("gnnjobs") or []
+            if isinstance(j, dict)
+        }
+        return [pod_from_object(p, lambda ns, n: jobs.get((ns, n))) for p in data.get("pods") or [] if isinstance(p, dict)]
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        return next((p for p in self._infos() if p.namespace == namespace and p.name == name), None)
+
+    def on_node(self, node_name: str) -> list[PodInfo]:
+        return [p for p in self._infos() if p.node_name in (None, node_name)]
+
+    def mutate(self, change: Callable[[dict[str, Any]], None]) -> None:
+        """Read-modify-write the file under an exclusive lock (the agent and a test or tool may both write it)."""
+        import fcntl
+
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._load()
+            data.setdefault("pods", [])
+            data.setdefault("gnnjobs", [])
+            change(data)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.path)
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        def change(data: dict[str, Any]) -> None:
+            for p in data.get("pods") or []:
+                meta = p.setdefault("metadata", {})
+                if meta.get("namespace", "default") == namespace and meta.get("name") == name:
+                    ann = meta.setdefault("annotations", {})
+                    for k, v in annotations.items():
+                        if v is None:
+                            ann.pop(k, None)
+                        else:
+                            ann[k] = v
+
+        self.mutate(change)
+
+
+class KubePodLookup:
+    """The in-cluster lookup (kubernetes client); tested against kmock's in-memory API server."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else kubeconfig."""
+        from kubernetes import client, config
+
+        if api_client is None:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    def _job_uid(self, namespace: str, name: str) -> str | None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, GNNJOB_PLURAL, name)
+        except ApiException:
+            return None
+        return str(obj.get("metadata", {}).get("uid", "")) or None
+
+    def _info(self, pod: Any) -> PodInfo:
+        obj = self._core.api_client.sanitize_for_serialization(pod)
+        return pod_from_object(obj, self._job_uid)
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self._info(self._core.read_namespaced_pod(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def on_node(self, node_name: str) -> list[PodInfo]:
+        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}")
+        infos = [self._info(p) for p in pods.items]
+        return [p for p in infos if p.node_name == node_name]  # also when a server ignores the field selector
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What the gate books for a pod, and where the number came from (``admit-bytes``, ``gpu-memory``, ``whole-gpu``)."""
+
+    bytes: int
+    source: str
+    job: str | None
+    qt_seconds: float | None
+    intensity: str | None
+
+
+def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
+    """The bytes to book for ``pod``: trusted ``admit-bytes`` only under a GNNJob owner (see module docstring)."""
+    ann = pod.annotations
+    qt: float | None = None
+    raw_rt = ann.get(ANN_PREDICTED_RUNTIME)
+    if raw_rt is not None:
+        try:
+            qt = float(raw_rt)
+            if not qt >= 0:
+                qt = None
+        except ValueError:
+            qt = None
+    intensity = ann.get(ANN_INTENSITY) if ann.get(ANN_INTENSITY) in ("memory", "compute") else None
+    if pod.owner_job is not None:
+        raw = ann.get(ANN_ADMIT_BYTES)
+        if raw is None:
+            raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_ADMIT_BYTES} is missing")
+        try:
+            value = int(raw)
+        except ValueError:
+            raise IdentityError(
+                "bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_ADMIT_BYTES}={raw!r} is not an integer"
+            ) from None
+        if value <= 0:
+            raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_ADMIT_BYTES} must be > 0")
+        return Demand(value, "admit-bytes", ann.get(ANN_JOB, pod.owner_job), qt, intensity)
+    raw_mem = ann.get(ANN_GPU_MEMORY)
+    if raw_mem is not None:
+        try:
+            value = parse_bytes(raw_mem)
+        except QuantityError as exc:
+            raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_GPU_MEMORY}: {exc}") from None
+        if value <= 0:
+            raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_GPU_MEMORY} must be > 0")
+        return Demand(value, "gpu-memory", None, qt, intensity)
+    return Demand(whole_gpu_bytes, "whole-gpu", None, qt, intensity)
+
+
+def gnnjob_owner_reference(name: str, uid: str) -> dict[str, Any]:
+    """An ownerReference to a GNNJob (what the operator sets; used by tests and the dev pods file)."""
+    return {"apiVersion": API_VERSION, "kind": GNNJOB_KIND, "name": name, "uid": uid, "controller": True}
+
+
+IS_LINUX = sys.platform.startswith("linux")

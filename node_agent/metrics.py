@@ -1,0 +1,140 @@
+"""Prometheus metrics of the node agent (``gnnsched_*``), in a registry the agent owns (no global state).
+
+What an SRE needs to trust the gate: memory per GPU (total, reserved, committed by the gate, used as the driver
+sees it), the queue, admissions and rejections by reason, how long pods wait, how good the memory prediction was
+(predicted admit-bytes vs the observed peak of the pod's processes, and their ratio), and the MPS daemon's state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from gnnsched.gpu_backend import GPUInfo, GPUProcess
+    from gnnsched.node_agent.books import Books, Entry
+
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
+RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4)
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        g = ("gpu", "uuid")
+        self.total = Gauge("gnnsched_gpu_memory_total_bytes", "GPU memory size", g, registry=r)
+        self.reserved = Gauge("gnnsched_gpu_memory_reserved_bytes", "Memory the gate never commits", g, registry=r)
+        self.committed = Gauge("gnnsched_gpu_memory_committed_bytes", "Sum of admit-bytes of running clients", g, registry=r)
+        self.used = Gauge("gnnsched_gpu_memory_used_bytes", "Memory in use as the driver reports it", g, registry=r)
+        self.healthy = Gauge("gnnsched_gpu_healthy", "1 if the GPU is healthy", g, registry=r)
+        self.clients = Gauge("gnnsched_mps_clients", "Gated (MPS client) processes running per GPU", g, registry=r)
+        self.queue = Gauge("gnnsched_gate_queue_length", "Pods waiting at the gate", registry=r)
+        self.admissions = Counter("gnnsched_gate_admissions", "Pods admitted by the gate", registry=r)
+        self.rejections = Counter("gnnsched_gate_rejections", "Requests refused by the gate", ("reason",), registry=r)
+        self.wait = Histogram("gnnsched_gate_admission_wait_seconds", "Time from queueing to admission",
+                              buckets=WAIT_BUCKETS, registry=r)
+        self.predicted = Gauge("gnnsched_job_predicted_peak_bytes", "admit-bytes of a running pod",
+                               ("namespace", "pod"), registry=r)
+        self.observed = Gauge("gnnsched_job_observed_peak_bytes", "Observed peak GPU memory of a running pod",
+                              ("namespace", "pod"), registry=r)
+        self.error_ratio = Histogram("gnnsched_job_prediction_error_ratio",
+                                     "observed peak / predicted admit-bytes, per finished pod", buckets=RATIO_BUCKETS,
+                                     registry=r)
+        self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
+        self.mps_restarts = Gauge("gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r)
+        self._lock = threading.Lock()
+        self._peaks: dict[str, int] = {}
+        self._labels: dict[str, tuple[str, str]] = {}
+
+    # --- fed by the gate ----------------------------------------------------------------------------------------
+
+    def books_changed(self, books: Books) -> None:
+        self.queue.set(len(books.queued))
+        for gpu in books.gpus.values():
+            lab = (str(gpu.index), gpu.uuid)
+            self.total.labels(*lab).set(gpu.total_bytes)
+            self.reserved.labels(*lab).set(gpu.reserve_bytes)
+            self.committed.labels(*lab).set(books.committed_bytes(gpu.index))
+            self.clients.labels(*lab).set(books.clients(gpu.index))
+        with self._lock:
+            for e in books.running.values():
+                if e.key not in self._labels:
+                    self._labels[e.key] = (e.namespace, e.name or e.pod_uid)
+                    self.predicted.labels(*self._labels[e.key]).set(e.bytes)
+
+    def admitted(self, waited_seconds: float) -> None:
+        self.admissions.inc()
+        self.wait.observe(max(0.0, waited_seconds))
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
+
+    def job_finished(self, e: Entry) -> int | None:
+        """Close a pod's prediction record; returns its observed peak (None if never seen on a GPU)."""
+        with self._lock:
+            peak = self._peaks.pop(e.key, None)
+            lab = self._labels.pop(e.key, None)
+        if lab is not None:
+            for gauge in (self.predicted, self.observed):
+                try:
+                    gauge.remove(*lab)
+                except KeyError:
+                    pass
+        if peak:
+            self.error_ratio.observe(peak / e.bytes)
+        return peak
+
+    # --- fed by the sampler -------------------------------------------------------------------------------------
+
+    def sample(self, devices: list[GPUInfo], processes: dict[int, list[GPUProcess]], books: Books,
+               pids: dict[str, int]) -> None:
+        """Driver view: used bytes and health per GPU, and per-pod peaks from the processes the gate admitted."""
+        for d in devices:
+            lab = (str(d.index), d.uuid)
+            self.used.labels(*lab).set(d.used_bytes)
+            self.healthy.labels(*lab).set(1 if d.healthy else 0)
+        by_pid: dict[int, int] = {}
+        for procs in processes.values():
+            for p in procs:
+                if p.used_bytes is not None:
+                    by_pid[p.pid] = by_pid.get(p.pid, 0) + p.used_bytes
+        with self._lock:
+            for key, pid in pids.items():
+                if key in books.running and pid in by_pid:
+                    self._peaks[key] = max(self._peaks.get(key, 0), by_pid[pid])
+                    lab = self._labels.get(key)
+                    if lab is not None:
+                        self.observed.labels(*lab).set(self._peaks[key])
+
+    def mps(self, up: bool, restarts: int) -> None:
+        self.mps_up.set(1 if up else 0)
+        self.mps_restarts.set(restarts)
+
+    def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True) -> object:
+        """Expose ``/metrics`` (and ``/healthz``, the DaemonSet's liveness probe: 503 when ``healthy()`` is false) on
+        ``port`` (0: any free port; the returned server's ``server_port`` says which)."""
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
+
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict, start_response: Callable) -> list[bytes]:
+            if environ.get("PATH_INFO") == "/healthz":
+                ok = healthy()
+                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"ok\n" if ok else b"unhealthy: the agent's loop has stalled\n"]
+            return metrics_app(environ, start_response)
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+                pass
+
+        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, daemon=True, name="metrics-http").start()
+        return server

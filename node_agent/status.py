@@ -1,0 +1,112 @@
+"""The ``GPUNode`` status the agent publishes (the extender's only view of this node).
+
+Built from the gate's books (committed bytes, running and queued pods) and the driver (used bytes, health), written
+every few seconds and soon after every change. In a cluster it goes to the cluster-scoped ``GPUNode`` object named
+after the node (created on first write); without one (development, tests) to a JSON file, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from gnnsched.contract import (
+    API_VERSION,
+    GPUJob,
+    GPUNODE_KIND,
+    GPUNODE_PLURAL,
+    GPUNodeStatus,
+    GPUStatus,
+    GROUP,
+    MPSStatus,
+    VERSION,
+)
+from gnnsched.gpu_backend import GPUInfo
+from gnnsched.gpus import match_device_name
+from gnnsched.node_agent.books import Books, Entry
+
+log = logging.getLogger("gnnsched.node_agent.status")
+
+
+def _job(e: Entry, now: float) -> GPUJob:
+    remaining = None
+    if e.qt_seconds is not None:
+        started = e.admitted_at if e.admitted_at is not None else now
+        remaining = max(0.0, e.qt_seconds - max(0.0, now - started))
+    intensity = e.intensity if e.intensity in ("memory", "compute") else None
+    return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
+                  predicted_remaining_seconds=remaining, intensity=intensity)  # type: ignore[arg-type]
+
+
+def build_status(
+    node_name: str, books: Books, devices: list[GPUInfo], mps: MPSStatus, now: float
+) -> GPUNodeStatus:
+    """One snapshot. Queued pods are listed under GPU index 0: the gate decides their GPU only at admission."""
+    by_index = {d.index: d for d in devices}
+    queue = books.queue_order()
+    gpus: list[GPUStatus] = []
+    for g in sorted(books.gpus.values(), key=lambda g: g.index):
+        d = by_index.get(g.index)
+        model = match_device_name(d.name if d else g.model, g.total_bytes)
+        running = sorted((e for e in books.running.values() if e.gpu_index == g.index), key=lambda e: e.seq)
+        gpus.append(GPUStatus(
+            index=g.index, uuid=g.uuid, model=model.name if model else (d.name if d else g.model),
+            total_bytes=g.total_bytes, reserve_bytes=g.reserve_bytes, committed_bytes=books.committed_bytes(g.index),
+            used_bytes=d.used_bytes if d else 0, healthy=bool(d.healthy) if d else False, mps_healthy=mps.healthy,
+            max_clients=g.max_clients, running=[_job(e, now) for e in running],
+            queued=[_job(e, now) for e in queue] if g.index == min(books.gpus) else [],
+        ))
+    return GPUNodeStatus(node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus)
+
+
+class StatusSink(Protocol):
+    def publish(self, status: GPUNodeStatus) -> None: ...
+
+
+class FileStatusSink:
+    """Writes the status JSON (``{"apiVersion", "kind", "metadata", "status"}``) to a file, atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def publish(self, status: GPUNodeStatus) -> None:
+        obj = {"apiVersion": API_VERSION, "kind": GPUNODE_KIND, "metadata": {"name": status.node_name},
+               "status": status.wire()}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(obj))
+        tmp.replace(self.path)
+
+
+class KubeStatusSink:
+    """Writes ``GPUNode/<node>`` status through the API server (status subresource), creating the object first if it
+    does not exist yet. Tested against kmock's in-memory API server."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        from kubernetes import client, config
+
+        if api_client is None:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        self._api = client.CustomObjectsApi(api_client)
+
+    def publish(self, status: GPUNodeStatus) -> None:
+        from kubernetes.client.rest import ApiException
+
+        name = status.node_name
+        body = {"status": status.wire()}
+        try:
+            self._api.patch_cluster_custom_object_status(GROUP, VERSION, GPUNODE_PLURAL, name, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._api.create_cluster_custom_object(
+                GROUP, VERSION, GPUNODE_PLURAL,
+                {"apiVersion": API_VERSION, "kind": GPUNODE_KIND, "metadata": {"name": name}},
+            )
+            self._api.patch_cluster_custom_object_status(GROUP, VERSION, GPUNODE_PLURAL, name, body)

@@ -1,0 +1,60 @@
+"""Shared helpers for the gate tests: a pods file the way the API server would show pods and GNNJobs."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU_MEMORY, ANN_PREDICTED_RUNTIME
+from gnnsched.node_agent.identity import FilePodLookup, gnnjob_owner_reference
+
+GiB = 2**30
+
+
+def pod_object(
+    name: str,
+    *,
+    uid: str | None = None,
+    namespace: str = "default",
+    node: str = "node-a",
+    admit_bytes: int | None = None,
+    runtime: float | None = None,
+    owner: tuple[str, str] | None = None,
+    gpu_memory: str | None = None,
+    phase: str = "Running",
+) -> dict[str, Any]:
+    ann: dict[str, str] = {}
+    if admit_bytes is not None:
+        ann[ANN_ADMIT_BYTES] = str(admit_bytes)
+    if runtime is not None:
+        ann[ANN_PREDICTED_RUNTIME] = str(runtime)
+    if gpu_memory is not None:
+        ann[ANN_GPU_MEMORY] = gpu_memory
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()), "annotations": ann}
+    if owner is not None:
+        meta["ownerReferences"] = [gnnjob_owner_reference(owner[0], owner[1])]
+    return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def job_pod(name: str, admit_bytes: int, runtime: float | None = None, **kw: Any) -> tuple[dict, dict]:
+    """A pod owned by a GNNJob (and that GNNJob), as the operator creates them."""
+    job_uid = str(uuid.uuid4())
+    job = {"metadata": {"name": f"job-{name}", "namespace": kw.get("namespace", "default"), "uid": job_uid}}
+    return pod_object(name, admit_bytes=admit_bytes, runtime=runtime, owner=(f"job-{name}", job_uid), **kw), job
+
+
+def write_pods(path: Path, pods: list[dict], jobs: list[dict]) -> None:
+    """Replace the pods file (only before an agent writes to it)."""
+    path.write_text(json.dumps({"pods": pods, "gnnjobs": jobs}))
+
+
+def add_pods(path: Path, pods: list[dict], jobs: list[dict]) -> None:
+    """Add pods the way the API server would, safely while the agent annotates others (same lock)."""
+
+    def change(data: dict) -> None:
+        data["pods"].extend(pods)
+        data["gnnjobs"].extend(jobs)
+
+    FilePodLookup(path).mutate(change)

@@ -1,0 +1,291 @@
+"""The gate server over a real unix socket (in-process asyncio clients): identity, trust, bad input, vanishing clients.
+
+Every test ends by checking the books: whatever a client did, the committed bytes equal the sum over live admitted
+connections and the invariant holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from gate_helpers import GiB, add_pods, job_pod, pod_object
+
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
+from gnnsched.node_agent.books import Books, GPUSlot
+from gnnsched.node_agent.gate import GateConfig, GateServer
+from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier, pod_uids_in_cgroup
+from gnnsched.node_agent.metrics import AgentMetrics
+from gnnsched.node_agent.protocol import MAX_LINE
+
+pytestmark = [pytest.mark.timeout(30)]
+
+
+def _gpus() -> list[GPUSlot]:
+    return [GPUSlot(i, f"GPU-fake-{i}", "Fake-GPU", 80 * GiB, 2 * GiB, 4) for i in range(2)]
+
+
+class Harness:
+    def __init__(self, tmp: Path, verifier: PeerVerifier | None = None, policy: str = "base") -> None:
+        self.tmp = tmp
+        self.pods_file = tmp / "pods.json"
+        self.sock = tmp / "gate.sock"
+        self.metrics = AgentMetrics()
+        self.books = Books(_gpus(), policy)
+        self.server = GateServer(
+            self.books, GateConfig(node_name="node-a", pipe_directory="/run/mps", recovery_grace=0,
+                                   reconcile_seconds=0),
+            pods=FilePodLookup(self.pods_file), verifier=verifier or PeerVerifier(enabled=False),
+            metrics=self.metrics, event_log=tmp / "events.jsonl",
+        )
+
+    def add(self, pod: dict, job: dict | None = None) -> dict:
+        add_pods(self.pods_file, [pod], [job] if job else [])
+        return pod
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(str(self.sock))
+
+    async def request(self, pod: dict, op: str = "admit", **extra) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        r, w = await self.connect()
+        m = pod["metadata"]
+        msg = {"op": op, "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"], **extra}
+        w.write(json.dumps(msg).encode() + b"\n")
+        await w.drain()
+        return r, w
+
+    async def reply(self, r: asyncio.StreamReader, want: str | None = None) -> dict:
+        while True:
+            line = await asyncio.wait_for(r.readline(), 5)
+            assert line, "connection closed without a reply"
+            msg = json.loads(line)
+            if want is None or msg["status"] == want or msg["status"] == "rejected":
+                return msg
+
+    def rejections(self, reason: str) -> float:
+        return self.metrics.registry.get_sample_value("gnnsched_gate_rejections_total", {"reason": reason}) or 0.0
+
+    async def settle(self, cond, timeout: float = 5.0) -> None:
+        for _ in range(int(timeout / 0.01)):
+            if cond():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached")
+
+
+@pytest_asyncio.fixture
+async def gate(tmp_path):
+    h = Harness(tmp_path)
+    await h.server.start(h.sock)
+    yield h
+    await h.server.close()
+    h.books.check()
+
+
+@pytest.mark.asyncio
+async def test_admit_reply_and_release(gate: Harness) -> None:
+    pod, job = job_pod("a", 10 * GiB, runtime=30)
+    gate.add(pod, job)
+    r, w = await gate.request(pod)
+    msg = await gate.reply(r, "admitted")
+    assert msg["gpuUuid"] == "GPU-fake-0" and msg["bytes"] == 10 * GiB
+    assert msg["memLimit"] == "0=10240M" and msg["activeThreadPercentage"] == 100
+    assert msg["pipeDirectory"] == "/run/mps" and msg["group"] == "g1"
+    assert gate.books.committed_bytes(0) == 10 * GiB
+    await gate.settle(lambda: json.loads(gate.pods_file.read_text())["pods"][0]["metadata"]["annotations"].get(ANN_GPU))
+    ann = json.loads(gate.pods_file.read_text())["pods"][0]["metadata"]["annotations"]
+    assert ann[ANN_GPU] == "GPU-fake-0" and ann[ANN_GROUP] == "g1" and ANN_ADMITTED_AT in ann
+    w.close()  # the process exited
+    await gate.settle(lambda: not gate.books.running)
+    await gate.settle(lambda: ANN_FINISHED_AT in json.loads(gate.pods_file.read_text())["pods"][0]["metadata"]["annotations"])
+
+
+@pytest.mark.asyncio
+async def test_queue_then_admit_on_exit(gate: Harness) -> None:
+    pods = [gate.add(*job_pod(f"p{i}", 70 * GiB)) for i in range(3)]
+    conns, first = [], []
+    for p in pods:  # one at a time: arrival order is then the request order
+        conns.append(await gate.request(p))
+        first.append(await gate.reply(conns[-1][0]))
+    assert [m["status"] for m in first] == ["admitted", "admitted", "queued"]
+    assert {first[0]["gpuUuid"], first[1]["gpuUuid"]} == {"GPU-fake-0", "GPU-fake-1"}
+    conns[0][1].close()
+    msg = await gate.reply(conns[2][0], "admitted")
+    assert msg["gpuUuid"] == first[0]["gpuUuid"]
+    assert gate.metrics.registry.get_sample_value("gnnsched_gate_admissions_total") == 3
+
+
+@pytest.mark.asyncio
+async def test_unknown_and_lying_pods_change_nothing(gate: Harness) -> None:
+    real, job = job_pod("real", 5 * GiB)
+    gate.add(real, job)
+    ghost = pod_object("ghost", admit_bytes=1)
+    r, _ = await gate.request(ghost)
+    assert (await gate.reply(r))["reason"] == "unknown-pod"
+    liar = json.loads(json.dumps(real))
+    liar["metadata"]["uid"] = "11111111-2222-3333-4444-555555555555"
+    r, _ = await gate.request(liar)
+    assert (await gate.reply(r))["reason"] == "pod-uid-mismatch"
+    other_node = gate.add(*job_pod("elsewhere", GiB, node="node-b"))
+    r, _ = await gate.request(other_node)
+    assert (await gate.reply(r))["reason"] == "wrong-node"
+    done = gate.add(*job_pod("done", GiB, phase="Succeeded"))
+    r, _ = await gate.request(done)
+    assert (await gate.reply(r))["reason"] == "pod-finished"
+    assert not gate.books.running and not gate.books.queued
+
+
+@pytest.mark.asyncio
+async def test_admit_bytes_only_trusted_from_gnnjob_owner(gate: Harness) -> None:
+    # A pod that writes its own admit-bytes (no GNNJob owner) gets no credit: booked at its gpu-memory declaration.
+    forged = gate.add(pod_object("forged", admit_bytes=1, gpu_memory="20Gi"))
+    r, _w1 = await gate.request(forged)
+    assert (await gate.reply(r, "admitted"))["bytes"] == 20 * GiB
+    # Owner reference to a GNNJob that does not exist (or has another uid): not trusted either → whole GPU.
+    fake_owner = gate.add(pod_object("fake-owner", admit_bytes=1, owner=("job-x", "uid-x")))
+    r, _w2 = await gate.request(fake_owner)
+    assert (await gate.reply(r, "admitted"))["bytes"] == 78 * GiB
+    bad, job = job_pod("bad", 1)
+    bad["metadata"]["annotations"]["gnnsched.io/admit-bytes"] = "lots"
+    gate.add(bad, job)
+    r, _ = await gate.request(bad)
+    msg = await gate.reply(r)
+    assert msg["reason"] == "bad-annotation" and "admit-bytes='lots'" in msg["message"]
+    assert sorted(e.bytes for e in gate.books.running.values()) == [20 * GiB, 78 * GiB]
+
+
+@pytest.mark.asyncio
+async def test_malformed_requests(gate: Harness) -> None:
+    cases = [
+        (b"not json\n", "request"),
+        (b'{"op": "admit"}\n', "podUid"),
+        (b'{"op": "steal", "podUid": "x", "podName": "x", "podNamespace": "x"}\n', "op"),
+        (b'{"op": "admit", "podUid": "../../etc", "podName": "x", "podNamespace": "x"}\n', "podUid"),
+        (b'{"op": "admit", "podUid": "u", "podName": "x", "podNamespace": "x", "bytes": 1}\n', "bytes"),
+        (b'[1, 2]\n', "request"),
+        (b"x" * (MAX_LINE + 10) + b"\n", "longer than"),
+    ]
+    for raw, needle in cases:
+        r, w = await gate.connect()
+        w.write(raw)
+        await w.drain()
+        msg = await gate.reply(r)
+        assert msg["status"] == "rejected" and msg["reason"] == "malformed", raw[:40]
+        assert needle in msg["message"], (raw[:40], msg)
+        w.close()
+    # A client that connects and says nothing, or half a line, then vanishes.
+    r, w = await gate.connect()
+    w.write(b'{"op": "adm')
+    w.close()
+    assert gate.rejections("malformed") == len(cases)
+    assert not gate.books.queued and not gate.books.running
+
+
+@pytest.mark.asyncio
+async def test_vanished_clients(gate: Harness) -> None:
+    big = [gate.add(*job_pod(f"big{i}", 60 * GiB)) for i in range(2)]
+    holders = [await gate.request(p) for p in big]
+    for r, _ in holders:
+        assert (await gate.reply(r))["status"] == "admitted"
+    waiting = gate.add(*job_pod("waiting", 30 * GiB))
+    r, w = await gate.request(waiting)
+    assert (await gate.reply(r))["status"] == "queued"
+    w.transport.abort()  # killed while queued
+    await gate.settle(lambda: not gate.books.queued)
+    assert gate.books.committed_bytes(0) + gate.books.committed_bytes(1) == 120 * GiB
+    holders[0][1].transport.abort()  # killed while running
+    await gate.settle(lambda: len(gate.books.running) == 1)
+    # Duplicate request from a pod that is already running is refused without touching its booking.
+    r, _ = await gate.request(big[1])
+    assert (await gate.reply(r))["reason"] == "duplicate"
+    assert len(gate.books.running) == 1
+
+
+@pytest.mark.asyncio
+async def test_exceeds_gpu(gate: Harness) -> None:
+    huge = gate.add(*job_pod("huge", 79 * GiB))  # capacity is 80 - 2 reserve
+    r, _ = await gate.request(huge)
+    msg = await gate.reply(r)
+    assert msg["reason"] == "exceeds-gpu"
+    assert gate.rejections("exceeds-gpu") == 1
+
+
+@pytest.mark.asyncio
+async def test_resume_checks_the_pod(gate: Harness) -> None:
+    pod, job = job_pod("r", 8 * GiB)
+    gate.add(pod, job)
+    r, _ = await gate.request(pod, op="resume", gpuUuid="GPU-fake-1", bytes=1)  # lies about its bytes
+    assert (await gate.reply(r))["reason"] == "resume-mismatch"
+    r, _ = await gate.request(pod, op="resume", gpuUuid="GPU-nope", bytes=8 * GiB)
+    assert (await gate.reply(r))["reason"] == "unknown-gpu"
+    r, w = await gate.request(pod, op="resume", gpuUuid="GPU-fake-1", bytes=8 * GiB)
+    assert (await gate.reply(r))["status"] == "resumed"
+    assert gate.books.committed_bytes(1) == 8 * GiB
+    r2, _ = await gate.request(pod, op="resume", gpuUuid="GPU-fake-1", bytes=8 * GiB)
+    assert (await gate.reply(r2))["reason"] == "duplicate"
+    w.close()
+    await gate.settle(lambda: not gate.books.running)
+
+
+def test_cgroup_parsing() -> None:
+    v1 = "12:memory:/kubepods/burstable/pod0b5c1f1e-4b2a-4c1e-9d9f-0123456789ab/3f2e\n"
+    v2 = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b5c1f1e_4b2a_4c1e_9d9f_0123456789ab.slice/cri-containerd-1.scope\n"
+    assert pod_uids_in_cgroup(v1) == {"0b5c1f1e-4b2a-4c1e-9d9f-0123456789ab"}
+    assert pod_uids_in_cgroup(v2) == {"0b5c1f1e-4b2a-4c1e-9d9f-0123456789ab"}
+    assert pod_uids_in_cgroup("0::/user.slice/user-1000.slice\n") == set()
+
+
+@pytest.mark.skipif(not hasattr(__import__("socket"), "SO_PEERCRED"), reason="SO_PEERCRED is Linux-only")
+@pytest.mark.asyncio
+async def test_peer_cgroup_check(tmp_path) -> None:
+    """With the check on, the kernel-reported pid's cgroup must name the claimed pod: this test process's real
+    cgroup names no pod (a liar); an injected cgroup for our pid names the pod (the honest case)."""
+    pod, job = job_pod("p", GiB)
+    uid = pod["metadata"]["uid"]
+    seen: list[int] = []
+
+    def fake_cgroup(pid: int) -> str:
+        seen.append(pid)
+        return f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-x.scope\n"
+
+    for verifier, want in ((PeerVerifier(enabled=True), "rejected"), (PeerVerifier(True, fake_cgroup), "admitted")):
+        (tmp_path / want).mkdir()
+        h = Harness(tmp_path / want, verifier)
+        h.add(pod, job)
+        await h.server.start(h.sock)
+        try:
+            r, w = await h.request(pod)
+            msg = await h.reply(r)
+            assert msg["status"] == want, msg
+            if want == "rejected":
+                assert msg["reason"] == "pod-uid-mismatch" and f"pid {os.getpid()}" in msg["message"]
+                assert not h.books.queued and not h.books.running
+            w.close()
+        finally:
+            await h.server.close()
+    assert seen == [os.getpid()]
+
+
+@pytest.mark.asyncio
+async def test_pod_gone_releases_and_closes(gate: Harness) -> None:
+    """The agent releases on the pod going away even if the client's connection never ends."""
+    pods = [gate.add(*job_pod(f"g{i}", 50 * GiB)) for i in range(3)]
+    conns = []
+    for p in pods:
+        conns.append(await gate.request(p))
+        await gate.reply(conns[-1][0])
+    assert len(gate.books.running) == 2 and len(gate.books.queued) == 1
+
+    def drop(data: dict) -> None:
+        data["pods"] = [p for p in data["pods"] if p["metadata"]["name"] != "g0"]
+
+    FilePodLookup(gate.pods_file).mutate(drop)
+    await gate.server.reconcile()
+    assert (await asyncio.wait_for(conns[0][0].read(), 5)) == b""  # the gate hung up on the vanished pod
+    msg = await gate.reply(conns[2][0], "admitted")  # its memory went to the waiting one
+    assert msg["status"] == "admitted"
+    assert sorted(e.name for e in gate.books.running.values()) == ["g1", "g2"]

@@ -1,0 +1,174 @@
+"""Property test of the gate's state machine: random arrivals, exits, cancellations, liars, GPU health flips and
+agent restarts (books rebuilt from the clients that reconnect). In-process, so ≥ 10,000 events run in seconds.
+
+Checked after every event, independently of the books' own tripwire: per GPU the bytes of the clients the *model*
+believes run there stay ≤ total − reserve and ≤ max clients; the books agree with the model exactly (nothing lost,
+nothing invented); no client is ever admitted twice. At the end every waiting client gets admitted once the running
+ones exit (liveness).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gnnsched.node_agent.books import Books, GPUSlot, Rejected
+from gnnsched.policies import Policy
+
+UNIT = 2**30
+TOTAL, RESERVE, MAX_CLIENTS = 80 * UNIT, 4 * UNIT, 5
+
+arrive = st.tuples(st.just("arrive"), st.integers(1, 80), st.one_of(st.none(), st.floats(0, 1e4)))
+exit_ = st.tuples(st.just("exit"), st.integers(0, 10**6))
+cancel = st.tuples(st.just("cancel"), st.integers(0, 10**6))
+restart = st.tuples(st.just("restart"), st.integers(0, 2**16))
+liar = st.tuples(st.just("liar"), st.integers(0, 10**6), st.integers(1, 200))
+health = st.tuples(st.just("health"), st.integers(0, 1), st.booleans())
+ops = st.lists(
+    st.one_of(arrive, arrive, arrive, exit_, exit_, cancel, restart, liar, health), min_size=100, max_size=140
+)
+
+
+@dataclass
+class Client:
+    key: str
+    bytes: int
+    qt: float | None
+    state: str = "waiting"  # waiting | running | done
+    gpu_uuid: str | None = None
+    admissions: int = 0
+
+
+def _gpus() -> list[GPUSlot]:
+    return [GPUSlot(i, f"GPU-{i}", "Fake-GPU", TOTAL, RESERVE, MAX_CLIENTS) for i in range(2)]
+
+
+def _snapshot(b: Books) -> tuple:
+    return (
+        sorted((k, e.bytes, e.gpu_index) for k, e in b.running.items()),
+        sorted((k, e.bytes) for k, e in b.queued.items()),
+    )
+
+
+def _apply_decisions(books: Books, clients: dict[str, Client]) -> None:
+    for d in books.decide():
+        for e in d.entries:
+            c = clients[e.key]
+            assert c.state == "waiting", f"{c.key} admitted while {c.state}"
+            c.state, c.gpu_uuid = "running", d.gpu.uuid
+            c.admissions += 1
+            assert c.admissions == 1, f"{c.key} admitted twice"
+
+
+def _check(books: Books, clients: dict[str, Client]) -> None:
+    per_gpu: dict[str, list[int]] = {}
+    for c in clients.values():
+        if c.state == "running":
+            per_gpu.setdefault(c.gpu_uuid or "", []).append(c.bytes)
+    for uuid, sizes in per_gpu.items():
+        assert sum(sizes) <= TOTAL - RESERVE, f"{uuid}: {sum(sizes)} > capacity"
+        assert len(sizes) <= MAX_CLIENTS
+    assert set(books.running) == {k for k, c in clients.items() if c.state == "running"}
+    assert set(books.queued) == {k for k, c in clients.items() if c.state == "waiting"}
+    for k, e in books.running.items():
+        assert books.gpus[e.gpu_index].uuid == clients[k].gpu_uuid and e.bytes == clients[k].bytes
+    books.check()
+
+
+def _pick(clients: dict[str, Client], state: str, i: int) -> Client | None:
+    pool = [c for c in clients.values() if c.state == state]
+    return pool[i % len(pool)] if pool else None
+
+
+@settings(max_examples=110, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.sampled_from(list(Policy)), ops)
+def test_gate_books_invariant_under_random_events(policy: Policy, events: list[tuple]) -> None:
+    books = Books(_gpus(), policy)
+    clients: dict[str, Client] = {}
+    n = 0
+    for ev in events:
+        kind = ev[0]
+        if kind == "arrive":
+            n += 1
+            c = Client(f"pod-{n}", ev[1] * UNIT, ev[2])
+            clients[c.key] = c
+            try:
+                books.enqueue(c.key, pod_uid=c.key, bytes=c.bytes, qt_seconds=c.qt)
+            except Rejected as exc:
+                assert exc.reason == "exceeds-gpu" and c.bytes > TOTAL - RESERVE
+                c.state = "done"
+        elif kind == "exit":
+            c = _pick(clients, "running", ev[1])
+            if c is not None:
+                assert books.release(c.key) is not None
+                c.state = "done"
+        elif kind == "cancel":
+            c = _pick(clients, "waiting", ev[1])
+            if c is not None:
+                assert books.cancel(c.key) is not None
+                c.state = "done"
+        elif kind == "health":
+            books.set_health(ev[1], ev[2])
+        elif kind == "liar":
+            before = _snapshot(books)
+            target = _pick(clients, "running", ev[1]) or _pick(clients, "waiting", ev[1])
+            if target is not None:
+                # Re-request or claim to be running under a live key: refused, books untouched.
+                for attempt in (
+                    lambda: books.enqueue(target.key, pod_uid=target.key, bytes=ev[2] * UNIT),
+                    lambda: books.restore(target.key, pod_uid=target.key, bytes=ev[2] * UNIT, gpu_uuid="GPU-9"),
+                ):
+                    try:
+                        attempt()
+                        raise AssertionError("liar accepted")
+                    except Rejected:
+                        pass
+                if target.state == "running":
+                    try:
+                        books.restore(target.key, pod_uid=target.key, bytes=target.bytes, gpu_uuid="GPU-0")
+                        raise AssertionError("duplicate resume accepted")
+                    except Rejected as exc:
+                        assert exc.reason == "duplicate"
+            for bad in (0, -5, True, 1.5):
+                try:
+                    books.enqueue(f"liar-{n}", pod_uid="x", bytes=bad)  # type: ignore[arg-type]
+                    raise AssertionError("bad bytes accepted")
+                except Rejected as exc:
+                    assert exc.reason == "invalid-bytes"
+            assert _snapshot(books) == before
+        elif kind == "restart":
+            # The agent dies. Some workloads exit while it is down; the rest reconnect (in any order) and resume;
+            # waiting clients re-request. A fresh agent starts with all GPUs as the driver reports (healthy).
+            seed = ev[1]
+            health_before = {i: g.healthy for i, g in books.gpus.items()}
+            books = Books(_gpus(), policy)
+            for i, ok in health_before.items():
+                books.set_health(i, ok)
+            order = sorted(clients.values(), key=lambda c: hash((c.key, seed)))
+            for c in order:
+                if c.state == "running":
+                    if hash((c.key, seed, "exit")) % 5 == 0:
+                        c.state = "done"
+                        continue
+                    books.restore(c.key, pod_uid=c.key, bytes=c.bytes, gpu_uuid=c.gpu_uuid or "")
+            for c in order:
+                if c.state == "waiting":
+                    books.enqueue(c.key, pod_uid=c.key, bytes=c.bytes, qt_seconds=c.qt)
+        _check(books, clients)
+        _apply_decisions(books, clients)
+        _check(books, clients)
+    # Liveness: heal, then let everything drain; every client that waited runs exactly once.
+    for i in books.gpus:
+        books.set_health(i, True)
+    _apply_decisions(books, clients)
+    while any(c.state == "running" for c in clients.values()):
+        c = _pick(clients, "running", 0)
+        assert c is not None
+        books.release(c.key)
+        c.state = "done"
+        _apply_decisions(books, clients)
+        _check(books, clients)
+    assert not books.queued and all(c.state == "done" for c in clients.values())
+    assert all(c.admissions <= 1 for c in clients.values())

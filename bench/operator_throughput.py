@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -42,7 +43,8 @@ def job_manifest(i: int, distinct: int) -> dict[str, Any]:
     arch = ARCHS[variant % len(ARCHS)]
     dataset = DATASETS[(variant // len(ARCHS)) % len(DATASETS)]
     hidden = HIDDEN[(variant // (len(ARCHS) * len(DATASETS))) % len(HIDDEN)]
-    model: dict[str, Any] = {"arch": arch, "layers": 2, "hidden": hidden}
+    layers = 2 + (variant // (len(ARCHS) * len(DATASETS) * len(HIDDEN))) % 3
+    model: dict[str, Any] = {"arch": arch, "layers": layers, "hidden": hidden}
     if arch == "gat":
         model["heads"] = 4
     return {
@@ -124,7 +126,8 @@ async def run(args: argparse.Namespace) -> int:
     all_done = len(first_seen) == args.jobs
     exactly_one = all_done and len(per_job) == args.jobs and all(n == 1 for n in per_job.values())
     print(f"operator start-up to the warm-up job's pod: {warm:.2f} s (imports and the first trace; not counted)")
-    print(f"jobs: {args.jobs} created concurrently in {created:.2f} s ({args.distinct} distinct model/graph variants)")
+    variants = len({json.dumps([m["spec"]["model"], m["spec"]["graph"]], sort_keys=True) for m in manifests})
+    print(f"jobs: {args.jobs} created concurrently in {created:.2f} s ({variants} distinct model/graph variants)")
     print(f"jobs with a pod: {len(first_seen)}/{args.jobs}; last pod after {max(latencies or [0]):.2f} s "
           f"(deadline {args.deadline:.0f} s, polled every 0.2 s; loop ended after {elapsed:.2f} s)")
     if latencies:

@@ -227,6 +227,25 @@ class Operator:
         except Exception:  # noqa: BLE001
             log.exception("resync of %s failed", _dict(body.get("metadata")).get("name"))
 
+    def on_spec_update(self, body: Any, **_: Any) -> None:
+        """A spec edit after the pod exists is not applied (pods are immutable); say so instead of ignoring it."""
+        body = _dict(body)
+        status = _dict(body.get("status"))
+        if not status.get("podName"):
+            return  # nothing created yet: the create/resync path plans with the new spec
+        generation = _dict(body.get("metadata")).get("generation")
+        new = dict(status)
+        new["conditions"] = set_condition(
+            status.get("conditions"), "SpecApplied", "False", "SpecChangedAfterStart",
+            f"spec generation {generation} is not applied: the job keeps running as planned for generation "
+            f"{status.get('observedGeneration')}; delete and re-create the GNNJob to run the new spec",
+            now_rfc3339(), generation if isinstance(generation, int) else None)
+        try:
+            self._write(body, status, new)
+            self._event(body, "Warning", "SpecChangedAfterStart", new["conditions"][-1]["message"])
+        except Exception:  # noqa: BLE001
+            log.exception("could not report a spec change on %s", _dict(body.get("metadata")).get("name"))
+
     def on_delete(self, body: Any, **_: Any) -> None:
         """Delete the job's pods and ConfigMap; transient failures keep the finalizer and are retried."""
         import kopf
@@ -274,7 +293,9 @@ class Operator:
         conditions = set_condition(status.get("conditions"), "Validated", "True", "SpecValid",
                                    "the spec passed validation", now, generation)
 
-        plan = self._stored_plan(status, generation)
+        # Once a pod was planned for this attempt, the plan stays the one it was built from (pods are immutable;
+        # a later spec edit is reported by on_spec_update, not half-applied here).
+        plan = self._stored_plan(status, generation, any_generation=bool(status.get("podName")))
         if plan is None:
             try:
                 plan = self.planner.plan(spec, self.cluster_gpus())
@@ -297,7 +318,9 @@ class Operator:
         name = pod_name(ref.name, attempt)
         new = dict(status)
         new.update(_plan_fields(plan))
-        new.update(conditions=conditions, attempts=attempt + 1, podName=name, observedGeneration=generation)
+        new.update(conditions=conditions, attempts=attempt + 1, podName=name)
+        if not status.get("podName"):
+            new["observedGeneration"] = generation
         if new.get("phase") in (None, "Pending", "Unschedulable"):
             new["phase"] = "Estimated"
             new["message"] = None
@@ -307,9 +330,9 @@ class Operator:
         pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image), kind="Pod")
         self._apply_pod(body, status, pod, deleted=False)
 
-    def _stored_plan(self, status: dict[str, Any], generation: int | None) -> Plan | None:
+    def _stored_plan(self, status: dict[str, Any], generation: int | None, any_generation: bool = False) -> Plan | None:
         stored = status.get("plan")
-        if not isinstance(stored, dict) or status.get("observedGeneration") != generation:
+        if not isinstance(stored, dict) or (not any_generation and status.get("observedGeneration") != generation):
             return None
         try:
             return Plan.model_validate(stored)
@@ -422,7 +445,8 @@ class Operator:
         detail = f"pod {view.name} failed: {view.failure_reason}{exit_part}" + (
             f": {view.failure_message}" if view.failure_message else "")
         self._event(job, "Warning", "PodFailed", detail)
-        plan = self._stored_plan(status, generation if isinstance(generation, int) else None)
+        # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
+        plan = self._stored_plan(status, None, any_generation=True)
         if spec is not None and plan is not None and attempt < limit:
             ref = _job_ref(job)
             next_attempt = attempt + 1
@@ -512,6 +536,7 @@ def build_registry(op: Operator) -> Any:
     kopf.on.create(**jobs, id="reconcile-create")(op.on_job)
     kopf.on.resume(**jobs, id="reconcile-resume")(op.on_job)
     kopf.on.delete(**jobs, id="cleanup")(op.on_delete)
+    kopf.on.update(**jobs, id="spec-update", field="spec")(op.on_spec_update)
     kopf.timer(**jobs, id="resync", interval=config.resync_seconds, idle=config.resync_seconds,
                when=lambda status, **_: _dict(status).get("phase") not in TERMINAL)(op.on_resync)
     kopf.on.event("", "v1", "pods", registry=registry, labels={LABEL_MANAGED_BY: MANAGED_BY_VALUE},

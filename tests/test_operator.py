@@ -175,6 +175,28 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
     assert record.spec["model"]["arch"] == "gcn"
 
 
+async def test_spec_edit_after_the_pod_exists_is_reported_not_silently_ignored(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        async with running_operator(cluster):
+            await cluster.create_job(manifest())
+            await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="pod")
+            await job_in_phase(cluster, "gcn-cora", "Estimated")
+            code, _ = await cluster.request(
+                "PATCH", "/apis/gnnsched.io/v1alpha1/namespaces/default/gnnjobs/gcn-cora",
+                json={"spec": {"epochs": 999}}, headers={"Content-Type": "application/merge-patch+json"})
+            assert code == 200
+
+            async def reported() -> Any:
+                job = await cluster.get_job("gcn-cora")
+                return job if any(c["type"] == "SpecApplied" for c in job["status"].get("conditions", [])) else None
+            job = await wait_for(reported, 30, what="the SpecApplied condition")
+            pods = await own_pods(cluster, "gcn-cora")
+    cond = condition(job, "SpecApplied")
+    assert (cond["status"], cond["reason"]) == ("False", "SpecChangedAfterStart")
+    assert "generation 2" in cond["message"] and job["status"]["observedGeneration"] == 1
+    assert [p["metadata"]["name"] for p in pods] == ["gcn-cora-0"]
+
+
 async def test_delete_removes_pods_and_config_map(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as cluster:
         async with running_operator(cluster):

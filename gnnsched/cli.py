@@ -44,7 +44,12 @@ def _operator(
     ctx: typer.Context,
     namespace: list[str] = typer.Option([], "--namespace", "-n", help="Watch this namespace (repeatable)."),
     all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace (default)."),
-    image: str = typer.Option(None, "--image", help="Worker image for pods whose GNNJob names none."),
+    image: str = typer.Option(None, "--image", envvar="GNNSCHED_IMAGE",
+                              help="Worker image for pods whose GNNJob names none."),
+    scheduler_name: str = typer.Option("gnnsched-scheduler", "--scheduler-name", envvar="GNNSCHED_SCHEDULER_NAME",
+                                       help="schedulerName of the pods (the profile that calls the extender)."),
+    metrics_port: int = typer.Option(9401, "--metrics-port", min=0, max=65535,
+                                     help="Port of the liveness probe (GET /healthz); 0 turns it off."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
@@ -68,7 +73,8 @@ def _operator(
     from gnnsched.operator.main import run
 
     fields = {"namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
-              "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds}
+              "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
+              "scheduler_name": scheduler_name, "health_port": metrics_port or None}
     if image:
         fields["image"] = image
     run(OperatorConfig(**fields), kubeconfig=kubeconfig, context=context)

@@ -37,6 +37,7 @@ from gnnsched.contract import (
     LABEL_JOB_NAME,
     LABEL_MANAGED_BY,
     MANAGED_BY_VALUE,
+    SCHEDULER_NAME,
     VERSION,
     API_VERSION,
 )
@@ -63,6 +64,8 @@ class OperatorConfig(BaseModel):
     resync_seconds: float = Field(default=30.0, gt=0)
     watch_client_timeout: float | None = None  # seconds; short in tests so the first event is not delayed
     finalizer: str = "gnnsched.io/cleanup"
+    scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
+    health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
 
 
 class JobRef(BaseModel):
@@ -327,7 +330,7 @@ class Operator:
         self._write(body, status, new, message=_estimated_message(plan))
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
-        pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image), kind="Pod")
+        pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name), kind="Pod")
         self._apply_pod(body, status, pod, deleted=False)
 
     def _stored_plan(self, status: dict[str, Any], generation: int | None, any_generation: bool = False) -> Plan | None:
@@ -461,7 +464,7 @@ class Operator:
                     new[key] = None  # merge patch: null removes the previous attempt's placement
             self._write(job, status, new, message=f"{detail}; retrying ({next_attempt} of {limit})")
             self._event(job, "Normal", "Retrying", f"creating pod {pod_name(ref.name, next_attempt)}")
-            pod = self._ensure(ref, job, build_pod(job, spec, plan, next_attempt, self.config.image), kind="Pod")
+            pod = self._ensure(ref, job, build_pod(job, spec, plan, next_attempt, self.config.image, self.config.scheduler_name), kind="Pod")
             self._apply_pod(job, status, pod, deleted=False)
             return
         new["phase"] = "Failed"

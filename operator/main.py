@@ -36,6 +36,8 @@ async def run_async(op: Operator, stop_flag: asyncio.Event | threading.Event | N
         namespaces=namespaces or (),
         stop_flag=stop_flag,
         ready_flag=ready_flag,
+        liveness_endpoint=(f"http://0.0.0.0:{op.config.health_port}/healthz"
+                           if op.config.health_port else None),
     )
 
 

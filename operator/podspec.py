@@ -121,7 +121,8 @@ def container_command(spec: GNNJobSpec) -> list[str]:
     return ["gnnsched", "gate", "--", *workload]
 
 
-def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str) -> dict[str, Any]:
+def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
+              scheduler_name: str = SCHEDULER_NAME) -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one."""
     meta = job["metadata"]
     requests: dict[str, str] = {GPU_SHARE_RESOURCE: "1"}
@@ -160,7 +161,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
             "ownerReferences": [owner_reference(job)],
         },
         "spec": {
-            "schedulerName": SCHEDULER_NAME,
+            "schedulerName": scheduler_name,
             "restartPolicy": "Never",
             "containers": [
                 {

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -317,9 +319,13 @@ async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one
                 await release.wait()
 
         cluster.k8s.before_write, cluster.k8s.after_write = before, after
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            health_port = probe.getsockname()[1]
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-P", "-m", "gnnsched.cli", "operator", "--all-namespaces", "--kubeconfig",
             str(cluster.kubeconfig), "--watch-timeout", "2", "--log-level", "warning",
+            "--metrics-port", str(health_port),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
             await cluster.create_job(manifest("lost-request"))
@@ -332,6 +338,9 @@ async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one
                 raise AssertionError(f"the operator never tried to create both pods: {err.decode()[-2000:]}") from None
             for name in held:  # the plan is persisted before the pod is created
                 assert (await cluster.get_job(name))["status"]["podName"] == f"{name}-0"
+            async with aiohttp.ClientSession() as session:  # the liveness probe the chart configures
+                async with session.get(f"http://127.0.0.1:{health_port}/healthz") as resp:
+                    assert resp.status == 200
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
         finally:

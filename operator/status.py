@@ -140,7 +140,10 @@ def view_pod(pod: Any) -> PodView:
     result = last_json_object(terminated.get("message"))
     view.observed_peak_bytes = _int(annotations.get(ANN_OBSERVED_PEAK_BYTES)) if ANN_OBSERVED_PEAK_BYTES in annotations \
         else observed_peak(result)
-    start = parse_time(view.started_at) or parse_time(view.admitted_at)
+    # Runtime counts from when the workload ran: the agent's started-at, else its admission (the container's own
+    # start includes the wait at the gate, which is queueing, not runtime).
+    start = parse_time(_rfc3339(annotations.get(ANN_STARTED_AT))) or parse_time(view.admitted_at) \
+        or parse_time(view.started_at)
     end = parse_time(view.finished_at)
     if start is not None and end is not None and end >= start:
         view.observed_runtime_seconds = round((end - start).total_seconds(), 3)

@@ -159,7 +159,7 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
     assert status["startedAt"] == "2026-01-01T10:00:00Z"
     assert status["finishedAt"] == "2026-01-01T10:01:05Z"
     assert status["observedPeakBytes"] == 31_337_000
-    assert status["observedRuntimeSeconds"] == 65.0
+    assert status["observedRuntimeSeconds"] == 60.0  # from admission (10:00:05), not container start (queueing)
     assert condition(job, "Complete")["status"] == "True"
     assert condition(job, "Admitted")["message"].startswith("admitted on GPU GPU-a100-0")
     reasons = [e["reason"] for e in events if e.get("involvedObject", {}).get("name") == "gcn-cora"]
@@ -169,7 +169,7 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
 
     [record] = load_history(out)  # the predictor's own reader accepts the export
     assert record.gpu_model == "A100-40GB" and record.node == "node-a"
-    assert record.observed_peak_bytes == 31_337_000 and record.observed_runtime_seconds == 65.0
+    assert record.observed_peak_bytes == 31_337_000 and record.observed_runtime_seconds == 60.0
     assert record.pmc_bytes == status["pmcBytes"]
     assert (record.requested.cpu, record.requested.memory) == (4.0, 8 * GiB)
     assert record.scaled.cpu <= 4.0 and record.scaled.memory <= 8 * GiB

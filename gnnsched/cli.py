@@ -118,6 +118,10 @@ def _operator_export_history(
 
 app.add_typer(operator_app, name="operator")
 
+from gnnsched.simulator.cli import simulate as _simulate  # noqa: E402  (simulator; heavy imports inside)
+
+app.command("simulate")(_simulate)
+
 # estimator and worker (core): these modules import torch only inside the command bodies.
 from gnnsched.estimate_cli import estimate_command  # noqa: E402
 from gnnsched.worker_cli import worker_command  # noqa: E402
@@ -132,6 +136,63 @@ _register_node_agent(app)
 from gnnsched.predictor.cli import app as _predictor_app  # noqa: E402  (predictor: typer only at import)
 
 app.add_typer(_predictor_app, name="predictor")
+
+
+@app.command("extender")
+def extender_cmd(
+    host: str = typer.Option("0.0.0.0", help="Address to listen on."),
+    port: int = typer.Option(8888, help="Port to listen on (kube-scheduler's urlPrefix points here)."),
+    fake_cluster: str = typer.Option(
+        None, "--fake-cluster", help="Serve a synthetic cluster N[xG][xMODEL] (e.g. 5000x8xH100-80GB) instead of "
+        "watching the API; binds are recorded in memory."
+    ),
+    fake_state: str = typer.Option(
+        None, "--fake-state", help="With --fake-cluster: JSON file keeping bound pods, so a restart rebuilds them."
+    ),
+    fake_seed: int = typer.Option(0, "--fake-seed", help="Seed of the synthetic cluster."),
+    reservation_ttl: float = typer.Option(300.0, help="Seconds a reservation waits for the node agent's report."),
+    kubeconfig: str = typer.Option(None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
+    log_level: str = typer.Option("info", help="Log level."),
+    metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="Address of the metrics/health listener."),
+    metrics_port: int = typer.Option(
+        None, "--metrics-port", help="Serve /metrics, /healthz and /readyz on this port too (probes, Prometheus)."
+    ),
+    print_scheduler_config: bool = typer.Option(
+        False, "--print-scheduler-config", help="Print the KubeSchedulerConfiguration for this extender and exit."
+    ),
+    url_prefix: str = typer.Option(
+        None, "--url-prefix", help="With --print-scheduler-config: the extender URL kube-scheduler calls."
+    ),
+) -> None:
+    """kube-scheduler extender: filter, prioritize and bind GNN pods (HTTP, k8s.io/kube-scheduler/extender/v1)."""
+    import sys
+    from pathlib import Path
+
+    if print_scheduler_config:
+        from gnnsched.scheduler_config import scheduler_config_yaml
+
+        try:
+            typer.echo(scheduler_config_yaml(url_prefix), nl=False)
+        except ValueError as exc:
+            print(f"--url-prefix: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        return
+    if not 0 < port < 65536:
+        print(f"--port: {port} is not a TCP port", file=sys.stderr)
+        raise typer.Exit(2)
+    server = importlib.import_module("gnnsched.extender.server")
+    ExtenderOptions, OptionError, serve = server.ExtenderOptions, server.OptionError, server.serve
+
+    opts = ExtenderOptions(
+        host=host, port=port, fake_cluster=fake_cluster, fake_state=Path(fake_state) if fake_state else None,
+        fake_seed=fake_seed, reservation_ttl=reservation_ttl, kubeconfig=kubeconfig, log_level=log_level.lower(),
+        metrics_host=metrics_host, metrics_port=metrics_port,
+    )
+    try:
+        serve(opts)
+    except OptionError as exc:
+        print(str(exc), file=sys.stderr)
+        raise typer.Exit(2) from None
 
 
 @app.command("device-plugin")

@@ -241,16 +241,22 @@ def test_custom_names_apply_everywhere(chart):
     assert env["GNNSCHED_SCHEDULER_NAME"] == "acme-gnn-scheduler"
 
 
-def test_dashboard_is_labelled_for_the_grafana_sidecar(chart):
+def test_dashboard_is_labelled_for_the_grafana_sidecar_and_uses_real_metrics(chart):
+    import json
+
     docs = render(chart, {})
     (dashboard,) = [d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    import json
-
     panels = json.loads(dashboard["data"]["gnnsched.json"])["panels"]
     exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
-    for needle in ("committed_bytes", "used_bytes", "gate_queue_length", "gate_wait_seconds", "pmc_error_ratio", "mps_daemon_up"):
-        assert f"gnnsched_{needle}" in exprs or needle in exprs
+    used = {re.sub(r"_(bucket|total|sum|count)$", "", m) for m in re.findall(r"gnnsched_[a-z_]+", exprs)}
+    defined = set()
+    for source in list((ROOT / "node_agent").rglob("*.py")) + list((ROOT / "extender").rglob("*.py")):
+        defined |= set(re.findall(r'"(gnnsched_[a-z_]+)"', source.read_text()))
+    assert used and used <= defined, f"dashboard queries metrics no component exports: {used - defined}"
+    for needed in ("gnnsched_gpu_memory_committed_bytes", "gnnsched_gpu_memory_used_bytes", "gnnsched_gate_queue_length",
+                   "gnnsched_gate_admission_wait_seconds", "gnnsched_job_prediction_error_ratio", "gnnsched_mps_daemon_up"):
+        assert needed in used
 
 
 def test_notes_tell_the_admin_how_to_verify_and_submit_a_job(chart):

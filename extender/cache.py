@@ -1,0 +1,848 @@
+"""The extender's picture of the cluster: every GPU as rows of numpy arrays, plus its own reservations.
+
+Why arrays: kube-scheduler asks about thousands of nodes per pod, and a Python loop over 40,000 GPUs costs tens of
+milliseconds. The source of truth is kept per node in small Python objects (what the node agent reported in its
+``GPUNode`` status, the ``Node``'s allocatable CPU and memory, the pods known to be bound there, and the
+reservations this extender made); every change to a node re-derives that node's row of the arrays, so a request
+only does vectorised arithmetic over the rows of its candidate nodes.
+
+Reservations: when the extender binds a pod it records the pod's bytes on one GPU (``immediate`` when they fit in
+that GPU's free memory now, otherwise ``queued`` behind the GPU's gate queue). All checks and the reservation are
+taken under one lock, so two concurrent binds can never both count the same free bytes. A reservation ends when
+the node agent reports the pod (the agent's own accounting takes over), when the pod ends, or after a TTL. It is
+written to the pod as the ``gnnsched.io/reservation`` annotation and rebuilt from the pods after a restart, in
+the order of their ``at`` times, which replays the original decisions.
+
+The score (see ``score``): predicted completion time on the best GPU of each node, relative to the pod's solo
+runtime, plus a fragmentation term::
+
+    cost(g) = (wait(g) + R * slowdown(g)) / R  +  W_FRAG * dF(g) / capacity(g)
+    score(node) = round(10 * min_over_candidates(cost) / min_g cost(g))        (0..10, best node = 10)
+
+* ``wait(g)``: 0 when ``free(g) >= bytes + queued(g)``; otherwise the predicted end of the running job whose
+  completion frees enough memory (running jobs sorted by predicted end, cumulative freed bytes); if even an
+  empty GPU must first serve its queue, the last end plus the queue's predicted seconds.
+* ``slowdown(g)``: the InSS-style interference model (``gnnsched.interference``) against the sum of the
+  profiles of the jobs already running (or reserved) on the GPU; memory-bound next to memory-bound costs most.
+* ``dF(g)``: FGD-style fragmentation (ATC'23): with ``S`` the sizes of the jobs the cluster runs (8 quantiles),
+  ``F(f) = f * P(s > f)`` is the free memory a typical job cannot use; ``dF = F(free - bytes) - F(free)`` when
+  the pod fits now (0 otherwise). Negative when the placement uses up a fragment no typical job fits in.
+* Weights: completion time weight 1 (it is the objective), ``W_FRAG = 0.5``: a placement that leaves a whole
+  GPU's worth of unusable fragment costs as much as half the job's runtime in extra waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+
+from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
+from gnnsched.interference import InterferenceModel, JobProfile
+from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
+
+from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_resources
+
+#: Weight of the fragmentation term (see module docstring).
+W_FRAG = 0.5
+#: Running jobs per GPU tracked individually for the wait computation; later-ending ones are merged into the
+#: last slot (their bytes are freed at the latest of their ends: a conservative wait).
+END_SLOTS = 4
+#: Quantiles of the cluster's job sizes used by the fragmentation term.
+SIZE_QUANTILES = 8
+#: Grid of the fragmentation term's lookup table (bytes).
+_FRAG_BIN = float(2**20)
+#: Reservations not reported by the node agent within this many seconds are dropped.
+DEFAULT_RESERVATION_TTL = 300.0
+
+_PROFILE_KEYS = ("memory", "compute", "none")
+
+# Reason codes, also the ``reason`` label of the nodes-filtered-out metric.
+R_UNKNOWN = "unknown_node"
+R_NO_GPU = "no_gpu"
+R_UNHEALTHY = "unhealthy"
+R_GPU_MEMORY = "gpu_memory"
+R_CLIENTS = "mps_clients"
+R_CPU = "cpu"
+R_MEMORY = "memory"
+
+
+@dataclass(slots=True)
+class _Job:
+    uid: str
+    bytes: int
+    end: float  # absolute predicted end (running) — for queued jobs unused
+    seconds: float  # predicted (remaining) seconds
+    profile: JobProfile
+
+
+@dataclass(slots=True)
+class _GPU:
+    index: int
+    uuid: str
+    model: str
+    total: int
+    reserve: int
+    committed: int
+    healthy: bool
+    mps_healthy: bool
+    max_clients: int
+    running: list[_Job] = field(default_factory=list)
+    queued: list[_Job] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> int:
+        return max(0, self.total - self.reserve)
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    row: int
+    gpus: list[_GPU] = field(default_factory=list)
+    has_status: bool = False
+    node_mps_healthy: bool = True
+    cpu_alloc: int | None = None  # millicores, None = unknown (not checked)
+    mem_alloc: int | None = None
+    pods: dict[str, tuple[int, int]] = field(default_factory=dict)  # uid -> (cpu millis, memory bytes)
+    reported: set[str] = field(default_factory=set)  # pod uids the agent lists (running or queued)
+
+
+@dataclass(slots=True)
+class Reservation:
+    """Capacity this extender promised a pod it bound, until the node agent reports the pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    gpu: int
+    bytes: int
+    at: float
+    runtime: float
+    intensity: str | None
+    immediate: bool
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+
+    def annotation(self) -> str:
+        """The ``gnnsched.io/reservation`` annotation value (contract: node, gpu, bytes, at)."""
+        at = datetime.fromtimestamp(self.at, tz=timezone.utc).isoformat(timespec="microseconds")
+        return json.dumps({"node": self.node, "gpu": self.gpu, "bytes": self.bytes, "at": at}, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    passed: np.ndarray  # bool per candidate (same order as the request)
+    reasons: dict[int, tuple[str, str]]  # candidate position -> (reason code, message)
+    unresolvable: bool  # the pod fits on no GPU in the whole cluster
+
+
+class BindError(Exception):
+    """A bind the cache refuses (node unknown or cannot hold the pod); the message is for the user."""
+
+
+class ClusterCache:
+    """Thread-safe cluster state for the extender. All public methods take the lock."""
+
+    def __init__(
+        self,
+        interference: InterferenceModel,
+        *,
+        reservation_ttl: float = DEFAULT_RESERVATION_TTL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.interference = interference
+        self.reservation_ttl = reservation_ttl
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._nodes: dict[str, _Node] = {}
+        self._names: list[str] = []
+        self._row: dict[str, int] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._pod_node: dict[str, str] = {}  # uid -> node the pod is bound to
+        self._gmax = 1
+        self._cap_rows = 0
+        self._alloc(64, 1)
+        self._sizes = np.zeros(0)
+        self._above = np.zeros(1, dtype=np.float32)  # P(size > f) on a 1 MiB grid of f (see _frag)
+        self._sizes_dirty = True
+        self.version = 0  # bumped on every change; lets callers cache derived data
+        self._max_cap: tuple[int, float] = (-1, 0.0)
+
+    # ------------------------------------------------------------------ arrays
+
+    def _alloc(self, rows: int, gpus: int) -> None:
+        """(Re)allocate the arrays for ``rows`` nodes of up to ``gpus`` GPUs, keeping existing rows.
+
+        Layout is GPU-slot-major: ``(gpus, rows)`` (and ``(END_SLOTS, gpus, rows)``), so the per-node reductions
+        of the hot path (min/any over a node's GPUs) run over contiguous rows of nodes, which numpy does an
+        order of magnitude faster than a reduction along a short last axis.
+        """
+        old = getattr(self, "_a", None)
+        k = END_SLOTS
+        g2 = (gpus, rows)
+        a = {
+            "cap": np.zeros(g2),
+            "used": np.zeros(g2),
+            "healthy": np.zeros(g2, dtype=bool),
+            "valid": np.zeros(g2, dtype=bool),
+            "clients": np.zeros(g2, dtype=np.int32),
+            "max_clients": np.zeros(g2, dtype=np.int32),
+            "qbytes": np.zeros(g2),
+            "qsecs": np.zeros(g2),
+            "sum_sm": np.zeros(g2),
+            "sum_mem": np.zeros(g2),
+            "ends": np.full((k, gpus, rows), np.inf),
+            "freed": np.zeros((k, gpus, rows)),
+            "last_end": np.zeros(g2),
+            # derived per GPU, pod-independent (see _derive): -inf / -1 where the GPU cannot take any pod
+            "avail": np.full(g2, -np.inf),  # free - queued bytes
+            "capu": np.full(g2, -1.0),  # capacity
+            "free": np.zeros(g2),
+            # score-only terms in float32: half the memory traffic of the hot path; feasibility stays float64
+            "free32": np.zeros(g2, dtype=np.float32),
+            "frag0": np.zeros(g2, dtype=np.float32),  # F(free)
+            "fscale": np.zeros(g2, dtype=np.float32),  # W_FRAG / capacity
+            **{f"slow_{p}": np.ones(g2, dtype=np.float32) for p in _PROFILE_KEYS},
+            "known": np.zeros(rows, dtype=bool),
+            "cpu_free": np.full(rows, np.inf),
+            "mem_free": np.full(rows, np.inf),
+        }
+        if old is not None:
+            n = min(self._cap_rows, rows)
+            for key, arr in a.items():
+                src = old[key]
+                if arr.ndim == 1:
+                    arr[:n] = src[:n]
+                elif arr.ndim == 2:
+                    g = min(src.shape[0], gpus)
+                    arr[:g, :n] = src[:g, :n]
+                else:
+                    g = min(src.shape[1], gpus)
+                    arr[:, :g, :n] = src[:, :g, :n]
+        self._a = a
+        self._cap_rows = rows
+        self._gmax = gpus
+
+    def reserve_rows(self, rows: int, gpus: int = 1) -> None:
+        """Pre-size the arrays (bulk loads): the hot path computes over every allocated row."""
+        with self.lock:
+            if rows > self._cap_rows or gpus > self._gmax:
+                self._alloc(max(rows, self._cap_rows), max(gpus, self._gmax))
+
+    def _node(self, name: str) -> _Node:
+        node = self._nodes.get(name)
+        if node is None:
+            row = len(self._names)
+            if row >= self._cap_rows:
+                self._alloc(max(64, self._cap_rows + self._cap_rows // 4), self._gmax)
+            node = _Node(name=name, row=row)
+            self._nodes[name] = node
+            self._names.append(name)
+            self._row[name] = row
+        return node
+
+    def _refresh(self, node: _Node) -> None:
+        """Re-derive ``node``'s row of the arrays from its objects and its reservations."""
+        if len(node.gpus) > self._gmax:
+            self._alloc(self._cap_rows, len(node.gpus))
+        a = self._a
+        r = node.row
+        for key in ("cap", "used", "qbytes", "qsecs", "sum_sm", "sum_mem", "last_end"):
+            a[key][:, r] = 0
+        a["freed"][:, :, r] = 0
+        a["healthy"][:, r] = False
+        a["valid"][:, r] = False
+        a["clients"][:, r] = 0
+        a["max_clients"][:, r] = 0
+        a["ends"][:, :, r] = np.inf
+        a["known"][r] = node.has_status
+        reservations = [self._reservations[u] for u in sorted(self._by_node.get(node.name, ()))]
+        cpu_used = sum(c for c, _ in node.pods.values())
+        mem_used = sum(m for _, m in node.pods.values())
+        for res in reservations:
+            if res.uid not in node.pods:
+                cpu_used += res.cpu_millis
+                mem_used += res.memory_bytes
+        a["cpu_free"][r] = np.inf if node.cpu_alloc is None else node.cpu_alloc - cpu_used
+        a["mem_free"][r] = np.inf if node.mem_alloc is None else node.mem_alloc - mem_used
+        for slot, gpu in enumerate(node.gpus):
+            running = list(gpu.running)
+            used = gpu.committed
+            qbytes = sum(j.bytes for j in gpu.queued)
+            qsecs = sum(j.seconds for j in gpu.queued)
+            clients = len(gpu.running) + len(gpu.queued)
+            for res in reservations:
+                if res.gpu != gpu.index:
+                    continue
+                clients += 1
+                profile = self.interference.profile_for(res.intensity)
+                if res.immediate:
+                    used += res.bytes
+                    running.append(_Job(res.uid, res.bytes, res.at + res.runtime, res.runtime, profile))
+                else:
+                    qbytes += res.bytes
+                    qsecs += res.runtime
+            a["valid"][slot, r] = True
+            a["cap"][slot, r] = gpu.capacity
+            a["used"][slot, r] = used
+            a["healthy"][slot, r] = gpu.healthy and gpu.mps_healthy and node.node_mps_healthy
+            a["clients"][slot, r] = clients
+            a["max_clients"][slot, r] = gpu.max_clients
+            a["qbytes"][slot, r] = qbytes
+            a["qsecs"][slot, r] = qsecs
+            a["sum_sm"][slot, r] = sum(j.profile.sm_util for j in running)
+            a["sum_mem"][slot, r] = sum(j.profile.mem_util for j in running)
+            running.sort(key=lambda j: j.end)
+            cum = 0.0
+            for k, job in enumerate(running):
+                cum += job.bytes
+                kk = min(k, END_SLOTS - 1)
+                a["ends"][kk, slot, r] = job.end
+                a["freed"][kk, slot, r] = cum
+            a["last_end"][slot, r] = running[-1].end if running else 0.0
+        self._derive(slice(r, r + 1))
+        self.version += 1
+
+    def _derive(self, rows: slice) -> None:
+        """Pod-independent per-GPU figures the hot path starts from, for the node rows ``rows``."""
+        a = self._a
+        usable = a["healthy"][:, rows] & (a["clients"][:, rows] < a["max_clients"][:, rows]) & a["known"][rows]
+        free = np.maximum(a["cap"][:, rows] - a["used"][:, rows], 0.0)
+        a["free"][:, rows] = free
+        a["avail"][:, rows] = np.where(usable, free - a["qbytes"][:, rows], -np.inf)
+        a["capu"][:, rows] = np.where(usable, a["cap"][:, rows], -1.0)
+        a["free32"][:, rows] = free
+        a["frag0"][:, rows] = _frag(a["free32"][:, rows], self._above)
+        a["fscale"][:, rows] = W_FRAG / np.maximum(a["cap"][:, rows], 1.0)
+        for key in _PROFILE_KEYS:
+            a_u, a_m = self.interference.sensitivity(self.interference.profile_for(key))
+            slow = 1.0 + np.maximum(a_u * a["sum_sm"][:, rows] + a_m * a["sum_mem"][:, rows], 0.0)
+            a[f"slow_{key}"][:, rows] = slow
+
+    # ------------------------------------------------------------------ updates from the cluster
+
+    def upsert_gpunode(self, status: GPUNodeStatus, now: float | None = None) -> None:
+        """Apply a node agent's ``GPUNode`` status; drops reservations of the pods it now reports."""
+        now = self.clock() if now is None else now
+        updated = status.updated_at.timestamp() if status.updated_at is not None else now
+        with self.lock:
+            node = self._node(status.node_name)
+            node.has_status = True
+            node.node_mps_healthy = status.mps.healthy
+            gpus = []
+            reported: set[str] = set()
+            for g in status.gpus:
+                gpu = _GPU(
+                    index=g.index, uuid=g.uuid, model=g.model, total=g.total_bytes, reserve=g.reserve_bytes,
+                    committed=g.committed_bytes, healthy=g.healthy, mps_healthy=g.mps_healthy,
+                    max_clients=g.max_clients,
+                )
+                for j in g.running:
+                    secs = j.predicted_remaining_seconds or 0.0
+                    prof = self.interference.profile_for(j.intensity)
+                    gpu.running.append(_Job(j.pod_uid, j.bytes, updated + secs, secs, prof))
+                    reported.add(j.pod_uid)
+                for j in g.queued:
+                    secs = j.predicted_remaining_seconds or 0.0
+                    prof = self.interference.profile_for(j.intensity)
+                    gpu.queued.append(_Job(j.pod_uid, j.bytes, math.inf, secs, prof))
+                    reported.add(j.pod_uid)
+                gpus.append(gpu)
+            node.gpus = sorted(gpus, key=lambda x: x.index)
+            node.reported = reported
+            for uid in list(self._by_node.get(node.name, ())):
+                if uid in reported:
+                    self._drop(uid, refresh=False)
+            self._sizes_dirty = True
+            self._refresh(node)
+
+    def remove_gpunode(self, name: str) -> None:
+        with self.lock:
+            node = self._nodes.get(name)
+            if node is not None:
+                node.has_status = False
+                node.gpus = []
+                node.reported = set()
+                self._sizes_dirty = True
+                self._refresh(node)
+
+    def upsert_node(self, name: str, cpu_alloc_millis: int | None, mem_alloc_bytes: int | None) -> None:
+        """Apply a ``Node``'s allocatable CPU and memory."""
+        with self.lock:
+            node = self._node(name)
+            node.cpu_alloc = cpu_alloc_millis
+            node.mem_alloc = mem_alloc_bytes
+            self._refresh(node)
+
+    def upsert_pod(self, pod: dict, *, deleted: bool = False) -> None:
+        """Track a pod: its requests on its node, and its reservation annotation (rebuild after restart)."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid:
+            return
+        spec = pod.get("spec") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        node_name = spec.get("nodeName")
+        finished = deleted or phase in ("Succeeded", "Failed") or meta.get("deletionTimestamp") is not None
+        with self.lock:
+            touched: set[str] = set()
+            old = self._pod_node.get(uid)
+            if old is not None and (finished or old != node_name):
+                self._nodes[old].pods.pop(uid, None)
+                del self._pod_node[uid]
+                touched.add(old)
+            if finished:
+                if uid in self._reservations:
+                    touched.add(self._reservations[uid].node)
+                    self._drop(uid, refresh=False)
+            else:
+                if node_name:
+                    try:
+                        req = pod_resources(pod)
+                    except PodError:
+                        req = (0, 0)
+                    n = self._node(node_name)
+                    n.pods[uid] = req
+                    self._pod_node[uid] = node_name
+                    touched.add(node_name)
+                ann = (meta.get("annotations") or {}).get(ANN_RESERVATION)
+                if ann and uid not in self._reservations:
+                    res = reservation_from_pod(pod, self.interference)
+                    if res is not None and not self._is_reported(res) and not self._expired(res, self.clock()):
+                        self._add_reservation(res, replay=True)
+                        touched.add(res.node)
+            for name in touched:
+                if name in self._nodes:
+                    self._refresh(self._nodes[name])
+
+    def rebuild(self, pods: Iterable[dict]) -> int:
+        """Rebuild reservations from pods (initial list after a restart), replaying them in ``at`` order."""
+        pods = list(pods)
+        with_res = []
+        for pod in pods:
+            res = reservation_from_pod(pod, self.interference)
+            if res is None:
+                self.upsert_pod(pod)
+            else:
+                with_res.append((res.at, res.uid, pod))
+        for _, _, pod in sorted(with_res, key=lambda t: (t[0], t[1])):
+            self.upsert_pod(pod)
+        with self.lock:
+            return len(self._reservations)
+
+    # ------------------------------------------------------------------ reservations
+
+    def _is_reported(self, res: Reservation) -> bool:
+        node = self._nodes.get(res.node)
+        return node is not None and res.uid in node.reported
+
+    def _expired(self, res: Reservation, now: float) -> bool:
+        return now - res.at > self.reservation_ttl
+
+    def _add_reservation(self, res: Reservation, *, replay: bool) -> None:
+        if replay:
+            # Re-decide immediate vs queued on the current state, as the original bind did.
+            node = self._nodes.get(res.node)
+            if node is not None and node.has_status:
+                r, slots = node.row, {g.index: s for s, g in enumerate(node.gpus)}
+                s = slots.get(res.gpu)
+                if s is not None:
+                    free = self._a["cap"][s, r] - self._a["used"][s, r]
+                    res.immediate = bool(free >= res.bytes and self._a["qbytes"][s, r] == 0)
+        self._reservations[res.uid] = res
+        self._by_node.setdefault(res.node, set()).add(res.uid)
+
+    def _drop(self, uid: str, *, refresh: bool = True) -> Reservation | None:
+        res = self._reservations.pop(uid, None)
+        if res is not None:
+            uids = self._by_node.get(res.node)
+            if uids is not None:
+                uids.discard(uid)
+            if refresh and res.node in self._nodes:
+                self._refresh(self._nodes[res.node])
+        return res
+
+    def release(self, uid: str) -> None:
+        """Forget a reservation (the Binding failed)."""
+        with self.lock:
+            self._drop(uid)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop reservations older than the TTL; returns how many were dropped."""
+        now = self.clock() if now is None else now
+        with self.lock:
+            old = [u for u, r in self._reservations.items() if self._expired(r, now)]
+            for uid in old:
+                self._drop(uid)
+            return len(old)
+
+    def reservations(self) -> list[Reservation]:
+        with self.lock:
+            return sorted(self._reservations.values(), key=lambda r: (r.at, r.uid))
+
+    def reservation_counts(self) -> tuple[int, int]:
+        with self.lock:
+            imm = sum(1 for r in self._reservations.values() if r.immediate)
+            return imm, len(self._reservations) - imm
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def node_count(self) -> int:
+        return len(self._names)
+
+    def index_of(self, names: list[str]) -> np.ndarray:
+        """Row of each name (-1 for names the cache does not know). ``TypeError`` if a name is unhashable."""
+        return np.fromiter(map(self._row.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+
+    def name_of(self, row: int) -> str:
+        return self._names[row]
+
+    def refresh_size_mix(self, force: bool = False) -> bool:
+        """Recompute the job-size mix of the fragmentation term from the jobs the agents report.
+
+        Called at start-up and by the maintenance loop (not per request: at 5,000 agents the mix would be
+        dirty at every call). Returns whether it changed anything.
+        """
+        with self.lock:
+            if not (self._sizes_dirty or force):
+                return False
+            sizes = [j.bytes for n in self._nodes.values() for g in n.gpus for j in (*g.running, *g.queued)]
+            if sizes:
+                qs = (np.arange(SIZE_QUANTILES) + 0.5) / SIZE_QUANTILES
+                self._sizes = np.sort(np.quantile(np.asarray(sizes, dtype=np.float64), qs))
+            else:
+                self._sizes = np.zeros(0)
+            grid = np.arange(int(self._sizes.max() // _FRAG_BIN) + 2 if self._sizes.size else 1) * _FRAG_BIN
+            above = (grid[:, None] < self._sizes[None, :]).mean(axis=1) if self._sizes.size else np.zeros(1)
+            self._above = above.astype(np.float32)
+            self._sizes_dirty = False
+            self._derive(slice(0, len(self._names)))
+            self.version += 1
+            return True
+
+    def max_capacity(self) -> float:
+        """Largest capacity after reserve over every GPU the cluster has (healthy or not); cached per version."""
+        if self._max_cap[0] != self.version:
+            a = self._a
+            caps = np.where(a["valid"], a["cap"], 0)
+            self._max_cap = (self.version, float(caps.max()) if caps.size else 0.0)
+        return self._max_cap[1]
+
+    def _views(self) -> dict[str, np.ndarray]:
+        """All allocated rows (contiguous; unused rows are never usable: capu = -1, known = False)."""
+        return self._a
+
+    def filter(
+        self,
+        demand: PodDemand,
+        rows: np.ndarray,
+        cpu_free_override: np.ndarray | None = None,
+        mem_free_override: np.ndarray | None = None,
+    ) -> FilterOutcome:
+        """Which candidate rows can ever hold the pod, and a user-actionable reason for each that cannot.
+
+        Evaluated over every node's contiguous rows (cheaper than gathering the candidates' rows first), then
+        picked out for the candidates.
+        """
+        with self.lock:
+            a = self._views()
+            b = float(demand.gpu_bytes)
+            good = a["capu"] >= b
+            node_ok = a["known"] & np.logical_or.reduce(good, axis=0)
+            if cpu_free_override is None:
+                node_ok &= (a["cpu_free"] >= demand.cpu_millis) & (a["mem_free"] >= demand.memory_bytes)
+            known_row = rows >= 0
+            r = np.where(known_row, rows, 0)
+            ok = known_row & node_ok[r] if len(node_ok) else np.zeros(len(rows), dtype=bool)
+            if cpu_free_override is not None:
+                ok &= (cpu_free_override >= demand.cpu_millis) & (mem_free_override >= demand.memory_bytes)
+            failed = np.flatnonzero(~ok)
+            cluster_max = self.max_capacity()
+            unresolvable = cluster_max < b
+            reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max)
+            return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)
+
+    def _reasons(
+        self, d: PodDemand, rows: np.ndarray, failed: np.ndarray, good: np.ndarray,
+        cpu_override: np.ndarray | None, mem_override: np.ndarray | None, cluster_max: float,
+    ) -> dict[int, tuple[str, str]]:
+        """A reason per failed candidate. Classified with array operations over the failed nodes and formatted
+        once per distinct message: a pod that fits nowhere fails on all 5,000 nodes at once."""
+        if not failed.size:
+            return {}
+        a = self._a
+        need = format_bytes(d.gpu_bytes)
+        fr = rows[failed]
+        unknown = fr < 0
+        frc = np.where(unknown, 0, fr)
+        has_status = a["known"][frc] & ~unknown
+        valid = a["valid"][:, frc]
+        healthy = a["healthy"][:, frc] & valid
+        n_valid = valid.sum(axis=0).tolist()
+        any_healthy = healthy.any(axis=0).tolist()
+        any_fits = (healthy & (a["cap"][:, frc] >= d.gpu_bytes)).any(axis=0).tolist()
+        any_good = good[:, frc].any(axis=0).tolist()
+        largest = np.where(healthy, a["cap"][:, frc], -1.0).max(axis=0).tolist()
+        cpu_free = (a["cpu_free"][frc] if cpu_override is None else cpu_override[failed]).tolist()
+        mem_free = (a["mem_free"][frc] if mem_override is None else mem_override[failed]).tolist()
+        memo: dict[tuple, tuple[str, str]] = {}
+
+        def say(key: tuple, make: Callable[[], tuple[str, str]]) -> tuple[str, str]:
+            hit = memo.get(key)
+            if hit is None:
+                hit = memo[key] = make()
+            return hit
+
+        out: dict[int, tuple[str, str]] = {}
+        if cluster_max < d.gpu_bytes and has_status.all():  # fits nowhere: one message for every node
+            msg = (R_GPU_MEMORY, (
+                f"job needs {need} on one GPU; the largest GPU in the cluster has {format_bytes(cluster_max)} "
+                "after reserve (no node can ever run it: lower the batch size, use mini-batching or a larger GPU)"
+            ))
+            return dict.fromkeys(failed.tolist(), msg)
+        for k, (i, unk, status) in enumerate(zip(failed.tolist(), unknown.tolist(), has_status.tolist())):
+            if unk:
+                out[i] = say(("unknown",), lambda: (R_UNKNOWN, "node is not in the gnnsched cache (no GPUNode "
+                                                    "status: is the gnnsched node agent running there?)"))
+            elif not status:
+                out[i] = say(("nostatus",), lambda: (R_UNKNOWN, "node has no GPUNode status (is the gnnsched node "
+                                                     "agent running there?)"))
+            elif not n_valid[k]:
+                out[i] = say(("nogpu",), lambda: (R_NO_GPU, "node agent reports no GPUs on this node"))
+            elif cluster_max < d.gpu_bytes:
+                out[i] = say(("cluster",), lambda: (R_GPU_MEMORY, (
+                    f"job needs {need} on one GPU; the largest GPU in the cluster has {format_bytes(cluster_max)} "
+                    "after reserve (no node can ever run it: lower the batch size, use mini-batching or a larger GPU)"
+                )))
+            elif not any_healthy[k]:
+                node = self._nodes[self._names[int(fr[k])]]
+                nv = n_valid[k]
+                if not node.node_mps_healthy:
+                    out[i] = say(("mps", nv), lambda: (R_UNHEALTHY, f"MPS daemon unhealthy on this node ({nv} GPUs unusable)"))
+                else:
+                    out[i] = say(("sick", nv), lambda: (
+                        R_UNHEALTHY, f"none of the node's {nv} GPUs is healthy with a healthy MPS server"))
+            elif not any_fits[k]:
+                node = self._nodes[self._names[int(fr[k])]]
+                label = ", ".join(sorted({g.model for g in node.gpus}))
+                big = largest[k]
+                out[i] = say(("mem", label, big), lambda: (R_GPU_MEMORY, (
+                    f"largest healthy GPU ({label}) has {format_bytes(big)} after reserve; job needs {need}")))
+            elif not any_good[k]:
+                out[i] = say(("clients",), lambda: (
+                    R_CLIENTS, f"every GPU that can hold {need} already has its maximum number of MPS clients"))
+            elif cpu_free[k] < d.cpu_millis:
+                c = cpu_free[k]
+                out[i] = say(("cpu", c), lambda: (
+                    R_CPU, f"node has {max(c, 0) / 1000:g} CPU unclaimed; pod requests {d.cpu_millis / 1000:g}"))
+            else:
+                m = mem_free[k]
+                out[i] = say(("memory", m), lambda: (R_MEMORY, (
+                    f"node has {format_bytes(max(m, 0))} memory unclaimed; pod requests {format_bytes(d.memory_bytes)}")))
+        return out
+
+    def _cost_matrix(self, demand: PodDemand, now: float) -> np.ndarray:
+        """Cost of placing the pod on every GPU slot of every allocated row, ``(gpus, rows)``; ``inf`` where
+        the GPU cannot take it. Caller holds the lock."""
+        if self._sizes_dirty and not self._sizes.size:
+            self.refresh_size_mix()  # first use only; afterwards the maintenance loop refreshes it
+        a = self._a
+        b = float(demand.gpu_bytes)
+        big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
+        good = a["capu"] >= b
+        fits_now = a["avail"] >= b
+        key = demand.intensity if demand.intensity in ("memory", "compute") else "none"
+        cost = a[f"slow_{key}"].copy()  # (wait + R * slowdown) / R; the wait is added below
+        flat_wait = np.flatnonzero(good & ~fits_now)
+        if flat_wait.size:
+            k_slots = a["ends"].shape[0]
+            need_w = a["qbytes"].ravel()[flat_wait] + b
+            freed = a["freed"].reshape(k_slots, -1)[:, flat_wait]
+            enough = (freed + a["free"].ravel()[flat_wait]) >= need_w
+            any_k = np.logical_or.reduce(enough, axis=0)
+            k = enough.argmax(axis=0)
+            end_k = a["ends"].reshape(k_slots, -1)[k, flat_wait]
+            later = np.maximum(a["last_end"].ravel()[flat_wait] - now, 0.0) + a["qsecs"].ravel()[flat_wait]
+            wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
+            cost.ravel()[flat_wait] += wait / big_r
+        if self._sizes.size:
+            d_frag = _frag(a["free32"] - np.float32(b), self._above)
+            d_frag -= a["frag0"]
+            d_frag *= fits_now
+            d_frag *= a["fscale"]
+            cost += d_frag
+        np.copyto(cost, np.inf, where=~good)
+        return cost
+
+    def costs(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate row: the best GPU slot and its cost (``inf`` when no GPU of the node can take the pod).
+
+        See the module docstring for the formula. Evaluated over all rows at once (contiguous arrays, no
+        gathers) from the pod-independent arrays ``_derive`` keeps; the wait term only where a GPU must wait.
+        """
+        now = self.clock() if now is None else now
+        with self.lock:
+            cost = self._cost_matrix(demand, now)
+            known_row = rows >= 0
+            r = np.where(known_row, rows, 0)
+            sub = cost[:, r]
+            slot = sub.argmin(axis=0) if len(r) else np.zeros(0, dtype=np.int64)
+            best = np.minimum.reduce(sub, axis=0) if len(r) else np.zeros(0)
+            return slot, np.where(known_row, best, np.inf)
+
+    def score(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> np.ndarray:
+        """0..10 per candidate row; the best candidate gets 10, a node twice as costly 5, unusable nodes 0."""
+        now = self.clock() if now is None else now
+        with self.lock:
+            best_all = np.minimum.reduce(self._cost_matrix(demand, now), axis=0)
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64)
+        best = best_all[rows]
+        best[rows < 0] = np.inf
+        finite = np.isfinite(best)
+        if not finite.any():
+            return np.zeros(len(rows), dtype=np.int64)
+        lo = best[finite].min()
+        with np.errstate(divide="ignore"):
+            scores = np.rint(10.0 * lo / best)  # inf -> 0
+        return np.clip(scores, 0, 10).astype(np.int64)
+
+    # ------------------------------------------------------------------ bind
+
+    def reserve(self, demand: PodDemand, node_name: str, now: float | None = None) -> Reservation:
+        """Choose the GPU on ``node_name`` and reserve it for the pod, atomically with the capacity check.
+
+        Raises ``BindError`` when the node is unknown or can no longer hold the pod.
+        """
+        now = self.clock() if now is None else now
+        with self.lock:
+            node = self._nodes.get(node_name)
+            if node is None or not node.has_status:
+                raise BindError(f"node {node_name} is not in the gnnsched cache (no GPUNode status)")
+            previous = self._drop(demand.uid) if demand.uid in self._reservations else None
+            rows = np.array([node.row])
+            outcome = self.filter(demand, rows)
+            if not outcome.passed[0]:
+                if previous is not None:
+                    self._add_reservation(previous, replay=False)
+                    self._refresh(node)
+                _, msg = outcome.reasons[0]
+                raise BindError(f"node {node_name} cannot take pod {demand.key}: {msg}")
+            slot, _ = self.costs(demand, rows, now)
+            s = int(slot[0])
+            a = self._a
+            free = a["cap"][s, node.row] - a["used"][s, node.row]
+            immediate = bool(free >= demand.gpu_bytes and a["qbytes"][s, node.row] == 0)
+            res = Reservation(
+                uid=demand.uid, namespace=demand.namespace, name=demand.name, node=node_name,
+                gpu=node.gpus[s].index, bytes=demand.gpu_bytes, at=now, runtime=demand.runtime_seconds,
+                intensity=demand.intensity, immediate=immediate, cpu_millis=demand.cpu_millis,
+                memory_bytes=demand.memory_bytes,
+            )
+            self._add_reservation(res, replay=False)
+            self._refresh(node)
+            return res
+
+    def gpu_usage(self, node_name: str) -> list[dict[str, float]]:
+        """Per GPU of a node: capacity, bytes in use (agent + immediate reservations), queued bytes, clients."""
+        with self.lock:
+            node = self._nodes[node_name]
+            a, r = self._a, node.row
+            return [
+                {
+                    "index": g.index, "capacity": float(a["cap"][s, r]), "used": float(a["used"][s, r]),
+                    "queued": float(a["qbytes"][s, r]), "clients": int(a["clients"][s, r]),
+                }
+                for s, g in enumerate(node.gpus)
+            ]
+
+
+def _frag(free: np.ndarray, above: np.ndarray) -> np.ndarray:
+    """``F(f) = f * P(s > f)``: free bytes a job drawn from the size mix cannot use.
+
+    ``above[i] = P(s > i MiB)`` (a table built with the size mix): one multiply, one cast and one lookup per GPU
+    instead of a comparison per size quantile. ``f`` is rounded down to whole MiB for the lookup only."""
+    f = np.maximum(free, np.float32(0.0))
+    idx = (f * np.float32(1.0 / _FRAG_BIN)).astype(np.int64)
+    np.minimum(idx, len(above) - 1, out=idx)
+    out = above[idx]
+    out *= f
+    return out
+
+
+def reservation_from_pod(pod: dict, interference: InterferenceModel | None = None) -> Reservation | None:
+    """The reservation recorded on a pod's ``gnnsched.io/reservation`` annotation, or None if absent/invalid."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    raw = annotations.get(ANN_RESERVATION)
+    if not raw or not meta.get("uid"):
+        return None
+    try:
+        data = json.loads(raw)
+        node = str(data["node"])
+        gpu = int(data["gpu"])
+        nbytes = int(data["bytes"])
+        at = datetime.fromisoformat(str(data["at"]).replace("Z", "+00:00")).timestamp()
+    except (ValueError, KeyError, TypeError):
+        return None
+    if nbytes <= 0 or gpu < 0:
+        return None
+    try:
+        runtime = float(annotations.get(ANN_PREDICTED_RUNTIME, DEFAULT_RUNTIME_SECONDS))
+        if not math.isfinite(runtime) or runtime <= 0:
+            runtime = DEFAULT_RUNTIME_SECONDS
+    except (TypeError, ValueError):
+        runtime = DEFAULT_RUNTIME_SECONDS
+    intensity = annotations.get(ANN_INTENSITY)
+    if intensity not in ("memory", "compute"):
+        intensity = None
+    try:
+        cpu, mem = pod_resources(pod)
+    except PodError:
+        cpu, mem = 0, 0
+    return Reservation(
+        uid=meta["uid"], namespace=meta.get("namespace") or "default", name=meta.get("name") or "", node=node,
+        gpu=gpu, bytes=nbytes, at=at, runtime=runtime, intensity=intensity, immediate=True, cpu_millis=cpu,
+        memory_bytes=mem,
+    )
+
+
+def node_allocatable(node: dict) -> tuple[int | None, int | None]:
+    """A ``v1.Node``'s allocatable CPU (millicores) and memory (bytes); None where absent or unreadable."""
+    alloc = ((node.get("status") or {}).get("allocatable")) or {}
+    cpu = mem = None
+    try:
+        if "cpu" in alloc:
+            cpu = int(math.floor(parse_quantity(alloc["cpu"]) * 1000))
+    except (ValueError, ArithmeticError):
+        cpu = None
+    try:
+        if "memory" in alloc:
+            mem = parse_bytes(alloc["memory"])
+    except (ValueError, ArithmeticError):
+        mem = None
+    return cpu, mem
+
+
+__all__ = [
+    "BindError",
+    "ClusterCache",
+    "FilterOutcome",
+    "PodDemand",
+    "Reservation",
+    "W_FRAG",
+    "node_allocatable",
+    "parse_pod",
+    "reservation_from_pod",
+]

@@ -1,0 +1,128 @@
+"""Assemble and serve the extender: fake cluster or in-cluster watcher, binder, app, uvicorn."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from gnnsched.contract import DEFAULT_EXTENDER_PORT
+from gnnsched.interference import load_default
+
+from .binder import FakeBinder, KubeBinder
+from .cache import DEFAULT_RESERVATION_TTL, ClusterCache
+from .fake import parse_fake_cluster, populate
+
+
+class OptionError(ValueError):
+    """A bad command-line option; ``option`` names it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option = option
+
+
+@dataclass
+class ExtenderOptions:
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_EXTENDER_PORT
+    fake_cluster: str | None = None
+    fake_state: Path | None = None
+    fake_seed: int = 0
+    reservation_ttl: float = DEFAULT_RESERVATION_TTL
+    kubeconfig: str | None = None
+    log_level: str = "info"
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = None  # None: /metrics, /healthz, /readyz only on the main port
+
+
+def build_app(opts: ExtenderOptions) -> FastAPI:
+    """The app for ``opts`` (fake cluster filled synchronously; in-cluster cache filled by the watcher)."""
+    from .app import create_app
+
+    if opts.reservation_ttl <= 0:
+        raise OptionError("--reservation-ttl", "must be positive seconds")
+    cache = ClusterCache(load_default(), reservation_ttl=opts.reservation_ttl)
+    if opts.fake_cluster is not None:
+        try:
+            spec = parse_fake_cluster(opts.fake_cluster)
+        except ValueError as exc:
+            raise OptionError("--fake-cluster", str(exc)) from None
+        try:
+            binder = FakeBinder(opts.fake_state)
+        except (OSError, ValueError, KeyError) as exc:
+            raise OptionError("--fake-state", f"cannot read {opts.fake_state}: {exc}") from None
+        anchor = binder.anchor if binder.anchor is not None else time.time()
+        if binder.anchor is None:
+            binder.set_anchor(anchor)
+        populate(cache, spec, anchor=anchor, seed=opts.fake_seed)
+        cache.rebuild(binder.pods())
+        return create_app(cache, binder)
+
+    if opts.fake_state is not None:
+        raise OptionError("--fake-state", "only meaningful with --fake-cluster")
+    from kubernetes import client, config
+
+    try:
+        if opts.kubeconfig:
+            config.load_kube_config(config_file=opts.kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+    except Exception as exc:
+        raise OptionError("--kubeconfig", f"no usable Kubernetes configuration: {exc}") from None
+    api = client.ApiClient()
+    from .watcher import ClusterWatcher
+
+    watcher = ClusterWatcher(cache, api)
+    return create_app(cache, KubeBinder(client.CoreV1Api(api)), ready=False, background=[watcher.start])
+
+
+def serve(opts: ExtenderOptions) -> None:
+    """Run uvicorn (single process: the cache and its reservations live in this process); with
+    ``metrics_port``, a second listener in the same event loop serves /metrics, /healthz and /readyz."""
+    import asyncio
+
+    import uvicorn
+
+    from .app import create_ops_app
+
+    logging.basicConfig(level=opts.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if opts.metrics_port is not None and not 0 < opts.metrics_port < 65536:
+        raise OptionError("--metrics-port", f"{opts.metrics_port} is not a TCP port")
+    if opts.metrics_port is not None and opts.metrics_port == opts.port:
+        raise OptionError("--metrics-port", "must differ from --port")
+    app = build_app(opts)
+    # The cache holds ~10 Python objects per GPU; a full garbage collection walking them all is a tail-latency
+    # spike. Move everything alive now (the filled cache) out of the collector's generations.
+    gc.collect()
+    gc.freeze()
+    common = {"log_level": opts.log_level, "access_log": False}
+    if opts.metrics_port is None:
+        uvicorn.run(app, host=opts.host, port=opts.port, **common)
+        return
+    main = uvicorn.Server(uvicorn.Config(app, host=opts.host, port=opts.port, **common))
+    ops = uvicorn.Server(
+        uvicorn.Config(create_ops_app(app.state.service), host=opts.metrics_host, port=opts.metrics_port,
+                       lifespan="off", **common)
+    )
+
+    async def both() -> None:
+        # Each server installs the signal handlers; whichever stops first (SIGTERM), the other follows.
+        tasks = [asyncio.ensure_future(main.serve()), asyncio.ensure_future(ops.serve())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        main.should_exit = ops.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        import uvloop
+
+        uvloop.run(both())
+    except ImportError:
+        asyncio.run(both())

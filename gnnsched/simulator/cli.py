@@ -1,0 +1,120 @@
+"""``gnnsched simulate``: run a workload on a simulated cluster under several policies and compare them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from gnnsched.cliutil import UserError, fail, user_errors
+
+
+def default_data_dir() -> Path:
+    """``$GNNSCHED_DATA_DIR``, else ``../shared/data`` beside the checkout or the working directory."""
+    env = os.environ.get("GNNSCHED_DATA_DIR")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[2]
+    for cand in (here.parent / "shared" / "data", Path.cwd().parent / "shared" / "data", Path("/work/shared/data")):
+        if cand.exists():
+            return cand
+    return here.parent / "shared" / "data"
+
+
+def simulate(
+    workload: str = typer.Option("", "--workload", "-w", help="Built-in workload name or a workload YAML file "
+                                 "(list of GNNJob manifests with an 'arrival' key). Default: cognn-mix."),
+    cluster: str = typer.Option("", "--cluster", "-c", help="Built-in cluster (v100, a100, pai32, small, openb), "
+                                "N[xG][xMODEL] such as 4x2xV100-32GB, or a YAML file. Default: the workload's."),
+    policies: str = typer.Option("", "--policies", "-p", help="Comma-separated policies, e.g. "
+                                 "exclusive,mps-naive,lmcf+scaling. Default: the workload's."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the built-in workload generators."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the metrics as JSON here."),
+    plots: Path | None = typer.Option(None, "--plots", help="Write PNG plots (JCT CDF, utilisation, group memory)."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="The shared data folder (traces); "
+                                         "default $GNNSCHED_DATA_DIR or ../shared/data."),
+    list_workloads: bool = typer.Option(False, "--list", help="List built-in workloads and clusters and exit."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
+) -> None:
+    """Simulate a cluster of GPU nodes: arrivals, the operator's estimate, placement, node queues with grouping
+    policies behind the memory-safety gate, MPS co-location with interference, completion. Prints a comparison."""
+    from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
+    from gnnsched.simulator.policyspec import PolicyError, parse_policies
+    from gnnsched.simulator.adapters import IntegrationMissing, Integrations
+    from gnnsched.simulator.workloads import (
+        BUILTIN, DEFAULT_WORKLOAD, WorkloadError, default_cluster, is_file, resolve_workload,
+    )
+
+    if list_workloads:
+        typer.echo("workloads:")
+        for name, text in BUILTIN.items():
+            typer.echo(f"  {name:24s} {text}")
+        typer.echo("clusters:")
+        for name, text in BUILTIN_CLUSTERS.items():
+            typer.echo(f"  {name:24s} {text}")
+        return
+    data = data_dir or default_data_dir()
+    with user_errors():
+        try:
+            name = workload or DEFAULT_WORKLOAD
+            cl = parse_cluster(cluster or ("small" if is_file(name) else default_cluster(name)), data)
+            ix = Integrations()
+            wl = resolve_workload(name, seed, data, fits=fits_on(cl, ix))
+            specs = parse_policies(policies or ",".join(wl.policies))
+        except (ClusterError, PolicyError, WorkloadError) as exc:
+            raise UserError(str(exc)) from None
+        except IntegrationMissing as exc:
+            fail(f"integration: {exc}", code=3)
+        if json_out is not None and json_out.exists() and json_out.is_dir():
+            raise UserError(f"--json: {json_out} is a directory")
+        if plots is not None and plots.exists() and not plots.is_dir():
+            raise UserError(f"--plots: {plots} exists and is not a directory")
+    _run(wl, cl, specs, seed, json_out, plots, progress, ix)
+
+
+def fits_on(cluster, ix):
+    """Predicate for generators: the job's admit bytes fit the cluster's smallest GPU (it could run alone)."""
+    from gnnsched.gpus import get_gpu_model
+
+    models = sorted({n.gpu_model for n in cluster.nodes if n.gpus}, key=lambda m: get_gpu_model(m).memory_bytes)
+    if not models:
+        return None
+    smallest = get_gpu_model(models[0])
+
+    def fits(spec, share: float = 1.0) -> bool:
+        return ix.profile(spec, smallest.name).admit_bytes <= share * smallest.memory_bytes
+
+    return fits
+
+
+def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gnnsched.simulator.adapters import IntegrationMissing
+    from gnnsched.simulator.report import render_table, write_json, write_plots
+    from gnnsched.simulator.runner import run
+
+    err = Console(stderr=True)
+    err.print(f"workload {wl.name}: {wl.description}; cluster {cl.describe()}")
+    with Progress(TextColumn("{task.description:>22}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, disable=not show_progress, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def tick(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=total)
+            bar.update(tasks[name], completed=done, total=total)
+
+        try:
+            report = run(wl, cl, specs, seed, ix, progress=tick)
+        except IntegrationMissing as exc:
+            fail(f"integration: {exc}", code=3)
+    typer.echo(render_table(report))
+    if json_out is not None:
+        write_json(report, json_out)
+        err.print(f"wrote {json_out}")
+    if plots is not None:
+        for path in write_plots(report, plots):
+            err.print(f"wrote {path}")

@@ -1,0 +1,567 @@
+"""The discrete-event engine: arrivals, placement, node queues, co-location, completion, OOM and retries.
+
+One :class:`Simulation` replays one workload on one cluster under one policy. Time advances from event to event
+(arrivals, completions, retries, the horizon); all events at the same instant are applied before anyone schedules,
+so a batch that arrives together is grouped together (the papers' queues arrive as batches).
+
+A running job's progress is *work* in solo-seconds: it advances at ``1 / slowdown``, where the slowdown comes from
+the interference model (co-location) and, for MPS with UVM, from paging (:mod:`gnnsched.simulator.costs`). When the
+set of jobs on a GPU changes, only that GPU's jobs are re-rated and get fresh completion events; stale events are
+recognised by a per-run token and dropped, so the cost of an event is O(jobs on one GPU), not O(cluster).
+
+All decisions that gnnsched makes in a real cluster are delegated to :class:`gnnsched.simulator.adapters.Integrations`
+(the estimator, the runtime prior, ``scale()``, the interference model, the extender's filter and score, the node
+agent's grouping policy and the gate invariant); the engine only keeps the books.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from gnnsched.gpus import get_gpu_model
+from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
+from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
+from gnnsched.simulator.model import JobOutcome, SimJob
+from gnnsched.simulator.policyspec import PolicySpec
+
+ARRIVE, FINISH, RETRY, STARTED = 0, 1, 2, 3
+MPS_BASE_CLIENTS = 4
+BACKOFF_S = 10.0
+BACKOFF_MAX_S = 360.0
+MAX_FAILED_PLACEMENTS = 64
+
+
+class GpuState:
+    """One GPU's books: what runs on it, what waits for it, its memory."""
+
+    __slots__ = ("gid", "node", "index", "model", "total", "reserve", "running", "waiting", "used", "committed",
+                 "sm_now", "mem_now", "bandwidth", "link", "max_clients")
+
+    def __init__(self, gid: int, node: "NodeState", index: int, model: str, reserve: int) -> None:
+        gm = get_gpu_model(model)
+        self.gid = gid
+        self.node = node
+        self.index = index
+        self.model = gm.name
+        self.total = gm.memory_bytes
+        self.reserve = reserve
+        self.running: list[Run] = []
+        self.waiting: list[SimJob] = []
+        self.used = 0
+        self.committed = 0
+        self.sm_now = 0.0
+        self.mem_now = 0
+        self.bandwidth = gm.bandwidth_bytes_per_s
+        self.link = host_link(gm.name)
+        self.max_clients = gm.max_mps_clients
+
+    @property
+    def free_admit_bytes(self) -> int:
+        """What the gate can still admit: total - reserve - committed."""
+        return self.total - self.reserve - self.committed
+
+
+class NodeState:
+    __slots__ = ("idx", "spec", "name", "gpus", "cpu_free", "mem_free", "queue", "bound")
+
+    def __init__(self, idx: int, spec: NodeSpec) -> None:
+        self.idx = idx
+        self.spec = spec
+        self.name = spec.name
+        self.gpus: list[GpuState] = []
+        self.cpu_free = spec.cpu_milli
+        self.mem_free = spec.memory_bytes
+        self.queue: list[SimJob] = []
+        self.bound = 0  # pods bound to the node and not finished (queued at the gate or running)
+
+
+class Run:
+    """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
+
+    __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting")
+
+    def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool) -> None:
+        self.job = job
+        self.gpu = gpu
+        self.remaining = work
+        self.rate = 1.0
+        self.last = now
+        self.token = 0
+        self.slowdown = 1.0
+        self.starting = starting
+
+
+@dataclass
+class GroupRecord:
+    """Memory of a GPU right after an admission: for the 'memory per group against capacity' plot."""
+
+    t: float
+    gpu: int
+    jobs: int
+    committed: int
+    used: int
+    capacity: int
+
+
+@dataclass
+class RunResult:
+    """Everything one run produced; :mod:`gnnsched.simulator.metrics` turns it into numbers."""
+
+    policy: str
+    outcomes: list[JobOutcome]
+    end_time: float
+    horizon: float | None
+    gpu_count: int
+    gpu_mem_area: float
+    gpu_mem_capacity: float
+    sm_area: float
+    cpu_alloc_area: float
+    mem_alloc_area: float
+    cpu_capacity: float
+    mem_capacity: float
+    idle_gpu_waiting_area: float
+    waiting_time: float
+    timeline: list[tuple[float, float, float, int, int]] = field(default_factory=list)
+    groups: list[GroupRecord] = field(default_factory=list)
+    gate_checks: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def feasible_nodes_to_find(n: int) -> int:
+    """kube-scheduler's ``numFeasibleNodesToFind`` with the adaptive ``percentageOfNodesToScore``."""
+    if n < 100:
+        return n
+    pct = max(5, 50 - n // 125)
+    return max(100, n * pct // 100)
+
+
+class Simulation:
+    """One workload, one cluster, one policy."""
+
+    def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations,
+                 *, horizon: float | None = None, max_clients: int | None = None, reserve_bytes: int = 0,
+                 startup_s: float = STARTUP_S, record_timeline: bool = True,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
+        self.policy = policy
+        self.base = policy.base
+        self.ix = integrations
+        self.horizon = horizon
+        self.startup_s = startup_s
+        self.record_timeline = record_timeline
+        self.progress = progress
+        self.nodes: list[NodeState] = []
+        self.gpus: list[GpuState] = []
+        for i, spec in enumerate(cluster.nodes):
+            node = NodeState(i, spec)
+            for g in range(spec.gpus):
+                gpu = GpuState(len(self.gpus), node, g, spec.gpu_model, reserve_bytes)
+                node.gpus.append(gpu)
+                self.gpus.append(gpu)
+            self.nodes.append(node)
+        self.gpu_nodes = [n for n in self.nodes if n.gpus]
+        self.max_node_cpu = max(n.spec.cpu_milli for n in self.gpu_nodes) if self.gpu_nodes else 0
+        self.max_node_mem = max(n.spec.memory_bytes for n in self.gpu_nodes) if self.gpu_nodes else 0
+        if not self.gpu_nodes:
+            raise ValueError("cluster: no node has a GPU")
+        cap = policy.max_clients or max_clients
+        if self.base in ("exclusive", "srtf", "drf", "temporal"):
+            self.per_gpu_cap = 1
+        elif self.base == "mps-base":
+            self.per_gpu_cap = policy.max_clients or MPS_BASE_CLIENTS
+        else:
+            self.per_gpu_cap = cap  # None: the GPU model's MPS client limit
+        self.outcomes = {j.id: JobOutcome(job=j) for j in self.jobs}
+        self.now = 0.0
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.pending: dict[int, SimJob] = {}  # insertion-ordered: arrival / retry order
+        self.pending_dirty = False
+        self.dirty_nodes: set[int] = set()
+        self.rr = 0
+        self.resolved = 0
+        # integrals
+        self.last_t = 0.0
+        self.mem_now = 0.0
+        self.sm_now = 0.0
+        self.cpu_alloc_now = 0.0
+        self.memh_alloc_now = 0.0
+        self.idle_gpus = len(self.gpus)
+        self.waiting = 0
+        self.mem_area = self.sm_area = self.cpu_area = self.memh_area = 0.0
+        self.idle_wait_area = self.wait_time = 0.0
+        self.timeline: list[tuple[float, float, float, int, int]] = []
+        self.groups: list[GroupRecord] = []
+        self.running_count = 0
+        self.gate_checks = 0
+        self.mem_capacity = float(sum(g.total for g in self.gpus))
+        # per-node arrays for vectorised feasibility (GPU-less nodes never qualify: slots stay 0)
+        self.cpu_arr = np.array([n.cpu_free for n in self.nodes], dtype=np.float64)
+        self.mem_arr = np.array([n.mem_free for n in self.nodes], dtype=np.float64)
+        self.cpu_cap_arr = np.array([max(n.spec.cpu_milli, 1) for n in self.nodes], dtype=np.float64)
+        self.slots_arr = np.zeros(len(self.nodes), dtype=np.int64)
+        for node in self.gpu_nodes:
+            self._refresh_slots(node)
+        self.cpu_capacity = float(sum(n.spec.cpu_milli for n in self.nodes))
+        self.memh_capacity = float(sum(n.spec.memory_bytes for n in self.nodes))
+
+    # ------------------------------------------------------------------ events
+    def _push(self, t: float, kind: int, payload, token: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, payload, token))
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.last_t
+        if dt > 0:
+            self.mem_area += self.mem_now * dt
+            self.sm_area += self.sm_now * dt
+            self.cpu_area += self.cpu_alloc_now * dt
+            self.memh_area += self.memh_alloc_now * dt
+            if self.waiting > 0:
+                self.idle_wait_area += self.idle_gpus * dt
+                self.wait_time += dt
+            self.last_t = t
+
+    def run(self) -> RunResult:
+        self.heap = [(j.arrival, i, ARRIVE, j, 0) for i, j in enumerate(self.jobs)]
+        heapq.heapify(self.heap)
+        self.seq = len(self.heap)
+        total = len(self.jobs)
+        tick = max(1, total // 200)
+        while self.heap:
+            t = self.heap[0][0]
+            if self.horizon is not None and t > self.horizon:
+                break
+            self._advance(t)
+            self.now = t
+            while self.heap and self.heap[0][0] == t:
+                _, _, kind, payload, token = heapq.heappop(self.heap)
+                if kind == ARRIVE:
+                    self._arrive(payload)
+                elif kind == FINISH:
+                    if payload.token == token:
+                        self._finish(payload)
+                elif kind == STARTED:
+                    payload.starting = False
+                    payload.last = t
+                    self._rerate(payload.gpu)
+                else:
+                    self._requeue(payload)
+            self._schedule()
+            if self.record_timeline:
+                self._sample()
+            if self.progress is not None and self.resolved % tick == 0:
+                self.progress(self.resolved, total)
+        end = self.horizon if self.horizon is not None else self.now
+        self._advance(end)
+        for run in [r for g in self.gpus for r in g.running if not r.starting]:
+            run.remaining -= run.rate * (end - run.last)
+        if self.progress is not None:
+            self.progress(total, total)
+        return RunResult(
+            policy=self.policy.text, outcomes=[self.outcomes[j.id] for j in self.jobs], end_time=end,
+            horizon=self.horizon, gpu_count=len(self.gpus), gpu_mem_area=self.mem_area,
+            gpu_mem_capacity=self.mem_capacity, sm_area=self.sm_area, cpu_alloc_area=self.cpu_area,
+            mem_alloc_area=self.memh_area, cpu_capacity=self.cpu_capacity, mem_capacity=self.memh_capacity,
+            idle_gpu_waiting_area=self.idle_wait_area, waiting_time=self.wait_time, timeline=self.timeline,
+            groups=self.groups, gate_checks=self.gate_checks,
+        )
+
+    def _sample(self) -> None:
+        tl = self.timeline
+        point = (self.now, self.mem_now / self.mem_capacity, self.sm_now / len(self.gpus), self.running_count,
+                 self.waiting)
+        if tl and tl[-1][0] == self.now:
+            tl[-1] = point
+        else:
+            tl.append(point)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _arrive(self, job: SimJob) -> None:
+        out = self.outcomes[job.id]
+        cpu, mem = job.cpu_milli, job.memory_bytes
+        if self.policy.scaling:
+            cpu, mem = self.ix.scaled_request(job)
+        out.cpu_milli, out.memory_bytes = cpu, mem
+        out.status = "pending"
+        self.pending[job.id] = job
+        self.pending_dirty = True
+        self.waiting += 1
+
+    def _requeue(self, job: SimJob) -> None:
+        out = self.outcomes[job.id]
+        out.status = "pending"
+        self.pending[job.id] = job
+        self.pending_dirty = True
+        self.waiting += 1
+
+    def _resolve(self, job: SimJob) -> None:
+        self.resolved += 1
+
+    def _schedule(self) -> None:
+        if self.pending_dirty and self.pending:
+            self.pending_dirty = False
+            failures = 0
+            done: list[int] = []
+            for job in self._order(self.pending):
+                if failures >= MAX_FAILED_PLACEMENTS or not self._room():
+                    break
+                verdict = self._place(job)
+                if verdict is None:
+                    failures += 1
+                    continue
+                done.append(job.id)
+                if verdict == "never":
+                    out = self.outcomes[job.id]
+                    out.status = "unschedulable"
+                    out.reason = out.reason or "fits on no GPU of the cluster"
+                    self.waiting -= 1
+                    self._resolve(job)
+            for jid in done:
+                del self.pending[jid]
+        if self.dirty_nodes:
+            dirty = sorted(self.dirty_nodes)
+            self.dirty_nodes.clear()
+            for idx in dirty:
+                self._admit(self.nodes[idx])
+
+    def _room(self) -> bool:
+        """Cheap global test before trying placements: can any node take a pod at all?"""
+        if self.policy.is_gnnsched:
+            return True
+        return bool(self.slots_arr.any())
+
+    def _order(self, jobs: dict[int, SimJob]) -> Iterable[SimJob]:
+        if self.base == "srtf":
+            return sorted(jobs.values(), key=lambda j: (self._predicted(j), j.arrival, j.id))
+        if self.base == "drf":
+            return sorted(jobs.values(), key=lambda j: (self._dominant_share(j), j.arrival, j.id))
+        return iter(jobs.values())  # FIFO: arrival / retry order (consumed lazily, deleted after the loop)
+
+    def _predicted(self, job: SimJob) -> float:
+        return job.profile(self.gpu_nodes[0].gpus[0].model).predicted_s
+
+    def _dominant_share(self, job: SimJob) -> float:
+        out = self.outcomes[job.id]
+        gpu_share = job.num_gpus * job.gpu_milli / 1000 / max(len(self.gpus), 1)
+        return max(out.cpu_milli / self.cpu_capacity, out.memory_bytes / self.memh_capacity, gpu_share)
+
+    # ------------------------------------------------------------------ placement
+    def _gpu_ok(self, g: GpuState) -> bool:
+        """Can a baseline bind one more pod to ``g`` (device-plugin slots: whole GPU, MPS replicas, time slices)?"""
+        if self.base == "temporal":
+            return len(g.waiting) + len(g.running) < g.max_clients
+        limit = self.per_gpu_cap if self.per_gpu_cap is not None else g.max_clients
+        return len(g.running) + len(g.waiting) < limit
+
+    def _refresh_slots(self, node: NodeState) -> None:
+        if not self.policy.is_gnnsched:
+            self.slots_arr[node.idx] = sum(1 for g in node.gpus if self._gpu_ok(g))
+
+    def _candidates_arr(self, out: JobOutcome) -> np.ndarray:
+        """Feasible node indices, taken round-robin from where the last search stopped, as kube-scheduler does."""
+        ok = (self.cpu_arr >= out.cpu_milli) & (self.mem_arr >= out.memory_bytes) & (self.slots_arr > 0)
+        idx = np.flatnonzero(ok)
+        if idx.size == 0:
+            return idx
+        want = feasible_nodes_to_find(len(self.nodes))
+        start = int(np.searchsorted(idx, self.rr))
+        rolled = np.concatenate([idx[start:], idx[:start]])[:want]
+        self.rr = (int(rolled[-1]) + 1) % len(self.nodes)
+        return rolled
+
+    def _place(self, job: SimJob):
+        """Bind ``job`` to a node (and for baselines a GPU). None: not now; "never": on no node ever."""
+        out = self.outcomes[job.id]
+        if self.policy.is_gnnsched:
+            return self._place_gnnsched(job, out)
+        if out.cpu_milli > self.max_node_cpu or out.memory_bytes > self.max_node_mem:
+            out.reason = "requests exceed every node's CPU or memory"
+            return "never"
+        cands = self._candidates_arr(out)
+        if cands.size == 0:
+            return None
+        # Kubernetes default scoring (NodeResourcesFit LeastAllocated): the node with the largest free CPU share;
+        # on it, the GPU with the fewest pods attached.
+        share = self.cpu_arr[cands] / self.cpu_cap_arr[cands]
+        node = self.nodes[int(cands[int(np.argmax(share))])]
+        gpu = min((g for g in node.gpus if self._gpu_ok(g)), key=lambda g: (len(g.running) + len(g.waiting), g.index))
+        self._bind(job, out, node)
+        gpu.waiting.append(job)
+        self._refresh_slots(node)
+        return node
+
+    def _bind(self, job: SimJob, out: JobOutcome, node: NodeState) -> None:
+        node.cpu_free -= out.cpu_milli
+        node.mem_free -= out.memory_bytes
+        self.cpu_arr[node.idx] = node.cpu_free
+        self.mem_arr[node.idx] = node.mem_free
+        node.bound += 1
+        self.cpu_alloc_now += out.cpu_milli
+        self.memh_alloc_now += out.memory_bytes
+        out.status = "queued"
+        out.node = node.name
+        self.dirty_nodes.add(node.idx)
+
+    def _unbind(self, out: JobOutcome, node: NodeState) -> None:
+        node.cpu_free += out.cpu_milli
+        node.mem_free += out.memory_bytes
+        self.cpu_arr[node.idx] = node.cpu_free
+        self.mem_arr[node.idx] = node.mem_free
+        node.bound -= 1
+        self.cpu_alloc_now -= out.cpu_milli
+        self.memh_alloc_now -= out.memory_bytes
+
+    def _place_gnnsched(self, job: SimJob, out: JobOutcome):
+        decision = self.ix.place(self, job, out)
+        if decision is None:
+            return None
+        if decision == "never":
+            return "never"
+        node = decision
+        self._bind(job, out, node)
+        node.queue.append(job)
+        return node
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, node: NodeState) -> None:
+        if self.policy.is_gnnsched:
+            if not node.queue:
+                return
+            admissions = self.ix.next_group(self, node)
+            if not admissions:
+                return
+            chosen = {id(j) for j, _ in admissions}
+            node.queue = [j for j in node.queue if id(j) not in chosen]
+            touched: dict[int, GpuState] = {}
+            for job, gpu in admissions:
+                self._start(job, gpu, rerate=False)
+                touched[gpu.gid] = gpu
+            for gpu in touched.values():
+                self.ix.check_gate(self, gpu)
+                self.gate_checks += 1
+                self._rerate(gpu)
+                self._record_group(gpu)
+            return
+        cap = self.per_gpu_cap
+        for gpu in node.gpus:
+            if not gpu.waiting:
+                continue
+            limit = cap if cap is not None else gpu.max_clients
+            started = False
+            while gpu.waiting and len(gpu.running) < limit:
+                job = gpu.waiting.pop(0)
+                started = self._start(job, gpu, rerate=False) or started
+            if started or gpu.running:
+                self._rerate(gpu)
+            if started:
+                self._record_group(gpu)
+        self._refresh_slots(node)
+
+    def _record_group(self, gpu: GpuState) -> None:
+        if len(self.groups) < 20000:
+            self.groups.append(GroupRecord(self.now, gpu.gid, len(gpu.running), gpu.committed, gpu.used,
+                                           gpu.total))
+
+    def _start(self, job: SimJob, gpu: GpuState, rerate: bool = True) -> bool:
+        """Start ``job`` on ``gpu``. Returns False when it was OOM-killed on the spot."""
+        out = self.outcomes[job.id]
+        prof = job.profile(gpu.model)
+        out.attempts += 1
+        self.waiting -= 1
+        if out.first_start is None:
+            out.first_start = self.now
+        out.start = self.now
+        out.gpu = gpu.index
+        if (not self.policy.uvm) and gpu.used + prof.peak_bytes > gpu.total:
+            # The allocation that does not fit fails: CUDA out of memory, the process exits.
+            out.oom_kills += 1
+            self._unbind(out, gpu.node)
+            self.dirty_nodes.add(gpu.node.idx)
+            if out.attempts > job.backoff_limit:
+                out.status = "failed"
+                out.reason = "OOMKilled"
+                out.finish = self.now
+                self._resolve(job)
+            else:
+                out.status = "backoff"
+                delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (out.attempts - 1))
+                self._push(self.now + delay, RETRY, job)
+            return False
+        out.status = "running"
+        out.ran = True
+        solo = prof.solo_s * (job.scaled_solo_factor if self.policy.scaling else 1.0)
+        startup = 0.0 if self.base == "temporal" else self.startup_s
+        run = Run(job, gpu, solo, self.now, starting=startup > 0)
+        if startup > 0:
+            self._push(self.now + startup, STARTED, run)
+        if not gpu.running:
+            self.idle_gpus -= 1
+        gpu.running.append(run)
+        gpu.used += prof.peak_bytes
+        if self.policy.is_gnnsched:
+            gpu.committed += prof.admit_bytes
+        self.running_count += 1
+        if rerate:
+            self._rerate(gpu)
+        return True
+
+    def _finish(self, run: Run) -> None:
+        gpu = run.gpu
+        job = run.job
+        out = self.outcomes[job.id]
+        prof = job.profile(gpu.model)
+        gpu.running.remove(run)
+        gpu.used -= prof.peak_bytes
+        if self.policy.is_gnnsched:
+            gpu.committed -= prof.admit_bytes
+        if not gpu.running:
+            self.idle_gpus += 1
+        self.running_count -= 1
+        out.status = "completed"
+        out.finish = self.now
+        self._unbind(out, gpu.node)
+        self._resolve(job)
+        self._rerate(gpu)
+        self._refresh_slots(gpu.node)
+        self.dirty_nodes.add(gpu.node.idx)
+        self.pending_dirty = True
+
+    # ------------------------------------------------------------------ rates
+    def _rerate(self, gpu: GpuState) -> None:
+        now = self.now
+        runs = [r for r in gpu.running if not r.starting]
+        for r in runs:
+            if r.last != now:
+                r.remaining -= r.rate * (now - r.last)
+                r.last = now
+        if len(runs) == 1:
+            slow = [1.0]
+        elif runs:
+            slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
+        else:
+            slow = []
+        if self.policy.uvm and gpu.used > gpu.total:
+            factor = uvm_slowdown(gpu.used, gpu.total, gpu.bandwidth, gpu.link)
+            slow = [s * factor for s in slow]
+        sm = 0.0
+        for r, s in zip(runs, slow):
+            r.rate = 1.0 / s
+            r.slowdown = s
+            r.token += 1
+            sm += r.job.profile(gpu.model).sm_util / s
+            out = self.outcomes[r.job.id]
+            if s > out.slowdown_max:
+                out.slowdown_max = s
+            self._push(now + max(r.remaining, 0.0) / r.rate, FINISH, r, r.token)
+        sm = min(sm, 1.0)
+        mem = min(gpu.used, gpu.total)
+        self.sm_now += sm - gpu.sm_now
+        self.mem_now += mem - gpu.mem_now
+        gpu.sm_now = sm
+        gpu.mem_now = mem
+

@@ -1,0 +1,71 @@
+"""Numbers from one run: the issue's JSON keys, plus the papers' other measures.
+
+Definitions (the README repeats them):
+
+* ``makespan_s``: last completion (or the horizon) minus the first arrival.
+* ``jct_*``: completion minus arrival, over completed jobs. ``queue_mean_s``: first start minus arrival, over jobs
+  that started.
+* ``qos_violation_rate``: over jobs with a QoS target, the share that did not complete within it (failed and
+  unfinished jobs count as violations).
+* ``gpu_mem_util``: time-average of the bytes the running jobs really occupy over the cluster's GPU memory, within
+  the makespan; ``sm_util`` the same for the modelled SM busy fraction (solo SM utilisation / slowdown, summed per
+  GPU, capped at 1).
+* ``deployed``: jobs that started at least once; ``completed``: jobs that finished; ``completion_rate``: the
+  resource-demand paper's ``#done / (#done + #not done)`` over jobs that arrived.
+* ``unallocated_gpus``: mean number of GPUs with nothing running while some job waits.
+"""
+
+from __future__ import annotations
+
+from gnnsched.simulator.engine import RunResult
+
+
+def _pct(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    k = (len(sorted_vals) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def summarise(res: RunResult) -> dict[str, float | int | None]:
+    outs = res.outcomes
+    arrived = [o for o in outs if o.job.arrival <= res.end_time]
+    done = [o for o in arrived if o.status == "completed"]
+    jcts = sorted(o.jct for o in done if o.jct is not None)
+    queues = [o.queue_time for o in arrived if o.queue_time is not None]
+    first = min((o.job.arrival for o in outs), default=0.0)
+    last = max((o.finish for o in done if o.finish is not None), default=first)
+    makespan = (res.horizon - first) if res.horizon is not None else (last - first)
+    span = max(res.end_time - first, 1e-9)
+    with_qos = [o for o in arrived if o.job.qos_target_s is not None]
+    violations = sum(1 for o in with_qos if o.jct is None or o.jct > o.job.qos_target_s + 1e-9)
+    deployed = sum(1 for o in arrived if o.ran)
+    return {
+        "makespan_s": round(makespan, 3),
+        "jct_mean_s": _r(sum(jcts) / len(jcts)) if jcts else None,
+        "jct_median_s": _r(_pct(jcts, 0.5)) if jcts else None,
+        "jct_p90_s": _r(_pct(jcts, 0.9)) if jcts else None,
+        "jct_p99_s": _r(_pct(jcts, 0.99)) if jcts else None,
+        "queue_mean_s": _r(sum(queues) / len(queues)) if queues else None,
+        "qos_violation_rate": _r(violations / len(with_qos), 4) if with_qos else None,
+        "oom_kills": sum(o.oom_kills for o in outs),
+        "failed": sum(1 for o in outs if o.status == "failed"),
+        "unschedulable": sum(1 for o in outs if o.status == "unschedulable"),
+        "arrived": len(arrived),
+        "deployed": deployed,
+        "completed": len(done),
+        "completion_rate": _r(len(done) / len(arrived), 4) if arrived else None,
+        "gpu_mem_util": _r(res.gpu_mem_area / (res.gpu_mem_capacity * span), 4),
+        "sm_util": _r(res.sm_area / (res.gpu_count * span), 4),
+        "cpu_alloc_util": _r(res.cpu_alloc_area / (res.cpu_capacity * span), 4),
+        "mem_alloc_util": _r(res.mem_alloc_area / (res.mem_capacity * span), 4),
+        "unallocated_gpus": _r(res.idle_gpu_waiting_area / res.waiting_time, 3) if res.waiting_time > 0 else 0.0,
+        "max_slowdown": _r(max((o.slowdown_max for o in outs), default=1.0), 3),
+        "gate_checks": res.gate_checks,
+    }
+
+
+def _r(x: float, nd: int = 3) -> float:
+    return round(float(x), nd)

@@ -1,0 +1,219 @@
+"""Turn a workload into costed jobs and run it under each policy: what ``gnnsched simulate`` does.
+
+The same :class:`~gnnsched.simulator.model.SimJob` list is replayed under every policy, so differences between
+policies are the policies' alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gnnsched.simulator.adapters import Integrations
+from gnnsched.simulator.cluster import ClusterSpec
+from gnnsched.simulator.costs import STARTUP_S
+from gnnsched.simulator.engine import RunResult, Simulation
+from gnnsched.simulator.metrics import summarise
+from gnnsched.simulator.model import JobProfile, SimJob
+from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
+from gnnsched.simulator.workloads import Workload
+
+MAX_EPOCHS = 1_000_000
+
+
+@dataclass
+class Report:
+    """One ``simulate`` invocation's results."""
+
+    workload: str
+    cluster: str
+    seed: int
+    jobs: int
+    policies: dict[str, dict[str, Any]]
+    results: dict[str, RunResult] = field(default_factory=dict)
+    reference: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": self.workload, "cluster": self.cluster, "seed": self.seed, "jobs": self.jobs,
+                "policies": self.policies, "reference": self.reference, "notes": self.notes}
+
+
+def materialise(workload: Workload, cluster: ClusterSpec, ix: Integrations, *, scaling: bool,
+                startup_s: float = STARTUP_S, progress: Callable[[int, int], None] | None = None) -> list[SimJob]:
+    """Cost every job on every GPU model of ``cluster`` (estimator, runtime prior, interference profile)."""
+    models = sorted({n.gpu_model for n in cluster.nodes if n.gpus})
+    ref = models[0]
+    jobs: list[SimJob] = []
+    templates = workload.templates
+    truncated = 0
+    for i, t in enumerate(templates):
+        if progress is not None:
+            progress(i, len(templates))
+        if t.spec is None:
+            jobs.append(_trace_job(i, t, models))
+            continue
+        spec = t.spec
+        target = t.labels.get("runtime_target")
+        cores = t.cpu_milli / 1000
+        if target is not None:
+            one = ix.profile(spec, ref, cores)
+            wanted = round(float(target) / max(one.solo_s, 1e-9))
+            truncated += wanted > MAX_EPOCHS
+            epochs = int(min(MAX_EPOCHS, max(1, wanted)))
+            spec = spec.model_copy(update={"epochs": epochs})
+        profiles = {m: ix.profile(spec, m, cores) for m in models}
+        qos = None
+        if t.qos_factor is not None:
+            qos = t.qos_factor * (profiles[ref].solo_s + startup_s)
+        scaled_cpu = scaled_mem = None
+        factor = 1.0
+        if scaling:
+            scaled_cpu, scaled_mem, factor = ix.scale(spec, t.cpu_milli, t.memory_bytes, ref)
+        jobs.append(SimJob(
+            id=i, name=t.name, arrival=t.arrival, mode=spec.mode, cpu_milli=t.cpu_milli,
+            memory_bytes=t.memory_bytes, profiles=profiles, spec=spec, qos_target_s=qos,
+            backoff_limit=t.backoff_limit, scaled_cpu_milli=scaled_cpu, scaled_memory_bytes=scaled_mem,
+            scaled_solo_factor=factor,
+            labels=dict(t.labels),
+        ))
+    if truncated:
+        workload.notes.append(f"{truncated} jobs needed more than {MAX_EPOCHS} epochs to match their trace lifetime; "
+                              "their runtime is shorter than the lifetime")
+    if workload.reference.get("period_slots"):
+        # GNNSched batches: arrival slot k happens at k * T, T = the queue's mean standalone time on the reference
+        # GPU, so mean 1 task per slot loads one GPU running jobs one at a time to ~100 %.
+        period = sum(j.profile(ref).solo_s + startup_s for j in jobs) / max(len(jobs), 1)
+        jobs = [_with_arrival(j, j.arrival * period) for j in jobs]
+    return jobs
+
+
+def _with_arrival(job: SimJob, arrival: float) -> SimJob:
+    from dataclasses import replace
+
+    return replace(job, arrival=arrival)
+
+
+def _trace_job(i: int, t: Any, models: list[str]) -> SimJob:
+    from gnnsched.gpus import get_gpu_model
+
+    profiles = {}
+    for m in models:
+        total = get_gpu_model(m).memory_bytes
+        share = min(1.0, t.gpu_milli / 1000) if t.gpu_milli else 0.0
+        b = int(total * share)
+        profiles[m] = JobProfile(admit_bytes=b, peak_bytes=b, solo_s=float(t.runtime_s or 0.0),
+                                 predicted_s=float(t.runtime_s or 0.0), sm_util=share, intensity="memory")
+    return SimJob(id=i, name=t.name, arrival=t.arrival, mode="pod", cpu_milli=t.cpu_milli,
+                  memory_bytes=t.memory_bytes, profiles=profiles, num_gpus=t.num_gpus, gpu_milli=t.gpu_milli,
+                  labels=dict(t.labels))
+
+
+def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], seed: int, ix: Integrations,
+        *, startup_s: float = STARTUP_S, record_timeline: bool = True,
+        progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None) -> Report:
+    """Cost the workload once, then simulate it under every policy."""
+    placement_only = [p for p in policies if p.base in PLACEMENT_ONLY]
+    if placement_only:
+        return _run_openb(workload, cluster, policies, seed, progress)
+    if jobs is None:
+        jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in policies), startup_s=startup_s,
+                           progress=(lambda d, t: progress("costing jobs", d, t)) if progress else None)
+    report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={},
+                    notes=list(workload.notes))
+    for spec in policies:
+        sim = Simulation(jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
+                         startup_s=startup_s, record_timeline=record_timeline,
+                         progress=(lambda d, t, n=spec.text: progress(n, d, t)) if progress else None)
+        result = sim.run()
+        report.results[spec.text] = result
+        report.policies[spec.text] = summarise(result)
+    report.reference = compare_reference(workload, report.policies)
+    return report
+
+
+def _run_openb(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], seed: int,
+               progress: Callable[[str, int, int], None] | None) -> Report:
+    """FGD's saturation experiment (see :mod:`gnnsched.simulator.openb`) for placement-only policies."""
+    from gnnsched.simulator.openb import Pod, replay
+
+    bad = [p.text for p in policies if p.base not in PLACEMENT_ONLY]
+    if bad:
+        raise PolicyError(f"{', '.join(bad)} cannot run in the openb placement replay; use best-fit, fgd")
+    pods = [Pod(t.cpu_milli, t.memory_bytes, t.num_gpus, t.gpu_milli) for t in workload.templates]
+    if not pods:
+        raise PolicyError("best-fit and fgd need a trace workload (--workload openb)")
+    report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(pods), policies={})
+    for spec in policies:
+        out = replay(cluster, pods, spec.base, seed,
+                     progress=(lambda d, t, n=spec.text: progress(n, d, t)) if progress else None)
+        curve = out.pop("curve")
+        report.policies[spec.text] = {
+            "makespan_s": None, "jct_mean_s": None, "jct_p99_s": None, "queue_mean_s": None,
+            "qos_violation_rate": None, "oom_kills": 0, "completed": None, "deployed": out["pods_placed"],
+            "gpu_mem_util": out["gpu_allocated"], **out,
+        }
+        report.notes.append(f"{spec.text}: fragmentation curve (arrived, allocated, fragmented) = "
+                            + ", ".join(f"({a:.2f},{b:.3f},{c:.3f})" for a, b, c in curve[::max(1, len(curve) // 8)]))
+    return report
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: bool) -> dict[str, Any] | None:
+    """gnnsched's best policy against the best other policy of the same run, on the workload's headline metric."""
+    from gnnsched.simulator.policyspec import parse_policy
+
+    if not metric:
+        return None
+    ours = {n: m.get(metric) for n, m in metrics.items() if parse_policy(n).is_gnnsched and m.get(metric) is not None}
+    theirs = {n: m.get(metric) for n, m in metrics.items()
+              if not parse_policy(n).is_gnnsched and m.get(metric) is not None}
+    if not ours or not theirs:
+        return None
+    pick = max if higher else min
+    a = pick(ours, key=ours.get)
+    b = pick(theirs, key=theirs.get)
+    better = ours[a] > theirs[b] if higher else ours[a] < theirs[b]
+    verdict = "better" if better else ("tie" if abs(ours[a] - theirs[b]) <= 1e-9 * max(abs(theirs[b]), 1) else "worse")
+    return {"paper": "this run", "claim": "gnnsched's best policy against the best other policy", "metric": metric,
+            "compare": f"{a} vs {b}", "paper_value": None, "simulated": round(ours[a] / theirs[b], 4) if theirs[b]
+            else None, "unit": "x", "gnnsched_wins": better, "verdict": verdict}
+
+
+def compare_reference(workload: Workload, metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The paper's headline figure beside the simulator's, for the policies of this run that it compares."""
+    ref = workload.reference
+    out: list[dict[str, Any]] = []
+    if not ref:
+        return out
+    metric = ref.get("metric")
+    if "ratio" in ref:
+        base, ours = ref["ratio"]
+        if base in metrics and ours in metrics:
+            val = _ratio(metrics[base].get(metric), metrics[ours].get(metric))
+            out.append({"paper": ref["paper"], "claim": ref["paper_note"], "metric": metric,
+                        "compare": f"{base} / {ours}", "paper_value": ref["paper_value"],
+                        "simulated": round(val, 3) if val is not None else None, "unit": "x"})
+    for base, ours, pct in ref.get("reduction", ()):
+        if base in metrics and ours in metrics:
+            a, b = metrics[base].get(metric), metrics[ours].get(metric)
+            val = None if a in (None, 0) or b is None else 100.0 * (a - b) / a
+            out.append({"paper": ref["paper"], "claim": ref["paper_note"], "metric": metric,
+                        "compare": f"{ours} vs {base}", "paper_value": -pct,
+                        "simulated": round(-val, 2) if val is not None else None, "unit": "%"})
+    best = _best_of(metrics, metric, higher=ref.get("kind") == "percent higher")
+    if best is not None:
+        out.append(best)
+    for base, ours, key, pct in ref.get("gain", ()):
+        if base in metrics and ours in metrics:
+            a, b = metrics[base].get(key), metrics[ours].get(key)
+            val = None if a in (None, 0) or b is None else 100.0 * (b - a) / a
+            out.append({"paper": ref["paper"], "claim": ref["paper_note"], "metric": key,
+                        "compare": f"{ours} vs {base}", "paper_value": pct,
+                        "simulated": round(val, 2) if val is not None else None, "unit": "%"})
+    return out

@@ -48,8 +48,8 @@ def _operator(
                               help="Worker image for pods whose GNNJob names none."),
     scheduler_name: str = typer.Option("gnnsched-scheduler", "--scheduler-name", envvar="GNNSCHED_SCHEDULER_NAME",
                                        help="schedulerName of the pods (the profile that calls the extender)."),
-    metrics_port: int = typer.Option(9401, "--metrics-port", min=0, max=65535,
-                                     help="Port of the liveness probe (GET /healthz); 0 turns it off."),
+    health_port: int = typer.Option(9401, "--health-port", min=0, max=65535,
+                                    help="Port of the liveness probe (GET /healthz); 0 turns it off."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
@@ -74,7 +74,7 @@ def _operator(
 
     fields = {"namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
-              "scheduler_name": scheduler_name, "health_port": metrics_port or None}
+              "scheduler_name": scheduler_name, "health_port": health_port or None}
     if image:
         fields["image"] = image
     run(OperatorConfig(**fields), kubeconfig=kubeconfig, context=context)
@@ -95,7 +95,8 @@ def _operator_export_history(
 
     from gnnsched.cliutil import fail
     from gnnsched.operator.history import write_jsonl
-    from gnnsched.operator.kube import Kube, KubeError, load_client_configuration
+    from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.kube import Kube, KubeError
     from gnnsched.operator.main import export_history
 
     try:

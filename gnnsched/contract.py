@@ -69,7 +69,7 @@ directory (``gnnsched.node_status_file``), where the device plugin already has a
 
 DEFAULT_EXTENDER_PORT = 8888
 DEFAULT_AGENT_METRICS_PORT = 9400
-DEFAULT_OPERATOR_METRICS_PORT = 9401
+DEFAULT_OPERATOR_HEALTH_PORT = 9401
 
 MPS_MAX_CLIENTS_PER_GPU = 48
 """Volta and later accept at most 48 MPS clients per GPU (fewer before Volta)."""

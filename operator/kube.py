@@ -31,21 +31,6 @@ class KubeError(Exception):
         return self.status == 0 or self.status == 429 or self.status >= 500
 
 
-def load_client_configuration(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """Credentials: in-cluster service account when running in a pod, else the kubeconfig (like kubectl)."""
-    import kubernetes
-
-    configuration = kubernetes.client.Configuration()
-    try:
-        if kubeconfig is None:
-            kubernetes.config.load_incluster_config(client_configuration=configuration)
-            return configuration
-    except kubernetes.config.ConfigException:
-        pass
-    kubernetes.config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    return configuration
-
-
 class Kube:
     """Synchronous API access for kopf's threaded (sync) handlers; one ``ApiClient`` and its connection pool."""
 

@@ -11,8 +11,10 @@ import asyncio
 import threading
 from typing import Any
 
+from gnnsched.kubeclient import load_client_configuration
+
 from .handlers import Operator, OperatorConfig, build_registry
-from .kube import Kube, load_client_configuration
+from .kube import Kube
 from .planning import Planner
 
 

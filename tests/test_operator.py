@@ -325,7 +325,7 @@ async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-P", "-m", "gnnsched.cli", "operator", "--all-namespaces", "--kubeconfig",
             str(cluster.kubeconfig), "--watch-timeout", "2", "--log-level", "warning",
-            "--metrics-port", str(health_port),
+            "--health-port", str(health_port),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
             await cluster.create_job(manifest("lost-request"))

@@ -34,6 +34,91 @@ def _root(
 
 # --- component registrations (one block per component; keep imports light) ---
 
+# operator (issue 6): `gnnsched operator [--namespace NS ... | --all-namespaces]`, `gnnsched operator export-history`
+operator_app = typer.Typer(help="The GNNJob operator (kopf) and its history export.", invoke_without_command=True,
+                            no_args_is_help=False, rich_markup_mode=None)
+
+
+@operator_app.callback()
+def _operator(
+    ctx: typer.Context,
+    namespace: list[str] = typer.Option([], "--namespace", "-n", help="Watch this namespace (repeatable)."),
+    all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace (default)."),
+    image: str = typer.Option(None, "--image", envvar="GNNSCHED_IMAGE",
+                              help="Worker image for pods whose GNNJob names none."),
+    scheduler_name: str = typer.Option("gnnsched-scheduler", "--scheduler-name", envvar="GNNSCHED_SCHEDULER_NAME",
+                                       help="schedulerName of the pods (the profile that calls the extender)."),
+    health_port: int = typer.Option(9401, "--health-port", min=0, max=65535,
+                                    help="Port of the liveness probe (GET /healthz); 0 turns it off."),
+    default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
+                                          help="GPU model for runtime predictions while no GPUNode has reported."),
+    workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."),
+    context: str = typer.Option(None, "--context", help="Kubeconfig context."),
+    watch_timeout: float = typer.Option(None, "--watch-timeout", min=0.1,
+                                        help="Seconds a watch request may last before it is renewed (kopf default)."),
+    resync_seconds: float = typer.Option(30.0, "--resync-seconds", min=0.1,
+                                         help="How often unfinished jobs are re-derived from their pods."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Run the GNNJob operator (watches GNNJobs and their pods until interrupted)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from gnnsched.cliutil import fail, setup_logging
+
+    if namespace and all_namespaces:
+        fail("--namespace and --all-namespaces are mutually exclusive")
+    setup_logging(log_level)
+    from gnnsched.operator.handlers import OperatorConfig
+    from gnnsched.operator.main import run
+
+    fields = {"namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
+              "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
+              "scheduler_name": scheduler_name, "health_port": health_port or None}
+    if image:
+        fields["image"] = image
+    run(OperatorConfig(**fields), kubeconfig=kubeconfig, context=context)
+
+
+@operator_app.command("export-history")
+def _operator_export_history(
+    out: str = typer.Option(..., "--out", "-o", help="JSON-lines file to write ('-' for stdout)."),
+    namespace: str = typer.Option(None, "--namespace", "-n", help="Only this namespace (default: all)."),
+    append: bool = typer.Option(False, "--append", help="Append to --out instead of replacing it."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file."),
+    context: str = typer.Option(None, "--context", help="Kubeconfig context."),
+) -> None:
+    """Write one JSON line per finished GNNJob (spec, resources, predicted and observed runtime and peak)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from gnnsched.cliutil import fail
+    from gnnsched.operator.history import write_jsonl
+    from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.kube import Kube, KubeError
+    from gnnsched.operator.main import export_history
+
+    try:
+        kube = Kube(load_client_configuration(kubeconfig, context))
+        records = export_history(kube, namespace)
+    except KubeError as exc:
+        fail(f"cannot list GNNJobs: {exc}", code=1)
+    except Exception as exc:  # kubeconfig missing or unreadable
+        fail(f"--kubeconfig: {exc}")
+    if out == "-":
+        for record in records:
+            sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+        return
+    try:
+        count = write_jsonl(records, Path(out), append=append)
+    except OSError as exc:
+        fail(f"--out: cannot write {out}: {exc.strerror or exc}")
+    typer.echo(f"wrote {count} history records to {out}", err=True)
+
+
+app.add_typer(operator_app, name="operator")
+
 from gnnsched.simulator.cli import simulate as _simulate  # noqa: E402  (simulator; heavy imports inside)
 
 app.command("simulate")(_simulate)

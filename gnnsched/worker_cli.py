@@ -7,11 +7,13 @@ JSON line on stdout: ``{"observed_peak_bytes": ..., "seconds": ..., "steps": ...
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import typer
 
+from gnnsched.contract import ENV_RESULT_FILE
 from gnnsched.cliutil import UserError, user_errors
 
 
@@ -65,4 +67,14 @@ def worker_command(
             progress=lambda n: bar.advance(task, n),
             on_start=lambda total: bar.update(task, total=total),
         )
-    sys.stdout.write(json.dumps(result.as_dict()) + "\n")
+    line = json.dumps(result.as_dict()) + "\n"
+    sys.stdout.write(line)
+    result_file = os.environ.get(ENV_RESULT_FILE)
+    if result_file:
+        # In a pod this is /dev/termination-log: Kubernetes copies it into the container status on success too,
+        # which is how the operator learns the observed peak without reading logs.
+        try:
+            with open(result_file, "w", encoding="utf-8") as handle:
+                handle.write(line)
+        except OSError as exc:
+            typer.echo(f"warning: cannot write the result to {ENV_RESULT_FILE}={result_file}: {exc}", err=True)

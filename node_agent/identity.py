@@ -230,13 +230,12 @@ class KubePodLookup:
 
     def __init__(self, api_client: Any = None) -> None:
         """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else kubeconfig."""
-        from kubernetes import client, config
+        from kubernetes import client
+
+        from gnnsched.kubeclient import api_client as _default_api_client
 
         if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+            api_client = _default_api_client()
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
 

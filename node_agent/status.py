@@ -86,13 +86,12 @@ class KubeStatusSink:
     does not exist yet. Tested against kmock's in-memory API server."""
 
     def __init__(self, api_client: Any = None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
+
+        from gnnsched.kubeclient import api_client as _default_api_client
 
         if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+            api_client = _default_api_client()
         self._api = client.CustomObjectsApi(api_client)
 
     def publish(self, status: GPUNodeStatus) -> None:

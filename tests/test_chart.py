@@ -226,7 +226,7 @@ def test_metrics_off_renders_no_metrics_services(chart):
     assert not by_kind(docs, "ServiceMonitor") and not [d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]]
     docs = render(chart, VALUE_SETS["servicemonitor-on"])
     monitors = by_kind(docs, "ServiceMonitor")
-    assert len(monitors) == 3 and all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
+    assert len(monitors) == 2 and all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
     services = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in by_kind(docs, "Service")}
     assert {m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] for m in monitors} <= services
 

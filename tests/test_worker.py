@@ -100,6 +100,19 @@ def test_cli_prints_one_json_line(tmp_path):
     assert data["observed_peak_bytes"] > 300 * 8 * 4
 
 
+def test_cli_also_writes_the_result_where_the_pod_asks(tmp_path, monkeypatch):
+    """The operator points GNNSCHED_RESULT_FILE at /dev/termination-log, so the result reaches the pod status."""
+    from gnnsched.contract import ENV_RESULT_FILE
+
+    job = _job(tmp_path, "  mode: train\n  model: {arch: gcn, layers: 2, hidden: 8}\n"
+                         "  graph: {nodes: 300, edges: 2000, features: 8, classes: 3}\n  epochs: 1\n")
+    result_file = tmp_path / "termination-log"
+    monkeypatch.setenv(ENV_RESULT_FILE, str(result_file))
+    result = runner.invoke(app, ["worker", str(job), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result_file.read_text()) == json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize(
     ("args", "body", "field"),
     [

@@ -1,0 +1,547 @@
+"""kopf handlers: GNNJob create/resume/delete, pod events and a periodic resync, all idempotent.
+
+Control flow (every step safe to repeat, so a kill at any point followed by a restart converges to one pod):
+
+1. GNNJob created or operator resumed -> ``reconcile_job``: validate (``parse_spec`` plus what the schema cannot say),
+   plan (PMC, admit bytes, runtime, scaled resources; reused from ``status.plan`` for the same generation), write the
+   plan into the status *before* creating anything, then ensure the ConfigMap and the pod of the current attempt:
+   deterministic names make a 409 mean "already created by me or a previous me", which is adopted after checking the
+   owner uid, never retried blindly.
+2. Pod events (label ``app.kubernetes.io/managed-by=gnnsched``) -> ``sync_pod``: derive phase, node, GPU, group,
+   times, observed peak and failure reason from the pod (``status.view_pod``); a failed pod is retried with the next
+   attempt's pod while ``attempts <= backoffLimit``; else the job fails with the container's reason.
+3. A timer re-runs the same sync for non-terminal jobs, so a missed event or a transient API error only delays.
+4. GNNJob deleted -> its pods and ConfigMap are deleted (the finalizer holds the job until then; in a real cluster
+   owner references would also let the garbage collector do it).
+
+Status is written by this module through the API (merge patch of the status subresource), not through kopf's patch,
+so that the plan is persisted before the pod exists and the pod handler never races with a delayed kopf patch.
+Every handler catches everything: transient API failures become ``kopf.TemporaryError`` (retried by kopf), anything
+else becomes a condition on the job. No malformed or partial object can make a handler raise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from gnnsched import __version__
+from gnnsched.contract import (
+    ANN_JOB,
+    GNNJOB_KIND,
+    GNNJOB_PLURAL,
+    GROUP,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    MANAGED_BY_VALUE,
+    SCHEDULER_NAME,
+    VERSION,
+    API_VERSION,
+)
+from gnnsched.quantity import format_bytes
+from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
+
+from .kube import Kube, KubeError
+from .planning import ClusterGPU, Plan, PlanError, Planner, gpus_from_gpunode
+from .podspec import LABEL_ATTEMPT, build_config_map, build_pod, config_map_name, job_label, pod_name
+from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
+
+log = logging.getLogger("gnnsched.operator")
+
+DEFAULT_IMAGE = f"ghcr.io/gnnsched/gnnsched:{__version__}"
+
+
+class OperatorConfig(BaseModel):
+    """Run-time settings of one operator process (flags of ``gnnsched operator``)."""
+
+    namespaces: list[str] = Field(default_factory=list)  # empty: all namespaces
+    image: str = DEFAULT_IMAGE
+    default_gpu_model: str = "A100-40GB"
+    workers: int = Field(default=8, ge=1, le=256)  # threads for sync handlers (estimation is CPU work)
+    resync_seconds: float = Field(default=30.0, gt=0)
+    watch_client_timeout: float | None = None  # seconds; short in tests so the first event is not delayed
+    finalizer: str = "gnnsched.io/cleanup"
+    scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
+    health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
+
+
+class JobRef(BaseModel):
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None = None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """A plain dict (kopf passes read-only mapping views); anything that is not a mapping becomes empty."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return {}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _job_ref(body: dict[str, Any]) -> JobRef:
+    meta = _dict(body.get("metadata"))
+    missing = [k for k in ("namespace", "name", "uid") if not isinstance(meta.get(k), str) or not meta.get(k)]
+    if missing:
+        raise SpecError(f"metadata.{missing[0]}", "missing from the object (a partial object cannot be run)")
+    gen = meta.get("generation")
+    return JobRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+                  generation=gen if isinstance(gen, int) else None)
+
+
+def _event_target(body: dict[str, Any]) -> dict[str, Any]:
+    meta = _dict(body.get("metadata"))
+    return {
+        "apiVersion": API_VERSION,
+        "kind": GNNJOB_KIND,
+        "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid") if meta.get(k)},
+    }
+
+
+def _plan_fields(plan: Plan) -> dict[str, Any]:
+    """The status fields (CRD schema) that come from the plan, plus the whole plan for reuse after a restart."""
+    return {
+        "pmcBytes": plan.pmc_bytes,
+        "pmc": format_bytes(plan.pmc_bytes),
+        "admitBytes": plan.admit_bytes,
+        "predictedRuntimeSeconds": plan.predicted_runtime_seconds,
+        "requestedResources": {"cpu": plan.requested_cpu, "memory": plan.requested_memory},
+        "scaledResources": {"cpu": plan.scaled_cpu, "memory": plan.scaled_memory},
+        "plan": plan.model_dump(mode="json"),
+    }
+
+
+class Operator:
+    """The handlers with their dependencies (API client, planner, settings); no module-level state."""
+
+    def __init__(self, config: OperatorConfig, kube: Kube, planner: Planner) -> None:
+        self.config = config
+        self.kube = kube
+        self.planner = planner
+
+    # ------------------------------------------------------------------ events and status writes
+
+    def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        import kopf
+
+        try:
+            kopf.event(_event_target(body), type=type_, reason=reason, message=message[:1000])
+        except Exception:  # noqa: BLE001 - an event is informative; failing to post must not fail the handler
+            log.warning("could not post event %s for %s", reason, _dict(body.get("metadata")).get("name"))
+
+    def _write(self, body: dict[str, Any], old: dict[str, Any], new: dict[str, Any], message: str = "") -> None:
+        """Patch the status fields that changed; post an event when the phase changes."""
+        ref = _job_ref(body)
+        changed = {k: v for k, v in new.items() if old.get(k) != v}
+        if not changed:
+            return
+        if self.kube.patch_job_status(ref.namespace, ref.name, changed) is None:
+            return  # the job is gone
+        old_phase, new_phase = old.get("phase"), new.get("phase")
+        if new_phase and new_phase != old_phase:
+            warning = new_phase in ("Failed", "Unschedulable")
+            self._event(body, "Warning" if warning else "Normal", str(new_phase),
+                        message or f"phase {old_phase or 'none'} -> {new_phase}")
+        old.update(changed)
+
+    def _fail(self, body: dict[str, Any], status: dict[str, Any], phase: str, ctype: str, reason: str,
+              message: str) -> None:
+        new = dict(status)
+        new["phase"] = phase
+        new["message"] = f"{reason}: {message}"
+        new["conditions"] = set_condition(status.get("conditions"), ctype, "False", reason, message, now_rfc3339(),
+                                          _dict(body.get("metadata")).get("generation"))
+        if phase in TERMINAL and not status.get("finishedAt"):
+            new["finishedAt"] = now_rfc3339()
+        try:
+            self._write(body, status, new, message=f"{reason}: {message}")
+        except SpecError:
+            log.warning("cannot report %s on a partial object: %s", reason, message)
+
+    # ------------------------------------------------------------------ handlers (kopf entry points)
+
+    def on_job(self, body: Any, logger: logging.Logger | None = None, **_: Any) -> None:
+        """Create/resume: plan and ensure the pod. Transient API errors are retried by kopf; others are reported."""
+        import kopf
+
+        body = _dict(body)
+        status = _dict(body.get("status"))
+        try:
+            self.reconcile_job(body, status)
+        except KubeError as exc:
+            if exc.transient:
+                raise kopf.TemporaryError(f"API server: {exc}", delay=3) from None
+            self._fail_safely(body, status, "Failed", "Ready", "APIError", str(exc))
+        except kopf.TemporaryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug must surface on the job, not kill the handler loop
+            log.exception("reconciling %s failed", _dict(body.get("metadata")).get("name"))
+            self._fail_safely(body, status, "Failed", "Ready", "InternalError", f"{type(exc).__name__}: {exc}")
+
+    def on_pod_event(self, body: Any, event: Any = None, **_: Any) -> None:
+        """A gnnsched pod changed (or was listed at start-up): bring its job's status up to date."""
+        body = _dict(body)
+        event_type = _dict(event).get("type") if event is not None else None
+        try:
+            self.sync_pod(body, deleted=event_type == "DELETED")
+        except KubeError as exc:
+            log.warning("pod %s: %s (the resync timer will retry)", _dict(body.get("metadata")).get("name"), exc)
+        except Exception:  # noqa: BLE001
+            log.exception("pod %s: sync failed", _dict(body.get("metadata")).get("name"))
+
+    def on_resync(self, body: Any, **_: Any) -> None:
+        """Timer: re-derive a non-terminal job's status from its current pod (level-triggered safety net)."""
+        import kopf
+
+        body = _dict(body)
+        status = _dict(body.get("status"))
+        if status.get("phase") in TERMINAL or _dict(body.get("metadata")).get("deletionTimestamp"):
+            return
+        try:
+            if status.get("phase") == "Unschedulable" and status.get("podName") is None:
+                self.reconcile_job(body, status)  # GPUs may have joined since
+                return
+            if status.get("podName") is None:
+                self.reconcile_job(body, status)
+                return
+            ref = _job_ref(body)
+            pod = self.kube.read_pod(ref.namespace, str(status["podName"]))
+            if pod is None:
+                self.reconcile_job(body, status)
+            else:
+                self._apply_pod(body, status, pod, deleted=False)
+        except KubeError as exc:
+            if exc.transient:
+                raise kopf.TemporaryError(f"API server: {exc}", delay=5) from None
+            log.warning("resync of %s: %s", _dict(body.get("metadata")).get("name"), exc)
+        except Exception:  # noqa: BLE001
+            log.exception("resync of %s failed", _dict(body.get("metadata")).get("name"))
+
+    def on_spec_update(self, body: Any, **_: Any) -> None:
+        """A spec edit after the pod exists is not applied (pods are immutable); say so instead of ignoring it."""
+        body = _dict(body)
+        status = _dict(body.get("status"))
+        if not status.get("podName"):
+            return  # nothing created yet: the create/resync path plans with the new spec
+        generation = _dict(body.get("metadata")).get("generation")
+        new = dict(status)
+        new["conditions"] = set_condition(
+            status.get("conditions"), "SpecApplied", "False", "SpecChangedAfterStart",
+            f"spec generation {generation} is not applied: the job keeps running as planned for generation "
+            f"{status.get('observedGeneration')}; delete and re-create the GNNJob to run the new spec",
+            now_rfc3339(), generation if isinstance(generation, int) else None)
+        try:
+            self._write(body, status, new)
+            self._event(body, "Warning", "SpecChangedAfterStart", new["conditions"][-1]["message"])
+        except Exception:  # noqa: BLE001
+            log.exception("could not report a spec change on %s", _dict(body.get("metadata")).get("name"))
+
+    def on_delete(self, body: Any, **_: Any) -> None:
+        """Delete the job's pods and ConfigMap; transient failures keep the finalizer and are retried."""
+        import kopf
+
+        body = _dict(body)
+        meta = _dict(body.get("metadata"))
+        namespace, name = meta.get("namespace"), meta.get("name")
+        if not isinstance(namespace, str) or not isinstance(name, str):
+            return
+        try:
+            self.cleanup(namespace, name, _dict(body.get("status")))
+        except KubeError as exc:
+            if exc.transient:
+                raise kopf.TemporaryError(f"cleanup: {exc}", delay=3) from None
+            log.warning("cleanup of %s/%s: %s", namespace, name, exc)
+
+    def _fail_safely(self, body: dict[str, Any], status: dict[str, Any], phase: str, ctype: str, reason: str,
+                     message: str) -> None:
+        try:
+            self._fail(body, status, phase, ctype, reason, message)
+        except Exception:  # noqa: BLE001 - even the error report failed (API down): log, never raise
+            log.exception("could not report %s on %s", reason, _dict(body.get("metadata")).get("name"))
+
+    # ------------------------------------------------------------------ the logic
+
+    def cluster_gpus(self) -> list[ClusterGPU]:
+        gpus: list[ClusterGPU] = []
+        for obj in self.kube.list_gpunodes():
+            gpus.extend(gpus_from_gpunode(obj))
+        return gpus
+
+    def reconcile_job(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = _dict(body.get("metadata"))
+        if meta.get("deletionTimestamp") or status.get("phase") in TERMINAL:
+            return
+        generation = meta.get("generation") if isinstance(meta.get("generation"), int) else None
+        try:
+            ref = _job_ref(body)
+            spec = parse_spec(body.get("spec"))
+            extra_validation(ref, spec)
+        except SpecError as exc:
+            self._fail(body, status, "Failed", "Validated", "InvalidSpec", str(exc))
+            return
+        now = now_rfc3339()
+        conditions = set_condition(status.get("conditions"), "Validated", "True", "SpecValid",
+                                   "the spec passed validation", now, generation)
+
+        # Once a pod was planned for this attempt, the plan stays the one it was built from (pods are immutable;
+        # a later spec edit is reported by on_spec_update, not half-applied here).
+        plan = self._stored_plan(status, generation, any_generation=bool(status.get("podName")))
+        if plan is None:
+            try:
+                plan = self.planner.plan(spec, self.cluster_gpus())
+            except PlanError as exc:
+                new = dict(status, conditions=conditions)
+                self._fail(body, new, exc.phase, "Schedulable" if exc.phase == "Unschedulable" else "Estimated",
+                           exc.reason, exc.message)
+                return
+        conditions = set_condition(
+            conditions, "Estimated", "True", "PMCEstimated",
+            f"predicted peak {format_bytes(plan.pmc_bytes)} ({plan.pmc_bytes} bytes); admit "
+            f"{format_bytes(plan.admit_bytes)} ({plan.admit_bytes} bytes) on one GPU; predicted runtime "
+            f"{_seconds(plan.predicted_runtime_seconds)} on {plan.runtime_gpu_model} ({plan.runtime_source})"
+            + (f"; scaling: {plan.scaling_note}" if plan.scaling_note else ""),
+            now, generation,
+        )
+        conditions = [c for c in conditions if not (c.get("type") == "Schedulable" and c.get("status") == "False"
+                                                    and c.get("reason") == "PredictedPeakExceedsGPU")]
+        attempt = max(int(status.get("attempts") or 1) - 1, 0) if isinstance(status.get("attempts"), int) else 0
+        name = pod_name(ref.name, attempt)
+        new = dict(status)
+        new.update(_plan_fields(plan))
+        new.update(conditions=conditions, attempts=attempt + 1, podName=name)
+        if not status.get("podName"):
+            new["observedGeneration"] = generation
+        if new.get("phase") in (None, "Pending", "Unschedulable"):
+            new["phase"] = "Estimated"
+            new["message"] = None
+        self._write(body, status, new, message=_estimated_message(plan))
+
+        self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
+        pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name), kind="Pod")
+        self._apply_pod(body, status, pod, deleted=False)
+
+    def _stored_plan(self, status: dict[str, Any], generation: int | None, any_generation: bool = False) -> Plan | None:
+        stored = status.get("plan")
+        if not isinstance(stored, dict) or (not any_generation and status.get("observedGeneration") != generation):
+            return None
+        try:
+            return Plan.model_validate(stored)
+        except ValueError:
+            return None
+
+    def _ensure(self, ref: JobRef, body: dict[str, Any], obj: dict[str, Any], kind: str) -> dict[str, Any]:
+        """Create ``obj``; on 409 adopt the existing one if this job owns it, else report the conflict."""
+        name = obj["metadata"]["name"]
+        create = self.kube.create_pod if kind == "Pod" else self.kube.create_config_map
+        read = self.kube.read_pod if kind == "Pod" else self.kube.read_config_map
+        try:
+            created = create(ref.namespace, obj)
+            if kind == "Pod":
+                self._event(body, "Normal", "PodCreated", f"created pod {name}")
+            return created
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+        existing = read(ref.namespace, name)
+        if existing is None:  # deleted between our create and read: the next event or resync creates it again
+            raise KubeError(503, f"{kind} {name} vanished after a conflict; will retry")
+        owners = _dict(existing.get("metadata")).get("ownerReferences") or []
+        if not any(isinstance(o, dict) and o.get("uid") == ref.uid for o in owners):
+            raise KubeError(409, f"{kind} {ref.namespace}/{name} exists and is not owned by this GNNJob "
+                                 f"(uid {ref.uid}); delete it or rename the job")
+        return existing
+
+    def sync_pod(self, pod: dict[str, Any], deleted: bool) -> None:
+        meta = _dict(pod.get("metadata"))
+        annotations = _dict(meta.get("annotations"))
+        job_key = annotations.get(ANN_JOB)
+        if not isinstance(job_key, str) or "/" not in job_key:
+            return  # not ours (or a malformed annotation): nothing to report to
+        namespace, name = job_key.split("/", 1)
+        job = self.kube.read_job(namespace, name)
+        if job is None or _dict(job.get("metadata")).get("deletionTimestamp"):
+            return
+        owners = meta.get("ownerReferences") or []
+        job_uid = _dict(job.get("metadata")).get("uid")
+        if not any(isinstance(o, dict) and o.get("uid") == job_uid for o in owners):
+            return  # a pod of an earlier job with the same name
+        self._apply_pod(job, _dict(job.get("status")), pod, deleted=deleted)
+
+    def _apply_pod(self, job: dict[str, Any], status: dict[str, Any], pod: dict[str, Any], deleted: bool) -> None:
+        """Fold one pod's facts into the job status; retry or fail on a failed pod."""
+        if status.get("phase") in TERMINAL:
+            return
+        pod_meta = _dict(pod.get("metadata"))
+        try:
+            attempt = int(_dict(pod_meta.get("labels")).get(LABEL_ATTEMPT, "0"))
+        except ValueError:
+            return
+        current = int(status["attempts"]) - 1 if isinstance(status.get("attempts"), int) else 0
+        if attempt != current:
+            return  # an older attempt's pod (or one ahead of a stale status: the job handler catches up)
+        view = view_pod(pod)
+        if deleted and view.phase not in TERMINAL:
+            view.phase = "Failed"
+            view.failure_reason = "PodDeleted"
+            view.failure_message = "the pod was deleted before it finished"
+        new = dict(status)
+        new.update(podName=view.name or status.get("podName"))
+        for key, value in (("node", view.node), ("gpu", view.gpu), ("group", view.group),
+                           ("admittedAt", view.admitted_at), ("startedAt", view.started_at),
+                           ("finishedAt", view.finished_at), ("observedPeakBytes", view.observed_peak_bytes),
+                           ("observedRuntimeSeconds", view.observed_runtime_seconds)):
+            if value is not None:
+                new[key] = value
+        now = now_rfc3339()
+        generation = _dict(job.get("metadata")).get("generation")
+        message = ""
+        if view.phase == "Failed":
+            self._pod_failed(job, status, new, view, attempt, now)
+            return
+        new["phase"] = view.phase
+        if view.phase == "Unschedulable":
+            new["conditions"] = set_condition(new.get("conditions"), "Schedulable", "False", "Unschedulable",
+                                              view.unschedulable_message or "", now, generation)
+            new["message"] = view.unschedulable_message
+            message = f"pod {view.name}: {view.unschedulable_message}"
+        elif view.node is not None:
+            new["conditions"] = set_condition(new.get("conditions"), "Schedulable", "True", "Bound",
+                                              f"pod {view.name} bound to node {view.node}", now, generation)
+            new["message"] = None
+            message = f"pod {view.name} on node {view.node}" + (f", GPU {view.gpu}" if view.gpu else "")
+        if view.phase in ("Running", "Succeeded") and (view.admitted_at or view.gpu):
+            new["conditions"] = set_condition(new.get("conditions"), "Admitted", "True", "AdmittedByGate",
+                                              f"admitted on GPU {view.gpu or '?'} (group {view.group or '?'})",
+                                              now, generation)
+        if view.phase == "Succeeded":
+            peak = view.observed_peak_bytes
+            detail = f"observed peak {format_bytes(peak)} ({peak} bytes)" if peak is not None else \
+                "the worker reported no peak"
+            new["conditions"] = set_condition(new.get("conditions"), "Complete", "True", "Succeeded",
+                                              f"pod {view.name} succeeded; {detail}", now, generation)
+            new.setdefault("finishedAt", now)
+            message = f"pod {view.name} succeeded; {detail}"
+        self._write(job, status, new, message=message)
+
+    def _pod_failed(self, job: dict[str, Any], status: dict[str, Any], new: dict[str, Any], view: PodView,
+                    attempt: int, now: str) -> None:
+        generation = _dict(job.get("metadata")).get("generation")
+        try:
+            spec: GNNJobSpec | None = parse_spec(job.get("spec"))
+        except SpecError:
+            spec = None
+        limit = spec.backoff_limit if spec is not None else 0
+        exit_part = f" (exit code {view.exit_code})" if view.exit_code is not None else ""
+        detail = f"pod {view.name} failed: {view.failure_reason}{exit_part}" + (
+            f": {view.failure_message}" if view.failure_message else "")
+        self._event(job, "Warning", "PodFailed", detail)
+        # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
+        plan = self._stored_plan(status, None, any_generation=True)
+        if spec is not None and plan is not None and attempt < limit:
+            ref = _job_ref(job)
+            next_attempt = attempt + 1
+            new.update(phase="Estimated", attempts=next_attempt + 1, podName=pod_name(ref.name, next_attempt),
+                       message=f"retrying after {view.failure_reason} (attempt {next_attempt + 1} of {limit + 1})")
+            for key in ("node", "gpu", "group", "admittedAt", "startedAt", "finishedAt", "observedRuntimeSeconds"):
+                new.pop(key, None)
+            new["conditions"] = set_condition(new.get("conditions"), "Retrying", "True", str(view.failure_reason),
+                                              f"{detail}; retry {next_attempt} of {limit}", now, generation)
+            for key in ("node", "gpu", "group", "admittedAt", "startedAt", "finishedAt", "observedRuntimeSeconds"):
+                if key in status:
+                    new[key] = None  # merge patch: null removes the previous attempt's placement
+            self._write(job, status, new, message=f"{detail}; retrying ({next_attempt} of {limit})")
+            self._event(job, "Normal", "Retrying", f"creating pod {pod_name(ref.name, next_attempt)}")
+            pod = self._ensure(ref, job, build_pod(job, spec, plan, next_attempt, self.config.image, self.config.scheduler_name), kind="Pod")
+            self._apply_pod(job, status, pod, deleted=False)
+            return
+        new["phase"] = "Failed"
+        new["finishedAt"] = view.finished_at or now
+        reason = str(view.failure_reason or "Error")
+        tail = f"; no retries left (backoffLimit {limit})" if limit else ""
+        new["conditions"] = set_condition(new.get("conditions"), "Failed", "True", reason, detail + tail, now,
+                                          generation)
+        new["message"] = detail + tail
+        self._write(job, status, new, message=detail + tail)
+
+    def cleanup(self, namespace: str, name: str, status: dict[str, Any]) -> list[str]:
+        """Delete every pod of the job (by label and by deterministic name) and its ConfigMap; returns pod names."""
+        names = {str(p.get("metadata", {}).get("name")) for p in
+                 self.kube.list_pods(namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},"
+                                                f"{LABEL_JOB_NAME}={job_label(name)}")
+                 if isinstance(p.get("metadata"), dict)}
+        attempts = status.get("attempts") if isinstance(status.get("attempts"), int) else 1
+        names |= {pod_name(name, a) for a in range(max(attempts, 1))}
+        deleted = [pod for pod in sorted(names) if self.kube.delete_pod(namespace, pod)]
+        self.kube.delete_config_map(namespace, config_map_name(name))
+        return deleted
+
+
+def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:
+    """Rules the CRD schema cannot express (or that depend on the operator's own naming)."""
+    if spec.command is not None and not spec.command:
+        raise SpecError("spec.command", "must not be empty (omit it to run the gnnsched worker)")
+    if spec.command is not None and any(not part for part in spec.command):
+        raise SpecError("spec.command", "contains an empty string")
+    if len(ref.name) > 253:
+        raise SpecError("metadata.name", f"is {len(ref.name)} characters; at most 253")
+
+
+def _estimated_message(plan: Plan) -> str:
+    return (f"PMC {format_bytes(plan.pmc_bytes)}, admit {format_bytes(plan.admit_bytes)}, predicted runtime "
+            f"{_seconds(plan.predicted_runtime_seconds)} ({plan.runtime_source}), requests cpu={plan.scaled_cpu} "
+            f"memory={plan.scaled_memory}")
+
+
+def _seconds(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.1f} s"
+
+
+def build_registry(op: Operator) -> Any:
+    """A kopf registry holding ``op``'s handlers (a fresh registry: no reliance on kopf's global default)."""
+    import kopf
+
+    registry = kopf.OperatorRegistry()
+    config = op.config
+
+    @kopf.on.startup(registry=registry)
+    def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = config.finalizer
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.gnnsched.io")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="kopf.gnnsched.io", key="last-handled-configuration")
+        settings.execution.max_workers = config.workers
+        settings.posting.level = logging.INFO
+        settings.peering.standalone = True
+        if config.watch_client_timeout is not None:
+            settings.watching.client_timeout = config.watch_client_timeout
+            settings.watching.server_timeout = config.watch_client_timeout
+
+    @kopf.on.login(registry=registry)
+    def _login(**_: Any) -> Any:
+        from .kube import connection_info
+
+        return connection_info(op.kube.configuration)
+
+    jobs = dict(group=GROUP, version=VERSION, plural=GNNJOB_PLURAL, registry=registry)
+    kopf.on.create(**jobs, id="reconcile-create")(op.on_job)
+    kopf.on.resume(**jobs, id="reconcile-resume")(op.on_job)
+    kopf.on.delete(**jobs, id="cleanup")(op.on_delete)
+    kopf.on.update(**jobs, id="spec-update", field="spec")(op.on_spec_update)
+    kopf.timer(**jobs, id="resync", interval=config.resync_seconds, idle=config.resync_seconds,
+               when=lambda status, **_: _dict(status).get("phase") not in TERMINAL)(op.on_resync)
+    kopf.on.event("", "v1", "pods", registry=registry, labels={LABEL_MANAGED_BY: MANAGED_BY_VALUE},
+                  id="pod-sync")(op.on_pod_event)
+    return registry

@@ -1,0 +1,62 @@
+"""Run the operator: credentials, the handlers' dependencies, kopf's event loop.
+
+``gnnsched operator`` watches all namespaces by default (``--all-namespaces``) or the ones given with
+``--namespace``. Credentials: the in-cluster service account when running in a pod, else the kubeconfig (``--kubeconfig``,
+``$KUBECONFIG`` or ``~/.kube/config``); kopf's watcher and the handlers' API client use the same ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from gnnsched.kubeclient import load_client_configuration
+
+from .handlers import Operator, OperatorConfig, build_registry
+from .kube import Kube
+from .planning import Planner
+
+
+def make_operator(config: OperatorConfig, kubeconfig: str | None = None, context: str | None = None) -> Operator:
+    configuration = load_client_configuration(kubeconfig, context)
+    kube = Kube(configuration, pool_size=max(4, config.workers * 2))
+    return Operator(config, kube, Planner(default_gpu_model=config.default_gpu_model))
+
+
+async def run_async(op: Operator, stop_flag: asyncio.Event | threading.Event | None = None,
+                    ready_flag: asyncio.Event | threading.Event | None = None) -> None:
+    """kopf's operator loop with ``op``'s handlers until ``stop_flag`` is set (or the process is signalled)."""
+    import kopf
+
+    registry = build_registry(op)
+    namespaces = op.config.namespaces
+    await kopf.operator(
+        registry=registry,
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces or (),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+        liveness_endpoint=(f"http://0.0.0.0:{op.config.health_port}/healthz"
+                           if op.config.health_port else None),
+    )
+
+
+def run(config: OperatorConfig, kubeconfig: str | None = None, context: str | None = None) -> None:
+    op = make_operator(config, kubeconfig, context)
+    try:
+        asyncio.run(run_async(op))
+    finally:
+        op.kube.close()
+
+
+def export_history(kube: Kube, namespace: str | None) -> list[dict[str, Any]]:
+    """History records of finished jobs (see ``history.py``)."""
+    from .history import gpu_models_by_uuid, records_from_jobs
+
+    try:
+        models = gpu_models_by_uuid(kube.list_gpunodes())
+    except Exception:  # noqa: BLE001 - without GPUNodes the predicted-on model is recorded instead
+        models = {}
+    return records_from_jobs(kube.list_jobs(namespace), models)

@@ -1,0 +1,281 @@
+"""An in-memory Kubernetes API for the operator's tests: ``kmock``'s emulator, made faithful where kopf depends on it.
+
+kmock 0.8 (``KubernetesEmulator``) stores objects and streams watch events, but differs from a real API server in
+ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass fixes exactly those, nothing more:
+
+* every write (create, patch, delete-with-finalizers) bumps ``metadata.resourceVersion``; kopf's finalizer and
+  progress patches are JSON-patches guarded by ``test /metadata/resourceVersion`` and loop or double-fire without it;
+* a JSON-patch whose ``test`` op fails is answered 422 (kmock answers 500), which kopf treats as "retry next cycle";
+* create assigns ``uid``, ``creationTimestamp``, ``generation`` and the namespace (owner references need the uid);
+* writes are serialised so that the ``test`` check and the write are atomic;
+* core discovery reports ``groupVersion: v1`` (kmock says ``/v1``, which hides core resources from kubectl);
+* list honours equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
+* matching a request to kmock's reactions looks at that request only (kmock rescans every request so far: quadratic),
+  and only recent requests are remembered;
+* ``Accept: ...;as=Table`` gets a server-side ``Table`` built from registered printer columns, as the real API server
+  does for CRDs with ``additionalPrinterColumns`` (so ``kubectl get gj`` prints Phase, PMC ...).
+
+It is test infrastructure (imported by ``tests/`` and ``bench/``), not part of the package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import datetime
+import itertools
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+import yaml
+from kmock._internal import enums, rendering
+
+REPO = Path(__file__).resolve().parent.parent
+_CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emulator_request", default=None)
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _jsonpath(obj: Any, path: str) -> Any:
+    """The subset of JSONPath printer columns use: ``.a.b.c``."""
+    for part in path.strip(".").split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+@attrs.define(kw_only=True)
+class StrictKubernetes(kmock.KubernetesEmulator):
+    """kmock's emulator with resourceVersion bumps, 422 on failed JSON-patch tests, uids and Table rendering."""
+
+    _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
+    _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    printer_columns: dict[str, list[dict[str, str]]] = attrs.field(factory=dict)
+    # Test hook: awaited before a write is applied (may sleep to hold it, or raise KubernetesError to refuse it).
+    before_write: Any = attrs.field(default=None)
+    # Test hook: awaited after a write was applied, before the response is sent (to lose responses).
+    after_write: Any = attrs.field(default=None)
+
+    def _next_version(self) -> str:
+        return str(next(self._versions))
+
+    def __iter__(self) -> Any:
+        """While a request is being matched, the record is just that request.
+
+        kmock decides whether a reaction applies to a request by scanning *every* request recorded so far through
+        the reaction's filters and looking for this one (``request in view``): quadratic over a run, seconds per
+        request after a few thousand. Only membership of the current request matters for that decision.
+        """
+        current = _CURRENT_REQUEST.get()
+        if current is not None:
+            yield current
+            return
+        yield from super().__iter__()
+
+    def _forget_old_requests(self, keep: int = 64, limit: int = 256) -> None:
+        """Nothing here asserts on old requests; keep memory bounded in long runs (benchmarks)."""
+        if len(self._requests) > limit:
+            del self._requests[:-keep]
+        for payload in self._payloads:
+            recorded = getattr(payload, "_requests", None)
+            if isinstance(recorded, list) and len(recorded) > limit:
+                del recorded[:-keep]
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        self._forget_old_requests()
+        _CURRENT_REQUEST.set(request)  # per aiohttp handler task (contextvars are task-local)
+        if request.resource is None or request.action not in (
+            enums.action.CREATE,
+            enums.action.UPDATE,
+            enums.action.DELETE,
+        ):
+            if request.action == enums.action.LIST and "as=Table" in request.headers.get("Accept", ""):
+                return await self._serve_table(request)
+            if request.action == enums.action.FETCH and "as=Table" in request.headers.get("Accept", ""):
+                return await self._serve_table(request)
+            return await super()._handle(request)
+        if self.before_write is not None:
+            await self.before_write(request)
+        async with self._write_lock:
+            self._prepare_write(request)
+            response = await super()._handle(request)
+        if self.after_write is not None:
+            await self.after_write(request)
+        return response
+
+    def _prepare_write(self, request: rendering.Request) -> None:
+        """Make the write look like the real API server's before kmock applies it (mutates ``request.data``)."""
+        version = self._next_version()
+        if request.action == enums.action.CREATE:
+            if not isinstance(request.data, dict):
+                raise kmock.KubernetesError(status=400, reason="BadRequest", message="body must be an object")
+            meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+            if request.namespace and not meta.get("namespace"):
+                meta["namespace"] = request.namespace
+            meta["resourceVersion"] = version
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _now()
+            meta["generation"] = 1
+            return
+        key = (request.resource, request.namespace, request.name)
+        stored = self._objects[key] if key in self._objects else None
+        if stored is None or stored.deleted:
+            return  # kmock answers 404 itself
+        if request.action == enums.action.UPDATE:
+            if isinstance(request.data, list):
+                current = stored.raw
+                for op in request.data:
+                    if isinstance(op, dict) and op.get("op") == "test":
+                        actual = _pointer(current, str(op.get("path", "")))
+                        if actual != op.get("value"):
+                            raise kmock.KubernetesError(
+                                status=422,
+                                reason="Invalid",
+                                message=f"the server rejected our request: test failed at {op.get('path')}",
+                            )
+                request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+            elif isinstance(request.data, dict):
+                meta = request.data.get("metadata")
+                if not isinstance(meta, dict):
+                    meta = request.data["metadata"] = {}
+                meta["resourceVersion"] = version
+                if "spec" in request.data and request.subresource is None:
+                    meta["generation"] = int(stored.raw.get("metadata", {}).get("generation", 1)) + 1
+        elif request.action == enums.action.DELETE:
+            meta = stored.raw.get("metadata", {})
+            if meta.get("finalizers") and not meta.get("deletionTimestamp"):
+                stored.patch({"metadata": {"resourceVersion": version}})
+
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        """kmock's watch stream, ended after ``timeoutSeconds`` as the real API server does.
+
+        kmock 0.8 never ends a watch stream server-side; a client that reconnects every few seconds then leaves a
+        growing number of live streams behind, each fed every event (quadratic CPU in a long run).
+        """
+        try:
+            timeout = float(request.params.get("timeoutSeconds") or 0)
+        except ValueError:
+            timeout = 0.0
+        stream = super()._serve_watch(request)
+        if timeout <= 0:
+            async for item in stream:
+                yield item
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while (remaining := deadline - loop.time()) > 0:
+                try:
+                    item = await asyncio.wait_for(stream.__anext__(), remaining)
+                except (StopAsyncIteration, asyncio.TimeoutError):
+                    break
+                yield item
+        finally:
+            await stream.aclose()
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        result = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector and isinstance(result, dict):
+            terms = [t.split("=", 1) for t in selector.replace("==", "=").split(",") if "=" in t]
+            result["items"] = [
+                item
+                for item in result["items"]
+                if all((item.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in terms)
+            ]
+        return result
+
+    async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
+        result = await super()._serve_version(request)
+        if isinstance(result, dict) and result.get("groupVersion", "").startswith("/"):
+            result["groupVersion"] = result["groupVersion"][1:]
+        return result
+
+    async def _serve_table(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        plural = request.resource.plural if request.resource is not None else None
+        columns = [{"name": "Name", "type": "string", "jsonPath": ".metadata.name"}]
+        columns += self.printer_columns.get(str(plural), [])
+        async with self._lock:
+            objs = [
+                o.raw
+                for (res, ns, name), o in self._objects.items()
+                if res == request.resource
+                and not o.deleted
+                and (request.namespace is None or ns == request.namespace)
+                and (request.name is None or name == request.name)
+            ]
+        if request.name is not None and not objs:
+            return await self._render_error(kmock.KubernetesObjectNotFoundError())
+        table = {
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "Table",
+            "metadata": {"resourceVersion": self._next_version()},
+            "columnDefinitions": [
+                {"name": c["name"], "type": "string" if c.get("type") == "date" else c.get("type", "string"),
+                 "format": "name" if c["name"] == "Name" else "", "description": c.get("description", ""),
+                 "priority": 0}
+                for c in columns
+            ],
+            "rows": [
+                {
+                    "cells": [_cell(_jsonpath(obj, c["jsonPath"])) for c in columns],
+                    "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                               "metadata": obj.get("metadata", {})},
+                }
+                for obj in objs
+            ],
+        }
+        return aiohttp.web.json_response(table)
+
+
+def _cell(value: Any) -> Any:
+    return "<none>" if value is None else value
+
+
+def _pointer(obj: Any, path: str) -> Any:
+    """Resolve an RFC 6901 JSON pointer; ``None`` when absent."""
+    for part in [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]:
+        if isinstance(obj, dict):
+            obj = obj.get(part)
+        elif isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        else:
+            return None
+    return obj
+
+
+def declare_resources(k8s: StrictKubernetes) -> None:
+    """Declare what the operator and kubectl discover: core namespaces/pods/events, GNNJob and GPUNode from the CRDs."""
+    k8s.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", singular="namespace", namespaced=False,
+                                                        verbs={"list", "watch", "get"})
+    k8s.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", singular="pod", namespaced=True, shortnames={"po"},
+                                                  verbs={"list", "watch", "get", "create", "patch", "delete"},
+                                                  subresources={"status"})
+    k8s.resources["v1/configmaps"] = kmock.ResourceInfo(kind="ConfigMap", singular="configmap", namespaced=True,
+                                                        shortnames={"cm"}, verbs={"list", "get", "create", "delete"})
+    k8s.resources["v1/events"] = kmock.ResourceInfo(kind="Event", singular="event", namespaced=True,
+                                                    shortnames={"ev"}, verbs={"list", "watch", "get", "create"})
+    for crd_file in ("gnnjob.yaml", "gpunode.yaml"):
+        crd = yaml.safe_load((REPO / "crds" / crd_file).read_text())
+        spec = crd["spec"]
+        version = next(v for v in spec["versions"] if v.get("storage"))
+        names = spec["names"]
+        k8s.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
+            kind=names["kind"],
+            singular=names["singular"],
+            namespaced=spec["scope"] == "Namespaced",
+            shortnames=set(names.get("shortNames", [])),
+            categories=set(names.get("categories", [])),
+            verbs={"list", "watch", "get", "create", "patch", "delete"},
+            subresources=set(version.get("subresources", {})),
+        )
+        k8s.printer_columns[names["plural"]] = list(version.get("additionalPrinterColumns", []))

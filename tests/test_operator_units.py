@@ -1,0 +1,213 @@
+"""The operator's pure parts (pod view, conditions, names, pod spec, history, GPUNode parsing) and its handlers fed
+malformed or partial objects: none may raise; each either reports a condition or ignores what is not its own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_GPU, ANN_JOB, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.operator.history import record_from_job, records_from_jobs
+from gnnsched.operator.planning import Plan, gpus_from_gpunode, memory_key
+from gnnsched.operator.podspec import build_pod, config_map_name, container_command, pod_name
+from gnnsched.operator.status import last_json_object, set_condition, view_pod
+from gnnsched.spec import parse_spec
+
+SPEC = {"mode": "train", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}, "epochs": 10}
+
+
+def pod(phase: str = "Pending", node: str | None = None, annotations: dict[str, str] | None = None,
+        state: dict[str, Any] | None = None, conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "j-0", "annotations": annotations or {}},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase, "conditions": conditions or [],
+                   "containerStatuses": [{"name": "gnn", "state": state}] if state else []},
+    }
+
+
+@pytest.mark.parametrize(("obj", "phase"), [
+    (pod(), "Estimated"),
+    (pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                      "message": "0/3 nodes: GPU memory"}]), "Unschedulable"),
+    (pod(node="n1"), "Scheduled"),
+    (pod("Running", "n1", state={"running": {"startedAt": "2026-01-01T00:00:00Z"}}), "Queued"),
+    (pod("Running", "n1", {ANN_GPU: "GPU-1", ANN_ADMITTED_AT: "2026-01-01T00:00:01Z"}), "Running"),
+    (pod("Succeeded", "n1"), "Succeeded"),
+    (pod("Failed", "n1", state={"terminated": {"reason": "OOMKilled", "exitCode": 137}}), "Failed"),
+])
+def test_pod_phase_maps_to_job_phase(obj: dict[str, Any], phase: str) -> None:
+    assert view_pod(obj).phase == phase
+
+
+def test_failed_pod_keeps_container_reason_exit_code_and_message() -> None:
+    view = view_pod(pod("Failed", "n1", state={"terminated": {"reason": "OOMKilled", "exitCode": 137,
+                                                              "message": "Killed"}}))
+    assert (view.failure_reason, view.exit_code, view.failure_message) == ("OOMKilled", 137, "Killed")
+    # No container status at all (e.g. evicted): the pod's own reason, else "Error".
+    evicted = {"status": {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"}}
+    assert view_pod(evicted).failure_reason == "Evicted"
+
+
+def test_observed_peak_comes_from_agent_annotation_first_then_worker_result_line() -> None:
+    state = {"terminated": {"startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:30Z",
+                            "message": 'noise\n{"observed_peak_bytes": 1000, "seconds": 29.0}\n'}}
+    assert view_pod(pod("Succeeded", "n1", state=state)).observed_peak_bytes == 1000
+    annotated = pod("Succeeded", "n1", {ANN_OBSERVED_PEAK_BYTES: "2048"}, state=state)
+    view = view_pod(annotated)
+    assert view.observed_peak_bytes == 2048 and view.observed_runtime_seconds == 30.0
+    assert last_json_object("x\n{broken\n") is None and last_json_object(None) is None
+
+
+def test_condition_transition_time_moves_only_when_status_changes() -> None:
+    first = set_condition([], "Schedulable", "True", "Bound", "a", "2026-01-01T00:00:00Z")
+    same = set_condition(first, "Schedulable", "True", "Bound", "b", "2026-01-01T00:01:00Z")
+    flipped = set_condition(same, "Schedulable", "False", "Unschedulable", "c", "2026-01-01T00:02:00Z")
+    assert same[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and same[0]["message"] == "b"
+    assert flipped[0]["lastTransitionTime"] == "2026-01-01T00:02:00Z"
+    assert len(flipped) == 1
+
+
+def test_names_are_deterministic_and_valid_even_for_long_job_names() -> None:
+    long = "j" * 253
+    assert pod_name("gcn", 0) == "gcn-0" and config_map_name("gcn") == "gcn-spec"
+    assert pod_name(long, 3) == pod_name(long, 3) and len(pod_name(long, 3)) <= 253
+    assert pod_name(long, 3) != pod_name(long[:-1] + "k", 3)
+    assert len(config_map_name(long)) <= 253
+
+
+def _plan(**changes: Any) -> Plan:
+    fields = dict(pmc_bytes=10, admit_bytes=20, predicted_runtime_seconds=1.5, runtime_source="analytic-prior",
+                  runtime_gpu_model="A100-40GB", intensity="memory", scaled_cpu="2", scaled_memory="3Gi")
+    return Plan(**{**fields, **changes})
+
+
+def test_user_command_is_wrapped_by_the_gate_and_unknown_runtime_leaves_no_annotation() -> None:
+    spec = parse_spec({**SPEC, "image": "me/mine:1", "command": ["python", "train.py"], "args": ["--fast"]})
+    assert container_command(spec) == ["gnnsched", "gate", "--", "python", "train.py", "--fast"]
+    job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": SPEC}
+    body = build_pod(job, spec, _plan(predicted_runtime_seconds=None), 0, "default/image:1")
+    assert body["spec"]["containers"][0]["image"] == "me/mine:1"
+    assert "gnnsched.io/predicted-runtime-seconds" not in body["metadata"]["annotations"]
+    assert body["metadata"]["annotations"][ANN_JOB] == "ns/j"
+
+
+def test_plan_survives_a_merge_patch_round_trip_that_drops_nulls() -> None:
+    plan = _plan(predicted_runtime_seconds=None, intensity=None, scaled_cpu=None)
+    stored = {k: v for k, v in plan.model_dump(mode="json").items() if v is not None}
+    assert Plan.model_validate(stored) == plan
+
+
+def test_memory_key_ignores_what_does_not_change_gpu_memory() -> None:
+    a = parse_spec({**SPEC, "epochs": 10, "resources": {"cpu": "2"}})
+    b = parse_spec({**SPEC, "epochs": 500, "image": "x/y:1"})
+    c = parse_spec({**SPEC, "model": {"arch": "gcn", "hidden": 128}})
+    assert memory_key(a) == memory_key(b) != memory_key(c)
+
+
+def test_gpunode_status_is_read_and_malformed_ones_yield_nothing() -> None:
+    good = {"metadata": {"name": "n1"}, "status": {"nodeName": "n1", "gpus": [
+        {"index": 0, "uuid": "G0", "model": "T4", "totalBytes": 100, "reserveBytes": 10}]}}
+    [gpu] = gpus_from_gpunode(good)
+    assert (gpu.node, gpu.model, gpu.capacity_bytes) == ("n1", "T4", 90)
+    for bad in (None, [], {"status": "x"}, {"status": {"gpus": "x"}}, {"status": {"gpus": [{"index": -1}]}}):
+        assert gpus_from_gpunode(bad) == []
+
+
+def test_history_records_only_succeeded_jobs_in_the_predictors_format() -> None:
+    from gnnsched.predictor.history import HistoryRecord
+
+    finished = {"metadata": {"name": "a", "namespace": "ns", "uid": "u"}, "spec": SPEC, "status": {
+        "phase": "Succeeded", "observedRuntimeSeconds": 12.0, "pmcBytes": 5, "observedPeakBytes": 6, "gpu": "G0",
+        "finishedAt": "2026-01-01T00:00:12Z", "node": "n1",
+        "plan": {"runtime_gpu_model": "A100-40GB", "requested_cpu": "4", "requested_memory": "8Gi",
+                 "scaled_cpu": "2", "scaled_memory": "6Gi"}}}
+    running = {**finished, "status": {**finished["status"], "phase": "Running"}}
+    failed = {**finished, "status": {**finished["status"], "phase": "Failed"}}
+    records = records_from_jobs([finished, running, failed, None, {"spec": "x"}], {"G0": "T4"})
+    assert len(records) == 1
+    record = HistoryRecord.model_validate(records[0])
+    assert (record.gpu_model, record.requested.cpu, record.scaled.cpu, record.scaled.memory) == ("T4", 4, 2, 6 * 2**30)
+    assert json.loads(json.dumps(records[0])) == records[0]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+pod_like = st.fixed_dictionaries({}, optional={
+    "metadata": st.dictionaries(st.sampled_from(["name", "annotations", "labels"]), json_values, max_size=3),
+    "spec": st.dictionaries(st.sampled_from(["nodeName", "containers"]), json_values, max_size=2),
+    "status": st.dictionaries(st.sampled_from(["phase", "conditions", "containerStatuses", "reason"]), json_values,
+                              max_size=4),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=st.one_of(json_values, pod_like))
+def test_pure_readers_never_raise_on_arbitrary_objects(obj: Any) -> None:
+    view_pod(obj)
+    gpus_from_gpunode(obj)
+    record_from_job(obj)
+    last_json_object(obj if isinstance(obj, str) else json.dumps(obj, default=str))
+
+
+@pytest.mark.asyncio
+async def test_handlers_never_raise_on_malformed_or_partial_objects(tmp_path: Path) -> None:
+    """Each handler entry point, fed junk, returns normally (a reportable job gets a condition)."""
+    from operator_harness import emulated_cluster
+
+    from gnnsched.operator.handlers import Operator, OperatorConfig
+    from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.kube import Kube
+    from gnnsched.operator.planning import Planner
+
+    async with emulated_cluster(tmp_path) as cluster:
+        partial = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob",
+                   "metadata": {"name": "partial", "namespace": "default"}, "spec": {"mode": "train"}}
+        created = await cluster.create_job(partial)
+        kube = Kube(load_client_configuration(str(cluster.kubeconfig)))
+        op = Operator(OperatorConfig(), kube, Planner())
+        junk: list[Any] = [None, {}, [], "x", {"metadata": None}, {"metadata": {"name": 3}}, {"spec": None},
+                           {"metadata": {"name": "ghost", "namespace": "default", "uid": "u"}, "spec": SPEC},
+                           {"metadata": {"annotations": {ANN_JOB: "no-slash"}}},
+                           {"metadata": {"annotations": {ANN_JOB: "default/partial"}, "labels": {"x": None}}},
+                           {"metadata": {"annotations": {ANN_JOB: "default/missing"}}, "status": {"phase": 7}}]
+
+        def feed() -> None:
+            for obj in junk:
+                op.on_job(obj)
+                op.on_pod_event(obj, event={"type": "MODIFIED"})
+                op.on_resync(obj)
+                op.on_delete(obj)
+            op.on_job(created)
+
+        await asyncio.to_thread(feed)
+        job = await cluster.get_job("partial")
+        kube.close()
+    status = job["status"]
+    assert status["phase"] == "Failed"
+    [cond] = [c for c in status["conditions"] if c["type"] == "Validated"]
+    assert cond["reason"] == "InvalidSpec" and cond["message"].startswith("spec.model: required")
+
+
+def test_cli_rejects_contradictory_flags_and_bad_kubeconfig_with_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gnnsched.cli import app
+
+    runner = CliRunner()
+    both = runner.invoke(app, ["operator", "--namespace", "a", "--all-namespaces"])
+    assert both.exit_code == 2
+    assert both.output.strip().splitlines() == ["error: --namespace and --all-namespaces are mutually exclusive"]
+    missing = runner.invoke(app, ["operator", "export-history", "--out", str(tmp_path / "h.jsonl"),
+                                  "--kubeconfig", str(tmp_path / "absent")])
+    assert missing.exit_code == 2 and missing.output.startswith("error: --kubeconfig:")
+    assert len(missing.output.strip().splitlines()) == 1

@@ -1,4 +1,4 @@
-"""The README's commands keep working: one-shot commands run and succeed; daemons' documented flags exist."""
+"""The README's and docs/' commands keep working: one-shot commands run and succeed; daemons' documented flags exist."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = [README] + [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
 DAEMONS = {"extender", "node-agent", "device-plugin", "operator", "gate"}
 GNNSCHED = [sys.executable, "-c", "from gnnsched.cli import main; main()"]
 
 
 def _bash_blocks() -> list[str]:
-    return re.findall(r"```bash\n(.*?)```", README, re.S)
+    return [block for text in DOCS for block in re.findall(r"```bash\n(.*?)```", text, re.S)]
 
 
 def _commands() -> list[list[str]]:
@@ -47,7 +48,12 @@ def test_exactly_two_setup_commands_and_the_first_runs_the_simulator():
 
 def test_readme_documents_every_subcommand():
     for name in ("estimate", "worker", "predictor", "simulate", "extender", "node-agent", "device-plugin", "gate"):
-        assert any(c and c[0] == name for c in COMMANDS) or f"gnnsched {name}" in README, name
+        assert any(c and c[0] == name for c in COMMANDS) or f"gnnsched {name}" in "".join(DOCS), name
+
+
+def test_docs_pages_are_linked_from_the_readme():
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"docs/{page.name}" in README, page.name
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,9 @@ import logging
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dp_test_kubelet import TestKubelet  # noqa: E402

@@ -14,7 +14,6 @@ import os
 import random
 import sys
 import time
-from dataclasses import replace
 
 from gnnsched.simulator.adapters import IntegrationMissing, Integrations
 from gnnsched.simulator.cluster import uniform_cluster

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import sys
 from pathlib import Path
 from typing import Optional
 

@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field

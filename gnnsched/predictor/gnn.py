@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.predictor.modelfile import read_model_file, read_packaged_model
 from gnnsched.predictor.trees import TreeEnsemble
 from gnnsched.runtime_prior import arithmetic_intensity, solo_runtime_seconds, step_cost
 from gnnsched.spec import GNNJobSpec
@@ -178,19 +178,12 @@ class GNNRuntimePredictor:
 
     @staticmethod
     def load(path: str | Path) -> GNNRuntimePredictor:
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such model file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: not a readable JSON model: {exc}") from None
-        return GNNRuntimePredictor.from_dict(data, str(path))
+        return GNNRuntimePredictor.from_dict(read_model_file(path), str(path))
 
     @staticmethod
     def load_default() -> GNNRuntimePredictor:
         """The model shipped in the package (prior only until the cluster retrains it from history)."""
-        ref = resources.files("gnnsched") / "data" / "predictor" / DEFAULT_MODEL_FILE
-        return GNNRuntimePredictor.from_dict(json.loads(ref.read_text(encoding="utf-8")), DEFAULT_MODEL_FILE)
+        return GNNRuntimePredictor.from_dict(read_packaged_model(DEFAULT_MODEL_FILE), DEFAULT_MODEL_FILE)
 
 
 def probe_grid() -> list[tuple[GNNJobSpec, str, float, float]]:

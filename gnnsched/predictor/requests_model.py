@@ -21,7 +21,6 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from gnnsched.predictor import metrics
 from gnnsched.predictor.boost import fit_l1
+from gnnsched.predictor.modelfile import read_model_file, read_packaged_model
 from gnnsched.predictor.trees import TreeEnsemble
 from gnnsched.traces import GIB, QOS_CLASSES, PodTable
 
@@ -180,16 +180,9 @@ class RequestsRuntimeModel:
 
     @staticmethod
     def load(path: str | Path) -> RequestsRuntimeModel:
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such model file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: not a readable JSON model: {exc}") from None
-        return RequestsRuntimeModel.from_dict(data, str(path))
+        return RequestsRuntimeModel.from_dict(read_model_file(path), str(path))
 
     @staticmethod
     def load_default() -> RequestsRuntimeModel:
         """The model shipped in the package (trained on openb by the command in the README)."""
-        ref = resources.files("gnnsched") / "data" / "predictor" / DEFAULT_MODEL_FILE
-        return RequestsRuntimeModel.from_dict(json.loads(ref.read_text(encoding="utf-8")), DEFAULT_MODEL_FILE)
+        return RequestsRuntimeModel.from_dict(read_packaged_model(DEFAULT_MODEL_FILE), DEFAULT_MODEL_FILE)

@@ -18,6 +18,7 @@ from gnnsched.contract import (
     ANN_INTENSITY,
     ANN_PREDICTED_RUNTIME,
 )
+from gnnsched.errors import FieldError
 from gnnsched.quantity import QuantityError, parse_bytes, parse_quantity
 
 #: Largest per-GPU demand accepted at all (1 PiB): anything above is a unit mistake, not a job.
@@ -29,13 +30,8 @@ MAX_RUNTIME_SECONDS = 365 * 86400.0
 DEFAULT_RUNTIME_SECONDS = 600.0
 
 
-class PodError(ValueError):
+class PodError(FieldError):
     """A pod the extender cannot place; ``field`` names the offending part of the request."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from gnnsched.contract import API_VERSION, GNNJOB_KIND
 from gnnsched.datasets import dataset_names, get_dataset
+from gnnsched.errors import FieldError
 from gnnsched.quantity import QuantityError, parse_bytes, parse_cpu
 
 Arch = Literal["gcn", "sage", "gin", "gat"]
@@ -49,13 +50,8 @@ DEFAULT_FANOUT = 10
 DEFAULT_THETA = 0.05
 
 
-class SpecError(ValueError):
+class SpecError(FieldError):
     """A manifest that cannot be a GNNJob. ``field`` is the dotted path as written in YAML (``spec.model.layers``)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
 
 
 def _integral(value: Any) -> Any:

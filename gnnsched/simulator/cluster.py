@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from gnnsched.errors import FieldError
 from gnnsched.gpus import GiB, get_gpu_model
 
 CORES_PER_GPU = 12
@@ -23,13 +24,8 @@ MEMORY_PER_GPU = 64 * GiB
 DEFAULT_MODEL = "V100-32GB"
 
 
-class ClusterError(ValueError):
+class ClusterError(FieldError):
     """A cluster description is wrong; ``field`` names what is wrong (for the CLI's one-line error)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gnnsched.errors import FieldError
+
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
 ALL_BASES = BASELINES + GNNSCHED_POLICIES + PLACEMENT_ONLY
 
 
-class PolicyError(ValueError):
+class PolicyError(FieldError):
+    """A ``--policies`` list that names an unknown policy or suffix."""
+
     def __init__(self, message: str) -> None:
-        super().__init__(f"policies: {message}")
-        self.field = "policies"
-        self.message = message
+        super().__init__("policies", message)
 
 
 @dataclass(frozen=True)

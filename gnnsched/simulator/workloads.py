@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from gnnsched.datasets import get_dataset
+from gnnsched.errors import FieldError
 from gnnsched.gpus import GiB
 from gnnsched.spec import GNNJobSpec, SpecError, parse_job, parse_spec
 
@@ -27,11 +28,8 @@ DEFAULT_CPU_MILLI = 2000
 DEFAULT_MEMORY_BYTES = 8 * GiB
 
 
-class WorkloadError(ValueError):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+class WorkloadError(FieldError):
+    """A workload (built-in name or YAML file) that cannot be simulated."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from gnnsched.datasets import get_dataset
-from gnnsched.spec import GNNJobSpec
+from gnnsched.spec import GNNJobSpec, layer_dims
 
 Mode = Literal["train", "infer"]
 
@@ -216,21 +216,6 @@ def make_graph(spec: GNNJobSpec, seed: int = 0, root: str | Path | None = None) 
     return synthetic_graph(layout, seed)
 
 
-def _layer_dims(spec: GNNJobSpec, features: int, classes: int) -> list[tuple[int, int, int]]:
-    """(in, out, heads) per layer; hidden GAT layers concatenate heads, the output layer has one head."""
-    m = spec.model
-    heads = m.heads or 1
-    dims: list[tuple[int, int, int]] = []
-    width_in = features
-    for i in range(m.layers):
-        last = i == m.layers - 1
-        out = classes if last else m.hidden
-        h = 1 if (last or m.arch != "gat") else heads
-        dims.append((width_in, out, h))
-        width_in = out * h
-    return dims
-
-
 def build_model(
     spec: GNNJobSpec, features: int | None = None, classes: int | None = None, device: str | torch.device = "cpu"
 ) -> GNN:
@@ -247,7 +232,7 @@ def build_model(
     classes = dims.classes if classes is None else classes
     arch = spec.model.arch
     convs = torch.nn.ModuleList()
-    for width_in, width_out, heads in _layer_dims(spec, features, classes):
+    for width_in, width_out, heads in layer_dims(spec, features, classes):
         if arch == "gcn":
             convs.append(GCNConv(width_in, width_out))
         elif arch == "sage":

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from gnnsched.gpus import GPUModel, get_gpu_model
-from gnnsched.spec import GNNJobSpec
+from gnnsched.spec import GNNJobSpec, layer_dims
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 8  # PyG edge_index is int64
@@ -47,21 +47,6 @@ class StepCost:
     host_gather_bytes: float  # features gathered on the host and copied to the device (mini-batch only)
     batches: int  # device passes per step (1 for full-batch)
     params: int
-
-
-def _layer_dims(spec: GNNJobSpec, features: int, classes: int) -> list[tuple[int, int, int]]:
-    """(input width, output width per head, heads) for each layer; GAT concatenates heads except on the last."""
-    m = spec.model
-    heads = m.heads or 1
-    dims = []
-    width = features
-    for layer in range(m.layers):
-        last = layer == m.layers - 1
-        out = classes if last else m.hidden
-        h = 1 if (last or m.arch != "gat") else heads
-        dims.append((width, out, h))
-        width = out * h
-    return dims
 
 
 def _layer_cost(arch: str, n_src: float, n_dst: float, e: float, din: int, dout: int, heads: int) -> tuple[float, float, int]:
@@ -93,7 +78,7 @@ def _layer_cost(arch: str, n_src: float, n_dst: float, e: float, din: int, dout:
 def step_cost(spec: GNNJobSpec) -> StepCost:
     """Count one step's work from the spec (see module docstring for the model)."""
     g = spec.graph.resolve()
-    dims = _layer_dims(spec, g.features, g.classes)
+    dims = layer_dims(spec, g.features, g.classes)
     avg_degree = g.edges / max(g.nodes, 1)
     train = spec.mode == "train"
     if spec.batching.mode == "minibatch":

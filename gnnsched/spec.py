@@ -266,6 +266,22 @@ class GNNJobSpec(_Spec):
         return list(self.batching.fanouts or [DEFAULT_FANOUT] * self.model.layers)
 
 
+def layer_dims(spec: GNNJobSpec, features: int, classes: int) -> list[tuple[int, int, int]]:
+    """(input width, output width per head, heads) of each layer: hidden GAT layers concatenate their heads, the
+    output layer has one. The model builder and the runtime prior both read this, so their shapes cannot drift."""
+    m = spec.model
+    heads = m.heads or 1
+    dims: list[tuple[int, int, int]] = []
+    width = features
+    for layer in range(m.layers):
+        last = layer == m.layers - 1
+        out = classes if last else m.hidden
+        h = 1 if (last or m.arch != "gat") else heads
+        dims.append((width, out, h))
+        width = out * h
+    return dims
+
+
 class Condition(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 

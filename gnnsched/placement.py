@@ -170,18 +170,34 @@ def frag(free: np.ndarray, above: np.ndarray) -> np.ndarray:
     """``F(f) = f * P(s > f)``: free bytes a job drawn from the size mix cannot use.
 
     ``above[i] = P(s > i MiB)`` (a table built with the size mix): one multiply, one cast and one lookup per GPU
-    instead of a comparison per size quantile. ``f`` is rounded down to whole MiB for the lookup only."""
+    instead of a comparison per size quantile. ``f`` is rounded down to whole MiB for the lookup only.
+
+    The index is clamped to the table while still a float (``len(above) - 1`` is exact in float32) and then cast to
+    int32: the same indices as casting to int64 first and clamping after, at half the memory traffic of the cast,
+    the clamp and the gather (the lookup is the hot path's most expensive step)."""
     f = np.maximum(free, np.float32(0.0))
-    idx = (f * np.float32(1.0 / FRAG_BIN)).astype(np.int64)
-    np.minimum(idx, len(above) - 1, out=idx)
-    out = above[idx]
+    scaled = f * np.float32(1.0 / FRAG_BIN)
+    np.minimum(scaled, np.float32(len(above) - 1), out=scaled)
+    out = above[scaled.astype(np.int32)]
     out *= f
     return out
 
 
-def derive(a: PlacementState, rows: slice, above: np.ndarray, interference: Any) -> None:
-    """Pod-independent per-GPU figures for the node rows ``rows``: usable capacity, free and available bytes,
-    ``F(free)`` and the interference slowdown a job of each intensity class would suffer there."""
+def derive(a: PlacementState, rows: slice | np.ndarray, above: np.ndarray, interference: Any) -> None:
+    """Pod-independent per-GPU figures for the node rows ``rows`` (a slice or an index array): usable capacity, free
+    and available bytes, ``F(free)`` and the interference slowdown a job of each intensity class would suffer there.
+
+    One row (the common case: a cache refreshes the node that just changed) goes through :func:`_derive_row`, which
+    computes the same numbers with Python scalars instead of ~35 numpy calls on arrays of a node's few GPUs."""
+    if isinstance(rows, slice) and rows.step in (None, 1) and rows.start is not None and rows.stop is not None \
+            and rows.stop - rows.start == 1 and 0 <= rows.start < len(a["known"]):
+        _derive_row(a, rows.start, above, interference)
+        return
+    derive_arrays(a, rows, above, interference)
+
+
+def derive_arrays(a: PlacementState, rows: slice | np.ndarray, above: np.ndarray, interference: Any) -> None:
+    """:func:`derive` over arrays (any number of rows)."""
     usable = a["healthy"][:, rows] & (a["clients"][:, rows] < a["max_clients"][:, rows]) & a["known"][rows]
     free = np.maximum(a["cap"][:, rows] - a["used"][:, rows], 0.0)
     a["free"][:, rows] = free
@@ -194,6 +210,67 @@ def derive(a: PlacementState, rows: slice, above: np.ndarray, interference: Any)
         a_u, a_m = interference.sensitivity(interference.profile_for(key))
         slow = 1.0 + np.maximum(a_u * a["sum_sm"][:, rows] + a_m * a["sum_mem"][:, rows], 0.0)
         a[f"slow_{key}"][:, rows] = slow
+
+
+def _derive_row(a: PlacementState, r: int, above: np.ndarray, interference: Any) -> None:
+    """:func:`derive_arrays` for the single row ``r``, operation for operation in Python scalars: doubles where the
+    array path computes in float64, ``np.float32`` scalars where it computes in float32 (``F(free)``), and the same
+    casts on assignment, so every stored figure is bit-for-bit the one the array path stores
+    (``tests/test_placement_derive.py`` checks it on random states). Comparisons are written so NaN takes the branch
+    ``np.maximum``/``np.minimum`` take (they propagate NaN)."""
+    col = (slice(None), r)
+    known = bool(a["known"][r])
+    cap = a["cap"][col].tolist()
+    used = a["used"][col].tolist()
+    qbytes = a["qbytes"][col].tolist()
+    healthy = a["healthy"][col].tolist()
+    clients = a["clients"][col].tolist()
+    max_clients = a["max_clients"][col].tolist()
+    sum_sm = a["sum_sm"][col].tolist()
+    sum_mem = a["sum_mem"][col].tolist()
+    f32 = np.float32
+    zero32 = f32(0.0)
+    scale = f32(1.0 / FRAG_BIN)
+    top = f32(len(above) - 1)
+    sens = [interference.sensitivity(interference.profile_for(key)) for key in PROFILE_KEYS]
+    n = len(cap)
+    free_l = [0.0] * n
+    avail_l = [0.0] * n
+    capu_l = [0.0] * n
+    frag_l = [zero32] * n
+    fscale_l = [0.0] * n
+    slow_l = [[0.0] * n for _ in PROFILE_KEYS]
+    for i in range(n):
+        c = cap[i]
+        d = c - used[i]
+        free = 0.0 if d < 0.0 else d  # np.maximum(d, 0.0)
+        free_l[i] = free
+        if healthy[i] and clients[i] < max_clients[i] and known:
+            avail_l[i] = free - qbytes[i]
+            capu_l[i] = c
+        else:
+            avail_l[i] = -np.inf
+            capu_l[i] = -1.0
+        f = f32(free)  # the float32 copy frag() reads
+        if f < zero32:
+            f = zero32
+        idx = f * scale
+        if idx > top:
+            idx = top
+        frag_l[i] = above[int(idx)] * f
+        fscale_l[i] = W_FRAG / (1.0 if c < 1.0 else c)
+        s_u, s_m = sum_sm[i], sum_mem[i]
+        for k, (a_u, a_m) in enumerate(sens):
+            v = a_u * s_u + a_m * s_m
+            slow_l[k][i] = 1.0 + (0.0 if v < 0.0 else v)
+    a["free"][col] = free_l
+    a["avail"][col] = avail_l
+    a["capu"][col] = capu_l
+    a["free32"][col] = free_l
+    a["frag0"][col] = frag_l
+    a["fscale"][col] = fscale_l
+    for k, key in enumerate(PROFILE_KEYS):
+        a[f"slow_{key}"][col] = slow_l[k]
 
 
 def fit_mask(a: PlacementState, gpu_bytes: float) -> np.ndarray:
@@ -277,6 +354,6 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "PlacementState", "best_gpu", "clear_row",
-    "cost_matrix", "derive", "fit_mask", "frag", "intensity_key", "new_state", "node_filter", "normalise_scores",
+    "cost_matrix", "derive", "derive_arrays", "fit_mask", "frag", "intensity_key", "new_state", "node_filter", "normalise_scores",
     "set_gpu", "set_host", "size_table",
 ]

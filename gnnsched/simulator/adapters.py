@@ -168,8 +168,15 @@ class Integrations:
     def slowdowns(self, sim: Any, gpu: Any, jobs: list[SimJob]) -> list[float]:
         """Slowdown (>= 1) of each of ``jobs`` running together on ``gpu``: ``gnnsched.interference``."""
         model = self._interference()
-        profiles = [model.profile_for(j.profile(gpu.model).intensity) for j in jobs]
-        return [model.slowdown(p, profiles[:i] + profiles[i + 1:]) for i, p in enumerate(profiles)]
+        key = tuple(j.profile(gpu.model).intensity for j in jobs)
+        # A pure function of the ordered intensity classes: computed once per run (the cache lives on the
+        # simulation, so nothing outlives it), the same floats in the same order as a fresh call.
+        cache = sim.slowdown_cache
+        hit = cache.get(key)
+        if hit is None:
+            profiles = [model.profile_for(k) for k in key]
+            hit = cache[key] = [model.slowdown(p, profiles[:i] + profiles[i + 1:]) for i, p in enumerate(profiles)]
+        return hit
 
     # ------------------------------------------------------------------ extender
     def place(self, sim: Any, job: SimJob, outcome: Any) -> Any:
@@ -314,8 +321,14 @@ class PlacementView:
             self.above_at = sim.now
             pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
             return
-        for idx in rows:
+        if len(rows) == 1:
+            idx = next(iter(rows))
             pl.derive(self.state, slice(idx, idx + 1), self.above, self.interference)
+        elif rows:
+            # derive is elementwise per (GPU, row): one call over the changed rows (fancy index) gives the same
+            # figures as one call per row, at one call's overhead.
+            pl.derive(self.state, np.fromiter(sorted(rows), dtype=np.int64, count=len(rows)), self.above,
+                      self.interference)
 
     def place(self, job: SimJob, out: Any) -> Any:
         pl, sim = self.pl, self.sim
@@ -351,11 +364,17 @@ class PlacementView:
         if cands.size == 0:
             return None
         best = np.minimum.reduce(cost, axis=0)[cands]  # as ClusterCache.score: every row, then the candidates
-        scores = pl.normalise_scores(best)
-        pick = int(np.lexsort((best, -scores))[0])
+        if not best.min() > 0:  # NaN or a cost <= 0: never expected (cost >= 0.5); the extender's exact ranking
+            scores = pl.normalise_scores(best)
+            pick = int(np.lexsort((best, -scores))[0])
+        else:
+            # ClusterCache.score ranks by normalise_scores (highest first), ties by lower cost, then candidate
+            # order (a stable sort). The cheapest candidate scores 10, the maximum, and among score-10 candidates the
+            # lowest cost wins, so the pick is the first minimum of ``best``: np.argmin, without the scores.
+            pick = int(np.argmin(best))
         node = sim.nodes[int(cands[pick])]
-        slot, _ = pl.best_gpu(cost, cands[pick:pick + 1])  # as ClusterCache.reserve: the node's cheapest GPU
-        s = int(slot[0])
+        # as ClusterCache.reserve (pl.best_gpu on the node's row): the node's cheapest GPU, the first on ties
+        s = int(np.argmin(cost[:, node.idx]))
         gpu = node.gpus[s]
         need = demand[gpu.model].admit_bytes
         free = gpu.total - gpu.reserve - a["used"][s, node.idx]

@@ -213,6 +213,8 @@ class Simulation:
         self.changed_nodes: set[int] = set()  # host (CPU/memory) books changed
         self.changed_gpus: set[tuple[int, int]] = set()  # (node idx, GPU index) books changed
         self.reservations: dict[int, tuple[int, bool]] = {}
+        # adapters.slowdowns: ordered intensity classes of a GPU's running jobs -> their slowdowns (this run only)
+        self.slowdown_cache: dict[tuple, list[float]] = {}
         self.reserved_at: dict[int, float] = {}
         self.cpu_capacity = float(sum(n.spec.cpu_milli for n in self.nodes))
         self.memh_capacity = float(sum(n.spec.memory_bytes for n in self.nodes))

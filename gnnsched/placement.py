@@ -157,7 +157,7 @@ def set_gpu(
 def size_table(sizes: Iterable[float]) -> np.ndarray:
     """``above[i] = P(s > i MiB)`` over ``SIZE_QUANTILES`` quantiles of the job sizes ``sizes`` (the lookup table
     of :func:`frag`); ``[0]`` when there are no jobs (the fragmentation term is then off, see :func:`cost_matrix`)."""
-    arr = np.asarray(list(sizes), dtype=np.float64)
+    arr = np.asarray(sizes if isinstance(sizes, np.ndarray) else list(sizes), dtype=np.float64)
     if not arr.size:
         return np.zeros(1, dtype=np.float32)
     qs = (np.arange(SIZE_QUANTILES) + 0.5) / SIZE_QUANTILES

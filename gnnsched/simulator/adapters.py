@@ -201,14 +201,20 @@ class Integrations:
         """The node agent's decision: ``gnnsched.policies.plan_admissions`` over the node's queue and GPUs."""
         pol = self._policies()
         cap = sim.per_gpu_cap
+        # A queued job's Task is built once per bind, with seq = the engine's bind counter instead of the position
+        # in the queue: node.queue is in bind order, so the relative order (all the policies use seq for) is the
+        # same and the plan is identical, without re-building every queued job's Task at every decision.
+        cache = sim.task_cache
+        model = node.gpus[0].model
         tasks = []
-        by_key = {}
-        for seq, job in enumerate(node.queue):
-            prof = job.profile(node.gpus[0].model)
-            key = str(job.id)
-            by_key[key] = job
-            tasks.append(pol.Task(key=key, bytes=prof.admit_bytes, seq=seq, qt_seconds=prof.predicted_s,
-                                  intensity=prof.intensity))
+        for job in node.queue:
+            seq = sim.bind_seq[job.id]
+            hit = cache.get(job.id)
+            if hit is None or hit[0].seq != seq:
+                prof = job.profile(model)
+                hit = cache[job.id] = (pol.Task(key=str(job.id), bytes=prof.admit_bytes, seq=seq,
+                                                qt_seconds=prof.predicted_s, intensity=prof.intensity), job)
+            tasks.append(hit[0])
         gpus = [
             pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
                         free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
@@ -216,7 +222,7 @@ class Integrations:
             for g in node.gpus
         ]
         plan = pol.plan_admissions(sim.base, tasks, gpus)
-        return [(by_key[t.key], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
+        return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
         """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``."""
@@ -280,10 +286,10 @@ class PlacementView:
         running = []
         qbytes = qsecs = 0.0
         queued = extra_used = 0
-        for job in node.queue:
-            slot, immediate = sim.reservations.get(job.id, (0, False))
-            if slot != index:
-                continue
+        # The node's queued jobs reserved on this GPU, in queue order (sim.reserved_on mirrors node.queue per GPU,
+        # so this is O(reservations on the GPU), not O(queue)).
+        for job in sim.reserved_on.get((node.idx, index), {}).values():
+            immediate = sim.reservations[job.id][1]
             prof = job.profile(g.model)
             queued += 1
             if immediate:
@@ -315,8 +321,11 @@ class PlacementView:
             rows.add(idx)
         sim.changed_gpus.clear()
         if sim.now - self.above_at >= self.SIZE_MIX_INTERVAL:
-            sizes = [r.job.profile(g.model).admit_bytes for g in sim.gpus for r in g.running]
-            sizes += [j.profile(n.gpus[0].model).admit_bytes for n in sim.gpu_nodes for j in n.queue]
+            # The admit bytes of every job running or queued at a gate, as the engine counts them (a multiset:
+            # size_table's quantiles do not depend on the order, so this equals listing every job).
+            counts = sim.size_counts
+            sizes = np.repeat(np.fromiter(counts.keys(), dtype=np.float64, count=len(counts)),
+                              np.fromiter(counts.values(), dtype=np.int64, count=len(counts)))
             self.above = pl.size_table(sizes)
             self.above_at = sim.now
             pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
@@ -378,8 +387,12 @@ class PlacementView:
         gpu = node.gpus[s]
         need = demand[gpu.model].admit_bytes
         free = gpu.total - gpu.reserve - a["used"][s, node.idx]
-        sim.reservations[job.id] = (gpu.index, bool(free >= need and a["qbytes"][s, node.idx] == 0))
+        immediate = bool(free >= need and a["qbytes"][s, node.idx] == 0)
+        sim.reservations[job.id] = (gpu.index, immediate)
         sim.reserved_at[job.id] = sim.now
+        sim.reserved_on.setdefault((node.idx, gpu.index), {})[job.id] = job
+        if immediate:
+            sim.immediate_on.setdefault(node.idx, {})[job.id] = gpu.index
         sim.changed_gpus.add((node.idx, gpu.index))
         return node
 

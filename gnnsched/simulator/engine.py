@@ -215,7 +215,16 @@ class Simulation:
         self.reservations: dict[int, tuple[int, bool]] = {}
         # adapters.slowdowns: ordered intensity classes of a GPU's running jobs -> their slowdowns (this run only)
         self.slowdown_cache: dict[tuple, list[float]] = {}
+        # adapters.next_group: bind counter per queued job (the queue's order) and each job's policy Task
+        self.binds = 0
+        self.bind_seq: dict[int, int] = {}
+        self.task_cache: dict[int, tuple] = {}
+        self.size_counts: dict[int, int] = {}
         self.reserved_at: dict[int, float] = {}
+        # Indexes of the reservations (kept by adapters.place and _start): per (node idx, GPU index) the reserved
+        # jobs in queue order, and per node the jobs whose reservation is still immediate.
+        self.reserved_on: dict[tuple[int, int], dict[int, SimJob]] = {}
+        self.immediate_on: dict[int, dict[int, int]] = {}
         self.cpu_capacity = float(sum(n.spec.cpu_milli for n in self.nodes))
         self.memh_capacity = float(sum(n.spec.memory_bytes for n in self.nodes))
 
@@ -445,7 +454,19 @@ class Simulation:
         node = decision
         self._bind(job, out, node)
         node.queue.append(job)
+        self.binds += 1
+        self.bind_seq[job.id] = self.binds
+        self._count_size(job.profile(node.gpus[0].model).admit_bytes, 1)
         return node
+
+    def _count_size(self, admit_bytes: int, delta: int) -> None:
+        """Keep ``size_counts``: admit bytes -> number of gnnsched jobs queued at a gate or running with that size
+        (the fragmentation term's job-size mix, see ``adapters.PlacementView._sync``)."""
+        n = self.size_counts.get(admit_bytes, 0) + delta
+        if n:
+            self.size_counts[admit_bytes] = n
+        else:
+            del self.size_counts[admit_bytes]
 
     # ------------------------------------------------------------------ admission
     def _admit(self, node: NodeState) -> None:
@@ -454,11 +475,9 @@ class Simulation:
                 return
             admissions = self.ix.next_group(self, node)
             # The agent now reports the jobs it did not admit as queued: their reservations stop being immediate.
-            for j in node.queue:
-                res = self.reservations.get(j.id)
-                if res is not None and res[1]:
-                    self.reservations[j.id] = (res[0], False)
-                    self.changed_gpus.add((node.idx, res[0]))
+            for jid, slot in self.immediate_on.pop(node.idx, {}).items():  # every one is still in node.queue
+                self.reservations[jid] = (slot, False)
+                self.changed_gpus.add((node.idx, slot))
             if not admissions:
                 return
             chosen = {id(j) for j, _ in admissions}
@@ -506,11 +525,17 @@ class Simulation:
         res = self.reservations.pop(job.id, None)
         if res is not None:
             self.changed_gpus.add((gpu.node.idx, res[0]))
+            del self.reserved_on[(gpu.node.idx, res[0])][job.id]
+            pending_immediate = self.immediate_on.get(gpu.node.idx)
+            if pending_immediate:
+                pending_immediate.pop(job.id, None)
         self.reserved_at.pop(job.id, None)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
         if (not self.policy.uvm) and gpu.used + prof.peak_bytes > gpu.total:
             # The allocation that does not fit fails: CUDA out of memory, the process exits.
             out.oom_kills += 1
+            if self.policy.is_gnnsched:
+                self._count_size(prof.admit_bytes, -1)
             self._unbind(out, gpu.node)
             self.dirty_nodes.add(gpu.node.idx)
             if out.attempts > job.backoff_limit:
@@ -551,6 +576,7 @@ class Simulation:
         gpu.used -= prof.peak_bytes
         if self.policy.is_gnnsched:
             gpu.committed -= prof.admit_bytes
+            self._count_size(prof.admit_bytes, -1)
         if not gpu.running:
             self.idle_gpus += 1
         self.running_count -= 1

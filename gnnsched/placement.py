@@ -308,14 +308,24 @@ def cost_matrix(
         cost = np.ones_like(a["free32"])
     flat_wait = np.flatnonzero(good & ~fits_now)
     if flat_wait.size:
+        # k = the first end slot whose cumulative freed bytes make room, any_k = there is one. Computed slot by slot
+        # with 1-D takes (the same sums and comparisons, element for element, as gathering ``[:, flat_wait]`` and
+        # reducing along the slot axis with logical_or.reduce / argmax, which numpy runs several times slower on
+        # these short-axis arrays); where no slot makes room k stays 0, as argmax gives.
         k_slots = a["ends"].shape[0]
-        need_w = a["qbytes"].ravel()[flat_wait] + b
-        freed = a["freed"].reshape(k_slots, -1)[:, flat_wait]
-        enough = (freed + a["free"].ravel()[flat_wait]) >= need_w
-        any_k = np.logical_or.reduce(enough, axis=0)
-        k = enough.argmax(axis=0)
-        end_k = a["ends"].reshape(k_slots, -1)[k, flat_wait]
-        later = np.maximum(a["last_end"].ravel()[flat_wait] - now, 0.0) + a["qsecs"].ravel()[flat_wait]
+        n_wait = flat_wait.size
+        need_w = a["qbytes"].ravel().take(flat_wait) + b
+        free_w = a["free"].ravel().take(flat_wait)
+        freed = a["freed"].reshape(k_slots, -1)
+        k = np.zeros(n_wait, dtype=np.intp)
+        any_k = np.zeros(n_wait, dtype=bool)
+        for slot in range(k_slots - 1, -1, -1):
+            enough = (freed[slot].take(flat_wait) + free_w) >= need_w
+            k[enough] = slot
+            any_k |= enough
+        ends = a["ends"].reshape(k_slots, -1)
+        end_k = ends.ravel().take(k * ends.shape[1] + flat_wait)
+        later = np.maximum(a["last_end"].ravel().take(flat_wait) - now, 0.0) + a["qsecs"].ravel().take(flat_wait)
         wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
         cost.ravel()[flat_wait] += wait / big_r
     if above is not None and len(above) > 1:

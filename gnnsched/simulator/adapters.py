@@ -215,13 +215,24 @@ class Integrations:
                 hit = cache[job.id] = (pol.Task(key=str(job.id), bytes=prof.admit_bytes, seq=seq,
                                                 qt_seconds=prof.predicted_s, intensity=prof.intensity), job)
             tasks.append(hit[0])
+        if not tasks:
+            return []
+        # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes of the
+        # smallest queued task -> no admission (the common case for a node whose GPUs are full).
+        smallest = min(t.bytes for t in tasks)
+        if not any((cap if cap is not None else g.max_clients) - len(g.running) > 0
+                   and g.total - g.reserve - g.committed >= smallest for g in node.gpus):
+            return []
         gpus = [
             pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
                         free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
                         capacity_bytes=g.total - g.reserve)
             for g in node.gpus
         ]
-        plan = pol.plan_admissions(sim.base, tasks, gpus)
+        policy = self.memo.get(("policy", sim.base))
+        if policy is None:  # the enum, so plan_admissions does not parse the name at every call
+            policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
+        plan = pol.plan_admissions(policy, tasks, gpus)
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
@@ -248,6 +259,8 @@ class PlacementView:
 
     #: Seconds between refreshes of the fragmentation term's job-size mix (the extender's maintenance loop).
     SIZE_MIX_INTERVAL = 1.0
+    #: Changed rows up to which _sync derives row by row (one-row path) rather than once over an index array.
+    ROW_BY_ROW = 4
 
     def __init__(self, sim: Any, interference: Any) -> None:
         from gnnsched import placement as pl
@@ -330,10 +343,10 @@ class PlacementView:
             self.above_at = sim.now
             pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
             return
-        if len(rows) == 1:
-            idx = next(iter(rows))
-            pl.derive(self.state, slice(idx, idx + 1), self.above, self.interference)
-        elif rows:
+        if len(rows) <= self.ROW_BY_ROW:  # a few rows: derive's one-row path is cheaper than fancy indexing
+            for idx in rows:
+                pl.derive(self.state, slice(idx, idx + 1), self.above, self.interference)
+        else:
             # derive is elementwise per (GPU, row): one call over the changed rows (fancy index) gives the same
             # figures as one call per row, at one call's overhead.
             pl.derive(self.state, np.fromiter(sorted(rows), dtype=np.int64, count=len(rows)), self.above,

@@ -273,6 +273,48 @@ def _derive_row(a: PlacementState, r: int, above: np.ndarray, interference: Any)
         a[f"slow_{key}"][col] = slow_l[k]
 
 
+def derive_cells(a: PlacementState, cells: Iterable[tuple[int, int]], above: np.ndarray, interference: Any) -> None:
+    """:func:`derive` for individual GPUs ``(slot, row)`` (the derived figures of a GPU depend on its own raw figures,
+    its row's ``known`` flag, ``above`` and the interference model only): when one GPU of a node changed, re-deriving
+    that GPU alone gives the figures re-deriving its whole row would. The same scalar arithmetic as
+    :func:`_derive_row`, element by element; tested bit for bit against :func:`derive_arrays`."""
+    f32 = np.float32
+    zero32 = f32(0.0)
+    scale = f32(1.0 / FRAG_BIN)
+    top = f32(len(above) - 1)
+    sens = [interference.sensitivity(interference.profile_for(key)) for key in PROFILE_KEYS]
+    slow_arrays = [a[f"slow_{key}"] for key in PROFILE_KEYS]
+    cap_a, used_a, qbytes_a = a["cap"], a["used"], a["qbytes"]
+    healthy_a, clients_a, max_clients_a, known_a = a["healthy"], a["clients"], a["max_clients"], a["known"]
+    sum_sm_a, sum_mem_a = a["sum_sm"], a["sum_mem"]
+    free_a, avail_a, capu_a, free32_a, frag0_a, fscale_a = (a["free"], a["avail"], a["capu"], a["free32"], a["frag0"],
+                                                            a["fscale"])
+    for s, r in cells:
+        c = cap_a.item(s, r)
+        d = c - used_a.item(s, r)
+        free = 0.0 if d < 0.0 else d  # np.maximum(d, 0.0)
+        free_a[s, r] = free
+        if healthy_a.item(s, r) and clients_a.item(s, r) < max_clients_a.item(s, r) and known_a.item(r):
+            avail_a[s, r] = free - qbytes_a.item(s, r)
+            capu_a[s, r] = c
+        else:
+            avail_a[s, r] = -np.inf
+            capu_a[s, r] = -1.0
+        f = f32(free)
+        free32_a[s, r] = f
+        if f < zero32:
+            f = zero32
+        idx = f * scale
+        if idx > top:
+            idx = top
+        frag0_a[s, r] = above[int(idx)] * f
+        fscale_a[s, r] = W_FRAG / (1.0 if c < 1.0 else c)
+        s_u, s_m = sum_sm_a.item(s, r), sum_mem_a.item(s, r)
+        for (a_u, a_m), arr in zip(sens, slow_arrays):
+            v = a_u * s_u + a_m * s_m
+            arr[s, r] = 1.0 + (0.0 if v < 0.0 else v)
+
+
 def fit_mask(a: PlacementState, gpu_bytes: float) -> np.ndarray:
     """Per GPU ``(gpus, rows)``: usable and large enough to ever hold ``gpu_bytes``."""
     return a["capu"] >= gpu_bytes
@@ -364,6 +406,6 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "PlacementState", "best_gpu", "clear_row",
-    "cost_matrix", "derive", "derive_arrays", "fit_mask", "frag", "intensity_key", "new_state", "node_filter", "normalise_scores",
+    "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_mask", "frag", "intensity_key", "new_state", "node_filter", "normalise_scores",
     "set_gpu", "set_host", "size_table",
 ]

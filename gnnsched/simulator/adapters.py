@@ -259,8 +259,8 @@ class PlacementView:
 
     #: Seconds between refreshes of the fragmentation term's job-size mix (the extender's maintenance loop).
     SIZE_MIX_INTERVAL = 1.0
-    #: Changed rows up to which _sync derives row by row (one-row path) rather than once over an index array.
-    ROW_BY_ROW = 4
+    #: Changed GPUs up to which _sync derives GPU by GPU (scalar path) rather than once over their rows' arrays.
+    CELL_BY_CELL = 32
 
     def __init__(self, sim: Any, interference: Any) -> None:
         from gnnsched import placement as pl
@@ -328,10 +328,9 @@ class PlacementView:
         for idx in sim.changed_nodes:
             self.refresh_host(sim.nodes[idx])
         sim.changed_nodes.clear()
-        rows = set()
+        cells = [(index, idx) for idx, index in sim.changed_gpus]
         for idx, index in sim.changed_gpus:
             self.refresh_gpu(sim.nodes[idx], index)
-            rows.add(idx)
         sim.changed_gpus.clear()
         if sim.now - self.above_at >= self.SIZE_MIX_INTERVAL:
             # The admit bytes of every job running or queued at a gate, as the engine counts them (a multiset:
@@ -343,13 +342,12 @@ class PlacementView:
             self.above_at = sim.now
             pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
             return
-        if len(rows) <= self.ROW_BY_ROW:  # a few rows: derive's one-row path is cheaper than fancy indexing
-            for idx in rows:
-                pl.derive(self.state, slice(idx, idx + 1), self.above, self.interference)
+        if len(cells) <= self.CELL_BY_CELL:
+            # Only the GPUs whose books changed: a GPU's derived figures depend on its own raw figures alone.
+            pl.derive_cells(self.state, cells, self.above, self.interference)
         else:
-            # derive is elementwise per (GPU, row): one call over the changed rows (fancy index) gives the same
-            # figures as one call per row, at one call's overhead.
-            pl.derive(self.state, np.fromiter(sorted(rows), dtype=np.int64, count=len(rows)), self.above,
+            rows = sorted({r for _, r in cells})
+            pl.derive(self.state, np.fromiter(rows, dtype=np.int64, count=len(rows)), self.above,
                       self.interference)
 
     def place(self, job: SimJob, out: Any) -> Any:

@@ -396,6 +396,12 @@ class Simulation:
         if idx.size == 0:
             return idx
         want = feasible_nodes_to_find(len(self.nodes))
+        if idx.size == len(self.nodes):  # every node feasible: the window is rr, rr+1, ... (mod n) directly
+            n = idx.size
+            end = self.rr + min(want, n)
+            rolled = idx[self.rr:end] if end <= n else np.concatenate([idx[self.rr:], idx[:end - n]])
+            self.rr = (int(rolled[-1]) + 1) % n
+            return rolled
         start = int(np.searchsorted(idx, self.rr))
         rolled = np.concatenate([idx[start:], idx[:start]])[:want]
         self.rr = (int(rolled[-1]) + 1) % len(self.nodes)

@@ -51,7 +51,8 @@ def render_table(report: Report) -> str:
     for ref in report.reference:
         sim = "-" if ref["simulated"] is None else f"{ref['simulated']:g}{ref['unit']}"
         if ref["paper_value"] is None:
-            lines.append(f"best gnnsched vs best other: {ref['compare']} on {ref['metric']}: ratio {sim} "
+            against = "the paper's best" if ref.get("against") == "paper" else "best other"
+            lines.append(f"best gnnsched vs {against}: {ref['compare']} on {ref['metric']}: ratio {sim} "
                          f"(gnnsched {ref.get('verdict')})")
             continue
         lines.append(f"{ref['paper']}: {ref['compare']} {ref['metric']}: paper {ref['paper_value']:g}{ref['unit']}, "

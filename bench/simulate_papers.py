@@ -112,7 +112,8 @@ def main() -> int:
 
 def _best(rep) -> str:
     out = [f"vs {'the paper' if ref.get('against') == 'paper' else 'best other'}: {ref['compare']} {ref['metric']} "
-           f"ratio {ref['simulated']} ({ref['verdict']})" for ref in rep.reference if ref["paper_value"] is None]
+           f"ratio {ref['simulated']} ({ref['verdict']}{'; ' + ref['note'] if ref.get('note') else ''})"
+           for ref in rep.reference if ref["paper_value"] is None]
     return "; ".join(out) if out else "no gnnsched policy in this run"
 
 

@@ -53,7 +53,7 @@ def render_table(report: Report) -> str:
         if ref["paper_value"] is None:
             against = "the paper's best" if ref.get("against") == "paper" else "best other"
             lines.append(f"best gnnsched vs {against}: {ref['compare']} on {ref['metric']}: ratio {sim} "
-                         f"(gnnsched {ref.get('verdict')})")
+                         f"(gnnsched {ref.get('verdict')})" + (f"; {ref['note']}" if ref.get("note") else ""))
             continue
         lines.append(f"{ref['paper']}: {ref['compare']} {ref['metric']}: paper {ref['paper_value']:g}{ref['unit']}, "
                      f"simulated {sim}")

@@ -105,6 +105,7 @@ def main() -> int:
               f"({100 * (b['completion_rate'] - a['completion_rate']) / a['completion_rate']:+.1f} %), "
               f"queue {a['queue_mean_s']:.0f} s, GPU busy while jobs wait {a['unallocated_gpus']}")
     print("resource-demand: paper +25.3 % deployed, +15.2 % completion (FIFO +- scaling; here lmcf = FIFO on shared GPUs)")
+    best_lines += ["resource-demand: " + _best(rep)]
     print("\n".join(best_lines))
     print(f"total {time.perf_counter() - started:.0f} s, load average {os.getloadavg()}")
     return 0

@@ -83,7 +83,9 @@ def main() -> int:
                   + ", ".join(f"{p} {n}" for p, n in over.items()))
             print(f"    QoS violations: exclusive "
                   f"{m['exclusive']['qos_violation_rate']:.0%}, mps-base {m['mps-base+uvm']['qos_violation_rate']:.0%}, "
-                  f"gnnsched {min(m['sqtf']['qos_violation_rate'], m['bqt']['qos_violation_rate']):.0%}")
+                  f"gnnsched {min(m['sqtf']['qos_violation_rate'], m['bqt']['qos_violation_rate']):.0%}; "
+                  "OOM kills: "
+                  f"gnnsched {m['sqtf']['oom_kills'] + m['bqt']['oom_kills']}, mps-naive {m['mps-naive']['oom_kills']}")
     print(f"GNNSched: JCT vs Default: paper -60.6 %, simulated {statistics.mean(vs_default):+.1f} %; "
           f"vs MPS-Base: paper -26.8 %, simulated {statistics.mean(vs_base):+.1f} %; "
           f"vs MPS-Aggr: paper -62.7 %, simulated {statistics.mean(vs_aggr):+.1f} %; "
@@ -95,8 +97,10 @@ def main() -> int:
     m = rep.policies
     jobs = rep.results["lmcf+scaling"].outcomes
     cut = 1 - sum(o.cpu_milli for o in jobs) / sum(o.job.cpu_milli for o in jobs)
-    print(f"resource-demand: scale() cut the mean CPU request from {sum(o.job.cpu_milli for o in jobs) / len(jobs) / 1000:.1f} "
-          f"to {sum(o.cpu_milli for o in jobs) / len(jobs) / 1000:.1f} cores ({-100 * cut:.1f} %; paper -28.5 %)")
+    before = sum(o.job.cpu_milli for o in jobs) / len(jobs) / 1000
+    after = sum(o.cpu_milli for o in jobs) / len(jobs) / 1000
+    print(f"resource-demand: scale() cut the mean CPU request from {before:.1f} to {after:.1f} cores "
+          f"({-100 * cut:.1f} %; paper -28.5 %)")
     for base in ("lmcf", "exclusive", "srtf", "drf"):
         a, b = m[base], m[f"{base}+scaling"]
         print(f"resource-demand {base:9s}: deployed {a['deployed']} -> {b['deployed']} "

@@ -11,7 +11,8 @@ completed jobs, makespan, mean JCT, OOM kills) and the slowest policy. The verdi
     python bench/simulate_scale.py [--jobs 100000] [--nodes 1000] [--gpus 8] [--policies all|a,b,...] [--profile N]
 
 ``--policies all`` (the default) is every engine policy :mod:`gnnsched.simulator.policyspec` offers: each base
-policy, the ``+uvm`` variants of the MPS baselines, and each gnnsched policy ``-interference`` and ``+scaling``
+policy, the ``+uvm`` variants of the MPS baselines, each gnnsched policy ``-interference`` and ``+scaling``, and the
+published SQTF/BQT (``-paper``, with and without ``+uvm``)
 (openb's placement-only ``best-fit``/``fgd`` run in their own replay, not in this engine). ``--profile N`` runs each
 policy under cProfile and prints its N most expensive functions (cumulative time; wall times are then inflated).
 """
@@ -39,11 +40,14 @@ TARGET_S = 60.0
 
 
 def all_policies() -> str:
-    """Every policy the engine runs: each base, ``+uvm`` MPS variants, gnnsched ``-interference`` and ``+scaling``."""
+    """Every policy the engine runs: each base, ``+uvm`` MPS variants, gnnsched ``-interference`` and ``+scaling``,
+    the ``-paper`` variants."""
     engine_bases = [b for b in policyspec.ALL_BASES if b not in policyspec.PLACEMENT_ONLY]
     names = list(engine_bases)
     names += [f"{b}+uvm" for b in ("mps-naive", "mps-base") if b in engine_bases]
     names += [f"{b}-interference" for b in policyspec.GNNSCHED_POLICIES]
+    paper = getattr(policyspec, "PAPER_VARIANTS", ())
+    names += [f"{b}-paper" for b in paper] + [f"{b}-paper+uvm" for b in paper]
     names += [f"{b}+scaling" for b in policyspec.GNNSCHED_POLICIES]
     names += ["exclusive+scaling"]
     return ",".join(names)

@@ -217,26 +217,39 @@ class Integrations:
             tasks.append(hit[0])
         if not tasks:
             return []
-        # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes of the
-        # smallest queued task -> no admission (the common case for a node whose GPUs are full).
-        smallest = min(t.bytes for t in tasks)
-        if not any((cap if cap is not None else g.max_clients) - len(g.running) > 0
-                   and g.total - g.reserve - g.committed >= smallest for g in node.gpus):
-            return []
-        gpus = [
-            pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
-                        free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
-                        capacity_bytes=g.total - g.reserve)
-            for g in node.gpus
-        ]
-        policy = self.memo.get(("policy", sim.base))
-        if policy is None:  # the enum, so plan_admissions does not parse the name at every call
-            policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
-        plan = pol.plan_admissions(policy, tasks, gpus)
+        if sim.policy.paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
+            gpus = [
+                pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
+                            free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
+                            capacity_bytes=g.total - g.reserve)
+                for g in node.gpus
+            ]
+            busy = [g.index for g in node.gpus if g.running]
+            plan = pol.plan_admissions_paper(sim.base, tasks, gpus, busy)
+        else:
+            # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes
+            # of the smallest queued task -> no admission (the common case for a node whose GPUs are full).
+            smallest = min(t.bytes for t in tasks)
+            if not any((cap if cap is not None else g.max_clients) - len(g.running) > 0
+                       and g.total - g.reserve - g.committed >= smallest for g in node.gpus):
+                return []
+            gpus = [
+                pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
+                            free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
+                            capacity_bytes=g.total - g.reserve)
+                for g in node.gpus
+            ]
+            policy = self.memo.get(("policy", sim.base))
+            if policy is None:  # the enum, so plan_admissions does not parse the name at every call
+                policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
+            plan = pol.plan_admissions(policy, tasks, gpus)
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
-        """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``."""
+        """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``. The
+        ``-paper`` baselines have no gate (their groups may exceed the GPU by design), so nothing is checked."""
+        if sim.policy.paper:
+            return
         pol = self._policies()
         cap = sim.per_gpu_cap
         books = pol.GPUBooks(

@@ -133,8 +133,6 @@ def set_gpu(
     reserved to run now) on it; ``used``/``qbytes``/``qsecs``: committed bytes, queued bytes and queued predicted
     seconds; ``capacity``: total − reserve."""
     a["valid"][slot, r] = True
-    a["ends"][:, slot, r] = np.inf
-    a["freed"][:, slot, r] = 0.0
     a["cap"][slot, r] = capacity
     a["used"][slot, r] = used
     a["healthy"][slot, r] = healthy
@@ -145,12 +143,18 @@ def set_gpu(
     a["sum_sm"][slot, r] = sum(j[2] for j in running)
     a["sum_mem"][slot, r] = sum(j[3] for j in running)
     ordered = sorted(running, key=lambda j: j[0])
+    # Built in lists and written once per array (the later-ending jobs all land in the last slot: the last write
+    # there wins, as it did element by element).
+    ends = [np.inf] * END_SLOTS
+    freed = [0.0] * END_SLOTS
     cum = 0.0
     for k, job in enumerate(ordered):
         cum += job[1]
         kk = min(k, END_SLOTS - 1)
-        a["ends"][kk, slot, r] = job[0]
-        a["freed"][kk, slot, r] = cum
+        ends[kk] = job[0]
+        freed[kk] = cum
+    a["ends"][:, slot, r] = ends
+    a["freed"][:, slot, r] = freed
     a["last_end"][slot, r] = ordered[-1][0] if ordered else 0.0
 
 

@@ -113,3 +113,45 @@ def test_derive_cells_matches_the_array_path_bit_for_bit(seed: int) -> None:
     pl.derive_cells(b, cells, above, interference)
     for key in DERIVED:
         assert a[key].tobytes() == b[key].tobytes(), key
+
+
+def _reference_set_gpu(a: pl.PlacementState, slot: int, r: int, *, capacity: float, used: float, healthy: bool,
+                       clients: int, max_clients: int, qbytes: float, qsecs: float, running: list) -> None:
+    """``set_gpu`` as first written: element-by-element writes of the end slots."""
+    a["valid"][slot, r] = True
+    a["ends"][:, slot, r] = np.inf
+    a["freed"][:, slot, r] = 0.0
+    a["cap"][slot, r] = capacity
+    a["used"][slot, r] = used
+    a["healthy"][slot, r] = healthy
+    a["clients"][slot, r] = clients
+    a["max_clients"][slot, r] = max_clients
+    a["qbytes"][slot, r] = qbytes
+    a["qsecs"][slot, r] = qsecs
+    a["sum_sm"][slot, r] = sum(j[2] for j in running)
+    a["sum_mem"][slot, r] = sum(j[3] for j in running)
+    ordered = sorted(running, key=lambda j: j[0])
+    cum = 0.0
+    for k, job in enumerate(ordered):
+        cum += job[1]
+        kk = min(k, pl.END_SLOTS - 1)
+        a["ends"][kk, slot, r] = job[0]
+        a["freed"][kk, slot, r] = cum
+    a["last_end"][slot, r] = ordered[-1][0] if ordered else 0.0
+
+
+def test_set_gpu_matches_element_by_element_writes() -> None:
+    rng = np.random.default_rng(11)
+    a = pl.new_state(6, 4)
+    b = pl.new_state(6, 4)
+    for _ in range(200):
+        slot, r = int(rng.integers(0, 4)), int(rng.integers(0, 6))
+        running = [(float(rng.choice([rng.uniform(0, 50), 7.0])), float(rng.uniform(1e8, 9e9)),
+                    float(rng.uniform(0, 1)), float(rng.uniform(0, 1))) for _ in range(int(rng.integers(0, 9)))]
+        kw = dict(capacity=32e9, used=float(rng.uniform(0, 3e10)), healthy=bool(rng.random() > 0.2),
+                  clients=int(rng.integers(0, 9)), max_clients=48, qbytes=float(rng.uniform(0, 1e10)),
+                  qsecs=float(rng.uniform(0, 30)), running=running)
+        pl.set_gpu(a, slot, r, **kw)
+        _reference_set_gpu(b, slot, r, **kw)
+        for key in a:
+            assert a[key].tobytes() == b[key].tobytes(), key

@@ -201,6 +201,16 @@ class Integrations:
         """The node agent's decision: ``gnnsched.policies.plan_admissions`` over the node's queue and GPUs."""
         pol = self._policies()
         cap = sim.per_gpu_cap
+        if not node.queue:
+            return []
+        if not sim.policy.paper:
+            # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes
+            # of the smallest queued task (node.queue_sizes: the queue's sizes, kept by the engine) -> no admission
+            # (the common case for a node whose GPUs are full).
+            smallest = min(node.queue_sizes)
+            if not any((cap if cap is not None else g.max_clients) - len(g.running) > 0
+                       and g.total - g.reserve - g.committed >= smallest for g in node.gpus):
+                return []
         # A queued job's Task is built once per bind, with seq = the engine's bind counter instead of the position
         # in the queue: node.queue is in bind order, so the relative order (all the policies use seq for) is the
         # same and the plan is identical, without re-building every queued job's Task at every decision.
@@ -215,8 +225,6 @@ class Integrations:
                 hit = cache[job.id] = (pol.Task(key=str(job.id), bytes=prof.admit_bytes, seq=seq,
                                                 qt_seconds=prof.predicted_s, intensity=prof.intensity), job)
             tasks.append(hit[0])
-        if not tasks:
-            return []
         if sim.policy.paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
@@ -227,12 +235,6 @@ class Integrations:
             busy = [g.index for g in node.gpus if g.running]
             plan = pol.plan_admissions_paper(sim.base, tasks, gpus, busy)
         else:
-            # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes
-            # of the smallest queued task -> no admission (the common case for a node whose GPUs are full).
-            smallest = min(t.bytes for t in tasks)
-            if not any((cap if cap is not None else g.max_clients) - len(g.running) > 0
-                       and g.total - g.reserve - g.committed >= smallest for g in node.gpus):
-                return []
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
                             free_slots=(cap if cap is not None else g.max_clients) - len(g.running),

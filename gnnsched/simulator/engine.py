@@ -66,7 +66,7 @@ class GpuState:
 
 
 class NodeState:
-    __slots__ = ("idx", "spec", "name", "gpus", "cpu_free", "mem_free", "queue", "bound")
+    __slots__ = ("idx", "spec", "name", "gpus", "cpu_free", "mem_free", "queue", "bound", "queue_sizes")
 
     def __init__(self, idx: int, spec: NodeSpec) -> None:
         self.idx = idx
@@ -77,6 +77,7 @@ class NodeState:
         self.mem_free = spec.memory_bytes
         self.queue: list[SimJob] = []
         self.bound = 0  # pods bound to the node and not finished (queued at the gate or running)
+        self.queue_sizes: dict[int, int] = {}  # admit bytes -> queued jobs of that size (gnnsched: the gate queue)
 
 
 class Run:
@@ -462,7 +463,9 @@ class Simulation:
         node.queue.append(job)
         self.binds += 1
         self.bind_seq[job.id] = self.binds
-        self._count_size(job.profile(node.gpus[0].model).admit_bytes, 1)
+        size = job.profile(node.gpus[0].model).admit_bytes
+        self._count_size(size, 1)
+        node.queue_sizes[size] = node.queue_sizes.get(size, 0) + 1
         return node
 
     def _count_size(self, admit_bytes: int, delta: int) -> None:
@@ -528,6 +531,13 @@ class Simulation:
             out.first_start = self.now
         out.start = self.now
         out.gpu = gpu.index
+        if self.policy.is_gnnsched:  # the job leaves its node's gate queue (admitted, or OOM-killed on the spot)
+            sizes = gpu.node.queue_sizes
+            n = sizes[prof.admit_bytes] - 1
+            if n:
+                sizes[prof.admit_bytes] = n
+            else:
+                del sizes[prof.admit_bytes]
         res = self.reservations.pop(job.id, None)
         if res is not None:
             self.changed_gpus.add((gpu.node.idx, res[0]))

@@ -328,9 +328,13 @@ class PlacementView:
                 qbytes += prof.admit_bytes
                 qsecs += prof.predicted_s
         for run in g.running:
-            prof = run.job.profile(g.model)
-            start = sim.outcomes[run.job.id].start or 0.0
-            running.append((start + sim.startup_s + prof.predicted_s, prof.admit_bytes, prof.sm_util, prof.mem_util))
+            entry = run.placement_entry  # fixed for the run's life (its start, its profile): computed once
+            if entry is None:
+                prof = run.job.profile(g.model)
+                start = sim.outcomes[run.job.id].start or 0.0
+                entry = run.placement_entry = (start + sim.startup_s + prof.predicted_s, prof.admit_bytes,
+                                               prof.sm_util, prof.mem_util)
+            running.append(entry)
         cap_clients = sim.per_gpu_cap
         self.pl.set_gpu(
             self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used, healthy=True,

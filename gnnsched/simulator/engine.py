@@ -83,7 +83,7 @@ class NodeState:
 class Run:
     """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
-    __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting")
+    __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool) -> None:
         self.job = job
@@ -94,6 +94,7 @@ class Run:
         self.token = 0
         self.slowdown = 1.0
         self.starting = starting
+        self.placement_entry: tuple | None = None  # adapters.PlacementView's (end, bytes, sm, mem) of this run
 
 
 @dataclass

@@ -102,8 +102,8 @@ def main() -> int:
     print(f"{args.jobs} jobs, {args.nodes} nodes x {args.gpus} {args.model}; costing 24 specs took {cost_s:.1f} s; "
           f"arrival rate {rate:.2f}/s, mean solo {mean_solo:.1f} s; load average at start "
           f"{os.getloadavg()[0]:.2f}", flush=True)
-    print(f"{'policy':24s} {'wall s':>7s} {'cpu s':>7s} {'load1':>6s} {'completed':>9s} {'makespan s':>11s} {'JCT mean s':>11s} "
-          f"{'OOM':>5s}  verdict", flush=True)
+    print(f"{'policy':24s} {'wall s':>7s} {'cpu s':>7s} {'load1':>6s} {'completed':>9s} {'makespan s':>11s} "
+          f"{'JCT mean s':>11s} {'OOM':>5s}  verdict", flush=True)
     rows: list[tuple[str, float]] = []
     for spec in specs_to_run:
         sim = Simulation(jobs, cluster, spec, ix, record_timeline=False)
@@ -129,8 +129,8 @@ def main() -> int:
         rows.append((spec.text, wall))
         m = summarise(res)
         verdict = "ok" if wall <= TARGET_S else "SLOW"
-        print(f"{spec.text:24s} {wall:7.1f} {cpu:7.1f} {os.getloadavg()[0]:6.2f} {m['completed']:9d} {m['makespan_s']:11.0f} "
-              f"{m['jct_mean_s']!s:>11s} {m['oom_kills']:5d}  {verdict}", flush=True)
+        print(f"{spec.text:24s} {wall:7.1f} {cpu:7.1f} {os.getloadavg()[0]:6.2f} {m['completed']:9d} "
+              f"{m['makespan_s']:11.0f} {m['jct_mean_s']!s:>11s} {m['oom_kills']:5d}  {verdict}", flush=True)
         if prof is not None:
             import pstats
 

@@ -410,6 +410,7 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "PlacementState", "best_gpu", "clear_row",
-    "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_mask", "frag", "intensity_key", "new_state", "node_filter", "normalise_scores",
+    "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_mask", "frag", "intensity_key", "new_state",
+    "node_filter", "normalise_scores",
     "set_gpu", "set_host", "size_table",
 ]

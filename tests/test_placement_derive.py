@@ -88,7 +88,8 @@ def test_frag_matches_the_int64_form(seed: int) -> None:
     for arr in (free.astype(np.float32), free.astype(np.float32).reshape(-1, 8)):
         assert _reference_frag(arr, above).tobytes() == pl.frag(arr, above).tobytes()
     empty = pl.size_table(())
-    assert _reference_frag(free.astype(np.float32), empty).tobytes() == pl.frag(free.astype(np.float32), empty).tobytes()
+    free32 = free.astype(np.float32)
+    assert _reference_frag(free32, empty).tobytes() == pl.frag(free32, empty).tobytes()
 
 
 @pytest.mark.parametrize("seed", range(4))

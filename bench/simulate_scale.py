@@ -68,7 +68,7 @@ def main() -> int:
     try:
         specs_to_run = parse_policies(all_policies() if args.policies.strip() == "all" else args.policies)
     except policyspec.PolicyError as exc:
-        print(f"policies: {exc}", file=sys.stderr)
+        print(str(exc), file=sys.stderr)
         return 2
     ix = Integrations()
     rng = random.Random(args.seed)

@@ -160,6 +160,18 @@ class Trace:
             best, best_at = live, len(self.events)
         return best, best_at
 
+    def run_totals(self) -> list[int]:
+        """Live bytes at the step's start and after every maximal run of allocations or of frees in the step
+        (repeats dropped): every value the peak can take, independent of the order within a run."""
+        live = sum(self.records[i].nbytes for i in self.live_at(self.window_start))
+        totals = [live]
+        events = [e for e in self.events[self.window_start :] if e is not None]
+        for k, (sign, idx) in enumerate(events):
+            live += sign * self.records[idx].nbytes
+            if k + 1 == len(events) or events[k + 1][0] != sign:
+                totals.append(live)
+        return [v for k, v in enumerate(totals) if k == 0 or v != totals[k - 1]]
+
     def live_at(self, position: int) -> list[int]:
         """Indices of the records allocated before event ``position`` and not freed before it."""
         alive: dict[int, None] = {}
@@ -312,7 +324,7 @@ class _LivenessMode(TorchDispatchMode):
                 self._pending.append((created[0], candidates))
         return out
 
-    # --- layer labels (see _LayerSplice) ---------------------------------------------------------------------------
+    # --- layer labels (see _splice) -------------------------------------------------------------------------------
 
     def enter_layer(self, layer: int, x: Any) -> None:
         """Forward pre-hook of layer ``layer`` (1-based): later events belong to it; autograd nodes created from now
@@ -362,7 +374,7 @@ class _LivenessMode(TorchDispatchMode):
         if func in self._inplace_void and _all_meta(args[0]):
             return None
         split = self._foreach_lists.get(func)
-        if split:
+        if split and split[-1] < len(args):
             n = len(args[split[0]])
             if n > 1 and all(len(args[i]) == n and _all_meta_or_scalars(args[i]) for i in split):
                 # Functional foreach operators compute each list element on its own: memoise per element, so the
@@ -551,7 +563,9 @@ def trace_step(
     layers = spec.model.layers
     splicing = splice and engine == "meta" and layers > SPLICE_DEPTH
     # The template differs from the job only in its depth (the graph, sampler and fanouts stay the job's).
-    model_spec = spec.model_copy(update={"model": spec.model.model_copy(update={"layers": SPLICE_DEPTH})}) if splicing else spec
+    model_spec = (
+        spec.model_copy(update={"model": spec.model.model_copy(update={"layers": SPLICE_DEPTH})}) if splicing else spec
+    )
     tracker = _LivenessMode(self_loops=step_layout.self_loops)
     tracker.labelling = splicing
     outer = FakeTensorMode(allow_non_fake_inputs=False) if engine == "fake" else nullcontext()
@@ -665,10 +679,13 @@ def _splice(
         raise _SpliceMismatch("labels do not cover the trace")
     records, events, start = template.records, template.events, template.window_start
 
+    single = {0: 0, 1: 1, 2: 2, 4: last - 1, 5: last}  # template layer -> its one target layer (0: no layer)
+
     def targets(owner: int) -> range:
+        """Target layers a template layer's records stand for (the copies, for layer 3)."""
         if owner == 3:
             return range(3, last - 1)
-        return range({0: 0, 1: 1, 2: 2, 4: last - 1, 5: last}[owner], {0: 0, 1: 1, 2: 2, 4: last - 1, 5: last}[owner] + 1)
+        return range(single[owner], single[owner] + 1)
 
     def template_of(layer: int) -> int:
         if layer <= 2:
@@ -725,14 +742,18 @@ def _splice(
     out_sets: tuple[set[int], set[int], set[int]] = (set(), set(), set())
     freed: set[int] = set()
 
+    member: dict[int, list[int]] = {}  # template record -> the category sets (weights, state, grads) it is in
+    for k, src in enumerate(sets):
+        for r in src:
+            member.setdefault(r, []).append(k)
+
     def new_record(key: tuple[int, int]) -> int:
         r = key[1]
         idx = len(out_records)
         index[key] = idx
         out_records.append(_Record(records[r].nbytes, records[r].phase, len(out_events)))
-        for src, dst in zip(sets, out_sets):
-            if r in src:
-                dst.add(idx)
+        for k in member.get(r, ()):
+            out_sets[k].add(idx)
         return idx
 
     def emit(sign: int, key: tuple[int, int]) -> None:

@@ -32,25 +32,13 @@ def _spec(arch: str, mode: str, layers: int, hidden: int = 32, **extra) -> objec
     return parse_spec({"mode": mode, "model": model, "graph": dict(extra.pop("graph", SMALL)), **extra})
 
 
-def _run_totals(trace: Trace) -> list[int]:
-    """Live bytes at the step's start and at the end of every maximal run of same-sign events in the step."""
-    live = sum(trace.records[i].nbytes for i in trace.live_at(trace.window_start))
-    totals = [live]
-    events = [e for e in trace.events[trace.window_start :] if e is not None]
-    for k, (sign, idx) in enumerate(events):
-        live += sign * trace.records[idx].nbytes
-        if k + 1 == len(events) or events[k + 1][0] != sign:
-            totals.append(live)
-    return [v for k, v in enumerate(totals) if k == 0 or v != totals[k - 1]]
-
-
 def _assert_same(spec) -> Trace:
     spliced, breakdown_s, peak_s = trace_step(spec)
     full, breakdown_f, peak_f = trace_step(spec, splice=False)
     assert spliced.traced_layers == SPLICE_DEPTH and full.traced_layers is None
     assert (peak_s, breakdown_s) == (peak_f, breakdown_f)
     assert spliced.peak(rounding=512)[0] == full.peak(rounding=512)[0]
-    assert _run_totals(spliced) == _run_totals(full)
+    assert spliced.run_totals() == full.run_totals()
     return spliced
 
 
@@ -89,7 +77,7 @@ def test_a_template_that_does_not_line_up_falls_back_to_the_full_trace(monkeypat
     monkeypatch.setattr(estimator, "_splice", refuse)
     trace, breakdown, peak = trace_step(spec)
     assert calls and trace.traced_layers is None
-    assert (breakdown, peak) == reference[1:] and _run_totals(trace) == _run_totals(reference[0])
+    assert (breakdown, peak) == reference[1:] and trace.run_totals() == reference[0].run_totals()
 
 
 def test_the_splice_rejects_labels_out_of_layer_order():

@@ -96,6 +96,7 @@ DEFAULT_SAFETY_FACTOR_CUDA = 1.10
 """Margin on a GPU, where kernels and the allocator are not measured here; the low end of the papers' 1.1-1.15."""
 
 _aten = torch.ops.aten
+_META = torch.device("meta")
 _NO_SEQUENCE_NR = 2**64 - 1
 """``Node._sequence_nr()`` of AccumulateGrad nodes (UINT64_MAX)."""
 _INPLACE_IN_PLAIN_RUN = {_aten.add.Tensor, _aten.index_add.default}
@@ -217,9 +218,10 @@ class _LivenessMode(TorchDispatchMode):
         self._refs: dict[int, weakref.ref[Any]] = {}
         self._pending: list[tuple[int, list[int]]] = []
         self._mask_true: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._cacheable: dict[Any, bool] = {}
-        self._inplace_void: set[Any] = set()
-        self._foreach_lists: dict[Any, tuple[int, ...]] = {}  # functional foreach op -> positions of its list args
+        # Per operator, keyed by id() (OpOverload hashes in Python; ``_ops_seen`` keeps the ids valid): memoisable,
+        # in-place foreach returning nothing, positions of a functional foreach operator's list arguments.
+        self._op_info: dict[int, tuple[bool, bool, tuple[int, ...]]] = {}
+        self._ops_seen: list[Any] = []
         self._memo: dict[tuple, tuple[bool, list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]]] = {}
         self.phase = "setup"
         # Layer labels, only for a trace that will be spliced (``_LayerSplice``): ``block`` is the layer whose
@@ -358,22 +360,13 @@ class _LivenessMode(TorchDispatchMode):
         dtypes makes the trace several times faster. Only functional operators whose outputs alias nothing are
         memoised; views and in-place operators always run.
         """
-        cacheable = self._cacheable.get(func)
-        if cacheable is None:
-            schema = func._schema
-            if schema.name.startswith("aten::_foreach_") and schema.name.endswith("_") and not schema.returns:
-                # In-place foreach updates (the optimizer's moments and weights) allocate nothing and return
-                # nothing; their meta kernels only re-check shapes, per tensor, in Python.
-                self._inplace_void.add(func)
-            cacheable = not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
-            self._cacheable[func] = cacheable
-            if cacheable and schema.name.startswith("aten::_foreach_") and len(schema.returns) == 1:
-                self._foreach_lists[func] = tuple(
-                    i for i, a in enumerate(schema.arguments) if isinstance(a.type, torch.ListType) and i < len(args)
-                )
-        if func in self._inplace_void and _all_meta(args[0]):
+        info = self._op_info.get(id(func))
+        if info is None:
+            info = self._op_info[id(func)] = _op_info(func, len(args))
+            self._ops_seen.append(func)
+        cacheable, void, split = info
+        if void and _all_meta(args[0]):
             return None
-        split = self._foreach_lists.get(func)
         if split and split[-1] < len(args):
             n = len(args[split[0]])
             if n > 1 and all(len(args[i]) == n and _all_meta_or_scalars(args[i]) for i in split):
@@ -391,7 +384,7 @@ class _LivenessMode(TorchDispatchMode):
             hit = self._memo.get(key)
             if hit is not None:
                 single, metas = hit
-                outs = [torch.empty_strided(size, stride, dtype=dtype, device="meta") for size, stride, dtype in metas]
+                outs = [torch.empty_strided(size, stride, dtype=dtype, device=_META) for size, stride, dtype in metas]
                 return outs[0] if single else tuple(outs)
         out = func(*args, **kwargs)
         if key is not None:
@@ -465,7 +458,9 @@ class _Unkeyable(Exception):
 def _meta_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
     """A hashable description of an operator call on meta tensors, or None when an argument has no such form."""
     try:
-        return (func, _meta_part(args), tuple(sorted((k, _meta_part(v)) for k, v in kwargs.items())))
+        # id(func): the trace keeps every operator it saw alive (``_op_info``), and OpOverload hashes in Python
+        named = tuple(sorted((k, _meta_part(v)) for k, v in kwargs.items())) if kwargs else ()
+        return (id(func), _meta_part(args), named)
     except _Unkeyable:
         return None
 
@@ -479,6 +474,22 @@ def _output_tensors(out: Any) -> list[torch.Tensor]:
     if isinstance(out, (tuple, list)) and all(not isinstance(t, (tuple, list, dict)) for t in out):
         return [t for t in out if isinstance(t, torch.Tensor)]
     return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+def _op_info(func: Any, positional: int) -> tuple[bool, bool, tuple[int, ...]]:
+    """What ``_run`` needs to know about an operator, from its schema: whether its output metadata can be memoised
+    (functional, outputs alias nothing), whether it is an in-place foreach update that returns nothing (the
+    optimizer's moments and weights: it allocates nothing, and its meta kernel only re-checks shapes, per tensor,
+    in Python, so it is skipped), and for a functional foreach operator the positions of its list arguments."""
+    schema = func._schema
+    name = schema.name
+    void = name.startswith("aten::_foreach_") and name.endswith("_") and not schema.returns
+    cacheable = not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+    split: tuple[int, ...] = ()
+    if cacheable and name.startswith("aten::_foreach_") and len(schema.returns) == 1:
+        arguments = schema.arguments[:positional]
+        split = tuple(i for i, a in enumerate(arguments) if isinstance(a.type, torch.ListType))
+    return cacheable, void, split
 
 
 def _all_meta_or_scalars(values: Any) -> bool:

@@ -24,7 +24,7 @@ real copies would free. The replay only reorders allocations within an uninterru
 within a run of frees), which leaves every live-byte total between runs, hence the peak and its breakdown, exactly
 as a full trace gives them; ``tests/test_estimator_splice.py`` checks that run by run against full traces, and a
 template that does not have this shape falls back to the full trace. A 10-layer, 100-million-edge GAT training
-estimate takes about 70 ms of CPU (``bench/estimate_latency.py``).
+estimate takes 55-90 ms of CPU on a shared 2-core box (``bench/estimate_latency.py``; the full trace: 100-170 ms).
 
 Steady state. A training step is traced after the optimizer already holds its state: the optimizer's state is
 created by one ``optimizer.step()`` on zero gradients (the optimizer's own code, not a copy of its rules), and then
@@ -679,11 +679,13 @@ def _splice(
     (copies of 3 in layer order, forwards ascending and backwards descending), a reference to a record of the
     neighbouring layer t+-1 becoming one to the target's neighbour (through the allocation-order correspondence of
     the identical layers 2, 3 and 4); an unattributed event (layer 0) on a layer-3 record is repeated for every copy
-    next to it, which only reorders allocations within an uninterrupted run of allocations (or frees within a run of
-    frees), leaving every live-byte total between runs, hence the peak and its breakdown, as a full trace gives
-    them. The setup before the window is replaced by the allocations live at its start (all the peak reads of it).
-    Anything that does not fit this shape raises ``_SpliceMismatch``; ``tests/test_estimator_splice.py`` compares
-    spliced and full traces run by run over the accuracy grid.
+    next to it. Such events come in runs of one sign in a real trace too (a ``_foreach_`` operator allocates one
+    output per parameter at once, ``zero_grad`` and a dying output list free them at once), so the result differs
+    from a full trace only in the order within a run of allocations (or of frees), which leaves every live-byte
+    total between runs, hence the peak and its breakdown, unchanged. The setup before the window is replaced by the
+    allocations live at its start (all the peak reads of it). Anything that does not fit this shape raises
+    ``_SpliceMismatch``; ``tests/test_estimator_splice.py`` and ``bench/pmc_accuracy.py --check-splice`` (every grid
+    case at depths 6-16, cpu and cuda) compare spliced and full traces run by run.
     """
     depth, last = SPLICE_DEPTH, layers
     if len(labels) != len(template.events) or len(owners) != len(template.records):

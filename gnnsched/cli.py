@@ -50,6 +50,9 @@ def _operator(
                                        help="schedulerName of the pods (the profile that calls the extender)."),
     health_port: int = typer.Option(9401, "--health-port", min=0, max=65535,
                                     help="Port of the liveness probe (GET /healthz); 0 turns it off."),
+    metrics_port: int = typer.Option(9402, "--metrics-port", min=0, max=65535,
+                                     help="Port of the Prometheus metrics (GET /metrics, gnnsched_operator_*); "
+                                          "0 turns them off."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
@@ -74,7 +77,8 @@ def _operator(
 
     fields = {"namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
-              "scheduler_name": scheduler_name, "health_port": health_port or None}
+              "scheduler_name": scheduler_name, "health_port": health_port or None,
+              "metrics_port": metrics_port or None}
     if image:
         fields["image"] = image
     run(OperatorConfig(**fields), kubeconfig=kubeconfig, context=context)

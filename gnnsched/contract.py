@@ -54,8 +54,8 @@ ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
 ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 """Set by the operator to the container's termination-message path. The worker is meant to write its final JSON result
-line (``observed_peak_bytes``, ``seconds``, ``steps``) there, so it reaches the pod status even when the job succeeds
-(not implemented in ``gnnsched worker`` yet: it prints the line on stdout only)."""
+line (``observed_peak_bytes``, ``seconds``, ``steps``) there, so it reaches the pod status even when the job succeeds;
+``gnnsched worker`` writes it there as well as printing it on stdout."""
 
 # Host paths shared by the node DaemonSet, the device plugin's Allocate mounts and the agent's defaults.
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -70,6 +70,7 @@ directory (``gnnsched.node_status_file``), where the device plugin already has a
 DEFAULT_EXTENDER_PORT = 8888
 DEFAULT_AGENT_METRICS_PORT = 9400
 DEFAULT_OPERATOR_HEALTH_PORT = 9401
+DEFAULT_OPERATOR_METRICS_PORT = 9402
 
 MPS_MAX_CLIENTS_PER_GPU = 48
 """Volta and later accept at most 48 MPS clients per GPU (fewer before Volta)."""

@@ -115,26 +115,7 @@ class AgentMetrics:
         self.mps_restarts.set(restarts)
 
     def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True) -> object:
-        """Expose ``/metrics`` (and ``/healthz``, the DaemonSet's liveness probe: 503 when ``healthy()`` is false) on
-        ``port`` (0: any free port; the returned server's ``server_port`` says which)."""
-        from wsgiref.simple_server import WSGIRequestHandler, make_server
+        """Expose ``/metrics`` and ``/healthz`` (the DaemonSet's liveness probe: 503 when ``healthy()`` is false)."""
+        from gnnsched.metrics_http import serve_metrics
 
-        from prometheus_client import make_wsgi_app
-        from prometheus_client.exposition import ThreadingWSGIServer
-
-        metrics_app = make_wsgi_app(self.registry)
-
-        def app(environ: dict, start_response: Callable) -> list[bytes]:
-            if environ.get("PATH_INFO") == "/healthz":
-                ok = healthy()
-                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-                return [b"ok\n" if ok else b"unhealthy: the agent's loop has stalled\n"]
-            return metrics_app(environ, start_response)
-
-        class _Quiet(WSGIRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
-                pass
-
-        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_Quiet)
-        threading.Thread(target=server.serve_forever, daemon=True, name="metrics-http").start()
-        return server
+        return serve_metrics(self.registry, port, addr, healthy, "unhealthy: the agent's loop has stalled")

@@ -45,6 +45,7 @@ from gnnsched.quantity import format_bytes
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
 
 from .kube import Kube, KubeError
+from .metrics import OperatorMetrics
 from .planning import ClusterGPU, Plan, PlanError, Planner, gpus_from_gpunode
 from .podspec import LABEL_ATTEMPT, build_config_map, build_pod, config_map_name, job_label, pod_name
 from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
@@ -66,6 +67,7 @@ class OperatorConfig(BaseModel):
     finalizer: str = "gnnsched.io/cleanup"
     scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
+    metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)
 
 
 class JobRef(BaseModel):
@@ -127,10 +129,13 @@ def _plan_fields(plan: Plan) -> dict[str, Any]:
 class Operator:
     """The handlers with their dependencies (API client, planner, settings); no module-level state."""
 
-    def __init__(self, config: OperatorConfig, kube: Kube, planner: Planner) -> None:
+    def __init__(self, config: OperatorConfig, kube: Kube, planner: Planner,
+                 metrics: OperatorMetrics | None = None) -> None:
         self.config = config
         self.kube = kube
         self.planner = planner
+        self.metrics = metrics or OperatorMetrics()
+        self.metrics_port: int | None = None  # the bound port once ``main.run_async`` serves the metrics
 
     # ------------------------------------------------------------------ events and status writes
 
@@ -142,8 +147,10 @@ class Operator:
         except Exception:  # noqa: BLE001 - an event is informative; failing to post must not fail the handler
             log.warning("could not post event %s for %s", reason, _dict(body.get("metadata")).get("name"))
 
-    def _write(self, body: dict[str, Any], old: dict[str, Any], new: dict[str, Any], message: str = "") -> None:
-        """Patch the status fields that changed; post an event when the phase changes."""
+    def _write(self, body: dict[str, Any], old: dict[str, Any], new: dict[str, Any], message: str = "",
+               reason: str | None = None) -> None:
+        """Patch the status fields that changed; post an event when the phase changes (``reason``: why a job
+        became Failed or Unschedulable, for the metrics)."""
         ref = _job_ref(body)
         changed = {k: v for k, v in new.items() if old.get(k) != v}
         if not changed:
@@ -151,6 +158,8 @@ class Operator:
         if self.kube.patch_job_status(ref.namespace, ref.name, changed) is None:
             return  # the job is gone
         old_phase, new_phase = old.get("phase"), new.get("phase")
+        if new_phase and self.metrics.job_moved(ref.uid, new_phase, reason) and new_phase == "Succeeded":
+            self.metrics.job_succeeded({**old, **changed})
         if new_phase and new_phase != old_phase:
             warning = new_phase in ("Failed", "Unschedulable")
             self._event(body, "Warning" if warning else "Normal", str(new_phase),
@@ -167,7 +176,7 @@ class Operator:
         if phase in TERMINAL and not status.get("finishedAt"):
             new["finishedAt"] = now_rfc3339()
         try:
-            self._write(body, status, new, message=f"{reason}: {message}")
+            self._write(body, status, new, message=f"{reason}: {message}", reason=reason)
         except SpecError:
             log.warning("cannot report %s on a partial object: %s", reason, message)
 
@@ -179,9 +188,11 @@ class Operator:
 
         body = _dict(body)
         status = _dict(body.get("status"))
+        self._seen(body, status)
         try:
             self.reconcile_job(body, status)
         except KubeError as exc:
+            self.metrics.api_errors.labels("job", str(exc.transient).lower()).inc()
             if exc.transient:
                 raise kopf.TemporaryError(f"API server: {exc}", delay=3) from None
             self._fail_safely(body, status, "Failed", "Ready", "APIError", str(exc))
@@ -198,6 +209,7 @@ class Operator:
         try:
             self.sync_pod(body, deleted=event_type == "DELETED")
         except KubeError as exc:
+            self.metrics.api_errors.labels("pod", str(exc.transient).lower()).inc()
             log.warning("pod %s: %s (the resync timer will retry)", _dict(body.get("metadata")).get("name"), exc)
         except Exception:  # noqa: BLE001
             log.exception("pod %s: sync failed", _dict(body.get("metadata")).get("name"))
@@ -208,6 +220,7 @@ class Operator:
 
         body = _dict(body)
         status = _dict(body.get("status"))
+        self._seen(body, status)
         if status.get("phase") in TERMINAL or _dict(body.get("metadata")).get("deletionTimestamp"):
             return
         try:
@@ -224,6 +237,7 @@ class Operator:
             else:
                 self._apply_pod(body, status, pod, deleted=False)
         except KubeError as exc:
+            self.metrics.api_errors.labels("resync", str(exc.transient).lower()).inc()
             if exc.transient:
                 raise kopf.TemporaryError(f"API server: {exc}", delay=5) from None
             log.warning("resync of %s: %s", _dict(body.get("metadata")).get("name"), exc)
@@ -261,9 +275,18 @@ class Operator:
         try:
             self.cleanup(namespace, name, _dict(body.get("status")))
         except KubeError as exc:
+            self.metrics.api_errors.labels("delete", str(exc.transient).lower()).inc()
             if exc.transient:
                 raise kopf.TemporaryError(f"cleanup: {exc}", delay=3) from None
             log.warning("cleanup of %s/%s: %s", namespace, name, exc)
+        if isinstance(meta.get("uid"), str):
+            self.metrics.job_gone(meta["uid"])
+
+    def _seen(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        """Count a job in its stored phase (jobs found at start-up are counted, not only the ones changed since)."""
+        uid = _dict(body.get("metadata")).get("uid")
+        if isinstance(uid, str):
+            self.metrics.job_seen(uid, status.get("phase") or "Pending")
 
     def _fail_safely(self, body: dict[str, Any], status: dict[str, Any], phase: str, ctype: str, reason: str,
                      message: str) -> None:
@@ -301,7 +324,8 @@ class Operator:
         plan = self._stored_plan(status, generation, any_generation=bool(status.get("podName")))
         if plan is None:
             try:
-                plan = self.planner.plan(spec, self.cluster_gpus())
+                with self.metrics.plan_seconds.time():
+                    plan = self.planner.plan(spec, self.cluster_gpus())
             except PlanError as exc:
                 new = dict(status, conditions=conditions)
                 self._fail(body, new, exc.phase, "Schedulable" if exc.phase == "Unschedulable" else "Estimated",
@@ -350,6 +374,7 @@ class Operator:
         try:
             created = create(ref.namespace, obj)
             if kind == "Pod":
+                self.metrics.pods_created.inc()
                 self._event(body, "Normal", "PodCreated", f"created pod {name}")
             return created
         except KubeError as exc:
@@ -463,6 +488,7 @@ class Operator:
                 if key in status:
                     new[key] = None  # merge patch: null removes the previous attempt's placement
             self._write(job, status, new, message=f"{detail}; retrying ({next_attempt} of {limit})")
+            self.metrics.retries.labels(str(view.failure_reason or "Error")).inc()
             self._event(job, "Normal", "Retrying", f"creating pod {pod_name(ref.name, next_attempt)}")
             pod = self._ensure(ref, job, build_pod(job, spec, plan, next_attempt, self.config.image, self.config.scheduler_name), kind="Pod")
             self._apply_pod(job, status, pod, deleted=False)
@@ -474,7 +500,7 @@ class Operator:
         new["conditions"] = set_condition(new.get("conditions"), "Failed", "True", reason, detail + tail, now,
                                           generation)
         new["message"] = detail + tail
-        self._write(job, status, new, message=detail + tail)
+        self._write(job, status, new, message=detail + tail, reason=reason)
 
     def cleanup(self, namespace: str, name: str, status: dict[str, Any]) -> list[str]:
         """Delete every pod of the job (by label and by deterministic name) and its ConfigMap; returns pod names."""

@@ -26,21 +26,33 @@ def make_operator(config: OperatorConfig, kubeconfig: str | None = None, context
 
 async def run_async(op: Operator, stop_flag: asyncio.Event | threading.Event | None = None,
                     ready_flag: asyncio.Event | threading.Event | None = None) -> None:
-    """kopf's operator loop with ``op``'s handlers until ``stop_flag`` is set (or the process is signalled)."""
+    """kopf's operator loop with ``op``'s handlers until ``stop_flag`` is set (or the process is signalled), and
+    the metrics server while it runs (its bound port in ``op.metrics_port``)."""
     import kopf
 
     registry = build_registry(op)
     namespaces = op.config.namespaces
-    await kopf.operator(
-        registry=registry,
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces or (),
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-        liveness_endpoint=(f"http://0.0.0.0:{op.config.health_port}/healthz"
-                           if op.config.health_port else None),
-    )
+    server = None
+    if op.config.metrics_port is not None:
+        from gnnsched.metrics_http import serve_metrics
+
+        server = serve_metrics(op.metrics.registry, op.config.metrics_port)
+        op.metrics_port = server.server_port
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces or (),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+            liveness_endpoint=(f"http://0.0.0.0:{op.config.health_port}/healthz"
+                               if op.config.health_port else None),
+        )
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
 def run(config: OperatorConfig, kubeconfig: str | None = None, context: str | None = None) -> None:

@@ -223,10 +223,13 @@ def test_security_contexts(chart):
 def test_metrics_off_renders_no_metrics_services(chart):
     docs = render(chart, VALUE_SETS["metrics-off"])
     assert not [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics")]
+    assert arg_value(containers(docs)["operator"], "--metrics-port") == "0"
+    operator = containers(render(chart, {}))["operator"]
+    assert arg_value(operator, "--metrics-port") == "9402" and {"name": "metrics", "containerPort": 9402} in operator["ports"]
     assert not by_kind(docs, "ServiceMonitor") and not [d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]]
     docs = render(chart, VALUE_SETS["servicemonitor-on"])
     monitors = by_kind(docs, "ServiceMonitor")
-    assert len(monitors) == 2 and all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
+    assert len(monitors) == 3 and all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
     services = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in by_kind(docs, "Service")}
     assert {m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] for m in monitors} <= services
 
@@ -251,11 +254,12 @@ def test_dashboard_is_labelled_for_the_grafana_sidecar_and_uses_real_metrics(cha
     exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
     used = {re.sub(r"_(bucket|total|sum|count)$", "", m) for m in re.findall(r"gnnsched_[a-z_]+", exprs)}
     defined = set()
-    for source in list((ROOT / "node_agent").rglob("*.py")) + list((ROOT / "extender").rglob("*.py")):
+    for source in [p for c in ("node_agent", "extender", "operator") for p in (ROOT / c).rglob("*.py")]:
         defined |= set(re.findall(r'"(gnnsched_[a-z_]+)"', source.read_text()))
     assert used and used <= defined, f"dashboard queries metrics no component exports: {used - defined}"
     for needed in ("gnnsched_gpu_memory_committed_bytes", "gnnsched_gpu_memory_used_bytes", "gnnsched_gate_queue_length",
-                   "gnnsched_gate_admission_wait_seconds", "gnnsched_job_prediction_error_ratio", "gnnsched_mps_daemon_up"):
+                   "gnnsched_gate_admission_wait_seconds", "gnnsched_job_prediction_error_ratio", "gnnsched_mps_daemon_up",
+                   "gnnsched_operator_jobs", "gnnsched_operator_runtime_prediction_ratio"):
         assert needed in used
 
 

@@ -69,6 +69,17 @@ async def own_pods(cluster: Cluster, prefix: str) -> list[dict[str, Any]]:
     return [p for p in await cluster.pods() if p["metadata"]["name"].startswith(prefix + "-")]
 
 
+async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The operator's /metrics over HTTP, parsed as Prometheus parses it: {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
     found = [c for c in job["status"].get("conditions", []) if c["type"] == type_]
     assert found, f"no {type_} condition in {job['status'].get('conditions')}"
@@ -127,7 +138,7 @@ async def test_create_makes_one_gated_pod_and_status_has_the_pmc(tmp_path: Path)
 async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])
-        async with running_operator(cluster):
+        async with running_operator(cluster, metrics_port=0) as op:
             await cluster.create_job(manifest())
             await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="pod")
             await cluster.patch_pod("gcn-cora-0", {"spec": {"nodeName": "node-a"}})  # the scheduler binds it
@@ -147,6 +158,7 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
                     "finishedAt": "2026-01-01T10:01:05Z", "message": "epoch 200\n" + json.dumps(result) + "\n"}}}]}})
             job = await job_in_phase(cluster, "gcn-cora", "Succeeded")
             events = await cluster.events()
+            metrics = await scrape(op.metrics_port)
             out = tmp_path / "history.jsonl"
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "gnnsched.cli", "operator", "export-history", "--out", str(out),
@@ -175,6 +187,19 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
     assert record.scaled.cpu <= 4.0 and record.scaled.memory <= 8 * GiB
     assert record.predicted_runtime_seconds == status.get("predictedRuntimeSeconds")
     assert record.spec["model"]["arch"] == "gcn"
+    # what an SRE sees: the job counted once, in its final phase; one pod; one plan; the runtime prediction's ratio
+    jobs = {dict(labels)["phase"]: v for (name, labels), v in metrics.items() if name == "gnnsched_operator_jobs"}
+    assert jobs["Succeeded"] == 1 and sum(jobs.values()) == 1, jobs
+    for phase in ("Estimated", "Scheduled", "Queued", "Running", "Succeeded"):
+        assert metrics[("gnnsched_operator_phase_transitions_total", (("phase", phase),))] == 1, phase
+    assert metrics[("gnnsched_operator_pods_created_total", ())] == 1
+    assert metrics[("gnnsched_operator_plan_seconds_count", ())] == 1
+    assert 0 < metrics[("gnnsched_operator_plan_seconds_sum", ())] < 60
+    ratio = 60.0 / status["predictedRuntimeSeconds"]
+    assert metrics[("gnnsched_operator_runtime_prediction_ratio_count", ())] == 1
+    assert metrics[("gnnsched_operator_runtime_prediction_ratio_sum", ())] == pytest.approx(ratio)
+    assert metrics[("gnnsched_operator_peak_prediction_ratio_sum", ())] == pytest.approx(
+        31_337_000 / status["pmcBytes"])
 
 
 async def test_spec_edit_after_the_pod_exists_is_reported_not_silently_ignored(tmp_path: Path) -> None:
@@ -217,7 +242,7 @@ async def test_delete_removes_pods_and_config_map(tmp_path: Path) -> None:
 
 async def test_bad_specs_surface_as_conditions_naming_the_field(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as cluster:
-        async with running_operator(cluster):
+        async with running_operator(cluster) as op:
             # The emulator has no schema: these reach the operator as a misconfigured API server would let them.
             await cluster.create_job(manifest("no-heads", model={"arch": "gat", "layers": 2, "hidden": 8}))
             await cluster.create_job({**manifest("not-a-mapping"), "spec": "train please"})
@@ -234,6 +259,8 @@ async def test_bad_specs_surface_as_conditions_naming_the_field(tmp_path: Path) 
     assert condition(not_mapping, "Validated")["message"].startswith("spec: must be a mapping")
     assert condition(empty_command, "Validated")["message"].startswith("spec.command: must not be empty")
     assert any(e["reason"] == "Failed" and e["type"] == "Warning" for e in events)
+    assert op.metrics.registry.get_sample_value("gnnsched_operator_job_failures_total", {"reason": "InvalidSpec"}) == 3
+    assert op.metrics.registry.get_sample_value("gnnsched_operator_jobs", {"phase": "Failed"}) == 3
 
 
 async def test_peak_larger_than_every_gpu_is_unschedulable_naming_both_numbers(tmp_path: Path) -> None:

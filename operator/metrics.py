@@ -1,0 +1,89 @@
+"""Prometheus metrics of the operator (``gnnsched_operator_*``), in a registry the operator owns (no global state).
+
+The node agent already shows GPU memory and the peak-memory prediction per pod; what only the operator sees is the
+job's life as a whole: how many jobs are in which phase, why jobs are rejected or fail, how long planning (PMC
+estimate + runtime prediction + scaling) takes per job, how often pods are retried, and how good the *runtime*
+prediction turned out once a job finished (observed / predicted), which is what decides whether the XGBoost
+predictor needs re-training on fresher history.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PLAN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4)
+PHASES = ("Pending", "Estimated", "Unschedulable", "Scheduled", "Queued", "Running", "Succeeded", "Failed")
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.jobs = Gauge("gnnsched_operator_jobs", "GNNJobs this operator has seen, by current phase", ("phase",),
+                          registry=r)
+        self.transitions = Counter("gnnsched_operator_phase_transitions", "GNNJob phase changes written",
+                                   ("phase",), registry=r)
+        self.failures = Counter("gnnsched_operator_job_failures",
+                                "Jobs set Failed or Unschedulable, by reason (InvalidSpec, PredictedPeakExceedsGPU, "
+                                "OOMKilled, ...)", ("reason",), registry=r)
+        self.plan_seconds = Histogram("gnnsched_operator_plan_seconds",
+                                      "Time to plan one job: PMC estimate, runtime prediction and scaling",
+                                      buckets=PLAN_BUCKETS, registry=r)
+        self.pods_created = Counter("gnnsched_operator_pods_created", "Worker pods created", registry=r)
+        self.retries = Counter("gnnsched_operator_pod_retries", "Failed pods replaced by a new attempt", ("reason",),
+                               registry=r)
+        self.api_errors = Counter("gnnsched_operator_api_errors",
+                                  "API server errors met by a handler (transient ones are retried)",
+                                  ("handler", "transient"), registry=r)
+        self.runtime_ratio = Histogram("gnnsched_operator_runtime_prediction_ratio",
+                                       "observed / predicted runtime of each succeeded job", buckets=RATIO_BUCKETS,
+                                       registry=r)
+        self.peak_ratio = Histogram("gnnsched_operator_peak_prediction_ratio",
+                                    "observed peak / predicted PMC of each succeeded job that reported its peak",
+                                    buckets=RATIO_BUCKETS, registry=r)
+        for phase in PHASES:
+            self.jobs.labels(phase).set(0)
+        self._lock = threading.Lock()
+        self._phase_of: dict[str, str] = {}
+
+    def job_seen(self, uid: str, phase: str) -> None:
+        """Count a job the first time this operator sees it (at start-up every existing job is seen once)."""
+        with self._lock:
+            if uid in self._phase_of:
+                return
+            self._phase_of[uid] = phase
+            self.jobs.labels(phase).inc()
+
+    def job_moved(self, uid: str, phase: str, reason: str | None = None) -> bool:
+        """The operator wrote ``phase`` for the job. Counts a transition only when it differs from the last phase
+        recorded for the job, so a handler re-run on a stale copy of the object does not count twice."""
+        with self._lock:
+            old = self._phase_of.get(uid)
+            if old == phase:
+                return False
+            self._phase_of[uid] = phase
+            if old is not None:
+                self.jobs.labels(old).dec()
+            self.jobs.labels(phase).inc()
+        self.transitions.labels(phase).inc()
+        if phase in ("Failed", "Unschedulable"):
+            self.failures.labels(reason or phase).inc()
+        return True
+
+    def job_gone(self, uid: str) -> None:
+        with self._lock:
+            old = self._phase_of.pop(uid, None)
+            if old is not None:
+                self.jobs.labels(old).dec()
+
+    def job_succeeded(self, status: dict) -> None:
+        """Prediction quality of a finished job, from its status (observed vs planned)."""
+        observed, predicted = status.get("observedRuntimeSeconds"), status.get("predictedRuntimeSeconds")
+        if isinstance(observed, (int, float)) and isinstance(predicted, (int, float)) and predicted > 0:
+            self.runtime_ratio.observe(observed / predicted)
+        peak, pmc = status.get("observedPeakBytes"), status.get("pmcBytes")
+        if isinstance(peak, int) and isinstance(pmc, int) and pmc > 0 and peak > 0:
+            self.peak_ratio.observe(peak / pmc)

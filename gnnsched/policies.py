@@ -270,3 +270,76 @@ def check_gate_invariant(gpus: Iterable[GPUBooks]) -> None:
     bad = invariant_violations(gpus)
     if bad:
         raise GateInvariantError("; ".join(bad))
+
+
+# --- the published SQTF/BQT, for comparison only ------------------------------------------------------------------
+#
+# GNNSched's Algorithms 1 and 2 as printed (seed 000, section 3.4): the group counter advances when the group's PMC
+# *already* exceeds gTH, tested before a task is appended, so the task that crosses gTH still joins and a group can
+# reach gTH + PMC > MA: nothing bounds it by the GPU. The paper's system also submits its groups one after another
+# ("when the number of 'done' signals equals the group size, the scheduler iterates to the next group", section
+# 3.5), so a GPU takes its next group only when the previous one has finished. The simulator runs these as the
+# baselines ``sqtf-paper`` / ``bqt-paper`` so that gnnsched's policies are measured against the paper's own
+# algorithm; gnnsched never uses them (they break the gate invariant by design).
+
+PAPER_POLICIES = (Policy.SQTF, Policy.BQT)
+
+
+def _take_group_paper(order: Sequence[Task], start: int, slots: int, threshold: float) -> int:
+    """Length of the published algorithm's group starting at ``order[start]`` (no memory bound; MPS client cap)."""
+    total = 0
+    n = 0
+    for t in order[start:]:
+        if n >= slots:
+            break
+        if n > 0 and total > threshold:  # lines 6-9 / 10-13: advance when gPMC > gTH, before appending
+            break
+        total += t.bytes
+        n += 1
+    return n
+
+
+def form_groups_paper(policy: Policy | str, tasks: Iterable[Task], bound_bytes: int,
+                      max_clients: int | None = None) -> list[list[Task]]:
+    """The published SQTF/BQT grouping of a whole batch (``MA`` = ``bound_bytes``); groups may exceed ``MA``."""
+    p = parse_policy(policy)
+    if p not in PAPER_POLICIES:
+        raise ValueError(f"policy: the published algorithm exists for sqtf and bqt only, not {p.value}")
+    order = traversal(p, tasks)
+    threshold = group_threshold(p, sum(t.bytes for t in order), bound_bytes)
+    slots = max_clients if max_clients is not None else len(order) or 1
+    groups: list[list[Task]] = []
+    i = 0
+    while i < len(order):
+        n = _take_group_paper(order, i, slots, threshold)
+        groups.append(list(order[i : i + n]))
+        i += n
+    return groups
+
+
+def plan_admissions_paper(
+    policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree], busy: Iterable[int] = ()
+) -> list[Admission]:
+    """One decision of the published system: every idle GPU (not in ``busy``) takes the next group of the
+    published SQTF/BQT over the whole queue (``SP`` = the queue's bytes, ``MA`` = the GPU's capacity), with no
+    memory bound; a busy GPU waits for its group to finish. Only the MPS client cap (``free_slots``) is kept."""
+    p = parse_policy(policy)
+    if p not in PAPER_POLICIES:
+        raise ValueError(f"policy: the published algorithm exists for sqtf and bqt only, not {p.value}")
+    order = traversal(p, queue)
+    busy_set = set(busy)
+    remaining = sum(t.bytes for t in order)
+    out: list[Admission] = []
+    i = 0
+    for g in sorted(gpus, key=lambda g: (-g.free_bytes, g.index)):
+        if i >= len(order):
+            break
+        if g.index in busy_set or g.free_slots <= 0:
+            continue
+        threshold = group_threshold(p, remaining, g.capacity_bytes)
+        n = _take_group_paper(order, i, g.free_slots, threshold)
+        group = tuple(order[i : i + n])
+        remaining -= sum(t.bytes for t in group)
+        out.append(Admission(gpu_index=g.index, tasks=group))
+        i += n
+    return out

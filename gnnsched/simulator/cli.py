@@ -28,7 +28,10 @@ def simulate(
     cluster: str = typer.Option("", "--cluster", "-c", help="Built-in cluster (v100, a100, pai32, small, openb), "
                                 "N[xG][xMODEL] such as 4x2xV100-32GB, or a YAML file. Default: the workload's."),
     policies: str = typer.Option("", "--policies", "-p", help="Comma-separated policies, e.g. "
-                                 "exclusive,mps-naive,lmcf+scaling. Default: the workload's."),
+                                 "exclusive,mps-naive,lmcf+scaling. Default: the workload's. Baselines: exclusive, "
+                                 "srtf, drf, temporal, mps-naive, mps-base, sqtf-paper, bqt-paper (GNNSched's "
+                                 "published SQTF/BQT: groups may exceed the GPU); gnnsched: base, lmcf, bmc, sqtf, "
+                                 "bqt. Suffixes: +scaling, +uvm (MPS and -paper), -interference, @N."),
     seed: int = typer.Option(0, "--seed", help="Seed of the built-in workload generators."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the metrics as JSON here."),
     plots: Path | None = typer.Option(None, "--plots", help="Write PNG plots (JCT CDF, utilisation, group memory)."),

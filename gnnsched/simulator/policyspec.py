@@ -12,12 +12,17 @@ A policy is ``BASE`` followed by any number of suffixes:
 ``mps-base``              MPS, at most 4 clients per GPU (GNNSched's MPS-Base), no memory check.
 ``base lmcf bmc sqtf bqt`` gnnsched: operator estimate, extender filter/score, node-agent grouping policy behind the
                           memory-safety gate.
+``sqtf-paper bqt-paper``  baselines: GNNSched's SQTF/BQT *as published* (``gnnsched.policies.plan_admissions_paper``):
+                          the group advances only once its PMC exceeds gTH, so it can outgrow the GPU, and a GPU takes
+                          its next group only when the last one has finished. Same node queue and placement as
+                          gnnsched, but no memory-safety gate; overflow is an OOM kill (or UVM paging with ``+uvm``).
 ``best-fit``, ``fgd``     openb replay only: GPU-share placement by best fit, or by fragmentation gradient descent.
 ========================  ==========================================================================================
 
 Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnnsched.scaling.scale``), ``+uvm``
-(MPS baselines: oversubscription pages over the host link instead of OOM-killing), ``-interference`` (gnnsched:
-placement ignores the interference model; jobs still suffer it), ``@N`` (cap of co-located jobs per GPU).
+(MPS baselines and the ``-paper`` variants: oversubscription pages over the host link instead of OOM-killing),
+``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
+the published algorithm, a baseline, see above), ``@N`` (cap of co-located jobs per GPU).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from gnnsched.errors import FieldError
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
+PAPER_VARIANTS = ("sqtf", "bqt")  # ``-paper``: GNNSched's published Algorithms 1 and 2
 ALL_BASES = BASELINES + GNNSCHED_POLICIES + PLACEMENT_ONLY
 
 
@@ -49,10 +55,18 @@ class PolicySpec:
     uvm: bool = False
     interference: bool = True
     max_clients: int | None = None
+    paper: bool = False
 
     @property
     def is_gnnsched(self) -> bool:
+        """Runs on gnnsched's machinery (extender placement, node-agent queue and grouping); true for the
+        ``-paper`` variants too, which differ only in the grouping rule and in having no gate."""
         return self.base in GNNSCHED_POLICIES
+
+    @property
+    def is_ours(self) -> bool:
+        """A gnnsched policy proper (gate and all): what "gnnsched's best" is taken over."""
+        return self.is_gnnsched and not self.paper
 
 
 def parse_policy(text: str) -> PolicySpec:
@@ -71,27 +85,33 @@ def parse_policy(text: str) -> PolicySpec:
     if base is None:
         raise PolicyError(f"unknown policy {text!r}; known: {', '.join(ALL_BASES)}")
     suffix = rest[len(base):]
-    scaling = uvm = False
+    scaling = uvm = paper = False
     interference = True
     while suffix:
-        for token, flag in (("+scaling", "scaling"), ("+uvm", "uvm"), ("-interference", "nointerf")):
+        for token, flag in (("+scaling", "scaling"), ("+uvm", "uvm"), ("-interference", "nointerf"),
+                            ("-paper", "paper")):
             if suffix.startswith(token):
                 if flag == "scaling":
                     scaling = True
                 elif flag == "uvm":
                     uvm = True
+                elif flag == "paper":
+                    paper = True
                 else:
                     interference = False
                 suffix = suffix[len(token):]
                 break
         else:
-            raise PolicyError(f"{text!r}: unknown suffix {suffix!r} (known: +scaling, +uvm, -interference, @N)")
-    if uvm and base not in ("mps-naive", "mps-base"):
-        raise PolicyError(f"{text!r}: +uvm applies to mps-naive and mps-base only")
+            raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
+                              "(known: +scaling, +uvm, -interference, -paper, @N)")
+    if paper and base not in PAPER_VARIANTS:
+        raise PolicyError(f"{text!r}: -paper applies to {' and '.join(PAPER_VARIANTS)} only (the published algorithms)")
+    if uvm and base not in ("mps-naive", "mps-base") and not paper:
+        raise PolicyError(f"{text!r}: +uvm applies to mps-naive, mps-base and the -paper variants only")
     if not interference and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: -interference applies to gnnsched policies only")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
-                      max_clients=max_clients)
+                      max_clients=max_clients, paper=paper)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

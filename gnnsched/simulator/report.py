@@ -51,8 +51,9 @@ def render_table(report: Report) -> str:
     for ref in report.reference:
         sim = "-" if ref["simulated"] is None else f"{ref['simulated']:g}{ref['unit']}"
         if ref["paper_value"] is None:
-            lines.append(f"best gnnsched vs best other: {ref['compare']} on {ref['metric']}: ratio {sim} "
-                         f"(gnnsched {ref.get('verdict')})")
+            against = "the paper's best" if ref.get("against") == "paper" else "best other"
+            lines.append(f"best gnnsched vs {against}: {ref['compare']} on {ref['metric']}: ratio {sim} "
+                         f"(gnnsched {ref.get('verdict')})" + (f"; {ref['note']}" if ref.get("note") else ""))
             continue
         lines.append(f"{ref['paper']}: {ref['compare']} {ref['metric']}: paper {ref['paper_value']:g}{ref['unit']}, "
                      f"simulated {sim}")

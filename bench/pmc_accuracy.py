@@ -17,6 +17,12 @@ Usage::
     python bench/pmc_accuracy.py                # full grid, prints every case and the summary
     python bench/pmc_accuracy.py --quick        # the slice tests/test_estimator.py runs in CI
     python bench/pmc_accuracy.py --json out.json
+    python bench/pmc_accuracy.py --check-splice # spliced vs full traces over the grid at depths 6-16 (no profiler)
+
+A model deeper than ``gnnsched.estimator.SPLICE_DEPTH`` is estimated from a spliced trace; the grid's 6-, 8- and
+10-layer cases measure it against the profiler, and ``--check-splice`` compares it with the full trace for every
+grid case re-run at depths 6, 8, 10, 12 and 16 on cpu and cuda (peak, breakdown, CUDA-rounded peak, and the live
+bytes after every run of allocations or frees).
 
 Estimate times are reported as wall time and as the process CPU time of the estimate (the machine may be shared).
 """
@@ -29,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 ARCHS = ("gcn", "sage", "gin", "gat")
@@ -229,6 +235,38 @@ def time_large(layers: int = 10, hidden: int = 256) -> list[dict[str, Any]]:
     return rows
 
 
+def check_splice(depths: tuple[int, ...] = (6, 8, 10, 12, 16)) -> tuple[int, list[str]]:
+    """Spliced against full traces for every grid and bound case at each depth; returns (comparisons, problems)."""
+    from gnnsched.estimator import SPLICE_DEPTH, trace_step
+    from gnnsched.spec import parse_spec
+
+    problems: list[str] = []
+    count = 0
+    for case in grid_cases() + bound_cases():
+        for layers in depths:
+            batching = case.batching
+            if batching is not None:
+                fanouts = list(batching["fanouts"])
+                batching = {**batching, "fanouts": (fanouts * layers)[:layers]}
+            deep = replace(case, layers=layers, batching=batching)
+            spec = parse_spec(deep.spec_dict())
+            for device in ("cpu", "cuda"):
+                count += 1
+                spliced, breakdown_s, peak_s = trace_step(spec, device=device)
+                full, breakdown_f, peak_f = trace_step(spec, device=device, splice=False)
+                same = (
+                    spliced.traced_layers == SPLICE_DEPTH
+                    and (peak_s, breakdown_s) == (peak_f, breakdown_f)
+                    and spliced.peak(rounding=512)[0] == full.peak(rounding=512)[0]
+                    and spliced.run_totals() == full.run_totals()
+                )
+                if not same:
+                    problems.append(f"{deep.label()} {device}: spliced={spliced.traced_layers} "
+                                    f"peak {peak_s} vs {peak_f}")
+                    print(f"SPLICE MISMATCH {problems[-1]}", flush=True)
+    return count, problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="run only the CI slice")
@@ -237,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bounds", action="store_true", help="skip the parallel and mini-batch bound checks")
     parser.add_argument("--no-large", action="store_true", help="skip the 100M-edge timing")
     parser.add_argument("--json", dest="json_path", help="also write every result and the summary here")
+    parser.add_argument("--check-splice", action="store_true", help="only compare spliced and full traces")
     args = parser.parse_args(argv)
 
     import torch
@@ -246,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"torch {torch.__version__}, threads {args.threads}, PyG extensions: {pyg_backends()}")
     print(f"load average: {os.getloadavg()}")
+    if args.check_splice:
+        count, problems = check_splice()
+        print(f"splice check: {count} spliced traces compared with full traces, {len(problems)} differ")
+        return 1 if problems else 0
     cases = quick_cases() if args.quick else grid_cases() + ([] if args.no_bounds else bound_cases())
     results = []
     for case in cases:

@@ -10,9 +10,21 @@ tensor liveness" estimate, done by the framework itself instead of per-operator 
 off on PyG 2.x, see DESIGN.md).
 
 Engines. The default ``engine="meta"`` uses meta-device tensors (what ``FakeTensorMode`` wraps) and memoises output
-metadata of repeated functional operators within one trace, and skips the shape-only re-checks of in-place
-``_foreach_*_`` optimizer updates; that keeps a 10-layer trace well under 150 ms. ``engine="fake"`` runs the same
-trace under ``FakeTensorMode`` (same numbers, tested; about twice as slow), as a cross-check.
+metadata of repeated functional operators within one trace (functional ``_foreach_*`` operators element by element),
+and skips the shape-only re-checks of in-place ``_foreach_*_`` optimizer updates. ``engine="fake"`` runs the same
+trace under ``FakeTensorMode`` (same numbers, tested; about twice as slow, and never spliced), as a cross-check.
+
+Deep models (splice). Graph size costs nothing, but every layer costs its operators' dispatch, PyG's Python and
+autograd. A model deeper than ``SPLICE_DEPTH`` (5) layers is therefore traced at depth 5 (first layer, three
+identical hidden layers, last layer) and its timeline extended to the job's depth by replaying the middle hidden
+layer's events once per extra layer, in forward order in the forward pass and in reverse order in the backward pass
+(``_splice``). Every event is labelled with the layer running when it happened (forward pre-hooks; in backward the
+autograd node's sequence number) and every storage with the layer owning it, so the replayed copies free what the
+real copies would free. The replay only reorders allocations within an uninterrupted run of allocations (or frees
+within a run of frees), which leaves every live-byte total between runs, hence the peak and its breakdown, exactly
+as a full trace gives them; ``tests/test_estimator_splice.py`` checks that run by run against full traces, and a
+template that does not have this shape falls back to the full trace. A 10-layer, 100-million-edge GAT training
+estimate takes 55-90 ms of CPU on a shared 2-core box (``bench/estimate_latency.py``; the full trace: 100-170 ms).
 
 Steady state. A training step is traced after the optimizer already holds its state: the optimizer's state is
 created by one ``optimizer.step()`` on zero gradients (the optimizer's own code, not a copy of its rules), and then
@@ -46,6 +58,7 @@ the peak of rounded block sizes minus the peak of exact sizes) and a fragmentati
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 import weakref
@@ -83,6 +96,9 @@ DEFAULT_SAFETY_FACTOR_CUDA = 1.10
 """Margin on a GPU, where kernels and the allocator are not measured here; the low end of the papers' 1.1-1.15."""
 
 _aten = torch.ops.aten
+_META = torch.device("meta")
+_NO_SEQUENCE_NR = 2**64 - 1
+"""``Node._sequence_nr()`` of AccumulateGrad nodes (UINT64_MAX)."""
 _INPLACE_IN_PLAIN_RUN = {_aten.add.Tensor, _aten.index_add.default}
 """Backward ops autograd runs in place outside a dispatch mode (gradient accumulation, index_select's backward)."""
 
@@ -126,6 +142,7 @@ class Trace:
     records: list[_Record]
     events: list[tuple[int, int] | None]
     window_start: int  # first event of the measured step
+    traced_layers: int | None = None  # depth of the template the timeline was spliced from (None: traced in full)
 
     def peak(self, rounding: int | None = None) -> tuple[int, int]:
         """(peak live bytes over the measured step, event index of the peak); live bytes at its start count too."""
@@ -143,6 +160,18 @@ class Trace:
         if best < 0:
             best, best_at = live, len(self.events)
         return best, best_at
+
+    def run_totals(self) -> list[int]:
+        """Live bytes at the step's start and after every maximal run of allocations or of frees in the step
+        (repeats dropped): every value the peak can take, independent of the order within a run."""
+        live = sum(self.records[i].nbytes for i in self.live_at(self.window_start))
+        totals = [live]
+        events = [e for e in self.events[self.window_start :] if e is not None]
+        for k, (sign, idx) in enumerate(events):
+            live += sign * self.records[idx].nbytes
+            if k + 1 == len(events) or events[k + 1][0] != sign:
+                totals.append(live)
+        return [v for k, v in enumerate(totals) if k == 0 or v != totals[k - 1]]
 
     def live_at(self, position: int) -> list[int]:
         """Indices of the records allocated before event ``position`` and not freed before it."""
@@ -174,41 +203,71 @@ def _round(nbytes: int, rounding: int | None) -> int:
 class _LivenessMode(TorchDispatchMode):
     """Records every storage an operator creates and when it dies; applies the two corrections described above."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No ``torch._dynamo.disable`` wrapper around ``__torch_dispatch__``: nothing here is ever compiled, and the
+        wrapper (two eval-frame switches per operator) was a tenth of the trace's time."""
+        return False
+
     def __init__(self, self_loops: int) -> None:
         super().__init__()
         self.self_loops = self_loops
         self.records: list[_Record] = []
         self.events: list[tuple[int, int] | None] = []
-        self._by_storage: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._by_storage: dict[int, int] = {}  # id(storage) -> record index, for live storages only
         self._refs: dict[int, weakref.ref[Any]] = {}
         self._pending: list[tuple[int, list[int]]] = []
         self._mask_true: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._cacheable: dict[Any, bool] = {}
-        self._inplace_void: set[Any] = set()
+        # Per operator, keyed by id() (OpOverload hashes in Python; ``_ops_seen`` keeps the ids valid): memoisable,
+        # in-place foreach returning nothing, positions of a functional foreach operator's list arguments.
+        self._op_info: dict[int, tuple[bool, bool, tuple[int, ...]]] = {}
+        self._ops_seen: list[Any] = []
         self._memo: dict[tuple, tuple[bool, list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]]] = {}
         self.phase = "setup"
+        # Layer labels, only for a trace that will be spliced (``_LayerSplice``): ``block`` is the layer whose
+        # operators are running (0 = none), ``labels[i]`` the block of event i, ``owners[r]`` the layer record r
+        # belongs to; ``boundaries[i]`` the autograd sequence number of layer i+1's input (backward attribution).
+        self.labelling = False
+        self.block = 0
+        self.labels: list[int] = []
+        self.owners: list[int] = []
+        self.boundaries: list[int] = []
+        self.param_layers: list[int] = []
 
     # --- bookkeeping -------------------------------------------------------------------------------------------
 
-    def _freed(self, idx: int) -> None:
+    def _freed(self, idx: int, key: int) -> None:
         self.records[idx].free_at = len(self.events)
         self.events.append((-1, idx))
-        self._refs.pop(idx, None)
+        if self.labelling:
+            self.labels.append(self.block)
+        del self._refs[idx]
+        del self._by_storage[key]
 
     def track(self, tensor: torch.Tensor) -> int | None:
-        """Register ``tensor``'s storage if new; returns its record index (None for an already-known storage)."""
+        """Register ``tensor``'s storage if new; returns its record index (None for an already-known storage).
+
+        Storages are keyed by the identity of their Python object, which PyTorch keeps one-to-one with the C++
+        storage while it lives; the weak reference's callback removes the key when the storage dies, before its
+        ``id`` can be reused (a plain dict: ``WeakIdKeyDictionary`` cost a third of the dispatch overhead).
+        """
         storage = tensor.untyped_storage()
-        if storage in self._by_storage:
+        key = id(storage)
+        if key in self._by_storage:
             return None
         idx = len(self.records)
-        self.records.append(_Record(nbytes=storage.nbytes(), phase=self.phase, alloc_at=len(self.events)))
-        self.events.append((1, idx))
-        self._by_storage[storage] = idx
-        self._refs[idx] = weakref.ref(storage, lambda _ref, idx=idx: self._freed(idx))
+        events = self.events
+        self.records.append(_Record(storage.nbytes(), self.phase, len(events)))
+        events.append((1, idx))
+        if self.labelling:
+            self.labels.append(self.block)
+            self.owners.append(self.block)
+        self._by_storage[key] = idx
+        self._refs[idx] = weakref.ref(storage, lambda _ref, idx=idx, key=key: self._freed(idx, key))
         return idx
 
     def record_of(self, tensor: torch.Tensor) -> int | None:
-        return self._by_storage.get(tensor.untyped_storage())
+        return self._by_storage.get(id(tensor.untyped_storage()))
 
     def finish(self) -> None:
         """Apply the in-place correction to the last operator of the trace."""
@@ -233,20 +292,24 @@ class _LivenessMode(TorchDispatchMode):
         if self._pending:
             self._settle_pending()
         if self.phase in ("forward", "backward", "optimizer"):
-            in_backward = torch._C._current_autograd_node() is not None
-            if in_backward:
+            node = torch._C._current_autograd_node()
+            if node is not None:
                 self.phase = "backward"
+                if self.labelling:
+                    self._label_backward(node)
             elif self.phase == "backward":
                 self.phase = "optimizer"
+                self.block = 0
         if func is _aten.index.Tensor:
             args = self._boolean_index_as_integers(args)
         out = self._run(func, args, kwargs)
         created: list[int] = []
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                idx = self.track(t)
-                if idx is not None:
-                    created.append(idx)
+        for t in _output_tensors(out):
+            idx = self.track(t)
+            if idx is not None:
+                created.append(idx)
+        if self.labelling and self.phase == "optimizer" and isinstance(out, (list, tuple)) and created:
+            self._label_per_parameter(out, created)
         if func in (_aten.ne.Tensor, _aten.eq.Tensor) and isinstance(out, torch.Tensor) and out.dim() == 1:
             self._mask_from_comparison(func, args, out)
         elif func in (_aten.bitwise_not.default, _aten.logical_not.default) and args[0] in self._mask_true:
@@ -263,6 +326,32 @@ class _LivenessMode(TorchDispatchMode):
                 self._pending.append((created[0], candidates))
         return out
 
+    # --- layer labels (see _splice) -------------------------------------------------------------------------------
+
+    def enter_layer(self, layer: int, x: Any) -> None:
+        """Forward pre-hook of layer ``layer`` (1-based): later events belong to it; autograd nodes created from now
+        on have sequence numbers above that of the input's ``grad_fn``, which is how backward ops are attributed."""
+        self.block = layer
+        grad_fn = getattr(x, "grad_fn", None)
+        self.boundaries.append(grad_fn._sequence_nr() if grad_fn is not None else -1)
+
+    def _label_backward(self, node: Any) -> None:
+        seq = node._sequence_nr()
+        if seq != _NO_SEQUENCE_NR:  # AccumulateGrad nodes have none: they keep the layer of the op before them
+            self.block = bisect.bisect_left(self.boundaries, seq)
+
+    def _label_per_parameter(self, out: Any, created: list[int]) -> None:
+        """An optimizer operator returning one tensor per parameter (``_foreach_*``): output k belongs to the layer
+        of parameter k. Any other optimizer allocation stays unattributed (0)."""
+        if len(out) != len(self.param_layers):
+            return
+        fresh = set(created)
+        for k, t in enumerate(out):
+            if isinstance(t, torch.Tensor):
+                rec = self.record_of(t)
+                if rec in fresh:
+                    self.owners[rec] = self.param_layers[k]
+
     def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``func`` on meta tensors, reusing output metadata for a repeated (operator, input metadata) pair.
 
@@ -271,26 +360,31 @@ class _LivenessMode(TorchDispatchMode):
         dtypes makes the trace several times faster. Only functional operators whose outputs alias nothing are
         memoised; views and in-place operators always run.
         """
-        if func in self._inplace_void and _all_meta(args[0]):
+        info = self._op_info.get(id(func))
+        if info is None:
+            info = self._op_info[id(func)] = _op_info(func, len(args))
+            self._ops_seen.append(func)
+        cacheable, void, split = info
+        if void and _all_meta(args[0]):
             return None
-        cacheable = self._cacheable.get(func)
-        if cacheable is None:
-            schema = func._schema
-            if schema.name.startswith("aten::_foreach_") and schema.name.endswith("_") and not schema.returns:
-                # In-place foreach updates (the optimizer's moments and weights) allocate nothing and return
-                # nothing; their meta kernels only re-check shapes, per tensor, in Python.
-                self._inplace_void.add(func)
-                if _all_meta(args[0]):
-                    return None
-            schema = func._schema
-            cacheable = not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
-            self._cacheable[func] = cacheable
+        if split and split[-1] < len(args):
+            n = len(args[split[0]])
+            if n > 1 and all(len(args[i]) == n and _all_meta_or_scalars(args[i]) for i in split):
+                # Functional foreach operators compute each list element on its own: memoise per element, so the
+                # optimizer's first step costs one meta kernel per distinct weight shape, not one per weight.
+                outs: list[Any] = []
+                for k in range(n):
+                    part = list(args)
+                    for i in split:
+                        part[i] = [args[i][k]]
+                    outs.extend(self._run(func, tuple(part), kwargs))
+                return outs
         key = _meta_key(func, args, kwargs) if cacheable else None
         if key is not None:
             hit = self._memo.get(key)
             if hit is not None:
                 single, metas = hit
-                outs = [torch.empty_strided(size, stride, dtype=dtype, device="meta") for size, stride, dtype in metas]
+                outs = [torch.empty_strided(size, stride, dtype=dtype, device=_META) for size, stride, dtype in metas]
                 return outs[0] if single else tuple(outs)
         out = func(*args, **kwargs)
         if key is not None:
@@ -338,17 +432,22 @@ class _LivenessMode(TorchDispatchMode):
 
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_SCALAR_TYPES = frozenset(_SCALARS)
 
 
 def _meta_part(value: Any) -> Any:
+    """A hashable stand-in for one operator argument: metadata for a meta tensor, (type, value) for a scalar."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:
+        return (kind, value)
     if isinstance(value, torch.Tensor):
-        if value.device.type != "meta":
+        if not value.is_meta:
             raise _Unkeyable
-        return (tuple(value.shape), value.stride(), value.dtype, value.storage_offset())
-    if isinstance(value, _SCALARS):
-        return (type(value), value)
+        return (value.shape, value.stride(), value.dtype, value.storage_offset())
     if isinstance(value, (list, tuple)):
-        return tuple(_meta_part(v) for v in value)
+        return tuple([_meta_part(v) for v in value])
+    if isinstance(value, _SCALARS):
+        return (kind, value)
     raise _Unkeyable
 
 
@@ -359,9 +458,45 @@ class _Unkeyable(Exception):
 def _meta_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
     """A hashable description of an operator call on meta tensors, or None when an argument has no such form."""
     try:
-        return (func, _meta_part(args), tuple(sorted((k, _meta_part(v)) for k, v in kwargs.items())))
+        # id(func): the trace keeps every operator it saw alive (``_op_info``), and OpOverload hashes in Python
+        named = tuple(sorted((k, _meta_part(v)) for k, v in kwargs.items())) if kwargs else ()
+        return (id(func), _meta_part(args), named)
     except _Unkeyable:
         return None
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors in an operator's result (a tensor, a tuple/list of tensors and non-tensors, or None)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if out is None:
+        return []
+    if isinstance(out, (tuple, list)) and all(not isinstance(t, (tuple, list, dict)) for t in out):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+def _op_info(func: Any, positional: int) -> tuple[bool, bool, tuple[int, ...]]:
+    """What ``_run`` needs to know about an operator, from its schema: whether its output metadata can be memoised
+    (functional, outputs alias nothing), whether it is an in-place foreach update that returns nothing (the
+    optimizer's moments and weights: it allocates nothing, and its meta kernel only re-checks shapes, per tensor,
+    in Python, so it is skipped), and for a functional foreach operator the positions of its list arguments."""
+    schema = func._schema
+    name = schema.name
+    void = name.startswith("aten::_foreach_") and name.endswith("_") and not schema.returns
+    cacheable = not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+    split: tuple[int, ...] = ()
+    if cacheable and name.startswith("aten::_foreach_") and len(schema.returns) == 1:
+        arguments = schema.arguments[:positional]
+        split = tuple(i for i, a in enumerate(arguments) if isinstance(a.type, torch.ListType))
+    return cacheable, void, split
+
+
+def _all_meta_or_scalars(values: Any) -> bool:
+    """A list argument of a foreach operator made of meta tensors and plain numbers (with one tensor at least)."""
+    return isinstance(values, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in values) and all(
+        (isinstance(v, torch.Tensor) and v.is_meta) or isinstance(v, (int, float, bool)) for v in values
+    )
 
 
 def _all_meta(tensors: Any) -> bool:
@@ -408,11 +543,17 @@ def _compile_pyg_templates() -> None:
 _compile_pyg_templates()
 
 
+SPLICE_DEPTH = 5
+"""Layers of the model actually traced for a deeper one (see ``_splice``): the first layer, three identical hidden
+layers (the middle one has a hidden layer on both sides, the pattern every repeated layer follows) and the last."""
+
+
 def trace_step(
     spec: GNNJobSpec,
     layout: GraphLayout | None = None,
     device: Device = "cpu",
     engine: Engine = "meta",
+    splice: bool = True,
 ) -> tuple[Trace, dict[str, int], int]:
     """Trace one steady-state step of ``spec``; returns the trace, the breakdown at the peak and the peak.
 
@@ -420,13 +561,24 @@ def trace_step(
     ``FakeTensorMode`` (the same numbers, several times slower; kept as a cross-check). Mini-batch jobs trace a
     batch of the largest size the sampler can produce (``minibatch_bound``); on ``cpu`` the full graph and the
     sampler's arrays are resident too, on ``cuda`` they stay in host memory and only batches reach the device.
+
+    With ``splice`` (meta engine only) a model deeper than ``SPLICE_DEPTH`` layers is traced at that depth and its
+    timeline extended layer by layer (``_splice``); ``splice=False`` traces every layer (the reference the splice is
+    tested against). A template whose layers do not line up as ``_splice`` requires falls back to the full trace.
     """
     layout = layout if layout is not None else graph_layout(spec)
     minibatch = spec.batching.mode == "minibatch"
     step_layout = (
         minibatch_bound(layout, int(spec.batching.batch_size or layout.nodes), spec.fanouts) if minibatch else layout
     )
+    layers = spec.model.layers
+    splicing = splice and engine == "meta" and layers > SPLICE_DEPTH
+    # The template differs from the job only in its depth (the graph, sampler and fanouts stay the job's).
+    model_spec = (
+        spec.model_copy(update={"model": spec.model.model_copy(update={"layers": SPLICE_DEPTH})}) if splicing else spec
+    )
     tracker = _LivenessMode(self_loops=step_layout.self_loops)
+    tracker.labelling = splicing
     outer = FakeTensorMode(allow_non_fake_inputs=False) if engine == "fake" else nullcontext()
     placement = torch.device("meta") if engine == "meta" else nullcontext()
     with outer, tracker:
@@ -437,7 +589,8 @@ def trace_step(
                 resident.append(NeighborSampler(full, spec))
                 del full
             graph = fake_graph_tensors(step_layout)
-            model = build_model(spec, features=layout.features, classes=layout.classes)
+            model_from = len(tracker.records)
+            model = build_model(model_spec, features=layout.features, classes=layout.classes)
         optimizer = model.optimizer
         if spec.mode == "train" and optimizer is not None:
             # Steady state: the optimizer creates its state with its own code; the previous step's gradients are
@@ -452,16 +605,229 @@ def trace_step(
             for v in s.values()
             if isinstance(v, torch.Tensor)
         }
+        hooks = _label_layers(tracker, model) if splicing else []
         window_start = len(tracker.events)
         tracker.phase = "forward"
         run_step(model, graph, spec.mode)
         tracker.finish()
         grads = {tracker.record_of(p.grad) for p in model.parameters() if p.grad is not None}
+        for hook in hooks:
+            hook.remove()
         trace = Trace(records=tracker.records, events=list(tracker.events), window_start=window_start)
-        peak, at = trace.peak()
-        breakdown = _categorise(trace, at, weights, state, grads)
+        if splicing:
+            try:
+                trace, (weights, state, grads) = _splice(
+                    trace, tracker.labels, tracker.owners, model_from, layers, (weights, state, grads)
+                )
+            except _SpliceMismatch:
+                trace = None  # type: ignore[assignment]
+        if trace is not None:
+            peak, at = trace.peak()
+            breakdown = _categorise(trace, at, weights, state, grads)
         del graph, model, optimizer, resident
+    if trace is None:
+        return trace_step(spec, layout, device=device, engine=engine, splice=False)
     return trace, breakdown, peak
+
+
+def _label_layers(tracker: _LivenessMode, model: Any) -> list[Any]:
+    """Attribute the resident records (weights, their gradients and optimizer state) to their layers, tell the
+    tracker which layer each parameter belongs to, and hook every layer's forward to label the events it causes."""
+    layer_of: dict[int, int] = {}
+    for layer, conv in enumerate(model.convs, start=1):
+        for t in list(conv.parameters()) + list(conv.buffers()):
+            layer_of[id(t)] = layer
+    optimizer = model.optimizer
+    for p in list(model.parameters()) + list(model.buffers()):
+        layer = layer_of.get(id(p), 0)
+        owned = [p, p.grad] + ([] if optimizer is None else list(optimizer.state.get(p, {}).values()))
+        for t in owned:
+            if isinstance(t, torch.Tensor):
+                rec = tracker.record_of(t)
+                if rec is not None:
+                    tracker.owners[rec] = layer
+    tracker.param_layers = [layer_of.get(id(p), 0) for p in model.parameters()]
+    tracker.block = 0
+    return [
+        conv.register_forward_pre_hook(lambda _module, args, layer=layer: tracker.enter_layer(layer, args[0]))
+        for layer, conv in enumerate(model.convs, start=1)
+    ]
+
+
+class _SpliceMismatch(Exception):
+    """The template trace does not have the layer structure ``_splice`` relies on (the caller traces in full)."""
+
+
+def _splice(
+    template: Trace,
+    labels: list[int],
+    owners: list[int],
+    model_from: int,
+    layers: int,
+    sets: tuple[set[int], set[int], set[int]],
+) -> tuple[Trace, tuple[set[int], set[int], set[int]]]:
+    """The timeline of the ``layers``-deep model, built from the trace of its ``SPLICE_DEPTH``-layer template.
+
+    Template layers are 1 (first), 2, 3, 4 (hidden, same shapes) and 5 (last); target layer 1 is template layer 1,
+    2 is 2, 3 .. L-2 are copies of 3 (a hidden layer between two hidden layers), L-1 is 4 and L is 5. Every window
+    event carries the layer it happened in (forward: the layer whose forward was running; backward: the layer whose
+    autograd node was running; 0 = none: before the first layer, the optimizer) and every record the layer that
+    owns it (allocated in its forward or backward, or its weights, gradients, optimizer state, or a ``_foreach_``
+    output for its parameters; 0 = the graph and other single allocations).
+
+    The window is rebuilt group by group: a run of events of layer t is replayed for each target layer mapped to t
+    (copies of 3 in layer order, forwards ascending and backwards descending), a reference to a record of the
+    neighbouring layer t+-1 becoming one to the target's neighbour (through the allocation-order correspondence of
+    the identical layers 2, 3 and 4); an unattributed event (layer 0) on a layer-3 record is repeated for every copy
+    next to it. Such events come in runs of one sign in a real trace too (a ``_foreach_`` operator allocates one
+    output per parameter at once, ``zero_grad`` and a dying output list free them at once), so the result differs
+    from a full trace only in the order within a run of allocations (or of frees), which leaves every live-byte
+    total between runs, hence the peak and its breakdown, unchanged. The setup before the window is replaced by the
+    allocations live at its start (all the peak reads of it). Anything that does not fit this shape raises
+    ``_SpliceMismatch``; ``tests/test_estimator_splice.py`` and ``bench/pmc_accuracy.py --check-splice`` (every grid
+    case at depths 6-16, cpu and cuda) compare spliced and full traces run by run.
+    """
+    depth, last = SPLICE_DEPTH, layers
+    if len(labels) != len(template.events) or len(owners) != len(template.records):
+        raise _SpliceMismatch("labels do not cover the trace")
+    records, events, start = template.records, template.events, template.window_start
+
+    single = {0: 0, 1: 1, 2: 2, 4: last - 1, 5: last}  # template layer -> its one target layer (0: no layer)
+
+    def targets(owner: int) -> range:
+        """Target layers a template layer's records stand for (the copies, for layer 3)."""
+        if owner == 3:
+            return range(3, last - 1)
+        return range(single[owner], single[owner] + 1)
+
+    def template_of(layer: int) -> int:
+        if layer <= 2:
+            return layer
+        if layer >= last - 1:
+            return layer - last + depth
+        return 3
+
+    # Window groups: maximal runs of one label. Labelled groups must read 1..5 (forward) then 4..1 (backward).
+    groups: list[tuple[int, int, int]] = []
+    for i in range(start, len(events)):
+        if groups and groups[-1][0] == labels[i]:
+            groups[-1] = (labels[i], groups[-1][1], i + 1)
+        else:
+            groups.append((labels[i], i, i + 1))
+    inner = [g for g in groups if g[0] != 0]
+    expected = list(range(1, depth + 1)) + list(range(depth - 1, 0, -1))
+    if [g[0] for g in inner] not in (expected, expected[:depth]):
+        raise _SpliceMismatch(f"layer order {[g[0] for g in inner]}")
+    if inner and any(g[0] == 0 for g in groups[groups.index(inner[0]) : groups.index(inner[-1])]):
+        raise _SpliceMismatch("unattributed events between layers")
+
+    # Correspondence of the identical hidden layers' records: k-th allocation of a group of layer 2 or 4 <-> the
+    # k-th allocation of the same pass's group of layer 3.
+    allocated: dict[int, list[int]] = {}  # group index -> record indices allocated in it
+    group_at = {}
+    for gi, (_, g0, g1) in enumerate(groups):
+        for i in range(g0, g1):
+            group_at[i] = gi
+    for r in range(len(records)):
+        gi = group_at.get(records[r].alloc_at)
+        if gi is not None:
+            allocated.setdefault(gi, []).append(r)
+    weights, state, grads = sets
+
+    def kind(r: int) -> tuple:
+        return (records[r].nbytes, records[r].phase, r in weights, r in state, r in grads)
+
+    corr: dict[int, dict[int, int]] = {2: {}, 4: {}}
+    for pass_no in range(2 if len(inner) > depth else 1):
+        by_layer = {}
+        for layer in (2, 3, 4):
+            g = inner[layer - 1] if pass_no == 0 else inner[2 * depth - 1 - layer]
+            by_layer[layer] = allocated.get(groups.index(g), [])
+        for layer in (2, 4):
+            a, b = by_layer[layer], by_layer[3]
+            if len(a) != len(b) or any(kind(x) != kind(y) for x, y in zip(a, b)):
+                raise _SpliceMismatch(f"hidden layers {layer} and 3 allocate differently")
+            corr[layer].update(zip(a, b))
+
+    out_records: list[_Record] = []
+    out_events: list[tuple[int, int] | None] = []
+    index: dict[tuple[int, int], int] = {}
+    out_sets: tuple[set[int], set[int], set[int]] = (set(), set(), set())
+    freed: set[int] = set()
+
+    member: dict[int, list[int]] = {}  # template record -> the category sets (weights, state, grads) it is in
+    for k, src in enumerate(sets):
+        for r in src:
+            member.setdefault(r, []).append(k)
+
+    def new_record(key: tuple[int, int]) -> int:
+        r = key[1]
+        idx = len(out_records)
+        index[key] = idx
+        out_records.append(_Record(records[r].nbytes, records[r].phase, len(out_events)))
+        for k in member.get(r, ()):
+            out_sets[k].add(idx)
+        return idx
+
+    def emit(sign: int, key: tuple[int, int]) -> None:
+        if sign > 0:
+            if key in index:
+                raise _SpliceMismatch(f"record {key} allocated twice")
+            idx = new_record(key)
+        else:
+            idx = index.get(key, -1)
+            if idx < 0 and events[records[key[1]].alloc_at] is None:
+                # An accumulation output counted in its input's buffer (the in-place correction cancelled its
+                # allocation and the input's free): its own free stands for that buffer's, as in the template.
+                idx = new_record(key)
+            elif idx < 0 or idx in freed:
+                raise _SpliceMismatch(f"record {key} freed before allocation or twice")
+            freed.add(idx)
+            out_records[idx].free_at = len(out_events)
+        out_events.append((sign, idx))
+
+    def reference(layer: int, template_layer: int, r: int) -> tuple[int, int]:
+        owner = owners[r]
+        if owner == 0:
+            return (0, r)
+        if owner != 3 and template_layer != 3:  # both layers occur once in the target
+            return (targets(owner)[0], r)
+        shift = owner - template_layer
+        if abs(shift) > 1:
+            raise _SpliceMismatch(f"layer {template_layer} touches a record of layer {owner}")
+        other = layer + shift
+        if template_of(other) == owner:
+            return (other, r)
+        mapped = corr.get(owner, {}).get(r)
+        if mapped is None:
+            raise _SpliceMismatch(f"no layer-3 counterpart of record {r} of layer {owner}")
+        return (other, mapped)
+
+    # Before the window: what is live at its start, layer-3 records once per copy.
+    for r in template.live_at(start):
+        if owners[r] == 0 and r >= model_from:
+            raise _SpliceMismatch(f"resident record {r} belongs to no layer")
+        for layer in targets(owners[r]):
+            emit(1, (layer, r))
+    window_start = len(out_events)
+
+    passes_seen: dict[int, int] = {}
+    for label, g0, g1 in groups:
+        if label == 0:
+            for ev in events[g0:g1]:
+                if ev is not None:
+                    sign, r = ev
+                    for layer in targets(owners[r]):
+                        emit(sign, (layer, r) if owners[r] else (0, r))
+            continue
+        pass_no = passes_seen.get(label, 0)
+        passes_seen[label] = pass_no + 1
+        copies = list(targets(label))
+        for layer in copies if pass_no == 0 else reversed(copies):
+            for ev in events[g0:g1]:
+                if ev is not None:
+                    emit(ev[0], reference(layer, label, ev[1]))
+    return Trace(records=out_records, events=out_events, window_start=window_start, traced_layers=depth), out_sets
 
 
 def _device_overhead(trace: Trace, peak: int, gpu: GPUModel, workers: int) -> int:

@@ -150,12 +150,14 @@ def gate(
     container: str = typer.Option("", "--container", help="Container name, when several containers of one pod are gated."),
 ) -> None:
     """Wait at the node agent's gate, then exec CMD with the admitted GPU and MPS limits: gnnsched gate -- CMD [ARGS]."""
-    from gnnsched.node_agent.gate_client import GateUsageError, run
+    from gnnsched.node_agent.gate_client import EXIT_NO_AGENT, GateUsageError, run
 
     try:
         run(list(ctx.args), socket_path, wait_seconds, container)
     except GateUsageError as exc:
         fail(str(exc))
+    except OSError as exc:  # never let typer turn an EPIPE into a silent exit 1: say what broke
+        fail(f"gate: {exc}", code=EXIT_NO_AGENT)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,10 @@ EXIT_REJECTED = 3
 EXIT_NO_AGENT = 4
 EXIT_EXEC_FAILED = 127
 
+_FIRST_DELAY = 0.05  # seconds between reconnect attempts: doubling from this ...
+_MAX_DELAY = 1.0  # ... up to this
+_MAX_REPLY = 64 * 1024  # bytes: no agent reply is anywhere near this
+
 
 class GateUsageError(Exception):
     """Missing/bad input to the gate client; the message names the field."""
@@ -61,7 +65,7 @@ def _log(msg: str) -> None:
 
 def _connect(path: str, deadline: float) -> socket.socket | None:
     """Connect, retrying while the agent is absent (restarting) until ``deadline``."""
-    delay = 0.05
+    delay = _FIRST_DELAY
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -72,10 +76,11 @@ def _connect(path: str, deadline: float) -> socket.socket | None:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(delay)
-            delay = min(1.0, delay * 2)
+            delay = min(_MAX_DELAY, delay * 2)
 
 
 def _read_line(f: object) -> dict | None:
+    """One JSON object line, or ``None`` when the connection ended, broke (reset, timeout) or sent garbage."""
     try:
         line = f.readline()  # type: ignore[attr-defined]
     except OSError:
@@ -90,22 +95,41 @@ def _read_line(f: object) -> dict | None:
 
 
 def wait_admission(ident: PodIdentity, path: str, wait_seconds: float) -> tuple[socket.socket, dict]:
-    """Block until admitted; returns the connection (still open) and the admission reply."""
+    """Block until admitted; returns the connection (still open) and the admission reply.
+
+    Every way a connection can fail before the admission — refused, reset, broken pipe, EOF — means the agent went
+    away, and the answer is always the same: back off and ask the next agent. That includes failures right after a
+    successful ``connect()``: when an agent is killed, the kernel closes its descriptors one by one (highest first),
+    so our end of the old connection can see EOF while the dying agent's *listening* socket still accepts; an
+    immediate reconnect then lands in that listener's backlog and is reset a moment later, and the request we send
+    on it fails with ``EPIPE`` (or the read with ``ECONNRESET``). Only a rejection, or ``wait_seconds`` without any
+    agent answering, ends the wait.
+    """
     deadline = time.monotonic() + wait_seconds
     announced = False
+    pause = 0.0  # before the next connect: grows while connections die unanswered, reset by any answer
     while True:
+        if pause:
+            time.sleep(pause)
         sock = _connect(path, deadline)
         if sock is None:
             _log(f"no node agent at {path} after {wait_seconds:.0f} s")
             sys.exit(EXIT_NO_AGENT)
-        sock.sendall(ident.request("admit"))
-        f = sock.makefile("rb")
+        pause = min(_MAX_DELAY, max(_FIRST_DELAY, pause * 2))
+        try:
+            sock.sendall(ident.request("admit"))
+            f = sock.makefile("rb")
+        except OSError:  # connected to a dying agent (see above): ask the next one
+            sock.close()
+            continue
         while True:
             msg = _read_line(f)
             if msg is None:  # the agent went away while we waited: ask the next one
                 f.close()
                 sock.close()
                 break
+            deadline = time.monotonic() + wait_seconds  # an agent answered: the wait limit starts again
+            pause = _FIRST_DELAY
             status = msg.get("status")
             if status == "queued" and not announced:
                 _log(f"queued at position {msg.get('position')}")
@@ -137,6 +161,40 @@ def _parent_gone_waiter(ppid: int) -> tuple[int | None, bool]:
         return None, True
     except (AttributeError, OSError):
         return None, False
+
+
+def _resume_reply(s: socket.socket, resume: bytes, pidfd: int | None, ppid: int) -> tuple[bool, dict | None]:
+    """Send ``resume`` on ``s`` and wait for the agent's one-line answer. Returns (workload still alive, the reply or
+    ``None`` if the connection failed first).
+
+    No timeout on purpose: once the agent has read the request it may already have re-booked the workload, and
+    closing the connection is the release signal — giving up on a slow (loaded) agent would make it free the bytes
+    of a workload that still runs, and admit others into them. A dead agent is seen anyway (EOF or reset), and so
+    is the workload's own exit (its pidfd), which is the one reason to stop waiting.
+    """
+    try:
+        s.sendall(resume)
+    except OSError:
+        return True, None
+    buf = b""
+    while b"\n" not in buf:
+        watch = [s] + ([pidfd] if pidfd is not None else [])
+        r, _, _ = select.select(watch, [], [], None if pidfd is not None else 0.5)
+        if (pidfd is not None and pidfd in r) or (pidfd is None and os.getppid() != ppid):
+            return False, None
+        if s in r:
+            try:
+                chunk = s.recv(4096)
+            except OSError:
+                return True, None
+            if not chunk or len(buf) + len(chunk) > _MAX_REPLY:
+                return True, None
+            buf += chunk
+    try:
+        msg = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
+        return True, None
+    return True, msg if isinstance(msg, dict) else None
 
 
 def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, path: str) -> None:
@@ -178,14 +236,10 @@ def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, p
                 s = _connect(path, time.monotonic())
                 if s is None:
                     continue
-                try:
-                    s.sendall(resume)
-                    s.settimeout(10)
-                    msg = _read_line(s.makefile("rb"))
-                    s.settimeout(None)
-                except OSError:
+                alive, msg = _resume_reply(s, resume, pidfd, ppid)
+                if not alive:  # the workload ended while we waited: closing is its release
                     s.close()
-                    continue
+                    return
                 if msg and msg.get("status") == "resumed":
                     sock = s
                     break
@@ -193,7 +247,7 @@ def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, p
                 if msg and msg.get("status") == "rejected":
                     _log(f"resume rejected ({msg.get('reason')}): {msg.get('message')}")
                     return
-                # no answer: the agent may still be starting; retry
+                # no answer (the connection broke: a dying agent, or one still starting): retry
 
 
 def run(cmd: list[str], socket_path: str | None, wait_seconds: float, container: str = "") -> NoReturn:

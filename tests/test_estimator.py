@@ -165,8 +165,8 @@ def test_planetoid_layout_is_what_the_estimator_traces():
     assert est.pmc_bytes > layout.nodes * layout.features * 4  # the feature matrix alone is resident
 
 
-def test_hundred_million_edges_estimate_is_fast_and_small(tmp_path):
-    """Time and host memory at 100M edges, in a fresh process (max RSS covers torch itself too)."""
+def test_hundred_million_edges_estimate_holds_no_real_tensors(tmp_path):
+    """Host memory at 100M edges (4 and 10 layers), in a fresh process (max RSS covers torch itself too)."""
     job = tmp_path / "big.yaml"
     job.write_text(
         "apiVersion: gnnsched.io/v1alpha1\nkind: GNNJob\nmetadata: {name: big}\nspec:\n  mode: train\n"
@@ -174,20 +174,22 @@ def test_hundred_million_edges_estimate_is_fast_and_small(tmp_path):
         "  graph: {nodes: 10000000, edges: 100000000, features: 128, classes: 40}\n"
     )
     code = (
-        "import json, resource, sys, time\n"
+        "import json, resource\n"
         "from gnnsched.spec import load_job\n"
         "from gnnsched.estimator import estimate\n"
         f"spec = load_job({str(job)!r}).spec\n"
-        "estimate(spec)\n"
-        "t = time.process_time(); e = estimate(spec); cpu = time.process_time() - t\n"
-        "print(json.dumps({'cpu': cpu, 'pmc': e.pmc_bytes,"
+        "e = estimate(spec)\n"
+        "deep = spec.model_copy(update={'model': spec.model.model_copy(update={'layers': 10, 'hidden': 256})})\n"
+        "d = estimate(deep)\n"
+        "print(json.dumps({'pmc': e.pmc_bytes, 'deep_pmc': d.pmc_bytes,"
         " 'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["pmc"] > 100_000_000 * 16  # edge_index alone is 1.6 GB: the estimate covers it without holding it
-    assert result["rss"] < 2**30
-    assert result["cpu"] < 1.0  # 150 ms on a quiet machine (bench/pmc_accuracy.py); generous on a shared CI box
+    assert result["deep_pmc"] > result["pmc"]
+    assert result["rss"] < 2**30  # no real tensor: the 1.6 GB edge_index is never allocated
+    # The 150 ms bound is a benchmark (bench/estimate_latency.py), not a timed test on a shared CI box.
 
 
 runner = CliRunner()

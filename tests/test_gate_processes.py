@@ -224,12 +224,6 @@ def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
         agent.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug, issue 5 left open: in about 1 of 4 full-suite runs one client that was *waiting* at the gate "
-    "when the agent was SIGKILLed never re-queues with the new agent (no EOF seen, no rejection logged); the "
-    "running jobs are always adopted correctly and nothing is ever admitted twice",
-)
 def test_agent_restart_rebuilds_books(tmp_path: Path) -> None:
     """Kill -9 the agent while 4 jobs run and 4 wait; a new agent adopts the running ones (pod annotations +
     reconnecting keepers), re-queues the waiting ones, and nothing runs twice or over the bound."""

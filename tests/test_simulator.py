@@ -246,3 +246,15 @@ def test_openb_fgd_leaves_no_more_fragment_than_best_fit_on_the_trace():
     fgd = replay(cluster, pods, "fgd", seed=0, until=0.3)
     assert fgd["pods_arrived"] == bf["pods_arrived"]  # same draw of pods
     assert fgd["fragmented_gpus"] <= bf["fragmented_gpus"]
+
+
+def test_an_oom_kill_costs_the_start_up_and_the_restart_back_off():
+    # Two 60 % jobs under naive MPS: the second is killed when it allocates, which is after its start-up, and
+    # Kubernetes restarts it after 10 s, then 20 s (CrashLoopBackOff), until the first one has finished.
+    jobs = [job(i, 0.6, solo=20.0) for i in range(2)]
+    sim = Simulation(jobs, uniform_cluster(1, 1, V100), parse_policy("mps-naive"), Integrations(), startup_s=5.0)
+    first, second = sim.run().outcomes
+    assert first.finish == pytest.approx(25.0) and first.oom_kills == 0
+    # killed at 0 (+5 start-up +10 back-off) and at 15 (+5 +20): the third attempt at 40 fits
+    assert second.oom_kills == 2 and second.attempts == 3
+    assert second.start == pytest.approx(40.0) and second.finish == pytest.approx(65.0)

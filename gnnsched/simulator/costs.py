@@ -8,7 +8,10 @@ its memory keeps the excess in host memory and pages it over the host link. If a
 jobs touch lives on the host, and the jobs are memory-bound (GNN aggregation is), the time per step grows from
 ``1`` to ``(1 - f) + f * hbm / link``: device bandwidth over host-link bandwidth. On a V100 (900 GB/s HBM2 behind
 PCIe 3.0 x16, 15.75 GB/s) 15 % oversubscription costs ~9x, the magnitude CoGNN measured (9.87x for GAT pairs under
-MPS with UVM, seed 002 section II-C). Without UVM the allocation that does not fit fails: the job is OOM-killed.
+MPS with UVM, seed 002 section II-C). Without UVM the allocation that does not fit fails: the job is OOM-killed
+after its start-up (the process has to import torch, create its CUDA context and load the graph before it allocates
+its working set), and Kubernetes restarts it after a back-off (10 s, doubling, at most 6 min, as kubelet's
+CrashLoopBackOff).
 
 **Host links** are the datasheet figures of the host interface each catalogue model ships with (PCIe generation x16,
 one direction).

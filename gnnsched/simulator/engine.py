@@ -522,6 +522,10 @@ class Simulation:
             self.groups.append(GroupRecord(self.now, gpu.gid, len(gpu.running), gpu.committed, gpu.used,
                                            gpu.total))
 
+    def _startup(self) -> float:
+        """Start-up a process pays before its first step (none under temporal sharing: pre-initialised workers)."""
+        return 0.0 if self.base == "temporal" else self.startup_s
+
     def _start(self, job: SimJob, gpu: GpuState, rerate: bool = True) -> bool:
         """Start ``job`` on ``gpu``. Returns False when it was OOM-killed on the spot."""
         out = self.outcomes[job.id]
@@ -549,7 +553,9 @@ class Simulation:
         self.reserved_at.pop(job.id, None)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
         if (not self.policy.uvm) and gpu.used + prof.peak_bytes > gpu.total:
-            # The allocation that does not fit fails: CUDA out of memory, the process exits.
+            # The allocation that does not fit fails: CUDA out of memory, the process exits. It gets that far only
+            # after its start-up (imports, CUDA context, loading the graph), so a kill costs the start-up plus the
+            # restart back-off before the next attempt.
             out.oom_kills += 1
             if self.policy.is_gnnsched:
                 self._count_size(prof.admit_bytes, -1)
@@ -558,17 +564,17 @@ class Simulation:
             if out.attempts > job.backoff_limit:
                 out.status = "failed"
                 out.reason = "OOMKilled"
-                out.finish = self.now
+                out.finish = self.now + self._startup()
                 self._resolve(job)
             else:
                 out.status = "backoff"
-                delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (out.attempts - 1))
+                delay = self._startup() + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (out.attempts - 1))
                 self._push(self.now + delay, RETRY, job)
             return False
         out.status = "running"
         out.ran = True
         solo = prof.solo_s * (job.scaled_solo_factor if self.policy.scaling else 1.0)
-        startup = 0.0 if self.base == "temporal" else self.startup_s
+        startup = self._startup()
         run = Run(job, gpu, solo, self.now, starting=startup > 0)
         if startup > 0:
             self._push(self.now + startup, STARTED, run)

@@ -354,26 +354,7 @@ def cost_matrix(
         cost = np.ones_like(a["free32"])
     flat_wait = np.flatnonzero(good & ~fits_now)
     if flat_wait.size:
-        # k = the first end slot whose cumulative freed bytes make room, any_k = there is one. Computed slot by slot
-        # with 1-D takes (the same sums and comparisons, element for element, as gathering ``[:, flat_wait]`` and
-        # reducing along the slot axis with logical_or.reduce / argmax, which numpy runs several times slower on
-        # these short-axis arrays); where no slot makes room k stays 0, as argmax gives.
-        k_slots = a["ends"].shape[0]
-        n_wait = flat_wait.size
-        need_w = a["qbytes"].ravel().take(flat_wait) + b
-        free_w = a["free"].ravel().take(flat_wait)
-        freed = a["freed"].reshape(k_slots, -1)
-        k = np.zeros(n_wait, dtype=np.intp)
-        any_k = np.zeros(n_wait, dtype=bool)
-        for slot in range(k_slots - 1, -1, -1):
-            enough = (freed[slot].take(flat_wait) + free_w) >= need_w
-            k[enough] = slot
-            any_k |= enough
-        ends = a["ends"].reshape(k_slots, -1)
-        end_k = ends.ravel().take(k * ends.shape[1] + flat_wait)
-        later = np.maximum(a["last_end"].ravel().take(flat_wait) - now, 0.0) + a["qsecs"].ravel().take(flat_wait)
-        wait = np.where(any_k, np.maximum(end_k - now, 0.0), later)
-        cost.ravel()[flat_wait] += wait / big_r
+        cost.ravel()[flat_wait] += wait_seconds(a, flat_wait, b, now) / big_r
     if above is not None and len(above) > 1:
         d_frag = frag(a["free32"] - np.float32(b), above)
         d_frag -= a["frag0"]
@@ -382,6 +363,117 @@ def cost_matrix(
         cost += d_frag
     np.copyto(cost, np.inf, where=~good)
     return cost
+
+
+def wait_seconds(a: PlacementState, flat_wait: np.ndarray, b: float, now: float) -> np.ndarray:
+    """The wait term (seconds) of a pod of ``b`` bytes on the GPUs ``flat_wait`` (flat indices into the
+    ``(gpus, rows)`` layout, GPUs where the pod does not fit now): see the module docstring. Element by element, so
+    computing it for a subset of GPUs gives each of them the value computing it for all would."""
+    # k = the first end slot whose cumulative freed bytes make room, any_k = there is one. Computed slot by slot
+    # with 1-D takes (the same sums and comparisons, element for element, as gathering ``[:, flat_wait]`` and
+    # reducing along the slot axis with logical_or.reduce / argmax, which numpy runs several times slower on
+    # these short-axis arrays); where no slot makes room k stays 0, as argmax gives.
+    k_slots = a["ends"].shape[0]
+    n_wait = flat_wait.size
+    need_w = a["qbytes"].ravel().take(flat_wait) + b
+    free_w = a["free"].ravel().take(flat_wait)
+    freed = a["freed"].reshape(k_slots, -1)
+    k = np.zeros(n_wait, dtype=np.intp)
+    any_k = np.zeros(n_wait, dtype=bool)
+    for slot in range(k_slots - 1, -1, -1):
+        enough = (freed[slot].take(flat_wait) + free_w) >= need_w
+        k[enough] = slot
+        any_k |= enough
+    ends = a["ends"].reshape(k_slots, -1)
+    end_k = ends.ravel().take(k * ends.shape[1] + flat_wait)
+    later = np.maximum(a["last_end"].ravel().take(flat_wait) - now, 0.0) + a["qsecs"].ravel().take(flat_wait)
+    return np.where(any_k, np.maximum(end_k - now, 0.0), later)
+
+
+def candidate_costs(
+    a: PlacementState, cols: slice | np.ndarray, gpu_bytes: float, runtime_seconds: float, intensity: str | None,
+    now: float, above: np.ndarray | None, *, interference_aware: bool = True, prune: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``cost_matrix(...)[:, cols]`` and ``fit_mask(a, gpu_bytes)[:, cols]``, computed for the node rows ``cols``
+    only (a slice or an index array): the scheduler sends the extender a few hundred of a cluster's nodes, so the
+    GPUs of the others need no cost. Every element is computed with the operations :func:`cost_matrix` applies to it
+    (the fragmentation term is added after the wait term, as there; on a GPU that waits it is 0).
+
+    ``prune=True`` computes the wait term only on the GPUs that can still be the cheapest one: the cost of a GPU
+    that waits is ``slowdown + wait / R >= slowdown`` (the wait is never negative and float32 rounding is
+    monotonic), so with ``T`` the lowest cost of a GPU (of a known row) that fits now, a waiting GPU whose
+    slowdown exceeds ``T`` costs more than the cheapest GPU whatever its wait. Such GPUs keep their lower bound
+    (``slowdown``, still above ``T``) instead of their exact cost. That leaves every cost ``<= T`` exact and every
+    other one above ``T``, so the candidate with the lowest best cost (first on ties) and the cheapest GPU of that
+    candidate are the ones the exact matrix gives; the other costs are NOT exact, so a caller that needs more than
+    the minimum (the 0..10 scores of all candidates) must not prune. Without the interference term (slowdown 1)
+    this skips the wait term altogether whenever a GPU that fits now costs under 1 (its placement uses up a
+    fragment)."""
+    b = float(gpu_bytes)
+    big_r = runtime_seconds
+    good = a["capu"][:, cols] >= b
+    fits_now = a["avail"][:, cols] >= b
+    if interference_aware:
+        # a C-ordered copy (a gather along the last axis may come out in Fortran order, and the wait term below is
+        # written through ravel(), which must be a view)
+        cost = np.array(a[f"slow_{intensity_key(intensity)}"][:, cols], order="C")
+    else:
+        cost = np.ones(good.shape, dtype=a["free32"].dtype)
+    d_frag = None
+    if above is not None and len(above) > 1:
+        d_frag = frag(a["free32"][:, cols] - np.float32(b), above)
+        d_frag -= a["frag0"][:, cols]
+        d_frag *= fits_now
+        d_frag *= a["fscale"][:, cols]
+    waiting = good & ~fits_now
+    if prune and waiting.any():
+        fit_cells = good & fits_now & a["known"][cols]
+        if fit_cells.any():
+            fit_cost = cost + d_frag if d_frag is not None else cost
+            t = fit_cost.min(where=fit_cells, initial=np.inf)
+            if t == t:  # NaN (never expected): no bound, every wait is computed
+                waiting &= cost <= t
+    sub = np.flatnonzero(waiting)
+    if sub.size:
+        n_cols = good.shape[1]
+        slot_i, col_i = np.divmod(sub, n_cols)
+        if isinstance(cols, slice):
+            rows_i = col_i + (cols.start or 0)
+        else:
+            rows_i = np.asarray(cols).take(col_i)
+        flat = slot_i * a["capu"].shape[1] + rows_i
+        cost.ravel()[sub] += wait_seconds(a, flat, b, now) / big_r
+    if d_frag is not None:
+        cost += d_frag
+    np.copyto(cost, np.inf, where=~good)
+    return cost, good
+
+
+def fit_costs(
+    a: PlacementState, cols: slice | np.ndarray, gpu_bytes: float, intensity: str | None, above: np.ndarray | None,
+    *, interference_aware: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of :func:`candidate_costs` that depend on neither the clock nor the pod's runtime, for the rows
+    ``cols``: ``(fit, low, good)``, each ``(gpus, len(cols))``. ``fit``: the exact cost of every GPU the pod fits on
+    now (the wait term is 0 there), ``inf`` elsewhere; ``low``: on every GPU where it would wait, the lower bound of
+    its cost (the slowdown: the cost before the wait term, see :func:`candidate_costs`), ``inf`` elsewhere; ``good``:
+    :func:`fit_mask`. A cache can keep these per (bytes, intensity) until the row's derived figures change."""
+    b = float(gpu_bytes)
+    good = a["capu"][:, cols] >= b
+    fits_now = a["avail"][:, cols] >= b
+    if interference_aware:
+        cost = np.array(a[f"slow_{intensity_key(intensity)}"][:, cols], order="C")
+    else:
+        cost = np.ones(good.shape, dtype=a["free32"].dtype)
+    low = np.where(good & ~fits_now, cost, np.float32(np.inf))
+    if above is not None and len(above) > 1:
+        d_frag = frag(a["free32"][:, cols] - np.float32(b), above)
+        d_frag -= a["frag0"][:, cols]
+        d_frag *= fits_now
+        d_frag *= a["fscale"][:, cols]
+        cost += d_frag
+    np.copyto(cost, np.inf, where=~(good & fits_now))
+    return cost, low, good
 
 
 def best_gpu(cost: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -410,7 +502,8 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "PlacementState", "best_gpu", "clear_row",
-    "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_mask", "frag", "intensity_key", "new_state",
+    "candidate_costs", "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_costs", "fit_mask", "frag",
+    "intensity_key", "new_state",
     "node_filter", "normalise_scores",
-    "set_gpu", "set_host", "size_table",
+    "set_gpu", "set_host", "size_table", "wait_seconds",
 ]

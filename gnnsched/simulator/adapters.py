@@ -291,6 +291,11 @@ class PlacementView:
         self.models = sorted({g.model for g in sim.gpus})
         self.model_rows = {m: np.array([bool(n.gpus) and n.gpus[0].model == m for n in sim.nodes]) for m in self.models}
         self.max_cap = {m: max(g.total - g.reserve for g in sim.gpus if g.model == m) for m in self.models}
+        # Per (bytes, intensity) class of pods: each row's cheapest fit-now GPU and the lower bound of its waiting
+        # GPUs (see _cheapest), valid while the row's version and the size-table epoch are the ones recorded.
+        self.row_ver = np.zeros(self.rows, dtype=np.int64)
+        self.epoch = 0
+        self.fit_cache: dict[tuple, dict[str, Any]] = {}
         for node in sim.nodes:
             self.refresh(node)
         sim.changed_nodes.clear()
@@ -360,7 +365,10 @@ class PlacementView:
             self.above = pl.size_table(sizes)
             self.above_at = sim.now
             pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
+            self.epoch += 1
             return
+        if cells:
+            self.row_ver[np.fromiter({r for _, r in cells}, dtype=np.int64)] += 1
         if len(cells) <= self.CELL_BY_CELL:
             # Only the GPUs whose books changed: a GPU's derived figures depend on its own raw figures alone.
             pl.derive_cells(self.state, cells, self.above, self.interference)
@@ -368,6 +376,101 @@ class PlacementView:
             rows = sorted({r for _, r in cells})
             pl.derive(self.state, np.fromiter(rows, dtype=np.int64, count=len(rows)), self.above,
                       self.interference)
+
+    #: (bytes, intensity) classes kept in fit_cache (the oldest is dropped beyond this).
+    FIT_CACHE_CLASSES = 64
+
+    def _cheapest(self, cands: np.ndarray, cols: slice | np.ndarray, demand: dict) -> tuple | None:
+        """The extender's pick among the candidates (single GPU model): ``(candidate position, GPU slot)``, ``()``
+        when no candidate passes the filter, None when the exact ranking is needed (a best cost <= 0 or NaN).
+
+        The same pick as ranking the exact cost matrix, with less work: a GPU's cost where the pod fits now does not
+        depend on the clock or the pod's runtime, so per (bytes, intensity) class each row's cheapest fit-now GPU
+        (``pl.fit_costs``: exact cost, first slot on ties) and the lowest lower bound of its waiting GPUs are kept
+        until the row's derived figures change (``row_ver``) or the size table does (``epoch``). With ``T`` the
+        lowest fit-now cost among the passing candidates, only candidates with a waiting GPU whose bound is ``<= T``
+        can hold a GPU cheaper than (or tied with) ``T``: their exact columns are computed
+        (``pl.candidate_costs``); every other candidate's best is either its exact fit-now minimum (``<= T``) or
+        above ``T`` both ways, so the first minimum and its slot are those of the exact matrix."""
+        pl, a, sim = self.pl, self.state, self.sim
+        m = self.models[0]
+        prof = demand[m]
+        b = prof.admit_bytes
+        ikey = pl.intensity_key(prof.intensity) if self.aware else None
+        key = (b, ikey)
+        e = self.fit_cache.get(key)
+        if e is None:
+            if len(self.fit_cache) >= self.FIT_CACHE_CLASSES:
+                self.fit_cache.pop(next(iter(self.fit_cache)))
+            e = self.fit_cache[key] = {"epoch": self.epoch, "ver": np.full(self.rows, -1, dtype=np.int64),
+                                       "fit": np.full(self.rows, np.inf, dtype=a["free32"].dtype),
+                                       "slot": np.zeros(self.rows, dtype=np.int64),
+                                       "low": np.full(self.rows, np.inf, dtype=a["free32"].dtype),
+                                       "good": np.zeros(self.rows, dtype=bool)}
+        if e["epoch"] != self.epoch:
+            e["ver"].fill(-1)
+            e["epoch"] = self.epoch
+        ver = e["ver"]
+        stale = np.flatnonzero(ver[cols] != self.row_ver[cols])
+        if stale.size:
+            rows = cands.take(stale)
+            fit, low, good = pl.fit_costs(a, rows, b, prof.intensity, self.above, interference_aware=self.aware)
+            e["fit"][rows] = np.minimum.reduce(fit, axis=0)
+            e["slot"][rows] = fit.argmin(axis=0)
+            e["low"][rows] = np.minimum.reduce(low, axis=0)
+            e["good"][rows] = np.logical_or.reduce(good, axis=0)
+            ver[rows] = self.row_ver[rows]
+        passed = a["known"][cols] & e["good"][cols]
+        if not passed.any():
+            return ()
+        best = e["fit"][cols]  # a copy (cols: a slice gives a view) is made below only where it is written
+        t = best.min(where=passed, initial=np.inf)
+        if t != t:
+            return None
+        exact = np.flatnonzero(passed & (e["low"][cols] <= t))
+        cost_x = None
+        if exact.size:
+            best = np.array(best)
+            cost_x, _ = pl.candidate_costs(a, cands.take(exact), b,
+                                           prof.predicted_s if prof.predicted_s > 0 else 1.0, prof.intensity,
+                                           sim.now, self.above, interference_aware=self.aware)
+            best[exact] = np.minimum.reduce(cost_x, axis=0)
+        keep = np.flatnonzero(passed)
+        best_k = best.take(keep)
+        if not best_k.min() > 0:
+            return None
+        col = int(keep[int(np.argmin(best_k))])
+        if cost_x is not None:
+            at = int(np.searchsorted(exact, col))
+            if at < exact.size and exact[at] == col:
+                return col, int(np.argmin(cost_x[:, at]))
+        return col, int(e["slot"][int(cands[col])])
+
+    def _costs(self, cands: np.ndarray, cols: slice | np.ndarray, demand: dict, *,
+               prune: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Cost and fit mask ``(gpus, len(cands))`` of the candidate rows (``cols``: the same rows, as a slice when
+        they are contiguous), each row with the demand of its own GPU model."""
+        pl, a, sim = self.pl, self.state, self.sim
+
+        def one(m: str, c: slice | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            prof = demand[m]
+            return pl.candidate_costs(a, c, prof.admit_bytes, prof.predicted_s if prof.predicted_s > 0 else 1.0,
+                                      prof.intensity, sim.now, self.above, interference_aware=self.aware,
+                                      prune=prune)
+
+        if len(self.models) == 1:
+            return one(self.models[0], cols)
+        # one GPU model per node; admit bytes depend on the model (device overheads). Rows of no model (no GPU)
+        # cannot take the pod.
+        cost = np.full((a["capu"].shape[0], cands.size), np.inf, dtype=a["free32"].dtype)
+        good = np.zeros(cost.shape, dtype=bool)
+        for m in self.models:
+            sel = self.model_rows[m][cands]
+            if sel.any():
+                c, g = one(m, cands[sel])
+                cost[:, sel] = c
+                good[:, sel] = g
+        return cost, good
 
     def place(self, job: SimJob, out: Any) -> Any:
         pl, sim = self.pl, self.sim
@@ -386,24 +489,31 @@ class PlacementView:
             return None
         self._sync()
         a = self.state
-        cost = good = None
-        for m in self.models:  # one GPU model per node; admit bytes depend on the model (device overheads)
-            prof = demand[m]
-            g = pl.fit_mask(a, prof.admit_bytes)
-            c = pl.cost_matrix(a, prof.admit_bytes, prof.predicted_s if prof.predicted_s > 0 else 1.0,
-                               prof.intensity, sim.now, self.above, interference_aware=self.aware)
-            if cost is None:
-                cost, good = c, g
-            else:
-                rows = self.model_rows[m][None, :]
-                cost, good = np.where(rows, c, cost), np.where(rows, g, good)
-        # The extender's filter on the candidates kube-scheduler sends it (host resources already checked).
-        passed = pl.node_filter(a, good, None, None)
-        cands = cands[passed[cands]]
-        if cands.size == 0:
+        # The extender computes its cost matrix over every row and reads the candidates' columns; computing only the
+        # candidates' columns gives the same numbers (pl.candidate_costs is cost_matrix element for element), and a
+        # round-robin window that does not wrap is a slice (views instead of gathers).
+        lo, hi = int(cands[0]), int(cands[-1])
+        cols = slice(lo, hi + 1) if hi - lo == cands.size - 1 else cands
+        got = self._cheapest(cands, cols, demand) if len(self.models) == 1 else None
+        if got is not None:
+            if got == ():
+                return None
+            col, s = got
+            node = sim.nodes[int(cands[col])]
+            return self._reserve(job, demand, node, s)
+        # prune: the wait term only where it can decide the pick (see pl.candidate_costs); the exact matrix is
+        # recomputed below in the one case that needs every candidate's exact cost.
+        cost, good = self._costs(cands, cols, demand, prune=True)
+        # The extender's filter on the candidates kube-scheduler sends it (host resources already checked): as
+        # pl.node_filter, on the candidates' rows.
+        passed = a["known"][cols] & np.logical_or.reduce(good, axis=0)
+        keep = np.flatnonzero(passed)
+        if keep.size == 0:
             return None
-        best = np.minimum.reduce(cost, axis=0)[cands]  # as ClusterCache.score: every row, then the candidates
+        best = np.minimum.reduce(cost, axis=0).take(keep)  # as ClusterCache.score: per row, then the candidates
         if not best.min() > 0:  # NaN or a cost <= 0: never expected (cost >= 0.5); the extender's exact ranking
+            cost, good = self._costs(cands, cols, demand, prune=False)
+            best = np.minimum.reduce(cost, axis=0).take(keep)
             scores = pl.normalise_scores(best)
             pick = int(np.lexsort((best, -scores))[0])
         else:
@@ -411,9 +521,15 @@ class PlacementView:
             # order (a stable sort). The cheapest candidate scores 10, the maximum, and among score-10 candidates the
             # lowest cost wins, so the pick is the first minimum of ``best``: np.argmin, without the scores.
             pick = int(np.argmin(best))
-        node = sim.nodes[int(cands[pick])]
+        col = int(keep[pick])
+        node = sim.nodes[int(cands[col])]
         # as ClusterCache.reserve (pl.best_gpu on the node's row): the node's cheapest GPU, the first on ties
-        s = int(np.argmin(cost[:, node.idx]))
+        s = int(np.argmin(cost[:, col]))
+        return self._reserve(job, demand, node, s)
+
+    def _reserve(self, job: SimJob, demand: dict, node: Any, s: int) -> Any:
+        """Bind's reservation of GPU slot ``s`` of ``node`` (``ClusterCache.reserve``)."""
+        sim, a = self.sim, self.state
         gpu = node.gpus[s]
         need = demand[gpu.model].admit_bytes
         free = gpu.total - gpu.reserve - a["used"][s, node.idx]

@@ -11,7 +11,7 @@ import pytest
 
 from gnnsched import placement as pl
 from gnnsched.interference import load_default
-from tests.test_placement_derive import _random_state
+from test_placement_derive import _random_state
 
 
 def _pick(cost: np.ndarray, good: np.ndarray, known: np.ndarray) -> tuple[int, int, float] | None:

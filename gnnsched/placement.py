@@ -390,6 +390,29 @@ def wait_seconds(a: PlacementState, flat_wait: np.ndarray, b: float, now: float)
     return np.where(any_k, np.maximum(end_k - now, 0.0), later)
 
 
+def _row_terms(
+    a: PlacementState, cols: slice | np.ndarray, b: float, intensity: str | None, above: np.ndarray | None,
+    interference_aware: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """For the rows ``cols``: ``(good, fits_now, slowdown, d_frag)``, the terms :func:`candidate_costs` and
+    :func:`fit_costs` share. ``slowdown`` is a fresh C-ordered array the caller may write (a gather along the last
+    axis may come out in Fortran order, and the wait term is written through ``ravel()``, which must be a view);
+    ``d_frag`` (0 where the pod does not fit now) is ``None`` without a size table."""
+    good = a["capu"][:, cols] >= b
+    fits_now = a["avail"][:, cols] >= b
+    if interference_aware:
+        cost = np.array(a[f"slow_{intensity_key(intensity)}"][:, cols], order="C")
+    else:
+        cost = np.ones(good.shape, dtype=a["free32"].dtype)
+    d_frag = None
+    if above is not None and len(above) > 1:
+        d_frag = frag(a["free32"][:, cols] - np.float32(b), above)
+        d_frag -= a["frag0"][:, cols]
+        d_frag *= fits_now
+        d_frag *= a["fscale"][:, cols]
+    return good, fits_now, cost, d_frag
+
+
 def candidate_costs(
     a: PlacementState, cols: slice | np.ndarray, gpu_bytes: float, runtime_seconds: float, intensity: str | None,
     now: float, above: np.ndarray | None, *, interference_aware: bool = True, prune: bool = False,
@@ -411,20 +434,7 @@ def candidate_costs(
     fragment)."""
     b = float(gpu_bytes)
     big_r = runtime_seconds
-    good = a["capu"][:, cols] >= b
-    fits_now = a["avail"][:, cols] >= b
-    if interference_aware:
-        # a C-ordered copy (a gather along the last axis may come out in Fortran order, and the wait term below is
-        # written through ravel(), which must be a view)
-        cost = np.array(a[f"slow_{intensity_key(intensity)}"][:, cols], order="C")
-    else:
-        cost = np.ones(good.shape, dtype=a["free32"].dtype)
-    d_frag = None
-    if above is not None and len(above) > 1:
-        d_frag = frag(a["free32"][:, cols] - np.float32(b), above)
-        d_frag -= a["frag0"][:, cols]
-        d_frag *= fits_now
-        d_frag *= a["fscale"][:, cols]
+    good, fits_now, cost, d_frag = _row_terms(a, cols, b, intensity, above, interference_aware)
     waiting = good & ~fits_now
     if prune and waiting.any():
         fit_cells = good & fits_now & a["known"][cols]
@@ -458,19 +468,9 @@ def fit_costs(
     now (the wait term is 0 there), ``inf`` elsewhere; ``low``: on every GPU where it would wait, the lower bound of
     its cost (the slowdown: the cost before the wait term, see :func:`candidate_costs`), ``inf`` elsewhere; ``good``:
     :func:`fit_mask`. A cache can keep these per (bytes, intensity) until the row's derived figures change."""
-    b = float(gpu_bytes)
-    good = a["capu"][:, cols] >= b
-    fits_now = a["avail"][:, cols] >= b
-    if interference_aware:
-        cost = np.array(a[f"slow_{intensity_key(intensity)}"][:, cols], order="C")
-    else:
-        cost = np.ones(good.shape, dtype=a["free32"].dtype)
+    good, fits_now, cost, d_frag = _row_terms(a, cols, float(gpu_bytes), intensity, above, interference_aware)
     low = np.where(good & ~fits_now, cost, np.float32(np.inf))
-    if above is not None and len(above) > 1:
-        d_frag = frag(a["free32"][:, cols] - np.float32(b), above)
-        d_frag -= a["frag0"][:, cols]
-        d_frag *= fits_now
-        d_frag *= a["fscale"][:, cols]
+    if d_frag is not None:
         cost += d_frag
     np.copyto(cost, np.inf, where=~(good & fits_now))
     return cost, low, good

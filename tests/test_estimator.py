@@ -34,12 +34,7 @@ def _load_bench():
 bench = _load_bench()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _spec(arch="gcn", mode="train", layers=2, hidden=16, heads=None, graph=None, **extra):

@@ -8,7 +8,6 @@ its breakdown, the CUDA-rounded peak and the bytes resident at the step's start,
 from __future__ import annotations
 
 import pytest
-import torch
 
 import gnnsched.estimator as estimator
 from gnnsched.estimator import SPLICE_DEPTH, Trace, estimate, trace_step
@@ -17,12 +16,7 @@ from gnnsched.spec import parse_spec
 SMALL = {"nodes": 600, "edges": 5_000, "features": 24, "classes": 5}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _spec(arch: str, mode: str, layers: int, hidden: int = 32, **extra) -> object:

@@ -32,12 +32,7 @@ def _spec(arch: str = "gcn", mode: str = "train", layers: int = 2, hidden: int =
     return parse_spec({"mode": mode, "model": model, "graph": graph, **extra})
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("arch", ["gcn", "sage", "gin", "gat"])

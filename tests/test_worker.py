@@ -18,12 +18,7 @@ from gnnsched.worker import run_job
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _spec(arch="gat", mode="train", **extra):

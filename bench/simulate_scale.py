@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from gnnsched.simulator import policyspec
 from gnnsched.simulator.adapters import IntegrationMissing, Integrations
-from gnnsched.simulator.cluster import uniform_cluster
+from gnnsched.simulator.cluster import ClusterSpec, uniform_cluster
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import Simulation
 from gnnsched.simulator.metrics import summarise
@@ -53,6 +53,35 @@ def all_policies() -> str:
     return ",".join(names)
 
 
+def build_workload(ix: Integrations, *, jobs: int, nodes: int, gpus: int, model: str, load: float, seed: int,
+                   scaled: bool) -> tuple[list[SimJob], ClusterSpec, float, float, float]:
+    """The benchmark's jobs and cluster: ``(jobs, cluster, seconds spent costing the specs, arrival rate, mean solo
+    seconds)``. Shared with ``bench/simulate_identity.py`` so the identity check replays the same kind of workload."""
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    specs = [_train_spec(rng.choice(("gcn", "sage", "gin", "gat")), d, rng.randint(2, 8), 64, 200)
+             for d in COGNN_DATASETS for _ in range(2)][:24]
+    cpu_milli, memory_bytes = 2000, 8 << 30
+    profiles = [ix.profile(s, model) for s in specs]
+    scales = [ix.scale(s, cpu_milli, memory_bytes, model) for s in specs] if scaled else None
+    cost_s = time.perf_counter() - t0
+    cluster = uniform_cluster(nodes, gpus, model, cpu_milli=96_000 * gpus // 8, memory_bytes=(512 << 30) * gpus // 8)
+    mean_solo = sum(p.solo_s + STARTUP_S for p in profiles) / len(profiles)
+    rate = load * cluster.gpu_count / mean_solo
+    t = 0.0
+    out = []
+    for i in range(jobs):
+        t += rng.expovariate(rate)
+        k = rng.randrange(len(specs))
+        job = SimJob(id=i, name=f"j{i}", arrival=t, mode="train", cpu_milli=cpu_milli, memory_bytes=memory_bytes,
+                     profiles={model: profiles[k]}, spec=specs[k])
+        if scales is not None:
+            c, m, f = scales[k]
+            job = replace(job, scaled_cpu_milli=c, scaled_memory_bytes=m, scaled_solo_factor=f)
+        out.append(job)
+    return out, cluster, cost_s, rate, mean_solo
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=100_000)
@@ -71,34 +100,13 @@ def main() -> int:
         print(str(exc), file=sys.stderr)
         return 2
     ix = Integrations()
-    rng = random.Random(args.seed)
-    t0 = time.perf_counter()
-    specs = [_train_spec(rng.choice(("gcn", "sage", "gin", "gat")), d, rng.randint(2, 8), 64, 200)
-             for d in COGNN_DATASETS for _ in range(2)][:24]
-    cpu_milli, memory_bytes = 2000, 8 << 30
     try:
-        profiles = [ix.profile(s, args.model) for s in specs]
-        scaled = ([ix.scale(s, cpu_milli, memory_bytes, args.model) for s in specs]
-                  if any(p.scaling for p in specs_to_run) else None)
+        jobs, cluster, cost_s, rate, mean_solo = build_workload(
+            ix, jobs=args.jobs, nodes=args.nodes, gpus=args.gpus, model=args.model, load=args.load, seed=args.seed,
+            scaled=any(p.scaling for p in specs_to_run))
     except IntegrationMissing as exc:
         print(f"integration missing: {exc}", file=sys.stderr)
         return 3
-    cost_s = time.perf_counter() - t0
-    cluster = uniform_cluster(args.nodes, args.gpus, args.model, cpu_milli=96_000 * args.gpus // 8,
-                              memory_bytes=(512 << 30) * args.gpus // 8)
-    mean_solo = sum(p.solo_s + STARTUP_S for p in profiles) / len(profiles)
-    rate = args.load * cluster.gpu_count / mean_solo
-    t = 0.0
-    jobs = []
-    for i in range(args.jobs):
-        t += rng.expovariate(rate)
-        k = rng.randrange(len(specs))
-        job = SimJob(id=i, name=f"j{i}", arrival=t, mode="train", cpu_milli=cpu_milli, memory_bytes=memory_bytes,
-                     profiles={args.model: profiles[k]}, spec=specs[k])
-        if scaled is not None:
-            c, m, f = scaled[k]
-            job = replace(job, scaled_cpu_milli=c, scaled_memory_bytes=m, scaled_solo_factor=f)
-        jobs.append(job)
     print(f"{args.jobs} jobs, {args.nodes} nodes x {args.gpus} {args.model}; costing 24 specs took {cost_s:.1f} s; "
           f"arrival rate {rate:.2f}/s, mean solo {mean_solo:.1f} s; load average at start "
           f"{os.getloadavg()[0]:.2f}", flush=True)

@@ -319,6 +319,81 @@ def derive_cells(a: PlacementState, cells: Iterable[tuple[int, int]], above: np.
             arr[s, r] = 1.0 + (0.0 if v < 0.0 else v)
 
 
+def sensitivities(interference: Any) -> list[tuple[float, float]]:
+    """``(a_u, a_m)`` of each class of :data:`PROFILE_KEYS`: what :func:`derive_cells` computes at every call, for a
+    caller that derives often with one interference model (the model is immutable) to compute once."""
+    return [interference.sensitivity(interference.profile_for(key)) for key in PROFILE_KEYS]
+
+
+def set_gpu_derived(
+    a: PlacementState, slot: int, r: int, *, capacity: float, used: float, healthy: bool, clients: int,
+    max_clients: int, qbytes: float, qsecs: float, running: Sequence[tuple[float, float, float, float]],
+    above: np.ndarray, sens: Sequence[tuple[float, float]],
+) -> None:
+    """:func:`set_gpu` followed by :func:`derive_cells` on that one GPU, in one pass: the derived figures come from
+    the raw figures as Python values instead of being written and read back. ``sens``: :func:`sensitivities` of the
+    interference model. The same arithmetic as :func:`derive_cells` on the values :func:`set_gpu` stores (float64
+    raw figures are the Python floats themselves, ``clients``/``max_clients`` small ints), so every stored figure is
+    bit for bit what the two calls store (``tests/test_placement_fastpaths.py``)."""
+    cap = float(capacity)
+    used_f = float(used)
+    qb = float(qbytes)
+    sum_sm = float(sum(j[2] for j in running))
+    sum_mem = float(sum(j[3] for j in running))
+    a["valid"][slot, r] = True
+    a["cap"][slot, r] = cap
+    a["used"][slot, r] = used_f
+    a["healthy"][slot, r] = healthy
+    a["clients"][slot, r] = clients
+    a["max_clients"][slot, r] = max_clients
+    a["qbytes"][slot, r] = qb
+    a["qsecs"][slot, r] = qsecs
+    a["sum_sm"][slot, r] = sum_sm
+    a["sum_mem"][slot, r] = sum_mem
+    ends = [np.inf] * END_SLOTS
+    freed = [0.0] * END_SLOTS
+    last_end = 0.0
+    if running:
+        ordered = sorted(running, key=lambda j: j[0]) if len(running) > 1 else running
+        cum = 0.0
+        top_k = END_SLOTS - 1
+        for k, job in enumerate(ordered):
+            cum += job[1]
+            kk = k if k < top_k else top_k
+            ends[kk] = job[0]
+            freed[kk] = cum
+        last_end = ordered[-1][0]
+    ends_a, freed_a = a["ends"], a["freed"]
+    for k in range(END_SLOTS):
+        ends_a[k, slot, r] = ends[k]
+        freed_a[k, slot, r] = freed[k]
+    a["last_end"][slot, r] = last_end
+    # derived: derive_cells' arithmetic on the stored values (clients/max_clients as the int32 array holds them)
+    d = cap - used_f
+    free = 0.0 if d < 0.0 else d
+    a["free"][slot, r] = free
+    if bool(healthy) and a["clients"].item(slot, r) < a["max_clients"].item(slot, r) and a["known"].item(r):
+        a["avail"][slot, r] = free - qb
+        a["capu"][slot, r] = cap
+    else:
+        a["avail"][slot, r] = -np.inf
+        a["capu"][slot, r] = -1.0
+    f32 = np.float32
+    f = f32(free)
+    a["free32"][slot, r] = f
+    if f < f32(0.0):
+        f = f32(0.0)
+    idx = f * f32(1.0 / FRAG_BIN)
+    top = f32(len(above) - 1)
+    if idx > top:
+        idx = top
+    a["frag0"][slot, r] = above[int(idx)] * f
+    a["fscale"][slot, r] = W_FRAG / (1.0 if cap < 1.0 else cap)
+    for (a_u, a_m), key in zip(sens, PROFILE_KEYS):
+        v = a_u * sum_sm + a_m * sum_mem
+        a["slow_" + key][slot, r] = 1.0 + (0.0 if v < 0.0 else v)
+
+
 def fit_mask(a: PlacementState, gpu_bytes: float) -> np.ndarray:
     """Per GPU ``(gpus, rows)``: usable and large enough to ever hold ``gpu_bytes``."""
     return a["capu"] >= gpu_bytes
@@ -476,6 +551,34 @@ def fit_costs(
     return cost, low, good
 
 
+def fit_summary(
+    a: PlacementState, rows: np.ndarray, gpu_bytes: float, intensity: str | None, above: np.ndarray | None,
+    *, interference_aware: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of ``rows`` (an index array), what a cache of :func:`fit_costs` keeps: ``(fit, slot, low, good)`` =
+    ``fit.min(axis=0)``, ``fit.argmin(axis=0)``, ``low.min(axis=0)`` and ``good.any(axis=0)`` of
+    ``fit_costs(a, rows, ...)``, with fewer array operations: the fragmentation term is added without first being
+    zeroed where the pod waits (``fit`` keeps only the GPUs it fits on now, where that factor is 1; ``low`` is taken
+    before the term is added). Tested against :func:`fit_costs` (``tests/test_placement_fastpaths.py``)."""
+    b = float(gpu_bytes)
+    good = a["capu"][:, rows] >= b
+    fits_now = a["avail"][:, rows] >= b
+    if interference_aware:
+        cost = a[f"slow_{intensity_key(intensity)}"].take(rows, axis=1)  # a fresh array (written below)
+    else:
+        cost = np.ones(good.shape, dtype=a["free32"].dtype)
+    fit_cells = good & fits_now
+    low = np.where(good ^ fit_cells, cost, np.float32(np.inf))  # good & ~fits_now
+    if above is not None and len(above) > 1:
+        d_frag = frag(a["free32"][:, rows] - np.float32(b), above)
+        d_frag -= a["frag0"][:, rows]
+        d_frag *= a["fscale"][:, rows]
+        cost += d_frag
+    fit = np.where(fit_cells, cost, np.float32(np.inf))
+    return (np.minimum.reduce(fit, axis=0), fit.argmin(axis=0), np.minimum.reduce(low, axis=0),
+            np.logical_or.reduce(good, axis=0))
+
+
 def best_gpu(cost: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``rows`` (``-1`` = unknown node): the cheapest GPU slot and its cost (``inf`` if none)."""
     known_row = rows >= 0
@@ -502,8 +605,9 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "PlacementState", "best_gpu", "clear_row",
-    "candidate_costs", "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_costs", "fit_mask", "frag",
+    "candidate_costs", "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_costs", "fit_mask",
+    "fit_summary", "frag",
     "intensity_key", "new_state",
     "node_filter", "normalise_scores",
-    "set_gpu", "set_host", "size_table", "wait_seconds",
+    "sensitivities", "set_gpu", "set_gpu_derived", "set_host", "size_table", "wait_seconds",
 ]

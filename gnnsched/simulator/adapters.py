@@ -288,6 +288,7 @@ class PlacementView:
         self.state = pl.new_state(self.rows, max(len(n.gpus) for n in sim.nodes))
         self.above = pl.size_table(())
         self.above_at = -float("inf")
+        self.sens = pl.sensitivities(interference)  # the model is immutable: its per-class sensitivities, once
         self.models = sorted({g.model for g in sim.gpus})
         self.model_rows = {m: np.array([bool(n.gpus) and n.gpus[0].model == m for n in sim.nodes]) for m in self.models}
         self.max_cap = {m: max(g.total - g.reserve for g in sim.gpus if g.model == m) for m in self.models}
@@ -312,8 +313,10 @@ class PlacementView:
     def refresh_host(self, node: Any) -> None:
         self.pl.set_host(self.state, node.idx, float(node.cpu_free), float(node.mem_free))
 
-    def refresh_gpu(self, node: Any, index: int) -> None:
-        """Re-write one GPU of ``node``: committed bytes, running jobs, and the reservations on it."""
+    def refresh_gpu(self, node: Any, index: int, derive: bool = False) -> None:
+        """Re-write one GPU of ``node``: committed bytes, running jobs, and the reservations on it. ``derive``: also
+        its derived figures with the current size table (``pl.set_gpu_derived``: what ``pl.derive_cells`` on that
+        GPU would then compute)."""
         sim = self.sim
         g = node.gpus[index]
         running = []
@@ -341,6 +344,14 @@ class PlacementView:
                                                prof.sm_util, prof.mem_util)
             running.append(entry)
         cap_clients = sim.per_gpu_cap
+        if derive:
+            self.pl.set_gpu_derived(
+                self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used,
+                healthy=True, clients=len(g.running) + queued,
+                max_clients=cap_clients if cap_clients is not None else g.max_clients, qbytes=qbytes, qsecs=qsecs,
+                running=running, above=self.above, sens=self.sens,
+            )
+            return
         self.pl.set_gpu(
             self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used, healthy=True,
             clients=len(g.running) + queued, max_clients=cap_clients if cap_clients is not None else g.max_clients,
@@ -352,6 +363,22 @@ class PlacementView:
         for idx in sim.changed_nodes:
             self.refresh_host(sim.nodes[idx])
         sim.changed_nodes.clear()
+        changed = sim.changed_gpus
+        if sim.now - self.above_at < self.SIZE_MIX_INTERVAL and len(changed) <= self.CELL_BY_CELL:
+            # The common case: a few GPUs changed and the size table stays. A GPU's derived figures depend on its own
+            # raw figures alone, so each is written and derived in one pass (what set_gpu for every changed GPU,
+            # then derive_cells on them, stores).
+            if changed:
+                rows = {idx for idx, _ in changed}
+                if len(rows) == 1:
+                    self.row_ver[next(iter(rows))] += 1
+                else:
+                    self.row_ver[np.fromiter(rows, dtype=np.int64, count=len(rows))] += 1
+                nodes = sim.nodes
+                for idx, index in changed:
+                    self.refresh_gpu(nodes[idx], index, derive=True)
+                changed.clear()
+            return
         cells = [(index, idx) for idx, index in sim.changed_gpus]
         for idx, index in sim.changed_gpus:
             self.refresh_gpu(sim.nodes[idx], index)
@@ -405,29 +432,35 @@ class PlacementView:
             e = self.fit_cache[key] = {"epoch": self.epoch, "ver": np.full(self.rows, -1, dtype=np.int64),
                                        "fit": np.full(self.rows, np.inf, dtype=a["free32"].dtype),
                                        "slot": np.zeros(self.rows, dtype=np.int64),
-                                       "low": np.full(self.rows, np.inf, dtype=a["free32"].dtype),
-                                       "good": np.zeros(self.rows, dtype=bool)}
+                                       "low": np.full(self.rows, np.nan, dtype=a["free32"].dtype),
+                                       "pass": np.zeros(self.rows, dtype=bool)}
         if e["epoch"] != self.epoch:
             e["ver"].fill(-1)
             e["epoch"] = self.epoch
         ver = e["ver"]
         stale = np.flatnonzero(ver[cols] != self.row_ver[cols])
         if stale.size:
+            # Kept per row with the extender's filter already applied (a["known"] is fixed once the view is built):
+            # "pass" = known and a GPU that can ever hold the pod; "fit" = the cheapest fit-now cost where the row
+            # passes, inf elsewhere; "low" = the waiting GPUs' lower bound where it passes, NaN elsewhere (so no
+            # comparison selects a row that does not pass).
             rows = cands.take(stale)
-            fit, low, good = pl.fit_costs(a, rows, b, prof.intensity, self.above, interference_aware=self.aware)
-            e["fit"][rows] = np.minimum.reduce(fit, axis=0)
-            e["slot"][rows] = fit.argmin(axis=0)
-            e["low"][rows] = np.minimum.reduce(low, axis=0)
-            e["good"][rows] = np.logical_or.reduce(good, axis=0)
+            fit, slot, low, good = pl.fit_summary(a, rows, b, prof.intensity, self.above,
+                                                  interference_aware=self.aware)
+            passed_r = good & a["known"][rows]
+            e["fit"][rows] = np.where(passed_r, fit, np.float32(np.inf))
+            e["slot"][rows] = slot
+            e["low"][rows] = np.where(passed_r, low, np.float32(np.nan))
+            e["pass"][rows] = passed_r
             ver[rows] = self.row_ver[rows]
-        passed = a["known"][cols] & e["good"][cols]
+        passed = e["pass"][cols]
         if not passed.any():
             return ()
         best = e["fit"][cols]  # a copy (cols: a slice gives a view) is made below only where it is written
-        t = best.min(where=passed, initial=np.inf)
+        t = best.min()  # the lowest fit-now cost among the passing candidates (the others hold inf)
         if t != t:
             return None
-        exact = np.flatnonzero(passed & (e["low"][cols] <= t))
+        exact = np.flatnonzero(e["low"][cols] <= t)  # passing candidates only (NaN elsewhere)
         cost_x = None
         if exact.size:
             best = np.array(best)
@@ -435,11 +468,13 @@ class PlacementView:
                                            prof.predicted_s if prof.predicted_s > 0 else 1.0, prof.intensity,
                                            sim.now, self.above, interference_aware=self.aware)
             best[exact] = np.minimum.reduce(cost_x, axis=0)
-        keep = np.flatnonzero(passed)
-        best_k = best.take(keep)
-        if not best_k.min() > 0:
+        # The first minimum over the passing candidates: the candidates that do not pass hold inf, so a finite
+        # minimum (or NaN, which only a passing candidate can hold) is theirs; when every passing one is inf too,
+        # the first passing candidate is the pick, as argmin over the passing ones gives.
+        low_best = best.min()
+        if not low_best > 0:
             return None
-        col = int(keep[int(np.argmin(best_k))])
+        col = int(np.argmin(best)) if low_best != np.inf else int(np.argmax(passed))
         if cost_x is not None:
             at = int(np.searchsorted(exact, col))
             if at < exact.size and exact[at] == col:

@@ -83,10 +83,16 @@ class NodeState:
 class Run:
     """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
-    __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry")
+    __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
+                 "out", "sm_util", "intensity")
 
-    def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool) -> None:
+    def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
+                 out: JobOutcome | None = None) -> None:
         self.job = job
+        self.out = out  # the job's outcome record (read at every re-rating)
+        prof = job.profile(gpu.model)
+        self.sm_util = prof.sm_util
+        self.intensity = prof.intensity
         self.gpu = gpu
         self.remaining = work
         self.rate = 1.0
@@ -209,6 +215,12 @@ class Simulation:
         for node in self.gpu_nodes:
             self._refresh_slots(node)
         self.has_gpu_arr = np.array([bool(n.gpus) for n in self.nodes])
+        # host_candidates: per (CPU, memory) request, which nodes pass NodeResourcesFit and how many, brought up to
+        # date from the log of nodes whose host books changed (host_log, appended by _bind/_unbind) instead of
+        # comparing every node's books at every placement.
+        self.host_log: list[int] = []
+        self.host_fit: dict[tuple, list] = {}
+        self.node_index = np.arange(len(self.nodes))
         # gnnsched placement (see adapters.PlacementView): nodes whose books changed since the view last looked,
         # and the extender's reservations (job id -> (GPU index, immediate), bind time) until the agent admits.
         self.placement_view = None
@@ -391,8 +403,24 @@ class Simulation:
     def host_candidates(self, out: JobOutcome) -> np.ndarray:
         """kube-scheduler's own filter for gnnsched pods (NodeResourcesFit: CPU and memory on a GPU node), cut to
         ``numFeasibleNodesToFind`` round-robin; the extender filters and scores these."""
-        ok = (self.cpu_arr >= out.cpu_milli) & (self.mem_arr >= out.memory_bytes) & self.has_gpu_arr
-        return self._round_robin(np.flatnonzero(ok))
+        cpu, mem = out.cpu_milli, out.memory_bytes
+        log = self.host_log
+        e = self.host_fit.get((cpu, mem))
+        if e is None or len(log) - e[2] > len(self.nodes) // 8:
+            ok = (self.cpu_arr >= cpu) & (self.mem_arr >= mem) & self.has_gpu_arr
+            e = self.host_fit[(cpu, mem)] = [ok, int(np.count_nonzero(ok)), len(log)]
+        elif e[2] < len(log):
+            ok, n = e[0], e[1]
+            cpu_arr, mem_arr, has_gpu = self.cpu_arr, self.mem_arr, self.has_gpu_arr
+            for idx in set(log[e[2]:]):
+                now = cpu_arr.item(idx) >= cpu and mem_arr.item(idx) >= mem and has_gpu.item(idx)
+                if now != ok.item(idx):
+                    ok[idx] = now
+                    n += 1 if now else -1
+            e[1], e[2] = n, len(log)
+        if e[1] == len(self.nodes):
+            return self._round_robin(self.node_index)  # every node passes: flatnonzero would give 0..n-1
+        return self._round_robin(np.flatnonzero(e[0]))
 
     def _round_robin(self, idx: np.ndarray) -> np.ndarray:
         if idx.size == 0:
@@ -435,6 +463,7 @@ class Simulation:
         node.mem_free -= out.memory_bytes
         self.cpu_arr[node.idx] = node.cpu_free
         self.mem_arr[node.idx] = node.mem_free
+        self.host_log.append(node.idx)
         node.bound += 1
         self.cpu_alloc_now += out.cpu_milli
         self.memh_alloc_now += out.memory_bytes
@@ -448,6 +477,7 @@ class Simulation:
         node.mem_free += out.memory_bytes
         self.cpu_arr[node.idx] = node.cpu_free
         self.mem_arr[node.idx] = node.mem_free
+        self.host_log.append(node.idx)
         node.bound -= 1
         self.changed_nodes.add(node.idx)
         self.cpu_alloc_now -= out.cpu_milli
@@ -575,7 +605,7 @@ class Simulation:
         out.ran = True
         solo = prof.solo_s * (job.scaled_solo_factor if self.policy.scaling else 1.0)
         startup = self._startup()
-        run = Run(job, gpu, solo, self.now, starting=startup > 0)
+        run = Run(job, gpu, solo, self.now, starting=startup > 0, out=out)
         if startup > 0:
             self._push(self.now + startup, STARTED, run)
         if not gpu.running:
@@ -623,22 +653,31 @@ class Simulation:
         if len(runs) == 1:
             slow = [1.0]
         elif runs:
-            slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
+            # ix.slowdowns keeps its answers in slowdown_cache by the runs' ordered intensity classes: looked up here
+            # first, so a re-rating on a known mix costs one dict lookup
+            slow = self.slowdown_cache.get(tuple(r.intensity for r in runs))
+            if slow is None:
+                slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
             slow = []
         if self.policy.uvm and gpu.used > gpu.total:
             factor = uvm_slowdown(gpu.used, gpu.total, gpu.bandwidth, gpu.link)
             slow = [s * factor for s in slow]
         sm = 0.0
+        heap = self.heap
+        seq = self.seq
         for r, s in zip(runs, slow):
-            r.rate = 1.0 / s
+            rate = r.rate = 1.0 / s
             r.slowdown = s
-            r.token += 1
-            sm += r.job.profile(gpu.model).sm_util / s
-            out = self.outcomes[r.job.id]
+            token = r.token = r.token + 1
+            sm += r.sm_util / s
+            out = r.out
             if s > out.slowdown_max:
                 out.slowdown_max = s
-            self._push(now + max(r.remaining, 0.0) / r.rate, FINISH, r, r.token)
+            rem = r.remaining
+            seq += 1
+            heapq.heappush(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
+        self.seq = seq
         sm = min(sm, 1.0)
         mem = min(gpu.used, gpu.total)
         self.sm_now += sm - gpu.sm_now

@@ -378,16 +378,19 @@ def set_gpu_derived(
     else:
         a["avail"][slot, r] = -np.inf
         a["capu"][slot, r] = -1.0
-    f32 = np.float32
-    f = f32(free)
-    a["free32"][slot, r] = f
-    if f < f32(0.0):
-        f = f32(0.0)
-    idx = f * f32(1.0 / FRAG_BIN)
-    top = f32(len(above) - 1)
+    # F(free) in float32 as derive_cells computes it, with Python floats holding float32 values: f * 2**-20 is
+    # exact in both, the product of two float32 values is exact in a double, and the store into the float32 array
+    # rounds it to nearest as a float32 multiply does.
+    free32 = a["free32"]
+    free32[slot, r] = free
+    f = free32.item(slot, r)
+    if f < 0.0:
+        f = 0.0
+    idx = f * (1.0 / FRAG_BIN)
+    top = float(len(above) - 1)
     if idx > top:
         idx = top
-    a["frag0"][slot, r] = above[int(idx)] * f
+    a["frag0"][slot, r] = above.item(int(idx)) * f
     a["fscale"][slot, r] = W_FRAG / (1.0 if cap < 1.0 else cap)
     for (a_u, a_m), key in zip(sens, PROFILE_KEYS):
         v = a_u * sum_sm + a_m * sum_mem
@@ -563,18 +566,25 @@ def fit_summary(
     b = float(gpu_bytes)
     good = a["capu"][:, rows] >= b
     fits_now = a["avail"][:, rows] >= b
+    fit_cells = good & fits_now
+    with_frag = above is not None and len(above) > 1
+    one, inf = np.float32(1.0), np.float32(np.inf)
     if interference_aware:
         cost = a[f"slow_{intensity_key(intensity)}"].take(rows, axis=1)  # a fresh array (written below)
-    else:
-        cost = np.ones(good.shape, dtype=a["free32"].dtype)
-    fit_cells = good & fits_now
-    low = np.where(good ^ fit_cells, cost, np.float32(np.inf))  # good & ~fits_now
-    if above is not None and len(above) > 1:
+        low = np.where(good ^ fit_cells, cost, inf)  # good & ~fits_now
+    else:  # slowdown 1 everywhere
+        cost = None if with_frag else np.ones(good.shape, dtype=a["free32"].dtype)
+        low = np.where(good ^ fit_cells, one, inf)
+    if with_frag:
         d_frag = frag(a["free32"][:, rows] - np.float32(b), above)
         d_frag -= a["frag0"][:, rows]
         d_frag *= a["fscale"][:, rows]
-        cost += d_frag
-    fit = np.where(fit_cells, cost, np.float32(np.inf))
+        if cost is None:
+            d_frag += one  # 1 + d_frag (float32 addition commutes)
+            cost = d_frag
+        else:
+            cost += d_frag
+    fit = np.where(fit_cells, cost, inf)
     return (np.minimum.reduce(fit, axis=0), fit.argmin(axis=0), np.minimum.reduce(low, axis=0),
             np.logical_or.reduce(good, axis=0))
 

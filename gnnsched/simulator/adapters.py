@@ -235,17 +235,25 @@ class Integrations:
             busy = [g.index for g in node.gpus if g.running]
             plan = pol.plan_admissions_paper(sim.base, tasks, gpus, busy)
         else:
-            gpus = [
-                pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
-                            free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
-                            capacity_bytes=g.total - g.reserve)
-                for g in node.gpus
-            ]
+            gpus = [self._gpu_free(pol, g, cap) for g in node.gpus]
             policy = self.memo.get(("policy", sim.base))
             if policy is None:  # the enum, so plan_admissions does not parse the name at every call
                 policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
             plan = pol.plan_admissions(policy, tasks, gpus)
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
+
+    @staticmethod
+    def _gpu_free(pol: Any, g: Any, cap: int | None) -> Any:
+        """``pol.GPUFree`` of ``g`` now. GPUFree is immutable, so the last one built for the GPU is reused while its
+        free bytes and free slots are unchanged (most decisions look at GPUs whose books did not move)."""
+        free = g.total - g.reserve - g.committed
+        slots = (cap if cap is not None else g.max_clients) - len(g.running)
+        last = g.free_view
+        if last is not None and last.free_bytes == free and last.free_slots == slots:
+            return last
+        last = g.free_view = pol.GPUFree(index=g.index, free_bytes=free, free_slots=slots,
+                                         capacity_bytes=g.total - g.reserve)
+        return last
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
         """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``. The
@@ -256,7 +264,7 @@ class Integrations:
         cap = sim.per_gpu_cap
         books = pol.GPUBooks(
             index=gpu.index, total_bytes=gpu.total, reserve_bytes=gpu.reserve,
-            committed=tuple(r.job.profile(gpu.model).admit_bytes for r in gpu.running),
+            committed=tuple([r.admit_bytes for r in gpu.running]),
             max_clients=cap if cap is not None else gpu.max_clients,
         )
         pol.check_gate_invariant([books])
@@ -297,11 +305,13 @@ class PlacementView:
         self.row_ver = np.zeros(self.rows, dtype=np.int64)
         self.epoch = 0
         self.fit_cache: dict[tuple, dict[str, Any]] = {}
+        # every row's status is known (a["known"] is written once, below, and never changes in a run)
         for node in sim.nodes:
             self.refresh(node)
         sim.changed_nodes.clear()
         sim.changed_gpus.clear()
         self.pl.derive(self.state, slice(0, self.rows), self.above, interference)
+        self.all_known = bool(self.state["known"].all())
 
     def refresh(self, node: Any) -> None:
         """Re-write ``node``'s row from the simulator's books (``ClusterCache._refresh``'s inputs)."""
@@ -369,11 +379,9 @@ class PlacementView:
             # raw figures alone, so each is written and derived in one pass (what set_gpu for every changed GPU,
             # then derive_cells on them, stores).
             if changed:
-                rows = {idx for idx, _ in changed}
-                if len(rows) == 1:
-                    self.row_ver[next(iter(rows))] += 1
-                else:
-                    self.row_ver[np.fromiter(rows, dtype=np.int64, count=len(rows))] += 1
+                row_ver = self.row_ver
+                for r in {idx for idx, _ in changed}:
+                    row_ver[r] += 1
                 nodes = sim.nodes
                 for idx, index in changed:
                     self.refresh_gpu(nodes[idx], index, derive=True)
@@ -438,7 +446,7 @@ class PlacementView:
             e["ver"].fill(-1)
             e["epoch"] = self.epoch
         ver = e["ver"]
-        stale = np.flatnonzero(ver[cols] != self.row_ver[cols])
+        stale = (ver[cols] != self.row_ver[cols]).nonzero()[0]  # np.flatnonzero of a 1-D array, minus its wrappers
         if stale.size:
             # Kept per row with the extender's filter already applied (a["known"] is fixed once the view is built):
             # "pass" = known and a GPU that can ever hold the pod; "fit" = the cheapest fit-now cost where the row
@@ -447,20 +455,23 @@ class PlacementView:
             rows = cands.take(stale)
             fit, slot, low, good = pl.fit_summary(a, rows, b, prof.intensity, self.above,
                                                   interference_aware=self.aware)
-            passed_r = good & a["known"][rows]
-            e["fit"][rows] = np.where(passed_r, fit, np.float32(np.inf))
+            if self.all_known:  # a row without a usable GPU has no fit-now cost: fit is inf there already
+                passed_r = good
+                e["fit"][rows] = fit
+            else:
+                passed_r = good & a["known"][rows]
+                e["fit"][rows] = np.where(passed_r, fit, np.float32(np.inf))
             e["slot"][rows] = slot
             e["low"][rows] = np.where(passed_r, low, np.float32(np.nan))
             e["pass"][rows] = passed_r
             ver[rows] = self.row_ver[rows]
-        passed = e["pass"][cols]
-        if not passed.any():
-            return ()
         best = e["fit"][cols]  # a copy (cols: a slice gives a view) is made below only where it is written
         t = best.min()  # the lowest fit-now cost among the passing candidates (the others hold inf)
+        if t == np.inf and not e["pass"][cols].any():  # no candidate passes (their fit is inf then)
+            return ()
         if t != t:
             return None
-        exact = np.flatnonzero(e["low"][cols] <= t)  # passing candidates only (NaN elsewhere)
+        exact = (e["low"][cols] <= t).nonzero()[0]  # passing candidates only (NaN elsewhere)
         cost_x = None
         if exact.size:
             best = np.array(best)
@@ -471,10 +482,10 @@ class PlacementView:
         # The first minimum over the passing candidates: the candidates that do not pass hold inf, so a finite
         # minimum (or NaN, which only a passing candidate can hold) is theirs; when every passing one is inf too,
         # the first passing candidate is the pick, as argmin over the passing ones gives.
-        low_best = best.min()
+        low_best = best.min() if cost_x is not None else t
         if not low_best > 0:
             return None
-        col = int(np.argmin(best)) if low_best != np.inf else int(np.argmax(passed))
+        col = int(best.argmin()) if low_best != np.inf else int(e["pass"][cols].argmax())
         if cost_x is not None:
             at = int(np.searchsorted(exact, col))
             if at < exact.size and exact[at] == col:

@@ -39,7 +39,7 @@ class GpuState:
     """One GPU's books: what runs on it, what waits for it, its memory."""
 
     __slots__ = ("gid", "node", "index", "model", "total", "reserve", "running", "waiting", "used", "committed",
-                 "sm_now", "mem_now", "bandwidth", "link", "max_clients")
+                 "sm_now", "mem_now", "bandwidth", "link", "max_clients", "free_view")
 
     def __init__(self, gid: int, node: "NodeState", index: int, model: str, reserve: int) -> None:
         gm = get_gpu_model(model)
@@ -58,6 +58,7 @@ class GpuState:
         self.bandwidth = gm.bandwidth_bytes_per_s
         self.link = host_link(gm.name)
         self.max_clients = gm.max_mps_clients
+        self.free_view = None  # adapters: the last policies.GPUFree built for this GPU (immutable, reused)
 
     @property
     def free_admit_bytes(self) -> int:
@@ -84,7 +85,7 @@ class Run:
     """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
-                 "out", "sm_util", "intensity")
+                 "out", "sm_util", "intensity", "admit_bytes")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
                  out: JobOutcome | None = None) -> None:
@@ -93,6 +94,7 @@ class Run:
         prof = job.profile(gpu.model)
         self.sm_util = prof.sm_util
         self.intensity = prof.intensity
+        self.admit_bytes = prof.admit_bytes
         self.gpu = gpu
         self.remaining = work
         self.rate = 1.0
@@ -284,7 +286,8 @@ class Simulation:
                     self._rerate(payload.gpu)
                 else:
                     self._requeue(payload)
-            self._schedule()
+            if (self.pending_dirty and self.pending) or self.dirty_nodes:  # else _schedule has nothing to do
+                self._schedule()
             if self.record_timeline:
                 self._sample()
             if self.progress is not None and self.resolved % tick == 0:
@@ -420,7 +423,7 @@ class Simulation:
             e[1], e[2] = n, len(log)
         if e[1] == len(self.nodes):
             return self._round_robin(self.node_index)  # every node passes: flatnonzero would give 0..n-1
-        return self._round_robin(np.flatnonzero(e[0]))
+        return self._round_robin(e[0].nonzero()[0])
 
     def _round_robin(self, idx: np.ndarray) -> np.ndarray:
         if idx.size == 0:

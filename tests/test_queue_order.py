@@ -143,3 +143,32 @@ def test_sjf_policy_names():
     for bad in ("srtf+sjf", "exclusive+sjf", "lmcf+sjf0", "lmcf+sjf9"):
         with pytest.raises(PolicyError):
             parse_policy(bad)
+
+
+# ------------------------------------------------------------------------------------------------ spec and CLI
+def test_spec_priority_class_name_is_a_kubernetes_name():
+    from gnnsched.spec import SpecError, parse_spec
+
+    base = {"mode": "train", "model": {"arch": "gcn", "layers": 2, "hidden": 16}, "graph": {"dataset": "cora"}}
+    assert parse_spec({**base, "priorityClassName": "team-a.batch"}).priority_class_name == "team-a.batch"
+    assert parse_spec(base).priority_class_name is None
+    for bad in ("Team_A", "", "-x", "x" * 254):
+        with pytest.raises(SpecError) as err:
+            parse_spec({**base, "priorityClassName": bad})
+        assert "priorityClassName" in str(err.value)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("--queue-priority-base", "999999990"), "--queue-priority-base"),
+    (("--queue-priority-prefix", "system-q-"), "--queue-priority-prefix"),
+    (("--queue-priority-per-doubling", "0"), "--queue-priority-per-doubling"),
+])
+def test_operator_cli_rejects_a_bad_queue_flag_in_one_line(args, flag):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "gnnsched.cli", "operator", "--queue-priority", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], proc.stderr

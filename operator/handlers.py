@@ -370,7 +370,7 @@ class Operator:
             new["phase"] = "Estimated"
             new["message"] = None
         try:
-            priority_class = self.priority_class(body, spec, plan)
+            priority_class = self.priority_class(body, spec, plan, ref.namespace, name)
         except PlanError as exc:
             self._fail(body, dict(status, conditions=conditions), exc.phase, "Schedulable", exc.reason, exc.message)
             return
@@ -381,16 +381,19 @@ class Operator:
                                                 priority_class), kind="Pod")
         self._apply_pod(body, status, pod, deleted=False)
 
-    def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan) -> str | None:
+    def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
+                       pod: str) -> str | None:
         """The PriorityClass of the job's pods: ``spec.priorityClassName`` when set (it must exist: the API server
         would reject the pod), else with ``queue_priority`` the class of the predicted runtime's bucket, else none.
 
         A missing user class raises ``PlanError`` (phase Unschedulable: the resync timer retries, so creating the
         class later starts the job). A missing queue class only costs the ordering: the pod is created without a
-        class (FIFO, as with the feature off) and a Warning event says how to fix it.
+        class (FIFO, as with the feature off) and a Warning event says how to fix it. Both only matter while the
+        attempt's pod does not exist yet: a resumed job whose pod was created (with a class since deleted) keeps it.
         """
         if spec.priority_class_name is not None:
-            if self.kube.read_priority_class(spec.priority_class_name) is None:
+            if self.kube.read_priority_class(spec.priority_class_name) is None \
+                    and self.kube.read_pod(namespace, pod) is None:
                 raise PlanError("PriorityClassNotFound",
                                 f"spec.priorityClassName: PriorityClass {spec.priority_class_name!r} does not exist; "
                                 "create it (kubectl get priorityclasses lists them) or remove the field",
@@ -406,6 +409,8 @@ class Operator:
             return None
         cls = self.config.queue_order().class_for(seconds)
         if self.kube.read_priority_class(cls.name) is None:
+            if self.kube.read_pod(namespace, pod) is not None:
+                return cls.name  # created before the class went away: the pod is adopted as it is
             self._event(body, "Warning", "QueuePriorityClassMissing",
                         f"PriorityClass {cls.name} (predicted runtime {seconds:.0f} s) does not exist: the pod waits "
                         "in arrival order; install the chart with queuePriority.enabled=true, or run the operator "

@@ -157,3 +157,24 @@ async def test_missing_user_class_holds_the_job_until_the_class_exists(tmp_path:
     assert "spec.priorityClassName" in status["message"] and "team-a" in status["message"]
     assert status["message"].startswith("PriorityClassNotFound")
     assert pod["spec"]["priorityClassName"] == "team-a" and pod["spec"]["priority"] == 7
+
+
+async def test_a_class_deleted_after_the_pod_exists_does_not_touch_the_job(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        await create_class(cluster, "team-b", 9)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, queue_priority=True):
+            await cluster.create_job(manifest("kept", priorityClassName="team-b"))
+            await pod_of(cluster, "kept")
+            await job_status(cluster, "kept", "Estimated")
+        status, data = await cluster.request("DELETE", f"{CLASSES}/team-b")
+        assert status == 200, data
+        async with running_operator(cluster, queue_priority=True, resync_seconds=0.5):  # resume: reconcile again
+            await asyncio.sleep(2.5)
+            job = await cluster.get_job("kept")
+            events = [e for e in await cluster.events() if e.get("reason") in ("PriorityClassNotFound", "Unschedulable")]
+            pods = [p["metadata"]["name"] for p in await cluster.pods() if p["metadata"]["name"].startswith("kept-")]
+    assert job["status"]["phase"] == "Estimated", job["status"]
+    assert not events
+    assert pods == ["kept-0"]

@@ -22,7 +22,12 @@ A policy is ``BASE`` followed by any number of suffixes:
 Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnnsched.scaling.scale``), ``+uvm``
 (MPS baselines and the ``-paper`` variants: oversubscription pages over the host link instead of OOM-killing),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
-the published algorithm, a baseline, see above), ``@N`` (cap of co-located jobs per GPU).
+the published algorithm, a baseline, see above), ``+sjf`` (gnnsched: the operator gives each pod the PriorityClass of
+its predicted-runtime bucket, :mod:`gnnsched.queue_order`, so kube-scheduler's default PrioritySort tries pending pods
+by (bucket priority, highest first; then the order they entered the queue: arrival, or re-queue after an OOM
+retry) -- shortest predicted first across the cluster, ties in FIFO order; with ``+scaling`` the bucket is that of the
+runtime predicted at the scaled requests, as the operator annotates it; ``+sjfN``: N buckets per doubling of the
+runtime, 1..8, default 2 as the chart's default classes), ``@N`` (cap of co-located jobs per GPU).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gnnsched.errors import FieldError
+from gnnsched.queue_order import DEFAULT_PER_DOUBLING, MAX_PER_DOUBLING
 
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
@@ -56,6 +62,7 @@ class PolicySpec:
     interference: bool = True
     max_clients: int | None = None
     paper: bool = False
+    sjf: int = 0  # +sjf: buckets per doubling of the runtime (gnnsched.queue_order); 0: FIFO queue
 
     @property
     def is_gnnsched(self) -> bool:
@@ -86,13 +93,20 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"unknown policy {text!r}; known: {', '.join(ALL_BASES)}")
     suffix = rest[len(base):]
     scaling = uvm = paper = False
+    sjf = 0
     interference = True
     while suffix:
         for token, flag in (("+scaling", "scaling"), ("+uvm", "uvm"), ("-interference", "nointerf"),
-                            ("-paper", "paper")):
+                            ("-paper", "paper"), ("+sjf", "sjf")):
             if suffix.startswith(token):
                 if flag == "scaling":
                     scaling = True
+                elif flag == "sjf":
+                    digits = len(suffix[len(token):]) - len(suffix[len(token):].lstrip("0123456789"))
+                    sjf = int(suffix[len(token):len(token) + digits]) if digits else DEFAULT_PER_DOUBLING
+                    if not 1 <= sjf <= MAX_PER_DOUBLING:
+                        raise PolicyError(f"{text!r}: +sjfN needs N in 1..{MAX_PER_DOUBLING} (buckets per doubling)")
+                    token += suffix[len(token):len(token) + digits]
                 elif flag == "uvm":
                     uvm = True
                 elif flag == "paper":
@@ -103,15 +117,17 @@ def parse_policy(text: str) -> PolicySpec:
                 break
         else:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, -interference, -paper, @N)")
+                              "(known: +scaling, +uvm, +sjf, -interference, -paper, @N)")
     if paper and base not in PAPER_VARIANTS:
         raise PolicyError(f"{text!r}: -paper applies to {' and '.join(PAPER_VARIANTS)} only (the published algorithms)")
     if uvm and base not in ("mps-naive", "mps-base") and not paper:
         raise PolicyError(f"{text!r}: +uvm applies to mps-naive, mps-base and the -paper variants only")
     if not interference and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: -interference applies to gnnsched policies only")
+    if sjf and base not in GNNSCHED_POLICIES:
+        raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
-                      max_clients=max_clients, paper=paper)
+                      max_clients=max_clients, paper=paper, sjf=sjf)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

@@ -15,6 +15,10 @@ policy, the ``+uvm`` variants of the MPS baselines, each gnnsched policy ``-inte
 published SQTF/BQT (``-paper``, with and without ``+uvm``)
 (openb's placement-only ``best-fit``/``fgd`` run in their own replay, not in this engine). ``--profile N`` runs each
 policy under cProfile and prints its N most expensive functions (cumulative time; wall times are then inflated).
+
+The 24 specs' costs depend on whether the estimator finds the real graphs (``$GNNSCHED_DATA_DIR``, else
+``../shared/data`` beside the checkout): compare runs made with the same data folder. ``build_workload`` is shared
+with ``bench/simulate_identity.py``, which checks that an engine change leaves every per-job outcome unchanged.
 """
 
 from __future__ import annotations

@@ -374,10 +374,28 @@ class PlacementView:
             self.refresh_host(sim.nodes[idx])
         sim.changed_nodes.clear()
         changed = sim.changed_gpus
-        if sim.now - self.above_at < self.SIZE_MIX_INTERVAL and len(changed) <= self.CELL_BY_CELL:
-            # The common case: a few GPUs changed and the size table stays. A GPU's derived figures depend on its own
-            # raw figures alone, so each is written and derived in one pass (what set_gpu for every changed GPU,
-            # then derive_cells on them, stores).
+        if sim.now - self.above_at >= self.SIZE_MIX_INTERVAL:
+            # The admit bytes of every job running or queued at a gate, as the engine counts them (a multiset:
+            # size_table's quantiles do not depend on the order, so this equals listing every job).
+            counts = sim.size_counts
+            sizes = np.repeat(np.fromiter(counts.keys(), dtype=np.float64, count=len(counts)),
+                              np.fromiter(counts.values(), dtype=np.int64, count=len(counts)))
+            above = pl.size_table(sizes)
+            self.above_at = sim.now
+            if not np.array_equal(above, self.above):
+                self.above = above
+                for idx, index in changed:
+                    self.refresh_gpu(sim.nodes[idx], index)
+                changed.clear()
+                pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
+                self.epoch += 1
+                return
+            # The same table as before: every derived figure and cached fit cost stands; the changed GPUs are
+            # refreshed below as between two refreshes of the mix.
+        if len(changed) <= self.CELL_BY_CELL:
+            # The common case: a few GPUs changed. A GPU's derived figures depend on its own raw figures alone, so
+            # each is written and derived in one pass (what set_gpu for every changed GPU, then derive_cells on
+            # them, stores).
             if changed:
                 row_ver = self.row_ver
                 for r in {idx for idx, _ in changed}:
@@ -387,30 +405,12 @@ class PlacementView:
                     self.refresh_gpu(nodes[idx], index, derive=True)
                 changed.clear()
             return
-        cells = [(index, idx) for idx, index in sim.changed_gpus]
-        for idx, index in sim.changed_gpus:
+        for idx, index in changed:
             self.refresh_gpu(sim.nodes[idx], index)
-        sim.changed_gpus.clear()
-        if sim.now - self.above_at >= self.SIZE_MIX_INTERVAL:
-            # The admit bytes of every job running or queued at a gate, as the engine counts them (a multiset:
-            # size_table's quantiles do not depend on the order, so this equals listing every job).
-            counts = sim.size_counts
-            sizes = np.repeat(np.fromiter(counts.keys(), dtype=np.float64, count=len(counts)),
-                              np.fromiter(counts.values(), dtype=np.int64, count=len(counts)))
-            self.above = pl.size_table(sizes)
-            self.above_at = sim.now
-            pl.derive(self.state, slice(0, self.rows), self.above, self.interference)  # F(free): every row
-            self.epoch += 1
-            return
-        if cells:
-            self.row_ver[np.fromiter({r for _, r in cells}, dtype=np.int64)] += 1
-        if len(cells) <= self.CELL_BY_CELL:
-            # Only the GPUs whose books changed: a GPU's derived figures depend on its own raw figures alone.
-            pl.derive_cells(self.state, cells, self.above, self.interference)
-        else:
-            rows = sorted({r for _, r in cells})
-            pl.derive(self.state, np.fromiter(rows, dtype=np.int64, count=len(rows)), self.above,
-                      self.interference)
+        rows = sorted({r for r, _ in changed})
+        changed.clear()
+        self.row_ver[rows] += 1
+        pl.derive(self.state, np.fromiter(rows, dtype=np.int64, count=len(rows)), self.above, self.interference)
 
     #: (bytes, intensity) classes kept in fit_cache (the oldest is dropped beyond this).
     FIT_CACHE_CLASSES = 64

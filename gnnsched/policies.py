@@ -49,7 +49,7 @@ from enum import Enum
 
 
 #: The gate's backfill rule when none is given (``node-agent --bypass-limit``, the simulator without ``+bypassN``).
-DEFAULT_BYPASS_LIMIT = 0
+DEFAULT_BYPASS_LIMIT = 4
 
 
 class Policy(str, Enum):
@@ -259,7 +259,7 @@ def plan_decision(
     order = traversal(p, items)
     if bypass_limit == 0:
         return Plan(_plan_prefix(p, order, gpus), {})
-    return _plan_backfill(p, order, gpus, bypass_limit, smallest)
+    return _plan_backfill(p, order, gpus, bypass_limit)
 
 
 def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree]) -> list[Admission]:
@@ -281,7 +281,7 @@ def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree]) -> list[Admi
     return out
 
 
-def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int, smallest: int) -> Plan:
+def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int) -> Plan:
     """Bounded-bypass backfill over ``order`` (see ``plan_decision``).
 
     ``budget[j]``: how many more overtakers task ``j`` accepts in this decision. Within one GPU's scan every skipped
@@ -293,6 +293,13 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
     n = len(order)
     taken = [False] * n
     budget = [max(0, limit - t.bypassed) for t in order]
+    # suffix minimum of the sizes (taken tasks included: still a lower bound), so a scan stops as soon as nothing
+    # further down the order can fit the room left, instead of walking the whole queue on every GPU
+    floor = [0] * n
+    m = math.inf
+    for j in range(n - 1, -1, -1):
+        m = min(m, order[j].bytes)
+        floor[j] = m
     remaining_bytes = sum(t.bytes for t in order)
     out: list[Admission] = []
     first = 0
@@ -301,7 +308,7 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
             first += 1
         if first >= n:
             break
-        if g.free_slots <= 0 or g.free_bytes < smallest:
+        if g.free_slots <= 0 or g.free_bytes < floor[first]:
             continue
         threshold = group_threshold(p, remaining_bytes, g.capacity_bytes)
         members: list[int] = []
@@ -313,8 +320,8 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
                 continue
             if len(members) >= g.free_slots or (members and total > threshold):
                 break
-            if total + smallest > g.free_bytes:
-                break  # not even the smallest task fits the room left
+            if total + floor[j] > g.free_bytes:
+                break  # no task from here on fits the room left
             t = order[j]
             if total + t.bytes > g.free_bytes:  # the safety rule: t stays queued; later joiners overtake it
                 joined = len(members)

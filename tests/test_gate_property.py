@@ -245,7 +245,7 @@ def test_backfill_starts_small_jobs_past_a_blocked_one_then_stops_at_the_limit()
     assert [k for k, c in clients.items() if c.state == "running"] == ["occupant", "s1", "s2"]
     assert books.queued["big"].bypassed == 2 and clients["s3"].state == "waiting"
     # Strict prefix (limit 0): nothing passes the big job.
-    strict = Books(_gpus()[:1], Policy.BASE)
+    strict = Books(_gpus()[:1], Policy.BASE, bypass_limit=0)
     for key, size in (("occupant", 50), ("big", 60), ("s1", 5)):
         strict.enqueue(key, pod_uid=key, bytes=size * UNIT)
     assert [e.key for d in strict.decide() for e in d.entries] == ["occupant"]

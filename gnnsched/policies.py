@@ -284,7 +284,8 @@ def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree]) -> list[Admi
 def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int) -> Plan:
     """Bounded-bypass backfill over ``order`` (see ``plan_decision``).
 
-    ``budget[j]``: how many more overtakers task ``j`` accepts in this decision. Within one GPU's scan every skipped
+    ``budget(j)``: how many more overtakers task ``j`` accepts in this decision (``limit - bypassed - spent[j]``, kept
+    only for the tasks some scan skipped, so a long queue costs little beyond its sort). Within one GPU's scan every skipped
     task is overtaken by each later joiner, so the scan keeps ``low`` = min over the skipped of (budget at skip time
     + joiners at skip time); the tightest remaining budget is ``low - joiners`` and the scan stops when it reaches 0.
     A task skipped on one GPU may still join on another later in the same decision (then it was not overtaken at
@@ -292,13 +293,15 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
     """
     n = len(order)
     taken = [False] * n
-    budget = [max(0, limit - t.bypassed) for t in order]
+    spent: dict[int, int] = {}  # overtakes charged so far in this decision, per skipped position
     # suffix minimum of the sizes (taken tasks included: still a lower bound), so a scan stops as soon as nothing
     # further down the order can fit the room left, instead of walking the whole queue on every GPU
     floor = [0] * n
     m = math.inf
     for j in range(n - 1, -1, -1):
-        m = min(m, order[j].bytes)
+        b = order[j].bytes
+        if b < m:
+            m = b
         floor[j] = m
     remaining_bytes = sum(t.bytes for t in order)
     out: list[Admission] = []
@@ -326,14 +329,14 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
             if total + t.bytes > g.free_bytes:  # the safety rule: t stays queued; later joiners overtake it
                 joined = len(members)
                 skipped.append((j, joined))
-                low = min(low, budget[j] + joined)
+                low = min(low, max(0, limit - t.bypassed - spent.get(j, 0)) + joined)
             else:
                 members.append(j)
                 total += t.bytes
             if low - len(members) <= 0:
                 break  # a skipped task has been overtaken as often as allowed: nothing more may pass it
         for s, joined in skipped:
-            budget[s] -= len(members) - joined
+            spent[s] = spent.get(s, 0) + len(members) - joined
         if not members:
             continue
         for j in members:
@@ -342,13 +345,16 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
         remaining_bytes -= total
         out.append(Admission(gpu_index=g.index, tasks=group))
     bypassed: dict[str, int] = {}
-    later = 0  # admitted tasks after position j in the order
-    for j in range(n - 1, -1, -1):
-        if taken[j]:
-            later += 1
-        elif later:
-            t = order[j]
-            bypassed[t.key] = t.bypassed + later
+    if out:
+        later = sum(len(a.tasks) for a in out)  # admitted tasks after position j in the order
+        j = 0
+        while later:  # only positions before the last admitted one can have been overtaken
+            if taken[j]:
+                later -= 1
+            else:
+                t = order[j]
+                bypassed[t.key] = t.bypassed + later
+            j += 1
     return Plan(out, bypassed)
 
 

@@ -56,6 +56,7 @@ def main() -> int:
     ratios_prefix: dict[int, list[float]] = {n: [] for n in limits}
     p99_prefix: dict[int, list[float]] = {n: [] for n in limits}
     oom_ours = 0
+    per_policy: dict[int, list[tuple[str, float, float]]] = {n: [] for n in limits}  # (run, mean ratio, p99 ratio)
     print(f"seed {args.seed}; JCT mean / p99 in s; gnnsched policies as POLICY+bypassN (N=0: strict prefix)")
     for name in names:
         cl = parse_cluster(args.cluster or default_cluster(name), data)
@@ -77,6 +78,13 @@ def main() -> int:
                 cells.append(f"N={n}: {r['jct_mean_s']:.1f}/{r['jct_p99_s']:.1f} oom {r['oom_kills']} "
                              f"done {r['completed']}")
             print(f"    {p:5s} " + " | ".join(cells))
+        for p in ours:
+            r0 = m[_with(p, 0)] if 0 in limits else None
+            for n in limits:
+                if r0 is not None and n:
+                    r = m[_with(p, n)]
+                    per_policy[n].append((f"{name} {p}", r["jct_mean_s"] / r0["jct_mean_s"],
+                                          r["jct_p99_s"] / r0["jct_p99_s"]))
         for n in limits:
             best = min(ours, key=lambda p: m[_with(p, n)]["jct_mean_s"])
             prefix_best = min(ours, key=lambda p: m[_with(p, 0)]["jct_mean_s"])
@@ -98,6 +106,17 @@ def main() -> int:
               f"(max {max(ratios_naive[n]):.4f}, worse on {worse} of {len(ratios_naive[n])}); vs strict prefix: "
               f"mean JCT {gmean(ratios_prefix[n]):.4f}, p99 {gmean(p99_prefix[n]):.4f} "
               f"(max p99 {max(p99_prefix[n]):.4f})")
+    for n in limits:
+        rows = per_policy[n]
+        changed = [r for r in rows if abs(r[1] - 1) > 1e-9 or abs(r[2] - 1) > 1e-9]
+        if not n or not rows:
+            continue
+        print(f"N={n:3d} against N=0, per policy: {len(changed)} of {len(rows)} (workload, policy) runs change; "
+              f"mean JCT better in {sum(1 for r in changed if r[1] < 1 - 1e-9)}, worse in "
+              f"{sum(1 for r in changed if r[1] > 1 + 1e-9)}; p99 better in {sum(1 for r in changed if r[2] < 1 - 1e-9)}, "
+              f"worse in {sum(1 for r in changed if r[2] > 1 + 1e-9)}")
+        for run_name, mean_r, p99_r in changed:
+            print(f"    {run_name}: mean JCT {100 * (mean_r - 1):+.2f} %, p99 {100 * (p99_r - 1):+.2f} %")
     print(f"OOM kills over all gnnsched runs: {oom_ours}")
     print(f"total {time.perf_counter() - started:.0f} s, load average {os.getloadavg()}")
     return 0

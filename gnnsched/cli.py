@@ -56,6 +56,20 @@ def _operator(
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
+    queue_priority: bool = typer.Option(False, "--queue-priority/--no-queue-priority",
+                                        help="Shortest-predicted-first: give each pod the PriorityClass of its "
+                                             "predicted runtime's bucket, so kube-scheduler's queue tries shorter "
+                                             "jobs first (the classes never preempt; the chart creates them). A "
+                                             "GNNJob's spec.priorityClassName always wins."),
+    queue_priority_base: int = typer.Option(1000, "--queue-priority-base",
+                                            help="Value of the longest-runtime class; shorter buckets get base+1, "
+                                                 "base+2, ... Must match the chart's queuePriority.base."),
+    queue_priority_prefix: str = typer.Option("gnnsched-runtime-", "--queue-priority-prefix",
+                                              help="Class names are PREFIX000, PREFIX001, ... (chart: "
+                                                   "queuePriority.prefix)."),
+    queue_priority_per_doubling: int = typer.Option(2, "--queue-priority-per-doubling",
+                                                    help="Buckets per doubling of the predicted runtime, 1..8 "
+                                                         "(chart: queuePriority.perDoubling)."),
     kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."),
     context: str = typer.Option(None, "--context", help="Kubeconfig context."),
     watch_timeout: float = typer.Option(None, "--watch-timeout", min=0.1,
@@ -72,13 +86,23 @@ def _operator(
     if namespace and all_namespaces:
         fail("--namespace and --all-namespaces are mutually exclusive")
     setup_logging(log_level)
+    from gnnsched.queue_order import QueueOrder, QueueOrderError
+
+    try:
+        QueueOrder(base=queue_priority_base, prefix=queue_priority_prefix, per_doubling=queue_priority_per_doubling)
+    except QueueOrderError as exc:
+        flag = {"queuePriority.base": "--queue-priority-base", "queuePriority.prefix": "--queue-priority-prefix",
+                "queuePriority.perDoubling": "--queue-priority-per-doubling"}.get(exc.field, exc.field)
+        fail(f"{flag}: {exc.message}")
     from gnnsched.operator.handlers import OperatorConfig
     from gnnsched.operator.main import run
 
     fields = {"namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
               "scheduler_name": scheduler_name, "health_port": health_port or None,
-              "metrics_port": metrics_port or None}
+              "metrics_port": metrics_port or None, "queue_priority": queue_priority,
+              "queue_priority_base": queue_priority_base, "queue_priority_prefix": queue_priority_prefix,
+              "queue_priority_per_doubling": queue_priority_per_doubling}
     if image:
         fields["image"] = image
     run(OperatorConfig(**fields), kubeconfig=kubeconfig, context=context)

@@ -43,6 +43,11 @@ ANN_STARTED_AT = f"{GROUP}/started-at"
 ANN_FINISHED_AT = f"{GROUP}/finished-at"
 ANN_OBSERVED_PEAK_BYTES = f"{GROUP}/observed-peak-bytes"
 
+# Shortest-predicted-runtime-first queue order (gnnsched.queue_order): PriorityClasses named
+# ``<QUEUE_CLASS_PREFIX><bucket, two digits>``, created by the chart, set on pods by the operator.
+QUEUE_CLASS_PREFIX = "gnnsched-runtime-"
+QUEUE_PRIORITY_BASE = 1000  # value of the longest-runtime bucket; shorter buckets are base + 1, base + 2, ...
+
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB_NAME = f"{GROUP}/job-name"
 MANAGED_BY_VALUE = "gnnsched"

@@ -69,6 +69,10 @@ def _bounded(path: str, **kwargs: Any) -> Any:
     return Field(ge=low, le=high, **kwargs)
 
 
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Kubernetes object name such as a PriorityClass's (RFC 1123 subdomain)."""
+
+
 class _Spec(BaseModel):
     """Spec models: camelCase in YAML, snake_case in Python, unknown keys rejected (typos must not pass silently).
 
@@ -232,6 +236,9 @@ class GNNJobSpec(_Spec):
     command: list[str] | None = None
     args: list[str] | None = None
     backoff_limit: Int = _bounded("spec.backoffLimit", default=0)
+    # A PriorityClass the user picks for the job's pods; wins over the operator's runtime-bucket class
+    # (gnnsched.queue_order). It must exist: the API server rejects a pod that names a missing class.
+    priority_class_name: str | None = Field(default=None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
 
     @model_validator(mode="after")
     def _mode_fields(self) -> GNNJobSpec:

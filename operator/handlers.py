@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
 from gnnsched.contract import (
@@ -37,11 +37,14 @@ from gnnsched.contract import (
     LABEL_JOB_NAME,
     LABEL_MANAGED_BY,
     MANAGED_BY_VALUE,
+    QUEUE_CLASS_PREFIX,
+    QUEUE_PRIORITY_BASE,
     SCHEDULER_NAME,
     VERSION,
     API_VERSION,
 )
 from gnnsched.quantity import format_bytes
+from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
 
 from .kube import Kube, KubeError
@@ -68,6 +71,21 @@ class OperatorConfig(BaseModel):
     scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)
+    # Shortest-predicted-first queue order (gnnsched.queue_order): give each pod the PriorityClass of its predicted
+    # runtime's bucket. The classes must exist (the chart creates them with queuePriority.enabled).
+    queue_priority: bool = False
+    queue_priority_base: int = QUEUE_PRIORITY_BASE
+    queue_priority_prefix: str = QUEUE_CLASS_PREFIX
+    queue_priority_per_doubling: int = DEFAULT_PER_DOUBLING
+
+    @model_validator(mode="after")
+    def _queue_order_valid(self) -> "OperatorConfig":
+        self.queue_order()  # QueueOrderError (a ValueError) names the field
+        return self
+
+    def queue_order(self) -> QueueOrder:
+        return QueueOrder(base=self.queue_priority_base, prefix=self.queue_priority_prefix,
+                          per_doubling=self.queue_priority_per_doubling)
 
 
 class JobRef(BaseModel):
@@ -351,11 +369,54 @@ class Operator:
         if new.get("phase") in (None, "Pending", "Unschedulable"):
             new["phase"] = "Estimated"
             new["message"] = None
+        try:
+            priority_class = self.priority_class(body, spec, plan, ref.namespace, name)
+        except PlanError as exc:
+            self._fail(body, dict(status, conditions=conditions), exc.phase, "Schedulable", exc.reason, exc.message)
+            return
         self._write(body, status, new, message=_estimated_message(plan))
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
-        pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name), kind="Pod")
+        pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name,
+                                                priority_class), kind="Pod")
         self._apply_pod(body, status, pod, deleted=False)
+
+    def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
+                       pod: str) -> str | None:
+        """The PriorityClass of the job's pods: ``spec.priorityClassName`` when set (it must exist: the API server
+        would reject the pod), else with ``queue_priority`` the class of the predicted runtime's bucket, else none.
+
+        A missing user class raises ``PlanError`` (phase Unschedulable: the resync timer retries, so creating the
+        class later starts the job). A missing queue class only costs the ordering: the pod is created without a
+        class (FIFO, as with the feature off) and a Warning event says how to fix it. Both only matter while the
+        attempt's pod does not exist yet: a resumed job whose pod was created (with a class since deleted) keeps it.
+        """
+        if spec.priority_class_name is not None:
+            if self.kube.read_priority_class(spec.priority_class_name) is None \
+                    and self.kube.read_pod(namespace, pod) is None:
+                raise PlanError("PriorityClassNotFound",
+                                f"spec.priorityClassName: PriorityClass {spec.priority_class_name!r} does not exist; "
+                                "create it (kubectl get priorityclasses lists them) or remove the field",
+                                phase="Unschedulable")
+            return spec.priority_class_name
+        if not self.config.queue_priority:
+            return None
+        seconds = plan.predicted_runtime_seconds
+        if seconds is None:
+            self._event(body, "Warning", "NoQueuePriority",
+                        f"no runtime prediction ({plan.runtime_source}): the pod gets no queue PriorityClass and "
+                        "waits in arrival order")
+            return None
+        cls = self.config.queue_order().class_for(seconds)
+        if self.kube.read_priority_class(cls.name) is None:
+            if self.kube.read_pod(namespace, pod) is not None:
+                return cls.name  # created before the class went away: the pod is adopted as it is
+            self._event(body, "Warning", "QueuePriorityClassMissing",
+                        f"PriorityClass {cls.name} (predicted runtime {seconds:.0f} s) does not exist: the pod waits "
+                        "in arrival order; install the chart with queuePriority.enabled=true, or run the operator "
+                        "without --queue-priority")
+            return None
+        return cls.name
 
     def _stored_plan(self, status: dict[str, Any], generation: int | None, any_generation: bool = False) -> Plan | None:
         stored = status.get("plan")

@@ -42,6 +42,7 @@ class Kube:
         self._api = kubernetes.client.ApiClient(configuration)
         self._core = kubernetes.client.CoreV1Api(self._api)
         self._custom = kubernetes.client.CustomObjectsApi(self._api)
+        self._scheduling = kubernetes.client.SchedulingV1Api(self._api)
         self._exception = kubernetes.client.ApiException
 
     def close(self) -> None:
@@ -134,6 +135,15 @@ class Kube:
                 GROUP, VERSION, namespace, GNNJOB_PLURAL, name, {"status": status},
                 _content_type=MERGE_PATCH,
             )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def read_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A PriorityClass (cluster-scoped, ``scheduling.k8s.io/v1``); ``None`` when it does not exist."""
+        try:
+            return self._call(self._scheduling.read_priority_class, name)
         except KubeError as exc:
             if exc.status == 404:
                 return None

@@ -122,8 +122,9 @@ def container_command(spec: GNNJobSpec) -> list[str]:
 
 
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
-              scheduler_name: str = SCHEDULER_NAME) -> dict[str, Any]:
-    """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one."""
+              scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None) -> dict[str, Any]:
+    """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
+    ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none."""
     meta = job["metadata"]
     requests: dict[str, str] = {GPU_SHARE_RESOURCE: "1"}
     limits: dict[str, str] = {GPU_SHARE_RESOURCE: "1"}  # extended resources: limit must equal request
@@ -146,7 +147,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": ENV_RESULT_FILE, "value": TERMINATION_LOG},
     ]
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -178,3 +179,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
             "volumes": [{"name": "job-spec", "configMap": {"name": config_map_name(meta["name"])}}],
         },
     }
+    if priority_class_name is not None:
+        # Only the name: the Priority admission plugin resolves it to spec.priority (a pod may not set that itself).
+        pod["spec"]["priorityClassName"] = priority_class_name
+    return pod

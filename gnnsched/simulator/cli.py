@@ -31,7 +31,9 @@ def simulate(
                                  "exclusive,mps-naive,lmcf+scaling. Default: the workload's. Baselines: exclusive, "
                                  "srtf, drf, temporal, mps-naive, mps-base, sqtf-paper, bqt-paper (GNNSched's "
                                  "published SQTF/BQT: groups may exceed the GPU); gnnsched: base, lmcf, bmc, sqtf, "
-                                 "bqt. Suffixes: +scaling, +uvm (MPS and -paper), -interference, @N."),
+                                 "bqt. Suffixes: +scaling, +uvm (MPS and -paper), -interference, +sjf[N] (gnnsched: "
+                                 "pods carry runtime-bucket PriorityClasses, kube-scheduler's queue tries the "
+                                 "shortest predicted first), @N."),
     seed: int = typer.Option(0, "--seed", help="Seed of the built-in workload generators."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the metrics as JSON here."),
     plots: Path | None = typer.Option(None, "--plots", help="Write PNG plots (JCT CDF, utilisation, group memory)."),

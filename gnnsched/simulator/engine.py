@@ -22,6 +22,7 @@ import numpy as np
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from gnnsched import queue_order
 from gnnsched.gpus import get_gpu_model
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
@@ -183,6 +184,8 @@ class Simulation:
         self.seq = 0
         self.pending: dict[int, SimJob] = {}  # insertion-ordered: arrival / retry order
         self.pending_dirty = False
+        self.queue_buckets: dict[int, int] = {}  # +sjf: job id -> runtime bucket (fixed for the job's life)
+        self.queue_order = queue_order.QueueOrder(per_doubling=policy.sjf) if policy.sjf else None
         self.dirty_nodes: set[int] = set()
         self.rr = 0
         self.resolved = 0
@@ -360,11 +363,22 @@ class Simulation:
         return bool(self.slots_arr.any())
 
     def _order(self, jobs: dict[int, SimJob]) -> Iterable[SimJob]:
+        if self.policy.sjf:  # kube-scheduler's PrioritySort over the queue classes: priority, then enqueue order
+            return sorted(jobs.values(), key=self._queue_bucket)  # stable: FIFO within a bucket
         if self.base == "srtf":
             return sorted(jobs.values(), key=lambda j: (self._predicted(j), j.arrival, j.id))
         if self.base == "drf":
             return sorted(jobs.values(), key=lambda j: (self._dominant_share(j), j.arrival, j.id))
         return iter(jobs.values())  # FIFO: arrival / retry order (consumed lazily, deleted after the loop)
+
+    def _queue_bucket(self, job: SimJob) -> int:
+        """The runtime bucket of the PriorityClass the operator gives ``job``'s pod (lower bucket = higher priority):
+        of the runtime it annotates, which with scaling is the runtime predicted at the scaled requests."""
+        k = self.queue_buckets.get(job.id)
+        if k is None:
+            seconds = self._predicted(job) * (job.scaled_solo_factor if self.policy.scaling else 1.0)
+            k = self.queue_buckets[job.id] = self.queue_order.bucket(seconds)
+        return k
 
     def _predicted(self, job: SimJob) -> float:
         return job.profile(self.gpu_nodes[0].gpus[0].model).predicted_s

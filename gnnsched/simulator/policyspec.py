@@ -24,7 +24,12 @@ Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnns
 ``+bypassN`` (gnnsched: the gate's bounded-bypass backfill with limit ``N``, as ``node-agent --bypass-limit N``;
 ``+bypass0`` is the strict prefix of the policy's order; without it the gate's default applies),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
-the published algorithm, a baseline, see above), ``@N`` (cap of co-located jobs per GPU).
+the published algorithm, a baseline, see above), ``+sjf`` (gnnsched: the operator gives each pod the PriorityClass of
+its predicted-runtime bucket, :mod:`gnnsched.queue_order`, so kube-scheduler's default PrioritySort tries pending pods
+by (bucket priority, highest first; then the order they entered the queue: arrival, or re-queue after an OOM
+retry) -- shortest predicted first across the cluster, ties in FIFO order; with ``+scaling`` the bucket is that of the
+runtime predicted at the scaled requests, as the operator annotates it; ``+sjfN``: N buckets per doubling of the
+runtime, 1..8, default 2 as the chart's default classes), ``@N`` (cap of co-located jobs per GPU).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gnnsched.errors import FieldError
+from gnnsched.queue_order import DEFAULT_PER_DOUBLING, MAX_PER_DOUBLING
 
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
@@ -58,6 +64,7 @@ class PolicySpec:
     interference: bool = True
     max_clients: int | None = None
     paper: bool = False
+    sjf: int = 0  # +sjf: buckets per doubling of the runtime (gnnsched.queue_order); 0: FIFO queue
     bypass_limit: int | None = None  # ``+bypassN``; None: the gate's default (``policies.DEFAULT_BYPASS_LIMIT``)
 
     @property
@@ -98,6 +105,7 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"unknown policy {text!r}; known: {', '.join(ALL_BASES)}")
     suffix = rest[len(base):]
     scaling = uvm = paper = False
+    sjf = 0
     interference = True
     bypass_limit: int | None = None
     while suffix:
@@ -110,10 +118,16 @@ def parse_policy(text: str) -> PolicySpec:
             suffix = digits[n:]
             continue
         for token, flag in (("+scaling", "scaling"), ("+uvm", "uvm"), ("-interference", "nointerf"),
-                            ("-paper", "paper")):
+                            ("-paper", "paper"), ("+sjf", "sjf")):
             if suffix.startswith(token):
                 if flag == "scaling":
                     scaling = True
+                elif flag == "sjf":
+                    digits = len(suffix[len(token):]) - len(suffix[len(token):].lstrip("0123456789"))
+                    sjf = int(suffix[len(token):len(token) + digits]) if digits else DEFAULT_PER_DOUBLING
+                    if not 1 <= sjf <= MAX_PER_DOUBLING:
+                        raise PolicyError(f"{text!r}: +sjfN needs N in 1..{MAX_PER_DOUBLING} (buckets per doubling)")
+                    token += suffix[len(token):len(token) + digits]
                 elif flag == "uvm":
                     uvm = True
                 elif flag == "paper":
@@ -124,7 +138,7 @@ def parse_policy(text: str) -> PolicySpec:
                 break
         else:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +bypassN, -interference, -paper, @N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, -interference, -paper, @N)")
     if paper and base not in PAPER_VARIANTS:
         raise PolicyError(f"{text!r}: -paper applies to {' and '.join(PAPER_VARIANTS)} only (the published algorithms)")
     if uvm and base not in ("mps-naive", "mps-base") and not paper:
@@ -133,8 +147,10 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"{text!r}: +bypassN applies to gnnsched policies only (the gate's backfill rule)")
     if not interference and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: -interference applies to gnnsched policies only")
+    if sjf and base not in GNNSCHED_POLICIES:
+        raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
-                      max_clients=max_clients, paper=paper, bypass_limit=bypass_limit)
+                      max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

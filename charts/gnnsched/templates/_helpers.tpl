@@ -64,3 +64,9 @@ fsGroup: 65532
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/* Name prefix of the queue PriorityClasses: queuePriority.prefix, or "<fullname>-runtime-" (cluster-scoped
+objects: two releases must not collide). The operator gets the same prefix as a flag. */}}
+{{- define "gnnsched.queuePriorityPrefix" -}}
+{{- .Values.queuePriority.prefix | default (printf "%s-runtime-" (include "gnnsched.fullname" .)) -}}
+{{- end }}

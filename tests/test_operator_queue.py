@@ -1,0 +1,180 @@
+"""The operator's queue PriorityClasses (gnnsched.queue_order) against an emulated API server (kmock).
+
+The emulator is given the PriorityClass resource and the Priority admission plugin's rule (a pod naming a class that
+does not exist is refused with 403; an existing class's value becomes ``spec.priority``), so the operator is tested
+against what a real API server would do with its pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+
+from operator_harness import Cluster, emulated_cluster, running_operator, wait_for
+
+from gnnsched.contract import ANN_PREDICTED_RUNTIME
+from gnnsched.queue_order import QueueOrder
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "gcn-train-cora.yaml"
+CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+GiB = 2**30
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+pytest.importorskip("gnnsched.estimator", reason="the PMC estimator is needed to plan a job")
+
+
+def manifest(name: str, **spec_changes: Any) -> dict[str, Any]:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"].update(spec_changes)
+    return doc
+
+
+def a100(index: int = 0) -> dict[str, Any]:
+    return {"index": index, "uuid": f"GPU-a100-{index}", "model": "A100-40GB", "totalBytes": 40 * GiB,
+            "reserveBytes": GiB, "committedBytes": 0, "usedBytes": 0, "healthy": True, "mpsHealthy": True,
+            "maxClients": 48, "running": [], "queued": []}
+
+
+def with_priority_admission(cluster: Cluster) -> dict[str, int]:
+    """Serve scheduling.k8s.io/v1 PriorityClasses and enforce the Priority admission plugin on pod creation.
+    Returns the name -> value map the admission rule reads (kept in step by the PriorityClass creates)."""
+    cluster.k8s.resources["scheduling.k8s.io/v1/priorityclasses"] = kmock.ResourceInfo(
+        kind="PriorityClass", singular="priorityclass", namespaced=False, shortnames={"pc"},
+        verbs={"list", "get", "create", "delete"})
+    known: dict[str, int] = {}
+
+    async def admit(request: Any) -> None:
+        if request.method != "POST" or request.resource is None or not isinstance(request.data, dict):
+            return
+        if request.resource.plural == "priorityclasses":
+            known[request.data["metadata"]["name"]] = int(request.data["value"])
+        elif request.resource.plural == "pods":
+            spec = request.data.get("spec") or {}
+            if "priority" in spec:
+                raise kmock.KubernetesError(status=403, reason="Forbidden",
+                                            message="the integer value of priority must not be provided in pod spec")
+            name = spec.get("priorityClassName")
+            if name is not None:
+                if name not in known:
+                    raise kmock.KubernetesError(status=403, reason="Forbidden",
+                                                message=f"no PriorityClass with name {name} was found")
+                spec["priority"] = known[name]
+
+    cluster.k8s.before_write = admit
+    return known
+
+
+async def create_class(cluster: Cluster, name: str, value: int) -> None:
+    status, data = await cluster.request("POST", CLASSES, json={
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+        "value": value, "preemptionPolicy": "Never", "globalDefault": False})
+    assert status in (200, 201), data
+
+
+async def pod_of(cluster: Cluster, job: str) -> dict[str, Any]:
+    async def find() -> Any:
+        return next((p for p in await cluster.pods() if p["metadata"]["name"] == f"{job}-0"), None)
+    return await wait_for(find, 30, what=f"the pod of {job}")
+
+
+async def job_status(cluster: Cluster, name: str, phase: str) -> dict[str, Any]:
+    async def check() -> Any:
+        job = await cluster.get_job(name)
+        return job if job and (job.get("status") or {}).get("phase") == phase else None
+    return (await wait_for(check, 30, what=f"{name} in phase {phase}"))["status"]
+
+
+async def test_pods_get_the_class_of_their_predicted_runtime_and_a_user_class_wins(tmp_path: Path) -> None:
+    order = QueueOrder()
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        for c in order.classes():
+            await create_class(cluster, c.name, c.value)
+        await create_class(cluster, "batch-urgent", 50_000)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, queue_priority=True):
+            await cluster.create_job(manifest("short", epochs=20))
+            await cluster.create_job(manifest("long", epochs=200_000))
+            await cluster.create_job(manifest("mine", epochs=200_000, priorityClassName="batch-urgent"))
+            short, long_, mine = [await pod_of(cluster, n) for n in ("short", "long", "mine")]
+
+    runtimes = {}
+    for name, pod in (("short", short), ("long", long_)):
+        seconds = float(pod["metadata"]["annotations"][ANN_PREDICTED_RUNTIME])
+        runtimes[name] = seconds
+        expected = order.class_for(seconds)
+        assert pod["spec"]["priorityClassName"] == expected.name
+        assert pod["spec"]["priority"] == expected.value  # resolved by the (emulated) admission plugin
+    assert runtimes["long"] > 2 * runtimes["short"]
+    assert short["spec"]["priority"] > long_["spec"]["priority"]  # shorter predicted -> tried first
+    assert mine["spec"]["priorityClassName"] == "batch-urgent" and mine["spec"]["priority"] == 50_000
+
+
+async def test_feature_off_sets_no_class(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest("plain"))
+            pod = await pod_of(cluster, "plain")
+    assert "priorityClassName" not in pod["spec"] and "priority" not in pod["spec"]
+
+
+async def test_missing_queue_classes_cost_only_the_order_and_say_so(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, queue_priority=True):
+            await cluster.create_job(manifest("fifo"))
+            pod = await pod_of(cluster, "fifo")
+
+            async def warned() -> Any:
+                return [e for e in await cluster.events() if e.get("reason") == "QueuePriorityClassMissing"]
+            events = await wait_for(warned, 30, what="a QueuePriorityClassMissing event")
+    assert "priorityClassName" not in pod["spec"]
+    assert events[0]["type"] == "Warning"
+    assert "queuePriority.enabled=true" in events[0]["message"] and "gnnsched-runtime-" in events[0]["message"]
+
+
+async def test_missing_user_class_holds_the_job_until_the_class_exists(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, queue_priority=True, resync_seconds=0.5):
+            await cluster.create_job(manifest("waits", priorityClassName="team-a"))
+            status = await job_status(cluster, "waits", "Unschedulable")
+            await asyncio.sleep(1.0)
+            assert not [p for p in await cluster.pods() if p["metadata"]["name"].startswith("waits-")]
+            await create_class(cluster, "team-a", 7)
+            pod = await pod_of(cluster, "waits")
+    assert "spec.priorityClassName" in status["message"] and "team-a" in status["message"]
+    assert status["message"].startswith("PriorityClassNotFound")
+    assert pod["spec"]["priorityClassName"] == "team-a" and pod["spec"]["priority"] == 7
+
+
+async def test_a_class_deleted_after_the_pod_exists_does_not_touch_the_job(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        await create_class(cluster, "team-b", 9)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, queue_priority=True):
+            await cluster.create_job(manifest("kept", priorityClassName="team-b"))
+            await pod_of(cluster, "kept")
+            await job_status(cluster, "kept", "Estimated")
+        status, data = await cluster.request("DELETE", f"{CLASSES}/team-b")
+        assert status == 200, data
+        async with running_operator(cluster, queue_priority=True, resync_seconds=0.5):  # resume: reconcile again
+            await asyncio.sleep(2.5)
+            job = await cluster.get_job("kept")
+            events = [e for e in await cluster.events() if e.get("reason") in ("PriorityClassNotFound", "Unschedulable")]
+            pods = [p["metadata"]["name"] for p in await cluster.pods() if p["metadata"]["name"].startswith("kept-")]
+    assert job["status"]["phase"] == "Estimated", job["status"]
+    assert not events
+    assert pods == ["kept-0"]

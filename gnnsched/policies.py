@@ -103,8 +103,9 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One gate decision: the admitted groups, and the new ``bypassed`` count of every queued task that was overtaken
-    by this decision (key → count; tasks not listed keep theirs). The caller stores the counts for the next decision."""
+    """One gate decision: the admitted groups, and the new ``bypassed`` count of every queued task that was
+    overtaken by this decision (key → count; tasks not listed keep theirs). The caller stores the counts for the next
+    decision."""
 
     admissions: list[Admission]
     bypassed: dict[str, int]
@@ -285,8 +286,8 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
     """Bounded-bypass backfill over ``order`` (see ``plan_decision``).
 
     ``budget(j)``: how many more overtakers task ``j`` accepts in this decision (``limit - bypassed - spent[j]``, kept
-    only for the tasks some scan skipped, so a long queue costs little beyond its sort). Within one GPU's scan every skipped
-    task is overtaken by each later joiner, so the scan keeps ``low`` = min over the skipped of (budget at skip time
+    only for the tasks some scan skipped, so a long queue costs little beyond its sort). Within one GPU's scan every
+    skipped task is overtaken by each later joiner, so the scan keeps ``low`` = min over the skipped of (budget at skip time
     + joiners at skip time); the tightest remaining budget is ``low - joiners`` and the scan stops when it reaches 0.
     A task skipped on one GPU may still join on another later in the same decision (then it was not overtaken at
     all: the final counts are recomputed from the admitted positions, so they never exceed what was budgeted).

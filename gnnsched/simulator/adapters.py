@@ -198,7 +198,9 @@ class Integrations:
 
     # ------------------------------------------------------------------ node agent
     def next_group(self, sim: Any, node: Any) -> list[tuple[SimJob, Any]]:
-        """The node agent's decision: ``gnnsched.policies.plan_admissions`` over the node's queue and GPUs."""
+        """The node agent's decision: ``gnnsched.policies.plan_decision`` over the node's queue and GPUs, with the
+        gate's backfill limit (``sim.bypass_limit``) and each queued job's bypass count (``sim.bypassed``), kept
+        between decisions as the gate keeps them."""
         pol = self._policies()
         cap = sim.per_gpu_cap
         if not node.queue:

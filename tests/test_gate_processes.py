@@ -282,7 +282,8 @@ def test_backfill_real_processes(tmp_path: Path) -> None:
         admitted = [k for e in log if e["event"] == "admitted" for k in e["keys"]]
         name_of = {v: k for k, v in uid.items()}
         order = [name_of[k] for k in admitted]
-        assert order[:4] == ["b0", "b1", "s1", "s2"] and order.index("big") < min(order.index("s3"), order.index("s4"))
+        assert sorted(order[:2]) == ["b0", "b1"] and order[2:4] == ["s1", "s2"]  # b0, b1 raced each other to the gate
+        assert order.index("big") < min(order.index("s3"), order.index("s4"))
         _rounds, most = _check_policy_order(log, "base", bypass_limit=2)
         assert most == 2
     finally:

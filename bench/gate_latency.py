@@ -8,7 +8,7 @@ Two measurements, both printed:
 2. **round trip**: a client's admit request over the real unix socket to the agent's reply, with the same queue
    (pod lookup in memory, peer check off), i.e. parse + identity + enqueue + decision + reply.
 
-Usage: ``python bench/gate_latency.py [--queued 1000] [--samples 2000] [--policy all]``. Timings on a shared machine
+Usage: ``python bench/gate_latency.py [--queued 1000] [--samples 2000] [--policy all] [--bypass-limit N]``. Timings on a shared machine
 are pessimistic; the load average is printed beside them.
 """
 
@@ -30,7 +30,7 @@ from gnnsched.contract import ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodInfo
-from gnnsched.policies import Policy
+from gnnsched.policies import DEFAULT_BYPASS_LIMIT, Policy
 
 GiB = 2**30
 
@@ -44,8 +44,9 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def bench_decide(policy: str, queued: int, samples: int, rng: random.Random) -> tuple[list[float], list[float]]:
-    books = Books(_gpus(), policy)
+def bench_decide(policy: str, queued: int, samples: int, rng: random.Random,
+                 bypass_limit: int = DEFAULT_BYPASS_LIMIT) -> tuple[list[float], list[float]]:
+    books = Books(_gpus(), policy, bypass_limit=bypass_limit)
     n = 0
 
     def arrive() -> None:
@@ -84,9 +85,10 @@ class MemoryPods:
         pass
 
 
-async def bench_roundtrip(policy: str, queued: int, samples: int, rng: random.Random) -> list[float]:
+async def bench_roundtrip(policy: str, queued: int, samples: int, rng: random.Random,
+                          bypass_limit: int = DEFAULT_BYPASS_LIMIT) -> list[float]:
     pods = MemoryPods()
-    books = Books(_gpus(), policy)
+    books = Books(_gpus(), policy, bypass_limit=bypass_limit)
     tmp = Path(tempfile.mkdtemp(prefix="gate-bench-"))
     server = GateServer(books, GateConfig("node-a", "/run/mps", recovery_grace=0, reconcile_seconds=0), pods=pods,
                         verifier=PeerVerifier(enabled=False))
@@ -125,17 +127,20 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--policy", default="all", help="base|lmcf|bmc|sqtf|bqt|all")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--bypass-limit", type=int, default=DEFAULT_BYPASS_LIMIT,
+                    help="the gate's backfill limit (0: strict prefix of the policy's order)")
     args = ap.parse_args()
     policies = [p.value for p in Policy] if args.policy == "all" else [args.policy]
     rng = random.Random(args.seed)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average (1 min) {load:.2f}")
+    print(f"bypass limit {args.bypass_limit}")
     print("wall = elapsed time (includes being descheduled on a busy machine); cpu = this thread's CPU time")
     print(f"{'policy':6} {'what':14} {'queued':>6} {'samples':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     worst_wall = worst_cpu = 0.0
     for p in policies:
-        wall, cpu = bench_decide(p, args.queued, args.samples, rng)
-        rt = asyncio.run(bench_roundtrip(p, args.queued, max(200, args.samples // 5), rng))
+        wall, cpu = bench_decide(p, args.queued, args.samples, rng, args.bypass_limit)
+        rt = asyncio.run(bench_roundtrip(p, args.queued, max(200, args.samples // 5), rng, args.bypass_limit))
         worst_wall = max(worst_wall, _pct(wall, 99) * 1e3)
         worst_cpu = max(worst_cpu, _pct(cpu, 99) * 1e3)
         for what, xs in (("decide wall", wall), ("decide cpu", cpu), ("roundtrip wall", rt)):

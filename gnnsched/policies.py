@@ -27,9 +27,17 @@ bound exactly, which is what the invariant ``committed <= total - reserve`` allo
 
 Online use (the gate): the queue's traversal order is computed once per decision; each GPU in turn (most free bytes
 first) receives the first group of the *remaining* traversal, bounded by that GPU's free bytes and free client slots.
-So admissions are always a prefix of the policy's order: nothing overtakes a task the policy puts first (no
-starvation of large jobs), and a GPU with memory free admits its next group at the next decision (an arrival or an
-exit) without waiting for its whole running group to finish.
+With ``bypass_limit=0`` (strict prefix) admissions are always a prefix of the policy's order: nothing overtakes a
+task the policy puts first (no starvation of large jobs), and a GPU with memory free admits its next group at the next
+decision (an arrival or an exit) without waiting for its whole running group to finish.
+
+The price of the prefix rule is head-of-line blocking: a large task waiting for memory holds back every smaller task
+behind it, although they would fit now. ``bypass_limit=N > 0`` is *bounded-bypass backfill*: a group may skip a task
+that does not fit its GPU and take later tasks that do, but every queued task carries how many tasks behind it in the
+order have started before it (``Task.bypassed``; the caller keeps the count between decisions, this module stays
+pure), and once that count reaches ``N`` nothing may overtake it any more — it blocks exactly as under the prefix
+rule until memory frees for it. So a task waits at most ``N`` overtakers longer than it would have under the prefix
+rule: starvation stays bounded, and the memory bound is checked for every task that joins a group, as before.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+
+
+#: The gate's backfill rule when none is given (``node-agent --bypass-limit``, the simulator without ``+bypassN``).
+DEFAULT_BYPASS_LIMIT = 4
 
 
 class Policy(str, Enum):
@@ -55,7 +67,8 @@ class Task:
     """A queued job as the policies see it.
 
     ``seq`` is the arrival order (FIFO and every tie-break); ``qt_seconds`` the predicted (solo) runtime — GNNSched's
-    QT is twice it, so the order is the same; unknown runtimes sort last.
+    QT is twice it, so the order is the same; unknown runtimes sort last. ``bypassed``: how many tasks later in the
+    policy's order have been admitted while this one waited (see ``plan_decision``); the caller keeps it.
     """
 
     key: str
@@ -63,6 +76,7 @@ class Task:
     seq: int
     qt_seconds: float | None = None
     intensity: str | None = None
+    bypassed: int = 0  # tasks behind this one in the order that started before it (bounded-bypass backfill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +99,16 @@ class Admission:
     @property
     def bytes(self) -> int:
         return sum(t.bytes for t in self.tasks)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One gate decision: the admitted groups, and the new ``bypassed`` count of every queued task that was
+    overtaken by this decision (key → count; tasks not listed keep theirs). The caller stores the counts for the next
+    decision."""
+
+    admissions: list[Admission]
+    bypassed: dict[str, int]
 
 
 @dataclass(slots=True)
@@ -196,25 +220,51 @@ def form_groups(
 
 
 def plan_admissions(
-    policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree]
+    policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree], bypass_limit: int = 0
 ) -> list[Admission]:
     """One gate decision: which queued tasks start now, on which GPU, as groups.
 
     The queue's traversal order is fixed for the decision; GPUs in order of most free bytes (then lowest index) each
-    take at most one group: the first group of what remains, bounded by that GPU's free bytes and free slots (and
-    SQTF/BQT's threshold). A GPU that cannot take the next task in order is skipped, never given a later one.
-    Admissions are therefore a prefix of the policy's order, and no GPU's free bytes go negative. The next group on
-    a GPU is formed at the next decision (an arrival or an exit), which is the papers' group iteration.
+    take at most one group, bounded by that GPU's free bytes and free slots (and SQTF/BQT's threshold). With
+    ``bypass_limit=0`` the group is the first group of what remains: a GPU that cannot take the next task in order is
+    skipped, never given a later one, so admissions are a prefix of the policy's order. With ``bypass_limit > 0``
+    a group may skip tasks that do not fit and take later ones, as long as no skipped task has been overtaken
+    ``bypass_limit`` times (see ``plan_decision``, which also returns the new counts). No GPU's free bytes ever go
+    negative. The next group on a GPU is formed at the next decision (an arrival or an exit), which is the papers'
+    group iteration.
     """
+    return plan_decision(policy, queue, gpus, bypass_limit).admissions
+
+
+def plan_decision(
+    policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree], bypass_limit: int = 0
+) -> Plan:
+    """``plan_admissions`` plus the bypass counts the caller must keep for the next decision.
+
+    Bounded-bypass backfill (``bypass_limit > 0``): each GPU scans what remains of the order; a task that does not
+    fit the group's remaining room is skipped and stays queued, a later task that fits joins — overtaking every task
+    skipped before it. A task may be overtaken only while its count (``Task.bypassed`` plus the overtakes so far in
+    this decision) is below ``bypass_limit``; at the limit the scan stops there, as under the prefix rule. Counted per
+    overtaking task, so the bound reads: at most ``bypass_limit`` tasks behind a task in the order start before it.
+    """
+    if isinstance(bypass_limit, bool) or not isinstance(bypass_limit, int) or bypass_limit < 0:
+        raise ValueError(f"bypass_limit: must be an integer >= 0, got {bypass_limit!r}")
     p = parse_policy(policy)
     items = list(queue)
     if not items:
-        return []
+        return Plan([], {})
     gpus = list(gpus)
     smallest = min(t.bytes for t in items)
     if not any(g.free_slots > 0 and g.free_bytes >= smallest for g in gpus):
-        return []  # nothing fits anywhere: skip the sort (the common case with a long queue on full GPUs)
+        return Plan([], {})  # nothing fits anywhere: skip the sort (the common case with a long queue on full GPUs)
     order = traversal(p, items)
+    if bypass_limit == 0:
+        return Plan(_plan_prefix(p, order, gpus), {})
+    return _plan_backfill(p, order, gpus, bypass_limit)
+
+
+def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree]) -> list[Admission]:
+    """The strict-prefix rule: each GPU takes the first group of the remaining order or nothing."""
     remaining_bytes = sum(t.bytes for t in order)
     out: list[Admission] = []
     i = 0
@@ -230,6 +280,83 @@ def plan_admissions(
         out.append(Admission(gpu_index=g.index, tasks=group))
         i += n
     return out
+
+
+def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int) -> Plan:
+    """Bounded-bypass backfill over ``order`` (see ``plan_decision``).
+
+    ``budget(j)``: how many more overtakers task ``j`` accepts in this decision (``limit - bypassed - spent[j]``, kept
+    only for the tasks some scan skipped, so a long queue costs little beyond its sort). Within one GPU's scan every
+    skipped task is overtaken by each later joiner, so the scan keeps ``low`` = min over the skipped of (budget at skip time
+    + joiners at skip time); the tightest remaining budget is ``low - joiners`` and the scan stops when it reaches 0.
+    A task skipped on one GPU may still join on another later in the same decision (then it was not overtaken at
+    all: the final counts are recomputed from the admitted positions, so they never exceed what was budgeted).
+    """
+    n = len(order)
+    taken = [False] * n
+    spent: dict[int, int] = {}  # overtakes charged so far in this decision, per skipped position
+    # suffix minimum of the sizes (taken tasks included: still a lower bound), so a scan stops as soon as nothing
+    # further down the order can fit the room left, instead of walking the whole queue on every GPU
+    floor = [0] * n
+    m = math.inf
+    for j in range(n - 1, -1, -1):
+        b = order[j].bytes
+        if b < m:
+            m = b
+        floor[j] = m
+    remaining_bytes = sum(t.bytes for t in order)
+    out: list[Admission] = []
+    first = 0
+    for g in sorted(gpus, key=lambda g: (-g.free_bytes, g.index)):
+        while first < n and taken[first]:
+            first += 1
+        if first >= n:
+            break
+        if g.free_slots <= 0 or g.free_bytes < floor[first]:
+            continue
+        threshold = group_threshold(p, remaining_bytes, g.capacity_bytes)
+        members: list[int] = []
+        total = 0
+        skipped: list[tuple[int, int]] = []
+        low = math.inf
+        for j in range(first, n):
+            if taken[j]:
+                continue
+            if len(members) >= g.free_slots or (members and total > threshold):
+                break
+            if total + floor[j] > g.free_bytes:
+                break  # no task from here on fits the room left
+            t = order[j]
+            if total + t.bytes > g.free_bytes:  # the safety rule: t stays queued; later joiners overtake it
+                joined = len(members)
+                skipped.append((j, joined))
+                low = min(low, max(0, limit - t.bypassed - spent.get(j, 0)) + joined)
+            else:
+                members.append(j)
+                total += t.bytes
+            if low - len(members) <= 0:
+                break  # a skipped task has been overtaken as often as allowed: nothing more may pass it
+        for s, joined in skipped:
+            spent[s] = spent.get(s, 0) + len(members) - joined
+        if not members:
+            continue
+        for j in members:
+            taken[j] = True
+        group = tuple(order[j] for j in members)
+        remaining_bytes -= total
+        out.append(Admission(gpu_index=g.index, tasks=group))
+    bypassed: dict[str, int] = {}
+    if out:
+        later = sum(len(a.tasks) for a in out)  # admitted tasks after position j in the order
+        j = 0
+        while later:  # only positions before the last admitted one can have been overtaken
+            if taken[j]:
+                later -= 1
+            else:
+                t = order[j]
+                bypassed[t.key] = t.bypassed + later
+            j += 1
+    return Plan(out, bypassed)
 
 
 # --- the gate invariant -------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.mps import MPSManager
 from gnnsched.node_agent.status import StatusSink, build_status
+from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 from gnnsched.node_status_file import status_file_path, write_status_file
 
 log = logging.getLogger("gnnsched.node_agent")
@@ -49,6 +50,7 @@ class AgentOptions:
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
     live_memory_check: bool = True
+    bypass_limit: int = DEFAULT_BYPASS_LIMIT  # 0: strict prefix of the policy's order; N: bounded-bypass backfill
 
 
 def gpu_slots(backend: GPUBackend, opts: AgentOptions) -> list[GPUSlot]:
@@ -89,7 +91,8 @@ class NodeAgent:
         return MPSStatus(healthy=self.mps.healthy, restarts=self.mps.restarts, message=self.mps.message[:500])
 
     async def start(self) -> GateServer:
-        books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check)
+        books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check,
+                      bypass_limit=self.opts.bypass_limit)
         self._dirty = asyncio.Event()
         cfg = GateConfig(
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,

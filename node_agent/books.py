@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gnnsched.policies import (
+    DEFAULT_BYPASS_LIMIT,
     Admission,
     GPUBooks,
     GPUFree,
@@ -19,7 +20,7 @@ from gnnsched.policies import (
     Task,
     check_gate_invariant,
     parse_policy,
-    plan_admissions,
+    plan_decision,
 )
 
 
@@ -67,9 +68,11 @@ class Entry:
     gpu_index: int | None = None
     group: str | None = None
     admitted_at: float | None = None
+    bypassed: int = 0  # entries later in the policy's order admitted while this one waited (bounded by bypass_limit)
 
     def task(self) -> Task:
-        return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity)
+        return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
+                    bypassed=self.bypassed)
 
 
 @dataclass(slots=True)
@@ -84,14 +87,25 @@ class Decision:
 class Books:
     """Queue + running set for one node's GPUs under one policy."""
 
-    def __init__(self, gpus: list[GPUSlot], policy: Policy | str, live_memory_check: bool = False) -> None:
+    def __init__(
+        self,
+        gpus: list[GPUSlot],
+        policy: Policy | str,
+        live_memory_check: bool = False,
+        bypass_limit: int = DEFAULT_BYPASS_LIMIT,
+    ) -> None:
         if not gpus:
             raise ValueError("gpus: the gate needs at least one GPU")
+        if isinstance(bypass_limit, bool) or not isinstance(bypass_limit, int) or bypass_limit < 0:
+            raise ValueError(f"bypass_limit: must be an integer >= 0, got {bypass_limit!r}")
         if len({g.index for g in gpus}) != len(gpus) or len({g.uuid for g in gpus}) != len(gpus):
             raise ValueError("gpus: indices and uuids must be unique")
         self.gpus: dict[int, GPUSlot] = {g.index: g for g in gpus}
         self.policy = parse_policy(policy)
         self.live_memory_check = live_memory_check
+        # 0: admissions are a strict prefix of the policy's order; N > 0: bounded-bypass backfill (policies module
+        # docstring). The per-entry counts live in Entry.bypassed; an agent restart starts them from 0 again.
+        self.bypass_limit = bypass_limit
         self.queued: dict[str, Entry] = {}
         self.running: dict[str, Entry] = {}
         self._tasks: dict[str, Task] = {}  # the policies' view of each queued entry, built once per request
@@ -195,7 +209,12 @@ class Books:
                 # outside the gate, or memory a finished job has not given back yet, shrinks it).
                 room = min(room, g.total_bytes - g.used_bytes)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes))
-        plan: list[Admission] = plan_admissions(self.policy, self._tasks.values(), free)
+        result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit)
+        plan: list[Admission] = result.admissions
+        for key, count in result.bypassed.items():  # overtaken entries stay queued; keep their counts
+            e = self.queued[key]
+            e.bypassed = count
+            self._tasks[key] = e.task()
         out: list[Decision] = []
         for adm in plan:
             self._groups += 1

@@ -16,6 +16,7 @@ from gnnsched.contract import (
     DEFAULT_MPS_PIPE_DIR,
     MPS_MAX_CLIENTS_PER_GPU,
 )
+from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 
 _POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 
@@ -27,6 +28,7 @@ def node_agent(
     metrics_port: int = typer.Option(DEFAULT_AGENT_METRICS_PORT, "--metrics-port", help="Prometheus /metrics port (0: any free port, -1: off)."),
     metrics_addr: str = typer.Option("0.0.0.0", "--metrics-addr", help="Address /metrics binds to."),
     policy: str = typer.Option("base", "--policy", help="Grouping policy: base|lmcf|bmc|sqtf|bqt."),
+    bypass_limit: int = typer.Option(DEFAULT_BYPASS_LIMIT, "--bypass-limit", help="Backfill: a queued pod that does not fit may be overtaken by at most N pods later in the policy's order before it blocks them (0: admit a strict prefix of the order, no overtaking)."),
     reserve_bytes: str = typer.Option("1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."),
     reserve_fraction: float = typer.Option(0.0, "--reserve-fraction", help="Reserve as a fraction of each GPU (the larger of the two applies)."),
     max_clients_per_gpu: int = typer.Option(MPS_MAX_CLIENTS_PER_GPU, "--max-clients-per-gpu", help="MPS clients per GPU (capped by the GPU model's limit)."),
@@ -77,6 +79,8 @@ def node_agent(
         fail("--compute-mode: use exclusive, default or keep")
     if peer_check not in ("cgroup", "off"):
         fail("--peer-check: use cgroup or off")
+    if bypass_limit < 0:
+        fail("--bypass-limit: must be >= 0 (0: strict prefix of the policy's order)")
     if recovery_grace < 0 or status_interval <= 0:
         fail("--recovery-grace/--status-interval: must be >= 0 / > 0")
 
@@ -129,7 +133,7 @@ def node_agent(
         reserve_fraction=reserve_fraction, max_clients_per_gpu=max_clients_per_gpu,
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
-        metrics_addr=metrics_addr, live_memory_check=live_memory_check,
+        metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
     )
     agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr)
 

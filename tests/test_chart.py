@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gnnsched import contract
+from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gnnsched"
@@ -26,7 +27,8 @@ VALUE_SETS = {
         "operator": {"watchNamespaces": ["ml-team-a", "ml-team-b"]},
     },
     "extra-node-selectors": {
-        "node": {"extraNodeSelector": {"pool": "a100", "topology.kubernetes.io/zone": "zone-a"}, "agent": {"policy": "lmcf"}}
+        "node": {"extraNodeSelector": {"pool": "a100", "topology.kubernetes.io/zone": "zone-a"},
+                 "agent": {"policy": "lmcf", "bypassLimit": 0}}
     },
     "components-off": {"operator": {"enabled": False}, "scheduler": {"enabled": False}},
 }
@@ -102,6 +104,7 @@ def test_values_schema_rejects_bad_values(chart):
     chart.validate_schema(None)
     for bad in (
         {"node": {"agent": {"policy": "random"}}},
+        {"node": {"agent": {"bypassLimit": -1}}},
         {"scheduler": {"extender": {"weight": 0}}},
         {"node": {"paths": {"gateSocket": "relative/path.sock"}}},
         {"operatr": {"enabled": True}},
@@ -188,6 +191,7 @@ def test_daemonset_mounts_match_the_components_defaults(chart):
     by_name = {c["name"]: c for c in pod["containers"]}
     agent, plugin = by_name["agent"], by_name["device-plugin"]
     assert arg_value(agent, "--gate-socket") == contract.DEFAULT_GATE_SOCKET
+    assert arg_value(agent, "--bypass-limit") == str(DEFAULT_BYPASS_LIMIT)  # the chart runs what the simulator measures
     assert arg_value(agent, "--mps-pipe-dir") == contract.DEFAULT_MPS_PIPE_DIR
     assert arg_value(plugin, "--plugin-dir") == contract.DEFAULT_DEVICE_PLUGIN_DIR
     assert arg_value(agent, "--metrics-port") == str(contract.DEFAULT_AGENT_METRICS_PORT)
@@ -207,6 +211,7 @@ def test_extra_node_selectors_are_merged(chart):
     selector = daemonset["spec"]["template"]["spec"]["nodeSelector"]
     assert selector == {"nvidia.com/gpu.present": "true", "pool": "a100", "topology.kubernetes.io/zone": "zone-a"}
     assert arg_value(containers(docs)["agent"], "--policy") == "lmcf"
+    assert arg_value(containers(docs)["agent"], "--bypass-limit") == "0"
 
 
 def test_security_contexts(chart):

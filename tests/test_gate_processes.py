@@ -61,7 +61,7 @@ def _free_port() -> int:
 
 
 class Agent:
-    def __init__(self, tmp: Path, policy: str) -> None:
+    def __init__(self, tmp: Path, policy: str, bypass_limit: int = 0) -> None:
         self.tmp = tmp
         self.sock = tmp / "gate.sock"
         self.pods = tmp / "pods.json"
@@ -69,6 +69,7 @@ class Agent:
         self.events = tmp / "events.jsonl"
         self.port = _free_port()
         self.policy = policy
+        self.bypass_limit = bypass_limit
         self.proc: subprocess.Popen | None = None
         self.env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}")
 
@@ -76,7 +77,7 @@ class Agent:
         cmd = _gnnsched() + [
             "node-agent", "--gpus", "fake:2x80Gi", "--node-name", "node-a", "--gate-socket", str(self.sock),
             "--pods-file", str(self.pods), "--status-file", str(self.status), "--event-log", str(self.events),
-            "--policy", self.policy, "--reserve-bytes", "2Gi", "--max-clients-per-gpu", str(MAX_CLIENTS),
+            "--policy", self.policy, "--bypass-limit", str(self.bypass_limit), "--reserve-bytes", "2Gi", "--max-clients-per-gpu", str(MAX_CLIENTS),
             "--mps", "on", "--mps-pipe-dir", str(self.tmp / "mps"), "--mps-log-dir", str(self.tmp / "mps-log"),
             "--peer-check", "off", "--recovery-grace", str(grace), "--status-interval", "0.5",
             "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1", "--log-level", "warning",
@@ -141,9 +142,12 @@ def _sweep(records: list[dict], bytes_of: dict[str, int]) -> dict[str, tuple[int
     return peaks
 
 
-def _check_policy_order(events: list[dict], policy: str) -> int:
-    """Replay the event log: each admission must be a prefix of the policy's order over what was queued then."""
+def _check_policy_order(events: list[dict], policy: str, bypass_limit: int = 0) -> tuple[int, int]:
+    """Replay the event log: with ``bypass_limit`` 0 each admission must be a prefix of the policy's order over what
+    was queued then; with backfill no queued job may see more than ``bypass_limit`` jobs behind it in that order
+    admitted before it. Returns (decisions, the most times any job was overtaken)."""
     rounds = 0
+    overtaken: dict[str, int] = {}
     # Admission events of one decision are written consecutively; group them by contiguity.
     queued: dict[str, Task] = {}
     i = 0
@@ -159,7 +163,13 @@ def _check_policy_order(events: list[dict], policy: str) -> int:
                 batch.extend(events[i]["keys"])
                 i += 1
             order = [t.key for t in traversal(policy, queued.values())]
-            assert batch == order[: len(batch)], f"admitted {batch} but the {policy} order was {order}"
+            if bypass_limit:
+                for j, k in enumerate(order):
+                    if k not in batch:
+                        overtaken[k] = overtaken.get(k, 0) + sum(1 for later in order[j + 1:] if later in batch)
+                        assert overtaken[k] <= bypass_limit, f"{k} overtaken {overtaken[k]} times"
+            else:
+                assert batch == order[: len(batch)], f"admitted {batch} but the {policy} order was {order}"
             if policy == "lmcf":  # the same, stated without the reference: nothing smaller stays behind
                 rest = [queued[k].bytes for k in order[len(batch):]]
                 assert not rest or max(queued[k].bytes for k in batch) <= min(rest)
@@ -168,14 +178,14 @@ def _check_policy_order(events: list[dict], policy: str) -> int:
             rounds += 1
             continue
         i += 1
-    return rounds
+    return rounds, max(overtaken.values(), default=0)
 
 
 def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
     rng = random.Random(5)
     sizes = [rng.choice([4, 8, 12, 20, 30, 45, 60]) * GiB for _ in range(30)]
     pods, jobs = zip(*(job_pod(f"job{i:02d}", b, runtime=rng.uniform(1, 100)) for i, b in enumerate(sizes)))
-    agent = Agent(tmp_path, "lmcf")
+    agent = Agent(tmp_path, "lmcf", bypass_limit=0)  # the strict prefix rule, stated explicitly
     write_pods(agent.pods, list(pods), list(jobs))
     out = tmp_path / "out"
     out.mkdir()
@@ -206,7 +216,7 @@ def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
         events = [json.loads(line) for line in agent.events.read_text().splitlines()]
         admitted = [k for e in events if e["event"] == "admitted" for k in e["keys"]]
         assert sorted(admitted) == sorted(p["metadata"]["uid"] for p in pods) and len(admitted) == 30, "each job admitted exactly once"
-        rounds = _check_policy_order(events, "lmcf")
+        rounds, _ = _check_policy_order(events, "lmcf")
         assert rounds >= 5
         while len([e for e in events if e["event"] == "released"]) < 30:  # every keeper let go
             assert time.monotonic() < deadline
@@ -221,6 +231,64 @@ def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
         assert "-d" in mps_cmds and "nvidia-smi -i 1 -c EXCLUSIVE_PROCESS" in mps_cmds
     finally:
         _kill_all(procs)
+        agent.stop()
+
+
+def test_backfill_real_processes(tmp_path: Path) -> None:
+    """``--bypass-limit 2``, FIFO: two 50 GiB jobs hold both GPUs, a 60 GiB job waits for one of them; of four 5 GiB
+    jobs queued behind it, exactly two start ahead of it (and finish), the other two wait behind it until it starts."""
+    names = ["b0", "b1", "big", "s1", "s2", "s3", "s4"]
+    sizes = {"b0": 50 * GiB, "b1": 50 * GiB, "big": 60 * GiB, "s1": 5 * GiB, "s2": 5 * GiB, "s3": 5 * GiB,
+             "s4": 5 * GiB}
+    pods, jobs = zip(*(job_pod(n, sizes[n]) for n in names))
+    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    agent = Agent(tmp_path, "base", bypass_limit=2)
+    write_pods(agent.pods, list(pods), list(jobs))
+    out = tmp_path / "out"
+    out.mkdir()
+    go = tmp_path / "go"
+    agent.start(grace=0.0)
+    procs: dict[str, subprocess.Popen] = {}
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in agent.events.read_text().splitlines()]
+
+    def wait_event(kind: str, name: str) -> None:
+        deadline = time.monotonic() + 30
+        while not any(e["event"] == kind and e.get("key") == uid[name] for e in events()):
+            assert time.monotonic() < deadline, f"no {kind} event for {name}"
+            time.sleep(0.05)
+
+    try:
+        for n in ("b0", "b1"):
+            procs[n] = _launch(agent, pods[names.index(n)], out, 0, {"GO_FILE": str(go)})
+        _wait_status(agent, lambda s: sum(len(g["running"]) for g in s["gpus"]) == 2)
+        for n in ("big", "s1", "s2", "s3", "s4"):  # one at a time, so the queue's FIFO order is this order
+            procs[n] = _launch(agent, pods[names.index(n)], out, 0.1)
+            wait_event("queued", n)
+        for n in ("s1", "s2"):
+            assert procs[n].wait(30) == 0
+            wait_event("released", n)  # each exit is a decision too: big is at its limit, s3 and s4 stay behind it
+        s = _wait_status(agent, lambda s: sum(len(g["queued"]) for g in s["gpus"]) == 3)
+        assert sorted(q["name"] for g in s["gpus"] for q in g["queued"]) == ["big", "s3", "s4"]
+        assert not (out / "s3.json").exists() and not (out / "s4.json").exists()
+        go.touch()
+        assert all(p.wait(60) == 0 for p in procs.values())
+        records = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
+        for gpu, (peak, clients) in _sweep(list(records.values()), sizes).items():
+            assert peak <= CAPACITY and clients <= MAX_CLIENTS, gpu
+        assert records["s2"]["end"] <= records["big"]["start"]
+        log = events()
+        admitted = [k for e in log if e["event"] == "admitted" for k in e["keys"]]
+        name_of = {v: k for k, v in uid.items()}
+        order = [name_of[k] for k in admitted]
+        assert sorted(order[:2]) == ["b0", "b1"] and order[2:4] == ["s1", "s2"]  # b0, b1 raced each other to the gate
+        assert order.index("big") < min(order.index("s3"), order.index("s4"))
+        _rounds, most = _check_policy_order(log, "base", bypass_limit=2)
+        assert most == 2
+    finally:
+        go.touch()
+        _kill_all(list(procs.values()))
         agent.stop()
 
 

@@ -3,8 +3,10 @@ agent restarts (books rebuilt from the clients that reconnect). In-process, so �
 
 Checked after every event, independently of the books' own tripwire: per GPU the bytes of the clients the *model*
 believes run there stay ≤ total − reserve and ≤ max clients; the books agree with the model exactly (nothing lost,
-nothing invented); no client is ever admitted twice. At the end every waiting client gets admitted once the running
-ones exit (liveness).
+nothing invented); no client is ever admitted twice; with backfill on (``bypass_limit`` > 0) the test counts itself,
+from the policy's order before each decision, how many later clients started ahead of each waiting one, and checks
+that the books keep the same count and that it never passes the limit (0: nobody is ever overtaken). At the end every
+waiting client gets admitted once the running ones exit (liveness).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Client:
     state: str = "waiting"  # waiting | running | done
     gpu_uuid: str | None = None
     admissions: int = 0
+    bypassed: int = 0  # later clients (in the policy's order) admitted while this one waited, counted by the test
 
 
 def _gpus() -> list[GPUSlot]:
@@ -53,6 +56,8 @@ def _snapshot(b: Books) -> tuple:
 
 
 def _apply_decisions(books: Books, clients: dict[str, Client]) -> None:
+    order = [e.key for e in books.queue_order()]
+    admitted: set[str] = set()
     for d in books.decide():
         for e in d.entries:
             c = clients[e.key]
@@ -60,6 +65,14 @@ def _apply_decisions(books: Books, clients: dict[str, Client]) -> None:
             c.state, c.gpu_uuid = "running", d.gpu.uuid
             c.admissions += 1
             assert c.admissions == 1, f"{c.key} admitted twice"
+            admitted.add(e.key)
+    for i, key in enumerate(order):
+        if key in admitted:
+            continue
+        c = clients[key]
+        c.bypassed += sum(1 for k in order[i + 1:] if k in admitted)
+        assert c.bypassed <= books.bypass_limit, f"{key} overtaken {c.bypassed} times, limit {books.bypass_limit}"
+        assert books.queued[key].bypassed == c.bypassed
 
 
 def _check(books: Books, clients: dict[str, Client]) -> None:
@@ -83,9 +96,9 @@ def _pick(clients: dict[str, Client], state: str, i: int) -> Client | None:
 
 
 @settings(max_examples=110, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.sampled_from(list(Policy)), ops)
-def test_gate_books_invariant_under_random_events(policy: Policy, events: list[tuple]) -> None:
-    books = Books(_gpus(), policy)
+@given(st.sampled_from(list(Policy)), ops, st.sampled_from([0, 0, 1, 3]))
+def test_gate_books_invariant_under_random_events(policy: Policy, events: list[tuple], limit: int) -> None:
+    books = Books(_gpus(), policy, bypass_limit=limit)
     clients: dict[str, Client] = {}
     n = 0
     for ev in events:
@@ -143,7 +156,7 @@ def test_gate_books_invariant_under_random_events(policy: Policy, events: list[t
             # waiting clients re-request. A fresh agent starts with all GPUs as the driver reports (healthy).
             seed = ev[1]
             health_before = {i: g.healthy for i, g in books.gpus.items()}
-            books = Books(_gpus(), policy)
+            books = Books(_gpus(), policy, bypass_limit=limit)
             for i, ok in health_before.items():
                 books.set_health(i, ok)
             order = sorted(clients.values(), key=lambda c: hash((c.key, seed)))
@@ -156,6 +169,7 @@ def test_gate_books_invariant_under_random_events(policy: Policy, events: list[t
             for c in order:
                 if c.state == "waiting":
                     books.enqueue(c.key, pod_uid=c.key, bytes=c.bytes, qt_seconds=c.qt)
+                    c.bypassed = 0  # a new agent starts the counts afresh (they live in its memory only)
         _check(books, clients)
         _apply_decisions(books, clients)
         _check(books, clients)
@@ -172,3 +186,66 @@ def test_gate_books_invariant_under_random_events(policy: Policy, events: list[t
         _check(books, clients)
     assert not books.queued and all(c.state == "done" for c in clients.values())
     assert all(c.admissions <= 1 for c in clients.values())
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(list(Policy)),
+    st.integers(1, 4),
+    st.lists(st.tuples(st.integers(1, 30), st.booleans()), min_size=5, max_size=50),
+)
+def test_backfill_bounds_how_often_a_big_job_is_overtaken(policy: Policy, limit: int, stream: list[tuple]) -> None:
+    """One GPU, one big job blocked behind a running one, and a stream of small jobs arriving (and some exiting): the
+    small ones may start ahead of it, but at most ``limit`` of them; then it blocks them until memory frees for it."""
+    books = Books(_gpus()[:1], policy, bypass_limit=limit)
+    clients: dict[str, Client] = {}
+
+    def arrive(key: str, size: int, qt: float) -> Client:
+        c = clients[key] = Client(key, size * UNIT, qt)
+        books.enqueue(key, pod_uid=key, bytes=c.bytes, qt_seconds=qt)
+        return c
+
+    arrive("occupant", 50, 1.0)
+    _apply_decisions(books, clients)
+    big = arrive("big", 60, 2.0)  # first in FIFO and in QT order behind the occupant; last in LMCF order
+    overtaken_max = 0
+    for i, (size, leave) in enumerate(stream):
+        arrive(f"small-{i}", size, 100.0 + i)
+        if leave:
+            c = _pick(clients, "running", i)
+            if c is not None and c.key != "occupant":
+                books.release(c.key)
+                c.state = "done"
+        _apply_decisions(books, clients)  # asserts the books' count == the test's own count <= limit
+        _check(books, clients)
+        overtaken_max = max(overtaken_max, big.bypassed)
+        assert big.state == "waiting"  # the occupant still holds 50 of 76 GiB: the big job cannot fit
+    if policy is Policy.LMCF:
+        assert overtaken_max == 0  # nothing smaller is behind it in ascending-size order
+    # The occupant exits; once the small ones still running drain, the big job starts.
+    books.release("occupant")
+    clients["occupant"].state = "done"
+    _apply_decisions(books, clients)
+    while big.state == "waiting":
+        c = _pick(clients, "running", 0)
+        assert c is not None, "the big job waits with nothing running"
+        books.release(c.key)
+        c.state = "done"
+        _apply_decisions(books, clients)
+    assert big.bypassed <= limit
+
+
+def test_backfill_starts_small_jobs_past_a_blocked_one_then_stops_at_the_limit() -> None:
+    books = Books(_gpus()[:1], Policy.BASE, bypass_limit=2)
+    clients: dict[str, Client] = {}
+    for key, size in (("occupant", 50), ("big", 60), ("s1", 5), ("s2", 5), ("s3", 5)):
+        clients[key] = Client(key, size * UNIT, None)
+        books.enqueue(key, pod_uid=key, bytes=size * UNIT)
+    _apply_decisions(books, clients)
+    assert [k for k, c in clients.items() if c.state == "running"] == ["occupant", "s1", "s2"]
+    assert books.queued["big"].bypassed == 2 and clients["s3"].state == "waiting"
+    # Strict prefix (limit 0): nothing passes the big job.
+    strict = Books(_gpus()[:1], Policy.BASE, bypass_limit=0)
+    for key, size in (("occupant", 50), ("big", 60), ("s1", 5)):
+        strict.enqueue(key, pod_uid=key, bytes=size * UNIT)
+    assert [e.key for d in strict.decide() for e in d.entries] == ["occupant"]

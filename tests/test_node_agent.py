@@ -166,6 +166,7 @@ def _cli(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess
         (["node-agent", "--reserve-bytes", "lots"], "--reserve-bytes:"),
         (["node-agent", "--reserve-fraction", "1.5"], "--reserve-fraction: must be in [0, 1)"),
         (["node-agent", "--max-clients-per-gpu", "49"], "--max-clients-per-gpu: must be in 1..48"),
+        (["node-agent", "--bypass-limit", "-1"], "--bypass-limit: must be >= 0"),
         (["node-agent", "--active-thread-percentage", "0"], "--active-thread-percentage"),
         (["node-agent", "--gpus", "fake:two"], "--gpus"),
     ],
@@ -175,6 +176,13 @@ def test_cli_bad_flags(args: list[str], needle: str) -> None:
     assert cp.returncode == 2, cp.stderr
     lines = cp.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], cp.stderr
+
+
+def test_cli_help_documents_the_backfill_flag() -> None:
+    cp = _cli("node-agent", "--help", env=dict(os.environ, COLUMNS="200", TERM="dumb", NO_COLOR="1"))
+    assert cp.returncode == 0, cp.stderr
+    text = " ".join(cp.stdout.split())
+    assert "--bypass-limit" in text and "strict prefix" in text
 
 
 def test_cli_nvml_unavailable_is_one_line(tmp_path) -> None:

@@ -20,6 +20,7 @@ from gnnsched.policies import (
     invariant_violations,
     parse_policy,
     plan_admissions,
+    plan_decision,
     traversal,
 )
 
@@ -169,6 +170,77 @@ def test_plan_is_a_safe_prefix(spec, policy, gpu_spec) -> None:
     for a in plan:
         g = gpus[a.gpu_index]
         assert a.bytes <= g.free_bytes and len(a.tasks) <= g.free_slots and a.tasks
+
+
+def test_backfill_lets_small_tasks_past_a_blocked_head() -> None:
+    ts = _tasks([(30, None), (60, None), (5, None), (10, None)])
+    gpus = [GPUFree(0, 50, 48, 80), GPUFree(1, 40, 48, 80)]
+    # limit 0 is the strict prefix (the test above); with backfill t2 and t3 start past t1 (60 B fits no GPU now).
+    d = plan_decision("base", ts, gpus, bypass_limit=4)
+    assert [(a.gpu_index, [t.key for t in a.tasks]) for a in d.admissions] == [(0, ["t0", "t2", "t3"])]
+    assert d.bypassed == {"t1": 2}
+    # t1 may be overtaken once more: only t2 passes it, then it blocks t3 as under the prefix rule.
+    held = [Task("t0", 30, 0), Task("t1", 60, 1, bypassed=3), Task("t2", 5, 2), Task("t3", 10, 3)]
+    d = plan_decision("base", held, gpus, bypass_limit=4)
+    assert [[t.key for t in a.tasks] for a in d.admissions] == [["t0", "t2"]]
+    assert d.bypassed == {"t1": 4}
+    # At the limit nothing overtakes it any more.
+    frozen = [Task("t1", 60, 1, bypassed=4), Task("t2", 5, 2), Task("t3", 10, 3)]
+    assert plan_decision("base", frozen, gpus, bypass_limit=4).admissions == []
+    assert plan_admissions("base", frozen, gpus, bypass_limit=4) == []
+
+
+def test_backfill_counts_only_real_overtakes() -> None:
+    # t1 (45 B) does not fit GPU 0 after t0 joined it, but starts on GPU 1 in the same decision: not overtaken.
+    ts = _tasks([(30, None), (45, None), (5, None)])
+    d = plan_decision("base", ts, [GPUFree(0, 50, 48, 80), GPUFree(1, 46, 48, 80)], bypass_limit=2)
+    assert [(a.gpu_index, [t.key for t in a.tasks]) for a in d.admissions] == [(0, ["t0", "t2"]), (1, ["t1"])]
+    assert d.bypassed == {}
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_bypass_limit_is_validated(bad) -> None:
+    with pytest.raises(ValueError, match="bypass_limit: must be an integer >= 0"):
+        plan_decision("base", _tasks([(1, None)]), [GPUFree(0, 10, 1, 10)], bypass_limit=bad)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 100), st.one_of(st.none(), st.floats(0, 1000)), st.integers(0, 6)),
+             min_size=0, max_size=40),
+    st.sampled_from(list(Policy)),
+    st.lists(st.tuples(st.integers(0, 150), st.integers(0, 4)), min_size=1, max_size=4),
+    st.integers(0, 5),
+)
+def test_backfill_plan_is_safe_and_bounded(spec, policy, gpu_spec, limit) -> None:
+    ts = [Task(key=f"t{i}", bytes=b, seq=i, qt_seconds=q, bypassed=n) for i, (b, q, n) in enumerate(spec)]
+    gpus = [GPUFree(i, fb, fs, 150) for i, (fb, fs) in enumerate(gpu_spec)]
+    d = plan_decision(policy, ts, gpus, bypass_limit=limit)
+    assert d.admissions == plan_admissions(policy, ts, gpus, bypass_limit=limit)
+    admitted = [t for a in d.admissions for t in a.tasks]
+    order = traversal(policy, ts)
+    # The memory bound and the client cap, per GPU, exactly as without backfill; each task at most once.
+    assert len({a.gpu_index for a in d.admissions}) == len(d.admissions)
+    assert len({t.key for t in admitted}) == len(admitted)
+    for a in d.admissions:
+        g = gpus[a.gpu_index]
+        assert a.bytes <= g.free_bytes and len(a.tasks) <= g.free_slots and a.tasks
+        assert [t.key for t in a.tasks] == [t.key for t in order if t in a.tasks]  # a group keeps the order
+    if limit == 0:
+        assert admitted == order[: len(admitted)] and d.bypassed == {}
+        return
+    # The counts: every task left waiting is overtaken by exactly the admitted tasks behind it in the order, and no
+    # count passes the limit (a task already at or past it is never overtaken).
+    pos = {t.key: i for i, t in enumerate(order)}
+    taken = {t.key for t in admitted}
+    for t in order:
+        if t.key in taken:
+            assert t.key not in d.bypassed
+            continue
+        behind = sum(1 for k in taken if pos[k] > pos[t.key])
+        assert d.bypassed.get(t.key, t.bypassed) == t.bypassed + behind
+        if behind:
+            assert t.bypassed + behind <= limit
 
 
 def test_invariant_check() -> None:

@@ -22,7 +22,7 @@ stand-in.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -198,7 +198,9 @@ class Integrations:
 
     # ------------------------------------------------------------------ node agent
     def next_group(self, sim: Any, node: Any) -> list[tuple[SimJob, Any]]:
-        """The node agent's decision: ``gnnsched.policies.plan_admissions`` over the node's queue and GPUs."""
+        """The node agent's decision: ``gnnsched.policies.plan_decision`` over the node's queue and GPUs, with the
+        gate's backfill limit (``sim.bypass_limit``) and each queued job's bypass count (``sim.bypassed``), kept
+        between decisions as the gate keeps them."""
         pol = self._policies()
         cap = sim.per_gpu_cap
         if not node.queue:
@@ -223,7 +225,8 @@ class Integrations:
             if hit is None or hit[0].seq != seq:
                 prof = job.profile(model)
                 hit = cache[job.id] = (pol.Task(key=str(job.id), bytes=prof.admit_bytes, seq=seq,
-                                                qt_seconds=prof.predicted_s, intensity=prof.intensity), job)
+                                                qt_seconds=prof.predicted_s, intensity=prof.intensity,
+                                                bypassed=sim.bypassed.get(job.id, 0)), job)
             tasks.append(hit[0])
         if sim.policy.paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
@@ -239,7 +242,18 @@ class Integrations:
             policy = self.memo.get(("policy", sim.base))
             if policy is None:  # the enum, so plan_admissions does not parse the name at every call
                 policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
-            plan = pol.plan_admissions(policy, tasks, gpus)
+            decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit)
+            plan = decision.admissions
+            # The gate keeps each queued task's bypass count between decisions (node_agent.books.Entry.bypassed).
+            for key, count in decision.bypassed.items():
+                jid = int(key)
+                sim.bypassed[jid] = count
+                task, job = cache[jid]
+                cache[jid] = (replace(task, bypassed=count), job)
+            if sim.bypassed:
+                for a in plan:
+                    for t in a.tasks:
+                        sim.bypassed.pop(int(t.key), None)
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
 
     @staticmethod

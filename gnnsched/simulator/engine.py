@@ -238,6 +238,9 @@ class Simulation:
         self.binds = 0
         self.bind_seq: dict[int, int] = {}
         self.task_cache: dict[int, tuple] = {}
+        # the gate's backfill rule (policies.plan_decision) and each queued job's bypass count, kept between decisions
+        self.bypass_limit = policy.effective_bypass_limit
+        self.bypassed: dict[int, int] = {}
         self.size_counts: dict[int, int] = {}
         self.reserved_at: dict[int, float] = {}
         # Indexes of the reservations (kept by adapters.place and _start): per (node idx, GPU index) the reserved

@@ -21,6 +21,8 @@ A policy is ``BASE`` followed by any number of suffixes:
 
 Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnnsched.scaling.scale``), ``+uvm``
 (MPS baselines and the ``-paper`` variants: oversubscription pages over the host link instead of OOM-killing),
+``+bypassN`` (gnnsched: the gate's bounded-bypass backfill with limit ``N``, as ``node-agent --bypass-limit N``;
+``+bypass0`` is the strict prefix of the policy's order; without it the gate's default applies),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
 the published algorithm, a baseline, see above), ``+sjf`` (gnnsched: the operator gives each pod the PriorityClass of
 its predicted-runtime bucket, :mod:`gnnsched.queue_order`, so kube-scheduler's default PrioritySort tries pending pods
@@ -63,6 +65,16 @@ class PolicySpec:
     max_clients: int | None = None
     paper: bool = False
     sjf: int = 0  # +sjf: buckets per doubling of the runtime (gnnsched.queue_order); 0: FIFO queue
+    bypass_limit: int | None = None  # ``+bypassN``; None: the gate's default (``policies.DEFAULT_BYPASS_LIMIT``)
+
+    @property
+    def effective_bypass_limit(self) -> int:
+        """The ``bypass_limit`` the node agent's ``plan_admissions`` runs with (0: strict prefix of the order)."""
+        if self.bypass_limit is not None:
+            return self.bypass_limit
+        from gnnsched.policies import DEFAULT_BYPASS_LIMIT
+
+        return DEFAULT_BYPASS_LIMIT
 
     @property
     def is_gnnsched(self) -> bool:
@@ -95,7 +107,16 @@ def parse_policy(text: str) -> PolicySpec:
     scaling = uvm = paper = False
     sjf = 0
     interference = True
+    bypass_limit: int | None = None
     while suffix:
+        if suffix.startswith("+bypass"):
+            digits = suffix[len("+bypass"):]
+            n = len(digits) - len(digits.lstrip("0123456789"))
+            if n == 0:
+                raise PolicyError(f"{text!r}: '+bypassN' needs an integer N >= 0 (0: strict prefix of the order)")
+            bypass_limit = int(digits[:n])
+            suffix = digits[n:]
+            continue
         for token, flag in (("+scaling", "scaling"), ("+uvm", "uvm"), ("-interference", "nointerf"),
                             ("-paper", "paper"), ("+sjf", "sjf")):
             if suffix.startswith(token):
@@ -117,17 +138,19 @@ def parse_policy(text: str) -> PolicySpec:
                 break
         else:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, -interference, -paper, @N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, -interference, -paper, @N)")
     if paper and base not in PAPER_VARIANTS:
         raise PolicyError(f"{text!r}: -paper applies to {' and '.join(PAPER_VARIANTS)} only (the published algorithms)")
     if uvm and base not in ("mps-naive", "mps-base") and not paper:
         raise PolicyError(f"{text!r}: +uvm applies to mps-naive, mps-base and the -paper variants only")
+    if bypass_limit is not None and (base not in GNNSCHED_POLICIES or paper):
+        raise PolicyError(f"{text!r}: +bypassN applies to gnnsched policies only (the gate's backfill rule)")
     if not interference and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: -interference applies to gnnsched policies only")
     if sjf and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
-                      max_clients=max_clients, paper=paper, sjf=sjf)
+                      max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

@@ -101,11 +101,15 @@ def pyg_backends() -> dict[str, bool]:
 
 
 def default_data_dir() -> Path:
-    """``$GNNSCHED_DATA_DIR``, else ``shared/data/graphs`` beside the repository checkout (``../shared``), or beside
-    one of its parents (a git worktree nested one or two levels deeper)."""
+    """The graphs folder: ``$GNNSCHED_DATA_DIR/graphs`` when the variable names a data folder (one holding
+    ``graphs/`` and ``traces/``, as ``gnnsched simulate`` reads it), ``$GNNSCHED_DATA_DIR`` itself when it holds the
+    graphs directly, else ``shared/data/graphs`` beside the repository checkout (``../shared``), or beside one of its
+    parents (a git worktree nested one or two levels deeper). One variable, one meaning for every command: set to the
+    data folder, the estimator and the simulator read the same graphs."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
-        return Path(env)
+        nested = Path(env) / "graphs"
+        return nested if nested.is_dir() else Path(env)
     repo = Path(__file__).resolve().parent.parent
     candidates = [ancestor / "shared" / "data" / "graphs" for ancestor in list(repo.parents)[:3]]
     return next((c for c in candidates if c.is_dir()), candidates[0])

@@ -115,6 +115,13 @@ def test_data_dir_follows_the_environment(monkeypatch, tmp_path):
     assert default_data_dir() == Path(tmp_path)
 
 
+def test_data_dir_accepts_the_data_folder_the_simulator_reads(monkeypatch, tmp_path):
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "traces").mkdir()
+    monkeypatch.setenv("GNNSCHED_DATA_DIR", str(tmp_path))
+    assert default_data_dir() == tmp_path / "graphs"
+
+
 def test_training_steps_reduce_the_loss_and_inference_keeps_weights():
     spec = _spec("sage", hidden=32, graph={"nodes": 200, "edges": 1_500, "features": 8, "classes": 3})
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"dropout": 0.0})})

@@ -23,6 +23,23 @@ from gnnsched.contract import GROUP, VERSION
 JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/gnnjobs"
 GPUNODES = f"/apis/{GROUP}/{VERSION}/gpunodes"
 PODS = "/api/v1/namespaces/{ns}/pods"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gcn-train-cora.yaml"
+GiB = 2**30
+
+
+def manifest(name: str = "gcn-cora", **spec_changes: Any) -> dict[str, Any]:
+    """The example GNNJob under another name, with top-level spec fields replaced."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"].update(spec_changes)
+    return doc
+
+
+def a100(index: int = 0) -> dict[str, Any]:
+    """A healthy, idle A100-40GB as a GPUNode status lists it."""
+    return {"index": index, "uuid": f"GPU-a100-{index}", "model": "A100-40GB", "totalBytes": 40 * GiB,
+            "reserveBytes": GiB, "committedBytes": 0, "usedBytes": 0, "healthy": True, "mpsHealthy": True,
+            "maxClients": 48, "running": [], "queued": []}
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:

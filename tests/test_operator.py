@@ -17,9 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
-from operator_harness import Cluster, emulated_cluster, running_operator, wait_for
+from operator_harness import EXAMPLE, GiB, Cluster, a100, emulated_cluster, manifest, running_operator, wait_for
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
@@ -37,25 +36,9 @@ from gnnsched.contract import (
     SCHEDULER_NAME,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "gcn-train-cora.yaml"
-GiB = 2**30
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 pytest.importorskip("gnnsched.estimator", reason="the PMC estimator (helper 'estimator') is not merged yet")
-
-
-def manifest(name: str = "gcn-cora", **spec_changes: Any) -> dict[str, Any]:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["metadata"]["name"] = name
-    doc["spec"].update(spec_changes)
-    return doc
-
-
-def a100(index: int = 0) -> dict[str, Any]:
-    return {"index": index, "uuid": f"GPU-a100-{index}", "model": "A100-40GB", "totalBytes": 40 * GiB,
-            "reserveBytes": GiB, "committedBytes": 0, "usedBytes": 0, "healthy": True, "mpsHealthy": True,
-            "maxClients": 48, "running": [], "queued": []}
 
 
 async def job_in_phase(cluster: Cluster, name: str, *phases: str) -> Any:

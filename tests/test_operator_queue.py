@@ -13,33 +13,16 @@ from typing import Any
 
 import kmock
 import pytest
-import yaml
 
-from operator_harness import Cluster, emulated_cluster, running_operator, wait_for
+from operator_harness import Cluster, a100, emulated_cluster, manifest, running_operator, wait_for
 
 from gnnsched.contract import ANN_PREDICTED_RUNTIME
 from gnnsched.queue_order import QueueOrder
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "gcn-train-cora.yaml"
 CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
-GiB = 2**30
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 pytest.importorskip("gnnsched.estimator", reason="the PMC estimator is needed to plan a job")
-
-
-def manifest(name: str, **spec_changes: Any) -> dict[str, Any]:
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["metadata"]["name"] = name
-    doc["spec"].update(spec_changes)
-    return doc
-
-
-def a100(index: int = 0) -> dict[str, Any]:
-    return {"index": index, "uuid": f"GPU-a100-{index}", "model": "A100-40GB", "totalBytes": 40 * GiB,
-            "reserveBytes": GiB, "committedBytes": 0, "usedBytes": 0, "healthy": True, "mpsHealthy": True,
-            "maxClients": 48, "running": [], "queued": []}
 
 
 def with_priority_admission(cluster: Cluster) -> dict[str, int]:

@@ -389,11 +389,14 @@ class Operator:
         A missing user class raises ``PlanError`` (phase Unschedulable: the resync timer retries, so creating the
         class later starts the job). A missing queue class only costs the ordering: the pod is created without a
         class (FIFO, as with the feature off) and a Warning event says how to fix it. Both only matter while the
-        attempt's pod does not exist yet: a resumed job whose pod was created (with a class since deleted) keeps it.
+        attempt's pod does not exist yet: a resumed job whose pod was created (with a class since deleted) keeps it,
+        so a reconcile of an existing pod reads nothing but the pod and never repeats a warning.
         """
+        existing = self.kube.read_pod(namespace, pod)
+        if existing is not None:
+            return (existing.get("spec") or {}).get("priorityClassName")
         if spec.priority_class_name is not None:
-            if self.kube.read_priority_class(spec.priority_class_name) is None \
-                    and self.kube.read_pod(namespace, pod) is None:
+            if self.kube.read_priority_class(spec.priority_class_name) is None:
                 raise PlanError("PriorityClassNotFound",
                                 f"spec.priorityClassName: PriorityClass {spec.priority_class_name!r} does not exist; "
                                 "create it (kubectl get priorityclasses lists them) or remove the field",
@@ -409,8 +412,6 @@ class Operator:
             return None
         cls = self.config.queue_order().class_for(seconds)
         if self.kube.read_priority_class(cls.name) is None:
-            if self.kube.read_pod(namespace, pod) is not None:
-                return cls.name  # created before the class went away: the pod is adopted as it is
             self._event(body, "Warning", "QueuePriorityClassMissing",
                         f"PriorityClass {cls.name} (predicted runtime {seconds:.0f} s) does not exist: the pod waits "
                         "in arrival order; install the chart with queuePriority.enabled=true, or run the operator "

@@ -34,11 +34,14 @@ runtime, 1..8, default 2 as the chart's default classes), ``@N`` (cap of co-loca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gnnsched.errors import FieldError
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, MAX_PER_DOUBLING
 
+# one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
+_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|\+sjf|\+bypass)(?P<n>\d*)")
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
@@ -109,36 +112,30 @@ def parse_policy(text: str) -> PolicySpec:
     interference = True
     bypass_limit: int | None = None
     while suffix:
-        if suffix.startswith("+bypass"):
-            digits = suffix[len("+bypass"):]
-            n = len(digits) - len(digits.lstrip("0123456789"))
-            if n == 0:
-                raise PolicyError(f"{text!r}: '+bypassN' needs an integer N >= 0 (0: strict prefix of the order)")
-            bypass_limit = int(digits[:n])
-            suffix = digits[n:]
-            continue
-        for token, flag in (("+scaling", "scaling"), ("+uvm", "uvm"), ("-interference", "nointerf"),
-                            ("-paper", "paper"), ("+sjf", "sjf")):
-            if suffix.startswith(token):
-                if flag == "scaling":
-                    scaling = True
-                elif flag == "sjf":
-                    digits = len(suffix[len(token):]) - len(suffix[len(token):].lstrip("0123456789"))
-                    sjf = int(suffix[len(token):len(token) + digits]) if digits else DEFAULT_PER_DOUBLING
-                    if not 1 <= sjf <= MAX_PER_DOUBLING:
-                        raise PolicyError(f"{text!r}: +sjfN needs N in 1..{MAX_PER_DOUBLING} (buckets per doubling)")
-                    token += suffix[len(token):len(token) + digits]
-                elif flag == "uvm":
-                    uvm = True
-                elif flag == "paper":
-                    paper = True
-                else:
-                    interference = False
-                suffix = suffix[len(token):]
-                break
-        else:
+        m = _SUFFIX.match(suffix)
+        if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
                               "(known: +scaling, +uvm, +sjf, +bypassN, -interference, -paper, @N)")
+        token, digits = m.group("token"), m.group("n")
+        suffix = suffix[m.end():]
+        if digits and token not in ("+sjf", "+bypass"):
+            raise PolicyError(f"{text!r}: unknown suffix {digits + suffix!r} after {token!r}")
+        if token == "+scaling":
+            scaling = True
+        elif token == "+uvm":
+            uvm = True
+        elif token == "-paper":
+            paper = True
+        elif token == "-interference":
+            interference = False
+        elif token == "+sjf":
+            sjf = int(digits) if digits else DEFAULT_PER_DOUBLING
+            if not 1 <= sjf <= MAX_PER_DOUBLING:
+                raise PolicyError(f"{text!r}: +sjfN needs N in 1..{MAX_PER_DOUBLING} (buckets per doubling)")
+        else:  # +bypass
+            if not digits:
+                raise PolicyError(f"{text!r}: '+bypassN' needs an integer N >= 0 (0: strict prefix of the order)")
+            bypass_limit = int(digits)
     if paper and base not in PAPER_VARIANTS:
         raise PolicyError(f"{text!r}: -paper applies to {' and '.join(PAPER_VARIANTS)} only (the published algorithms)")
     if uvm and base not in ("mps-naive", "mps-base") and not paper:

@@ -1,8 +1,10 @@
-"""The shortest-predicted-first queue (``+sjf``) on the resource-demand workload, seed by seed, with the figures that
-explain it: deployed / completed jobs, mean JCT, and the mean queueing time of the jobs that ask for 30 cores or more
-(the ones a CPU-short cluster leaves waiting), against the paper's SRTF and FIFO on exclusive GPUs.
+"""gnnsched's pending-queue order (``+sjf``) and node packing (``+pack``: NodeResourcesFit ``MostAllocated`` instead
+of the default ``LeastAllocated``) on the resource-demand workload, seed by seed, with the figures that explain them:
+deployed / completed jobs, mean JCT, and the mean queueing time of the jobs that ask for 30 cores or more (the ones a
+CPU-short cluster leaves waiting), against the paper's SRTF and FIFO on exclusive GPUs (kube-scheduler's default
+profile; ``+pack`` there too). Ends with each policy's totals over the seeds.
 
-    python bench/queue_order.py [--seeds 0,1,2] [--policies lmcf+scaling,lmcf+scaling+sjf,...]
+    python bench/queue_order.py [--seeds 0,1,2,3,4] [--policies lmcf+scaling,lmcf+scaling+sjf,...]
 
 Each seed's workload is costed once and replayed under every policy (``gnnsched.simulator.runner``), exactly what
 ``gnnsched simulate --workload resource-demand --seed S --policies ...`` does; the default policy list is the one in
@@ -24,14 +26,14 @@ from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import materialise
 from gnnsched.simulator.workloads import default_cluster, resolve_workload
 
-DEFAULT_POLICIES = ("lmcf+scaling,lmcf+scaling+sjf,srtf+scaling,exclusive+scaling,lmcf+scaling+sjf4,"
-                    "lmcf+scaling+sjf8,lmcf,lmcf+sjf,srtf,exclusive,lmcf+sjf4,lmcf+sjf8")
+DEFAULT_POLICIES = ("lmcf+scaling+sjf+pack,lmcf+scaling+sjf,lmcf+scaling,srtf+scaling,srtf+scaling+pack,"
+                    "exclusive+scaling,lmcf+sjf+pack,lmcf+sjf,srtf,srtf+pack,exclusive")
 BIG_CPU_MILLI = 30_000
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--policies", default=DEFAULT_POLICIES)
     args = parser.parse_args()
     specs = parse_policies(args.policies)
@@ -41,6 +43,7 @@ def main() -> None:
     print(f"{'seed':>4} {'policy':22s} {'arrived':>7} {'deployed':>8} {'done':>5} {'JCT mean s':>10} "
           f"{'queue s':>8} {'big-job queue s':>15}")
     started = time.perf_counter()
+    totals: dict[str, list[int]] = {spec.text: [0, 0, 0] for spec in specs}  # arrived, deployed, completed
     for seed in (int(s) for s in args.seeds.split(",")):
         workload = resolve_workload("resource-demand", seed, data, fits=fits_on(cluster, ix))
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in specs))
@@ -56,6 +59,11 @@ def main() -> None:
             big_q = sum(waits) / len(waits) if waits else float("nan")
             print(f"{seed:>4} {spec.text:22s} {len(jobs):>7} {m['deployed']:>8} {m['completed']:>5} "
                   f"{m['jct_mean_s']:>10.0f} {m['queue_mean_s']:>8.0f} {big_q:>15.0f}", flush=True)
+            for i, v in enumerate((len(jobs), m["deployed"], m["completed"])):
+                totals[spec.text][i] += v
+    print(f"\n{'all seeds':>4} {'policy':22s} {'arrived':>7} {'deployed':>8} {'done':>5}")
+    for name, (arrived, deployed, done) in totals.items():
+        print(f"{'':>9} {name:22s} {arrived:>7} {deployed:>8} {done:>5}")
     print(f"# {time.perf_counter() - started:.0f} s wall, load average {os.getloadavg()[0]:.1f}")
 
 

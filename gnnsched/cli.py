@@ -8,6 +8,7 @@ import importlib
 import typer
 
 from gnnsched import __version__
+from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY
 
 app = typer.Typer(
     name="gnnsched",
@@ -192,6 +193,12 @@ def extender_cmd(
     url_prefix: str = typer.Option(
         None, "--url-prefix", help="With --print-scheduler-config: the extender URL kube-scheduler calls."
     ),
+    scoring_strategy: str = typer.Option(
+        DEFAULT_SCORING_STRATEGY, "--scoring-strategy",
+        help="With --print-scheduler-config: NodeResourcesFit's scoring in the profile, LeastAllocated (spread, "
+             "kube-scheduler's default) or MostAllocated (pack GNN pods, keeping whole nodes free for pods asking many "
+             "cores: for clusters short of CPU).",
+    ),
 ) -> None:
     """kube-scheduler extender: filter, prioritize and bind GNN pods (HTTP, k8s.io/kube-scheduler/extender/v1)."""
     import sys
@@ -201,9 +208,10 @@ def extender_cmd(
         from gnnsched.scheduler_config import scheduler_config_yaml
 
         try:
-            typer.echo(scheduler_config_yaml(url_prefix), nl=False)
+            typer.echo(scheduler_config_yaml(url_prefix, scoring_strategy=scoring_strategy), nl=False)
         except ValueError as exc:
-            print(f"--url-prefix: {exc}", file=sys.stderr)
+            flag = "--scoring-strategy" if str(exc).startswith("scoring_strategy") else "--url-prefix"
+            print(f"{flag}: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
         return
     if not 0 < port < 65536:

@@ -493,35 +493,16 @@ def _row_terms(
 
 def candidate_costs(
     a: PlacementState, cols: slice | np.ndarray, gpu_bytes: float, runtime_seconds: float, intensity: str | None,
-    now: float, above: np.ndarray | None, *, interference_aware: bool = True, prune: bool = False,
+    now: float, above: np.ndarray | None, *, interference_aware: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``cost_matrix(...)[:, cols]`` and ``fit_mask(a, gpu_bytes)[:, cols]``, computed for the node rows ``cols``
     only (a slice or an index array): the scheduler sends the extender a few hundred of a cluster's nodes, so the
     GPUs of the others need no cost. Every element is computed with the operations :func:`cost_matrix` applies to it
-    (the fragmentation term is added after the wait term, as there; on a GPU that waits it is 0).
-
-    ``prune=True`` computes the wait term only on the GPUs that can still be the cheapest one: the cost of a GPU
-    that waits is ``slowdown + wait / R >= slowdown`` (the wait is never negative and float32 rounding is
-    monotonic), so with ``T`` the lowest cost of a GPU (of a known row) that fits now, a waiting GPU whose
-    slowdown exceeds ``T`` costs more than the cheapest GPU whatever its wait. Such GPUs keep their lower bound
-    (``slowdown``, still above ``T``) instead of their exact cost. That leaves every cost ``<= T`` exact and every
-    other one above ``T``, so the candidate with the lowest best cost (first on ties) and the cheapest GPU of that
-    candidate are the ones the exact matrix gives; the other costs are NOT exact, so a caller that needs more than
-    the minimum (the 0..10 scores of all candidates) must not prune. Without the interference term (slowdown 1)
-    this skips the wait term altogether whenever a GPU that fits now costs under 1 (its placement uses up a
-    fragment)."""
+    (the fragmentation term is added after the wait term, as there; on a GPU that waits it is 0)."""
     b = float(gpu_bytes)
     big_r = runtime_seconds
     good, fits_now, cost, d_frag = _row_terms(a, cols, b, intensity, above, interference_aware)
-    waiting = good & ~fits_now
-    if prune and waiting.any():
-        fit_cells = good & fits_now & a["known"][cols]
-        if fit_cells.any():
-            fit_cost = cost + d_frag if d_frag is not None else cost
-            t = fit_cost.min(where=fit_cells, initial=np.inf)
-            if t == t:  # NaN (never expected): no bound, every wait is computed
-                waiting &= cost <= t
-    sub = np.flatnonzero(waiting)
+    sub = np.flatnonzero(good & ~fits_now)
     if sub.size:
         n_cols = good.shape[1]
         slot_i, col_i = np.divmod(sub, n_cols)
@@ -604,6 +585,9 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
     with no usable GPU (``inf``) 0 — kube-scheduler's extender score range (``MaxExtenderPriority = 10``)."""
     if len(best) == 0:
         return np.zeros(0, dtype=np.int64)
+    lo = best.min()
+    if lo > 0 and lo != np.inf:  # no NaN (it would make lo NaN), no cost <= 0: 10 * lo / best is in [0, 10] already
+        return np.rint(10.0 * lo / best).astype(np.int64)
     finite = np.isfinite(best)
     if not finite.any():
         return np.zeros(len(best), dtype=np.int64)

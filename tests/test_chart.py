@@ -12,6 +12,7 @@ import yaml
 
 from gnnsched import contract
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT
+from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, DEFAULT_WEIGHT, scheduler_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gnnsched"
@@ -23,7 +24,8 @@ VALUE_SETS = {
     "servicemonitor-on": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "custom-names": {
         "fullnameOverride": "acme-gpu-share",
-        "scheduler": {"name": "acme-gnn-scheduler", "extender": {"port": 9000, "weight": 3}},
+        "scheduler": {"name": "acme-gnn-scheduler", "extender": {"port": 9000, "weight": 3},
+                      "nodeResourcesScoring": "MostAllocated"},
         "operator": {"watchNamespaces": ["ml-team-a", "ml-team-b"]},
     },
     "extra-node-selectors": {
@@ -173,6 +175,12 @@ def test_scheduler_config_points_to_the_sidecar_and_manages_gpu_share(chart, nam
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize", "bind")
     assert extender["nodeCacheCapable"] is True
     assert {"name": contract.GPU_SHARE_RESOURCE, "ignoredByScheduler": True} in extender["managedResources"]
+    # the chart's configuration is the Python package's (its source of truth) with the same settings
+    values = VALUE_SETS[name].get("scheduler", {})
+    assert config == scheduler_config(
+        extender["urlPrefix"], weight=values.get("extender", {}).get("weight", DEFAULT_WEIGHT),
+        namespace="gnnsched", scheduler_name=scheduler_name,
+        scoring_strategy=values.get("nodeResourcesScoring", DEFAULT_SCORING_STRATEGY))
     # the scheduler container reads the file the ConfigMap provides
     kube_scheduler = containers(docs)["kube-scheduler"]
     mount = next(m for m in kube_scheduler["volumeMounts"] if m["name"] == "config")

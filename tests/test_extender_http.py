@@ -251,7 +251,12 @@ def test_cli_prints_scheduler_config() -> None:
     cfg = yaml.safe_load(p.stdout)
     assert cfg == scheduler_config("http://ext.gnnsched.svc:8888")
     assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1" and cfg["kind"] == "KubeSchedulerConfiguration"
-    assert cfg["profiles"] == [{"schedulerName": "gnnsched-scheduler"}]
+    (profile,) = cfg["profiles"]
+    assert profile["schedulerName"] == "gnnsched-scheduler"
+    (fit,) = profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit"
+    assert fit["args"]["scoringStrategy"] == {"type": "LeastAllocated", "resources": [{"name": "cpu", "weight": 1},
+                                                                                     {"name": "memory", "weight": 1}]}
     (ext,) = cfg["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["bindVerb"] == "bind" and ext["filterVerb"] == "filter"
     assert ext["managedResources"] == [{"name": "gnnsched.io/gpu-share", "ignoredByScheduler": True}]
@@ -261,6 +266,13 @@ def test_cli_prints_scheduler_config() -> None:
     bad = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
                           "--url-prefix", "ftp://x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    pack = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
+                           "--scoring-strategy", "MostAllocated"], capture_output=True, text=True, timeout=60)
+    assert pack.returncode == 0, pack.stderr
+    assert yaml.safe_load(pack.stdout) == scheduler_config(scoring_strategy="MostAllocated")
+    wrong = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
+                            "--scoring-strategy", "Balanced"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and wrong.stderr.startswith("--scoring-strategy:") and "Balanced" in wrong.stderr
 
 
 _ = NOW

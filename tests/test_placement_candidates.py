@@ -1,7 +1,6 @@
 """``placement.candidate_costs`` (the simulator's per-candidate cost) against ``cost_matrix`` (the extender's).
 
-Exact mode must give ``cost_matrix(...)[:, cols]`` bit for bit; pruned mode must leave the pick unchanged: the
-candidate with the lowest best cost (first on ties), its cheapest GPU (first on ties), and that cost.
+It must give ``cost_matrix(...)[:, cols]`` bit for bit.
 """
 
 from __future__ import annotations
@@ -14,26 +13,16 @@ from gnnsched.interference import load_default
 from test_placement_derive import _random_state
 
 
-def _pick(cost: np.ndarray, good: np.ndarray, known: np.ndarray) -> tuple[int, int, float] | None:
-    passed = known & good.any(axis=0)
-    keep = np.flatnonzero(passed)
-    if keep.size == 0:
-        return None
-    best = cost.min(axis=0)[keep]
-    col = int(keep[int(np.argmin(best))])
-    return col, int(np.argmin(cost[:, col])), float(best.min())
-
-
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("aware", [True, False])
-def test_candidate_costs_match_cost_matrix_and_pruning_keeps_the_pick(seed: int, aware: bool) -> None:
+def test_candidate_costs_match_cost_matrix(seed: int, aware: bool) -> None:
     rng = np.random.default_rng(seed)
     interference = load_default()
     rows, gpus = 60, 8
     a = _random_state(rng, rows, gpus)
     above = pl.size_table(rng.uniform(1e8, 2e10, int(rng.integers(0, 300))))
     pl.derive_arrays(a, slice(0, rows), above, interference)
-    picked = 0
+    compared = 0
     for trial in range(40):
         b = float(rng.choice([1e8, 2e9, 8e9, 1.5e10, 3e10, 5e10]))
         big_r = float(rng.uniform(0.5, 200))
@@ -52,15 +41,8 @@ def test_candidate_costs_match_cost_matrix_and_pruning_keeps_the_pick(seed: int,
             assert exact.dtype == full.dtype
             assert exact.tobytes() == np.ascontiguousarray(full[:, cols]).tobytes()
             assert np.array_equal(good, fit[:, cols])
-            pruned, good_p = pl.candidate_costs(a, cols, b, big_r, intensity, now, tab, interference_aware=aware,
-                                                prune=True)
-            assert np.array_equal(good_p, good)
-            assert (pruned <= exact).all() or not np.isfinite(exact).any()
-            known = a["known"][cols]
-            want = _pick(exact, good, known)
-            assert _pick(pruned, good_p, known) == want
-            picked += want is not None
-    assert picked > 0
+            compared += int(np.isfinite(exact).sum())
+    assert compared > 0
 
 
 @pytest.mark.parametrize("aware", [True, False])

@@ -22,11 +22,14 @@ stand-in.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from gnnsched.scheduler_config import DEFAULT_WEIGHT
+from gnnsched.simulator import kube_scores
 from gnnsched.simulator.model import JobProfile, SimJob
 
 
@@ -186,8 +189,10 @@ class Integrations:
         picks up to ``numFeasibleNodesToFind`` nodes round-robin; the extender's filter
         (:func:`gnnsched.placement.fit_mask` / ``node_filter``) keeps those with a GPU that can ever hold the admit
         bytes; its prioritize (:func:`~gnnsched.placement.cost_matrix`, ``best_gpu``, ``normalise_scores``) scores
-        them 0..10 and the highest score wins (ties: the lower cost; kube-scheduler would pick among equal totals at
-        random). Bind reserves the cheapest GPU of the node, as ``ClusterCache.reserve`` does: an *immediate*
+        them 0..10, and kube-scheduler binds the node with the highest sum of that score × weight × 10 and its own
+        CPU/memory plugins (:mod:`.kube_scores`, with the profile's NodeResourcesFit strategy; ties: the first in
+        candidate order, where kube-scheduler picks one at random). Bind reserves the cheapest GPU of the node, as
+        ``ClusterCache.reserve`` does: an *immediate*
         reservation when the bytes fit there now with no queue, a *queued* one otherwise, until the node agent
         reports the pod (here: its next admission pass). ``-interference`` policies score with slowdown 1.
         """
@@ -298,6 +303,13 @@ class PlacementView:
     SIZE_MIX_INTERVAL = 1.0
     #: Changed GPUs up to which _sync derives GPU by GPU (scalar path) rather than once over their rows' arrays.
     CELL_BY_CELL = 32
+    #: How far above the cheapest candidate's cost a candidate can be and still win kube-scheduler's sum: the
+    #: cheapest scores 10 (``pl.normalise_scores``), and the CPU/memory plugins add at most 200 points, so a winner
+    #: scores at least ``s = ceil(10 - 200 / (weight * 10))``, which needs a cost <= lowest * 10 / (s - 0.5)
+    #: (a small margin on top for rounding).
+    _MIN_SCORE = math.ceil(kube_scores.MAX_EXTENDER_PRIORITY - 2 * kube_scores.MAX_NODE_SCORE
+                           / (DEFAULT_WEIGHT * kube_scores.MAX_NODE_SCORE / kube_scores.MAX_EXTENDER_PRIORITY))
+    REACH = 10.0 / (_MIN_SCORE - 0.5) * 1.001 if _MIN_SCORE >= 1 else math.inf
 
     def __init__(self, sim: Any, interference: Any) -> None:
         from gnnsched import placement as pl
@@ -429,18 +441,20 @@ class PlacementView:
     #: (bytes, intensity) classes kept in fit_cache (the oldest is dropped beyond this).
     FIT_CACHE_CLASSES = 64
 
-    def _cheapest(self, cands: np.ndarray, cols: slice | np.ndarray, demand: dict) -> tuple | None:
-        """The extender's pick among the candidates (single GPU model): ``(candidate position, GPU slot)``, ``()``
-        when no candidate passes the filter, None when the exact ranking is needed (a best cost <= 0 or NaN).
+    def _cheapest(self, cands: np.ndarray, cols: slice | np.ndarray, demand: dict, out: Any) -> tuple | None:
+        """kube-scheduler's pick among the candidates (single GPU model): ``(candidate position, GPU slot)``, ``()``
+        when no candidate passes the extender's filter, None when the exact ranking is needed (a cost <= 0 or NaN).
 
-        The same pick as ranking the exact cost matrix, with less work: a GPU's cost where the pod fits now does not
-        depend on the clock or the pod's runtime, so per (bytes, intensity) class each row's cheapest fit-now GPU
-        (``pl.fit_costs``: exact cost, first slot on ties) and the lowest lower bound of its waiting GPUs are kept
-        until the row's derived figures change (``row_ver``) or the size table does (``epoch``). With ``T`` the
-        lowest fit-now cost among the passing candidates, only candidates with a waiting GPU whose bound is ``<= T``
-        can hold a GPU cheaper than (or tied with) ``T``: their exact columns are computed
-        (``pl.candidate_costs``); every other candidate's best is either its exact fit-now minimum (``<= T``) or
-        above ``T`` both ways, so the first minimum and its slot are those of the exact matrix."""
+        The same pick as ranking every candidate's exact cost (:meth:`_totals` of ``pl.normalise_scores`` of each
+        row's cheapest GPU), with less work: a GPU's cost where the pod fits now does not depend on the clock or the
+        pod's runtime, so per (bytes, intensity) class each row's cheapest fit-now GPU (``pl.fit_costs``: exact
+        cost, first slot on ties) and the lowest lower bound of its waiting GPUs are kept until the row's derived
+        figures change (``row_ver``) or the size table does (``epoch``). Exact columns (``pl.candidate_costs``) are
+        computed only where a waiting GPU can matter: (1) with ``T`` the lowest fit-now cost, candidates whose bound
+        is ``<= T`` (they may hold the lowest cost, which sets every score); (2) candidates whose bound, were it
+        their cost, would raise their score enough for their total to reach the winner's; (3) the winner, when its
+        bound does not exceed its fit-now cost (its cheapest GPU may be a waiting one). Every other candidate's score
+        is that of its exact fit-now cost, and its total stays below the winner's."""
         pl, a, sim = self.pl, self.state, self.sim
         m = self.models[0]
         prof = demand[m]
@@ -485,29 +499,55 @@ class PlacementView:
             return ()
         if t != t:
             return None
-        exact = (e["low"][cols] <= t).nonzero()[0]  # passing candidates only (NaN elsewhere)
-        cost_x = None
-        if exact.size:
-            best = np.array(best)
-            cost_x, _ = pl.candidate_costs(a, cands.take(exact), b,
-                                           prof.predicted_s if prof.predicted_s > 0 else 1.0, prof.intensity,
-                                           sim.now, self.above, interference_aware=self.aware)
-            best[exact] = np.minimum.reduce(cost_x, axis=0)
-        # The first minimum over the passing candidates: the candidates that do not pass hold inf, so a finite
-        # minimum (or NaN, which only a passing candidate can hold) is theirs; when every passing one is inf too,
-        # the first passing candidate is the pick, as argmin over the passing ones gives.
-        low_best = best.min() if cost_x is not None else t
-        if not low_best > 0:
+        low = e["low"][cols]
+        runtime = prof.predicted_s if prof.predicted_s > 0 else 1.0
+        exact: list[tuple[np.ndarray, np.ndarray]] = []  # (candidate positions, their exact cost columns)
+
+        def make_exact(pos: np.ndarray) -> np.ndarray:
+            cost_x, _ = pl.candidate_costs(a, cands.take(pos), b, runtime, prof.intensity, sim.now, self.above,
+                                           interference_aware=self.aware)
+            exact.append((pos, cost_x))
+            out_best = np.array(best)
+            out_best[pos] = np.minimum.reduce(cost_x, axis=0)
+            return out_best
+
+        # Round 1: the lowest best cost, exactly (candidates whose waiting GPUs' bound is <= t may beat t).
+        first = (low <= t).nonzero()[0]  # passing candidates only (NaN elsewhere)
+        if first.size:
+            best = make_exact(first)
+        lowest = best.min() if first.size else t
+        if not lowest > 0:
             return None
-        col = int(best.argmin()) if low_best != np.inf else int(e["pass"][cols].argmax())
-        if cost_x is not None:
-            at = int(np.searchsorted(exact, col))
-            if at < exact.size and exact[at] == col:
+        if lowest == np.inf:  # every passing candidate scores 0: the CPU/memory plugins alone decide
+            passing = e["pass"][cols].nonzero()[0]
+            col = int(passing[int(np.argmax(sim.host_points(cands.take(passing), out)))])
+        else:
+            scores = pl.normalise_scores(best)
+            total = self._totals(cands, scores, out)
+            col = int(np.argmax(total))
+            # Round 2: a candidate whose waiting GPUs were left at their lower bound could score more, at most what
+            # the bound would score; only a candidate whose total could then reach the winner's needs exact costs.
+            reach = low <= lowest * self.REACH
+            if reach.any():
+                bound = total - kube_scores.extender_points(scores, DEFAULT_WEIGHT)
+                bound += kube_scores.extender_points(np.rint(10.0 * lowest / low), DEFAULT_WEIGHT)
+                could = reach & (bound >= total[col]) & (bound > total)
+                if first.size:
+                    could[first] = False
+                more = could.nonzero()[0]
+                if more.size:
+                    best = make_exact(more)
+                    col = int(np.argmax(self._totals(cands, pl.normalise_scores(best), out)))
+        for pos, cost_x in exact:
+            at = int(np.searchsorted(pos, col))
+            if at < pos.size and pos[at] == col:
                 return col, int(np.argmin(cost_x[:, at]))
+        if low[col] <= best[col]:  # a waiting GPU may be cheaper than (or tie) the fit-now one: the exact column
+            make_exact(np.array([col]))
+            return col, int(np.argmin(exact[-1][1][:, 0]))
         return col, int(e["slot"][int(cands[col])])
 
-    def _costs(self, cands: np.ndarray, cols: slice | np.ndarray, demand: dict, *,
-               prune: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _costs(self, cands: np.ndarray, cols: slice | np.ndarray, demand: dict) -> tuple[np.ndarray, np.ndarray]:
         """Cost and fit mask ``(gpus, len(cands))`` of the candidate rows (``cols``: the same rows, as a slice when
         they are contiguous), each row with the demand of its own GPU model."""
         pl, a, sim = self.pl, self.state, self.sim
@@ -515,8 +555,7 @@ class PlacementView:
         def one(m: str, c: slice | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             prof = demand[m]
             return pl.candidate_costs(a, c, prof.admit_bytes, prof.predicted_s if prof.predicted_s > 0 else 1.0,
-                                      prof.intensity, sim.now, self.above, interference_aware=self.aware,
-                                      prune=prune)
+                                      prof.intensity, sim.now, self.above, interference_aware=self.aware)
 
         if len(self.models) == 1:
             return one(self.models[0], cols)
@@ -533,7 +572,7 @@ class PlacementView:
         return cost, good
 
     def place(self, job: SimJob, out: Any) -> Any:
-        pl, sim = self.pl, self.sim
+        sim = self.sim
         demand = {m: job.profile(m) for m in self.models}
         if all(demand[m].admit_bytes > self.max_cap[m] for m in self.models):
             big = max(self.max_cap.values())
@@ -554,16 +593,15 @@ class PlacementView:
         # round-robin window that does not wrap is a slice (views instead of gathers).
         lo, hi = int(cands[0]), int(cands[-1])
         cols = slice(lo, hi + 1) if hi - lo == cands.size - 1 else cands
-        got = self._cheapest(cands, cols, demand) if len(self.models) == 1 else None
+        got = self._cheapest(cands, cols, demand, out) if len(self.models) == 1 else None
         if got is not None:
             if got == ():
                 return None
             col, s = got
             node = sim.nodes[int(cands[col])]
             return self._reserve(job, demand, node, s)
-        # prune: the wait term only where it can decide the pick (see pl.candidate_costs); the exact matrix is
-        # recomputed below in the one case that needs every candidate's exact cost.
-        cost, good = self._costs(cands, cols, demand, prune=True)
+        # every candidate's exact cost: kube-scheduler's sum ranks them all, not only the cheapest
+        cost, good = self._costs(cands, cols, demand)
         # The extender's filter on the candidates kube-scheduler sends it (host resources already checked): as
         # pl.node_filter, on the candidates' rows.
         passed = a["known"][cols] & np.logical_or.reduce(good, axis=0)
@@ -571,21 +609,20 @@ class PlacementView:
         if keep.size == 0:
             return None
         best = np.minimum.reduce(cost, axis=0).take(keep)  # as ClusterCache.score: per row, then the candidates
-        if not best.min() > 0:  # NaN or a cost <= 0: never expected (cost >= 0.5); the extender's exact ranking
-            cost, good = self._costs(cands, cols, demand, prune=False)
-            best = np.minimum.reduce(cost, axis=0).take(keep)
-            scores = pl.normalise_scores(best)
-            pick = int(np.lexsort((best, -scores))[0])
-        else:
-            # ClusterCache.score ranks by normalise_scores (highest first), ties by lower cost, then candidate
-            # order (a stable sort). The cheapest candidate scores 10, the maximum, and among score-10 candidates the
-            # lowest cost wins, so the pick is the first minimum of ``best``: np.argmin, without the scores.
-            pick = int(np.argmin(best))
-        col = int(keep[pick])
+        col = int(keep[int(np.argmax(self._totals(cands.take(keep), self.pl.normalise_scores(best), out)))])
         node = sim.nodes[int(cands[col])]
         # as ClusterCache.reserve (pl.best_gpu on the node's row): the node's cheapest GPU, the first on ties
         s = int(np.argmin(cost[:, col]))
         return self._reserve(job, demand, node, s)
+
+    def _totals(self, rows: np.ndarray, scores: np.ndarray, out: Any) -> np.ndarray:
+        """kube-scheduler's total per node of ``rows`` (node rows it sent the extender, with the extender's 0..10
+        ``scores``, 0 where its filter failed): the extender's score × weight × 10 plus the CPU/memory score plugins
+        (:mod:`.kube_scores`). It binds the highest, one at random on ties (here the first). A node the filter failed
+        totals at most 200 and loses to any node that scored 10 (500 or more)."""
+        total = self.sim.host_points(rows, out)
+        total += kube_scores.extender_points(scores, DEFAULT_WEIGHT)
+        return total
 
     def _reserve(self, job: SimJob, demand: dict, node: Any, s: int) -> Any:
         """Bind's reservation of GPU slot ``s`` of ``node`` (``ClusterCache.reserve``)."""

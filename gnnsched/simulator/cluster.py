@@ -21,6 +21,11 @@ from gnnsched.gpus import GiB, get_gpu_model
 
 CORES_PER_GPU = 12
 MEMORY_PER_GPU = 64 * GiB
+#: The CoGNN and GNNSched papers' testbed host (seed 002 Table III, seed 000 Table 3): two Xeon E5-2680 v4, 28 cores,
+#: 378 GB DDR4, beside one V100 (or the A100 of CoGNN's section V-E). Pods request CPU and memory here, so the host's
+#: size bounds how many are bound (and so queued at the gate or co-located) at once.
+TESTBED_CPU_MILLI = 28_000
+TESTBED_MEMORY_BYTES = 378 * 10**9
 DEFAULT_MODEL = "V100-32GB"
 
 
@@ -88,8 +93,8 @@ def openb_cluster(data_dir: Path) -> ClusterSpec:
 
 
 BUILTIN_CLUSTERS = {
-    "v100": "one V100-32GB: the CoGNN and GNNSched papers' testbed (seeds 002, 000)",
-    "a100": "one A100-40GB: CoGNN's generality experiment (seed 002, section V-E)",
+    "v100": "one V100-32GB, 28 cores, 378 GB: the CoGNN and GNNSched papers' testbed (seeds 002, 000)",
+    "a100": "one A100-40GB on the same host: CoGNN's generality experiment (seed 002, section V-E)",
     "pai32": "4 nodes x 8 V100-32GB, 96 cores, 512 GiB each = 32 GPUs / 384 cores / 2 TiB (seed 004)",
     "small": "4 nodes x 2 V100-32GB (default demo cluster)",
     "openb": "the openb trace's 1,213 GPU nodes (needs ../shared/data)",
@@ -104,9 +109,11 @@ def parse_cluster(text: str, data_dir: Path | None = None) -> ClusterSpec:
     key = text.strip()
     low = key.lower()
     if low == "v100":
-        return uniform_cluster(1, 1, "V100-32GB", name="v100")
+        return uniform_cluster(1, 1, "V100-32GB", name="v100", cpu_milli=TESTBED_CPU_MILLI,
+                               memory_bytes=TESTBED_MEMORY_BYTES)
     if low == "a100":
-        return uniform_cluster(1, 1, "A100-40GB", name="a100")
+        return uniform_cluster(1, 1, "A100-40GB", name="a100", cpu_milli=TESTBED_CPU_MILLI,
+                               memory_bytes=TESTBED_MEMORY_BYTES)
     if low == "pai32":
         return uniform_cluster(4, 8, "V100-32GB", name="pai32", cpu_milli=96_000, memory_bytes=512 * GiB)
     if low == "small":

@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 
 from gnnsched import queue_order
 from gnnsched.gpus import get_gpu_model
+from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
 from gnnsched.simulator.model import JobOutcome, SimJob
@@ -216,6 +217,9 @@ class Simulation:
         self.cpu_arr = np.array([n.cpu_free for n in self.nodes], dtype=np.float64)
         self.mem_arr = np.array([n.mem_free for n in self.nodes], dtype=np.float64)
         self.cpu_cap_arr = np.array([max(n.spec.cpu_milli, 1) for n in self.nodes], dtype=np.float64)
+        self.mem_cap_arr = np.array([max(n.spec.memory_bytes, 1) for n in self.nodes], dtype=np.float64)
+        # NodeResourcesFit's strategy in the profile that schedules this policy's pods (kube_scores.host_scores)
+        self.scoring = policy.scoring_strategy
         self.slots_arr = np.zeros(len(self.nodes), dtype=np.int64)
         for node in self.gpu_nodes:
             self._refresh_slots(node)
@@ -225,6 +229,7 @@ class Simulation:
         # comparing every node's books at every placement.
         self.host_log: list[int] = []
         self.host_fit: dict[tuple, list] = {}
+        self.host_score: dict[tuple, list] = {}  # host_points: per (CPU, memory) request, [scores, log position]
         self.node_index = np.arange(len(self.nodes))
         # gnnsched placement (see adapters.PlacementView): nodes whose books changed since the view last looked,
         # and the extender's reservations (job id -> (GPU index, immediate), bind time) until the agent admits.
@@ -442,6 +447,28 @@ class Simulation:
             return self._round_robin(self.node_index)  # every node passes: flatnonzero would give 0..n-1
         return self._round_robin(e[0].nonzero()[0])
 
+    def host_points(self, cands: np.ndarray, out: JobOutcome) -> np.ndarray:
+        """kube-scheduler's CPU/memory score plugins' sum for the pod of ``out`` on each candidate node (a new
+        array). Kept per (CPU, memory) request for every node and brought up to date from ``host_log`` as
+        ``host_candidates`` keeps its filter; a node the pod does not fit holds a meaningless score, never read
+        (it is never a candidate)."""
+        cpu, mem = out.cpu_milli, out.memory_bytes
+        log = self.host_log
+        e = self.host_score.get((cpu, mem))
+        if e is None or len(log) - e[1] > len(self.nodes) // 8:
+            e = self.host_score[(cpu, mem)] = [
+                kube_scores.host_scores(self.scoring, self.cpu_arr, self.cpu_cap_arr, self.mem_arr, self.mem_cap_arr,
+                                        cpu, mem), len(log)]
+        elif e[1] < len(log):
+            scores, strategy = e[0], self.scoring
+            cpu_cap, mem_cap = self.cpu_cap_arr, self.mem_cap_arr
+            for idx in set(log[e[1]:]):
+                node = self.nodes[idx]
+                scores[idx] = kube_scores.host_score(strategy, node.cpu_free, int(cpu_cap.item(idx)), node.mem_free,
+                                                     int(mem_cap.item(idx)), cpu, mem)
+            e[1] = len(log)
+        return e[0][cands]
+
     def _round_robin(self, idx: np.ndarray) -> np.ndarray:
         if idx.size == 0:
             return idx
@@ -468,10 +495,9 @@ class Simulation:
         cands = self._candidates_arr(out)
         if cands.size == 0:
             return None
-        # Kubernetes default scoring (NodeResourcesFit LeastAllocated): the node with the largest free CPU share;
-        # on it, the GPU with the fewest pods attached.
-        share = self.cpu_arr[cands] / self.cpu_cap_arr[cands]
-        node = self.nodes[int(cands[int(np.argmax(share))])]
+        # kube-scheduler's score (no extender: NodeResourcesFit + BalancedAllocation; the first best on ties); on
+        # the node, the GPU with the fewest pods attached.
+        node = self.nodes[int(cands[int(np.argmax(self.host_points(cands, out)))])]
         gpu = min((g for g in node.gpus if self._gpu_ok(g)), key=lambda g: (len(g.running) + len(g.waiting), g.index))
         self._bind(job, out, node)
         gpu.waiting.append(job)

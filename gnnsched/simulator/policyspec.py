@@ -29,7 +29,10 @@ its predicted-runtime bucket, :mod:`gnnsched.queue_order`, so kube-scheduler's d
 by (bucket priority, highest first; then the order they entered the queue: arrival, or re-queue after an OOM
 retry) -- shortest predicted first across the cluster, ties in FIFO order; with ``+scaling`` the bucket is that of the
 runtime predicted at the scaled requests, as the operator annotates it; ``+sjfN``: N buckets per doubling of the
-runtime, 1..8, default 2 as the chart's default classes), ``@N`` (cap of co-located jobs per GPU).
+runtime, 1..8, default 2 as the chart's default classes), ``+pack`` (kube-scheduler's NodeResourcesFit
+scores with ``MostAllocated``, the chart's ``scheduler.nodeResourcesScoring: MostAllocated``, instead of
+``LeastAllocated``, the default of gnnsched's profile and of kube-scheduler's -- see
+:mod:`gnnsched.simulator.kube_scores`), ``@N`` (cap of co-located jobs per GPU).
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ from dataclasses import dataclass
 
 from gnnsched.errors import FieldError
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, MAX_PER_DOUBLING
+from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, LEAST_ALLOCATED, MOST_ALLOCATED
 
 # one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
-_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|\+sjf|\+bypass)(?P<n>\d*)")
+_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|\+sjf|\+bypass|\+pack)(?P<n>\d*)")
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
@@ -69,6 +73,16 @@ class PolicySpec:
     paper: bool = False
     sjf: int = 0  # +sjf: buckets per doubling of the runtime (gnnsched.queue_order); 0: FIFO queue
     bypass_limit: int | None = None  # ``+bypassN``; None: the gate's default (``policies.DEFAULT_BYPASS_LIMIT``)
+    pack: bool = False  # ``+pack``: NodeResourcesFit scores with MostAllocated
+
+    @property
+    def scoring_strategy(self) -> str:
+        """NodeResourcesFit's strategy in the profile that schedules this policy's pods: ``MostAllocated`` with
+        ``+pack``, else gnnsched's profile's default (``scheduler_config.DEFAULT_SCORING_STRATEGY``) or
+        kube-scheduler's (``LeastAllocated``)."""
+        if self.pack:
+            return MOST_ALLOCATED
+        return DEFAULT_SCORING_STRATEGY if self.is_gnnsched else LEAST_ALLOCATED
 
     @property
     def effective_bypass_limit(self) -> int:
@@ -111,11 +125,12 @@ def parse_policy(text: str) -> PolicySpec:
     sjf = 0
     interference = True
     bypass_limit: int | None = None
+    pack = False
     while suffix:
         m = _SUFFIX.match(suffix)
         if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, +bypassN, -interference, -paper, @N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, -interference, -paper, @N)")
         token, digits = m.group("token"), m.group("n")
         suffix = suffix[m.end():]
         if digits and token not in ("+sjf", "+bypass"):
@@ -128,6 +143,8 @@ def parse_policy(text: str) -> PolicySpec:
             paper = True
         elif token == "-interference":
             interference = False
+        elif token == "+pack":
+            pack = True
         elif token == "+sjf":
             sjf = int(digits) if digits else DEFAULT_PER_DOUBLING
             if not 1 <= sjf <= MAX_PER_DOUBLING:
@@ -147,7 +164,8 @@ def parse_policy(text: str) -> PolicySpec:
     if sjf and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
-                      max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit)
+                      max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit,
+                      pack=pack)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

@@ -205,13 +205,27 @@ class Integrations:
         cap = sim.per_gpu_cap
         if not node.queue:
             return []
-        if not sim.policy.paper:
+        paper = sim.policy.paper
+        if not paper:
             # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes
             # of the smallest queued task (node.queue_sizes: the queue's sizes, kept by the engine) -> no admission
-            # (the common case for a node whose GPUs are full).
+            # (the common case for a node whose GPUs are full). Each GPU's free bytes and slots are computed once,
+            # for this test and for its GPUFree: GPUFree is immutable, so the last one built for the GPU is reused
+            # while both are unchanged (most decisions look at GPUs whose books did not move).
             smallest = min(node.queue_sizes)
-            if not any((cap if cap is not None else g.max_clients) - len(g.running) > 0
-                       and g.total - g.reserve - g.committed >= smallest for g in node.gpus):
+            gpus = []
+            fits = False
+            for g in node.gpus:
+                free = g.total - g.reserve - g.committed
+                slots = (cap if cap is not None else g.max_clients) - len(g.running)
+                if slots > 0 and free >= smallest:
+                    fits = True
+                last = g.free_view
+                if last is None or last.free_bytes != free or last.free_slots != slots:
+                    last = g.free_view = pol.GPUFree(index=g.index, free_bytes=free, free_slots=slots,
+                                                     capacity_bytes=g.total - g.reserve)
+                gpus.append(last)
+            if not fits:
                 return []
         # A queued job's Task is built once per bind, with seq = the engine's bind counter instead of the position
         # in the queue: node.queue is in bind order, so the relative order (all the policies use seq for) is the
@@ -228,7 +242,7 @@ class Integrations:
                                                 qt_seconds=prof.predicted_s, intensity=prof.intensity,
                                                 bypassed=sim.bypassed.get(job.id, 0)), job)
             tasks.append(hit[0])
-        if sim.policy.paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
+        if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
                             free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
@@ -238,7 +252,6 @@ class Integrations:
             busy = [g.index for g in node.gpus if g.running]
             plan = pol.plan_admissions_paper(sim.base, tasks, gpus, busy)
         else:
-            gpus = [self._gpu_free(pol, g, cap) for g in node.gpus]
             policy = self.memo.get(("policy", sim.base))
             if policy is None:  # the enum, so plan_admissions does not parse the name at every call
                 policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
@@ -255,19 +268,6 @@ class Integrations:
                     for t in a.tasks:
                         sim.bypassed.pop(int(t.key), None)
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
-
-    @staticmethod
-    def _gpu_free(pol: Any, g: Any, cap: int | None) -> Any:
-        """``pol.GPUFree`` of ``g`` now. GPUFree is immutable, so the last one built for the GPU is reused while its
-        free bytes and free slots are unchanged (most decisions look at GPUs whose books did not move)."""
-        free = g.total - g.reserve - g.committed
-        slots = (cap if cap is not None else g.max_clients) - len(g.running)
-        last = g.free_view
-        if last is not None and last.free_bytes == free and last.free_slots == slots:
-            return last
-        last = g.free_view = pol.GPUFree(index=g.index, free_bytes=free, free_slots=slots,
-                                         capacity_bytes=g.total - g.reserve)
-        return last
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
         """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``. The
@@ -319,6 +319,8 @@ class PlacementView:
         self.row_ver = np.zeros(self.rows, dtype=np.int64)
         self.epoch = 0
         self.fit_cache: dict[tuple, dict[str, Any]] = {}
+        # per GPU (gid): the inputs of its last set_gpu / set_gpu_derived (refresh_gpu skips rewriting the same)
+        self.written: list[tuple | None] = [None] * len(sim.gpus)
         # every row's status is known (a["known"] is written once, below, and never changes in a run)
         for node in sim.nodes:
             self.refresh(node)
@@ -337,10 +339,13 @@ class PlacementView:
     def refresh_host(self, node: Any) -> None:
         self.pl.set_host(self.state, node.idx, float(node.cpu_free), float(node.mem_free))
 
-    def refresh_gpu(self, node: Any, index: int, derive: bool = False) -> None:
+    def refresh_gpu(self, node: Any, index: int, derive: bool = False) -> bool:
         """Re-write one GPU of ``node``: committed bytes, running jobs, and the reservations on it. ``derive``: also
         its derived figures with the current size table (``pl.set_gpu_derived``: what ``pl.derive_cells`` on that
-        GPU would then compute)."""
+        GPU would then compute), unless the GPU's raw figures are the ones last written (a third of the GPUs the
+        engine marks changed are, e.g. a reservation made and admitted between two placements): the stored raw
+        and derived figures are then already what the write would store, since every change of the size table
+        re-derives every row. Returns whether anything was written."""
         sim = self.sim
         g = node.gpus[index]
         running = []
@@ -368,19 +373,25 @@ class PlacementView:
                                                prof.sm_util, prof.mem_util)
             running.append(entry)
         cap_clients = sim.per_gpu_cap
+        capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued
+        max_clients = cap_clients if cap_clients is not None else g.max_clients
+        inputs = (capacity, used, clients, max_clients, qbytes, qsecs, running)
         if derive:
+            if self.written[g.gid] == inputs:
+                return False
+            self.written[g.gid] = inputs
             self.pl.set_gpu_derived(
-                self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used,
-                healthy=True, clients=len(g.running) + queued,
-                max_clients=cap_clients if cap_clients is not None else g.max_clients, qbytes=qbytes, qsecs=qsecs,
-                running=running, above=self.above, sens=self.sens,
+                self.state, index, node.idx, capacity=capacity, used=used, healthy=True, clients=clients,
+                max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running, above=self.above,
+                sens=self.sens,
             )
-            return
+            return True
+        self.written[g.gid] = inputs
         self.pl.set_gpu(
-            self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used, healthy=True,
-            clients=len(g.running) + queued, max_clients=cap_clients if cap_clients is not None else g.max_clients,
-            qbytes=qbytes, qsecs=qsecs, running=running,
+            self.state, index, node.idx, capacity=capacity, used=used, healthy=True, clients=clients,
+            max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running,
         )
+        return True
 
     def _sync(self) -> None:
         sim, pl = self.sim, self.pl
@@ -411,12 +422,13 @@ class PlacementView:
             # each is written and derived in one pass (what set_gpu for every changed GPU, then derive_cells on
             # them, stores).
             if changed:
-                row_ver = self.row_ver
-                for r in {idx for idx, _ in changed}:
-                    row_ver[r] += 1
+                # a row whose GPUs were all rewritten with the figures they held keeps its version: the class
+                # summaries cached for it (see _cheapest) still hold
                 nodes = sim.nodes
-                for idx, index in changed:
-                    self.refresh_gpu(nodes[idx], index, derive=True)
+                rows = {idx for idx, index in changed if self.refresh_gpu(nodes[idx], index, derive=True)}
+                row_ver = self.row_ver
+                for r in rows:
+                    row_ver[r] += 1
                 changed.clear()
             return
         for idx, index in changed:
@@ -487,10 +499,17 @@ class PlacementView:
             return None
         exact = (e["low"][cols] <= t).nonzero()[0]  # passing candidates only (NaN elsewhere)
         cost_x = None
+        big_r = prof.predicted_s if prof.predicted_s > 0 else 1.0
+        if exact.size:
+            # A tighter bound before the exact columns: a waiting GPU's cost is float32(slowdown + wait / R) (see
+            # pl.candidate_costs), at least float32(low + pl.wait_bound / R) by monotonic rounding, so a candidate
+            # whose bound exceeds T has no GPU at or below T beyond its fit-now ones (already in "fit").
+            rows_x = cands.take(exact)
+            bound = (e["low"].take(rows_x).astype(np.float64) + pl.wait_bound(a, rows_x, b, sim.now) / big_r)
+            exact = exact[bound.astype(np.float32) <= t]
         if exact.size:
             best = np.array(best)
-            cost_x, _ = pl.candidate_costs(a, cands.take(exact), b,
-                                           prof.predicted_s if prof.predicted_s > 0 else 1.0, prof.intensity,
+            cost_x, _ = pl.candidate_costs(a, cands.take(exact), b, big_r, prof.intensity,
                                            sim.now, self.above, interference_aware=self.aware)
             best[exact] = np.minimum.reduce(cost_x, axis=0)
         # The first minimum over the passing candidates: the candidates that do not pass hold inf, so a finite

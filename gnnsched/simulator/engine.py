@@ -160,6 +160,10 @@ class Simulation:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.policy = policy
         self.base = policy.base
+        # the policy's flags the per-event code tests (a frozen PolicySpec: fixed for the run; is_gnnsched is a
+        # property, computed once here instead of at every event)
+        self.is_gnnsched = policy.is_gnnsched
+        self.uvm = policy.uvm
         self.ix = integrations
         self.horizon = horizon
         self.startup_s = startup_s
@@ -273,19 +277,26 @@ class Simulation:
         self.seq = len(self.heap)
         total = len(self.jobs)
         tick = max(1, total // 200)
-        while self.heap:
-            t = self.heap[0][0]
-            if self.horizon is not None and t > self.horizon:
+        # self.heap is only ever pushed to and popped from (never re-bound) during the run: held in a local, with
+        # the other per-event lookups, since this loop runs once per event (a third or more of them stale)
+        heap = self.heap
+        heappop = heapq.heappop
+        horizon = self.horizon
+        record_timeline = self.record_timeline
+        progress = self.progress
+        while heap:
+            t = heap[0][0]
+            if horizon is not None and t > horizon:
                 break
             self._advance(t)
             self.now = t
-            while self.heap and self.heap[0][0] == t:
-                _, _, kind, payload, token = heapq.heappop(self.heap)
-                if kind == ARRIVE:
-                    self._arrive(payload)
-                elif kind == FINISH:
+            while heap and heap[0][0] == t:
+                _, _, kind, payload, token = heappop(heap)
+                if kind == FINISH:
                     if payload.token == token:
                         self._finish(payload)
+                elif kind == ARRIVE:
+                    self._arrive(payload)
                 elif kind == STARTED:
                     payload.starting = False
                     payload.last = t
@@ -294,10 +305,10 @@ class Simulation:
                     self._requeue(payload)
             if (self.pending_dirty and self.pending) or self.dirty_nodes:  # else _schedule has nothing to do
                 self._schedule()
-            if self.record_timeline:
+            if record_timeline:
                 self._sample()
-            if self.progress is not None and self.resolved % tick == 0:
-                self.progress(self.resolved, total)
+            if progress is not None and self.resolved % tick == 0:
+                progress(self.resolved, total)
         end = self.horizon if self.horizon is not None else self.now
         self._advance(end)
         for run in [r for g in self.gpus for r in g.running if not r.starting]:
@@ -373,7 +384,7 @@ class Simulation:
 
     def _room(self) -> bool:
         """Cheap global test before trying placements: can any node take a pod at all?"""
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             return True
         return bool(self.slots_arr.any())
 
@@ -412,7 +423,7 @@ class Simulation:
         return len(g.running) + len(g.waiting) < limit
 
     def _refresh_slots(self, node: NodeState) -> None:
-        if not self.policy.is_gnnsched:
+        if not self.is_gnnsched:
             self.slots_arr[node.idx] = sum(1 for g in node.gpus if self._gpu_ok(g))
 
     def _candidates_arr(self, out: JobOutcome) -> np.ndarray:
@@ -452,15 +463,20 @@ class Simulation:
             rolled = idx[self.rr:end] if end <= n else np.concatenate([idx[self.rr:], idx[:end - n]])
             self.rr = (int(rolled[-1]) + 1) % n
             return rolled
-        start = int(np.searchsorted(idx, self.rr))
-        rolled = np.concatenate([idx[start:], idx[:start]])[:want]
+        start = int(idx.searchsorted(self.rr))
+        # the first ``want`` of idx rotated to start at ``start``: a slice when they do not wrap around
+        rest = idx.size - start
+        if rest >= want:
+            rolled = idx[start:start + want]
+        else:
+            rolled = np.concatenate([idx[start:], idx[:min(start, want - rest)]])
         self.rr = (int(rolled[-1]) + 1) % len(self.nodes)
         return rolled
 
     def _place(self, job: SimJob):
         """Bind ``job`` to a node (and for baselines a GPU). None: not now; "never": on no node ever."""
         out = self.outcomes[job.id]
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             return self._place_gnnsched(job, out)
         if out.cpu_milli > self.max_node_cpu or out.memory_bytes > self.max_node_mem:
             out.reason = "requests exceed every node's CPU or memory"
@@ -530,7 +546,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ admission
     def _admit(self, node: NodeState) -> None:
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             if not node.queue:
                 return
             admissions = self.ix.next_group(self, node)
@@ -586,7 +602,7 @@ class Simulation:
             out.first_start = self.now
         out.start = self.now
         out.gpu = gpu.index
-        if self.policy.is_gnnsched:  # the job leaves its node's gate queue (admitted, or OOM-killed on the spot)
+        if self.is_gnnsched:  # the job leaves its node's gate queue (admitted, or OOM-killed on the spot)
             sizes = gpu.node.queue_sizes
             n = sizes[prof.admit_bytes] - 1
             if n:
@@ -602,12 +618,12 @@ class Simulation:
                 pending_immediate.pop(job.id, None)
         self.reserved_at.pop(job.id, None)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
-        if (not self.policy.uvm) and gpu.used + prof.peak_bytes > gpu.total:
+        if (not self.uvm) and gpu.used + prof.peak_bytes > gpu.total:
             # The allocation that does not fit fails: CUDA out of memory, the process exits. It gets that far only
             # after its start-up (imports, CUDA context, loading the graph), so a kill costs the start-up plus the
             # restart back-off before the next attempt.
             out.oom_kills += 1
-            if self.policy.is_gnnsched:
+            if self.is_gnnsched:
                 self._count_size(prof.admit_bytes, -1)
             self._unbind(out, gpu.node)
             self.dirty_nodes.add(gpu.node.idx)
@@ -632,7 +648,7 @@ class Simulation:
             self.idle_gpus -= 1
         gpu.running.append(run)
         gpu.used += prof.peak_bytes
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             gpu.committed += prof.admit_bytes
         self.running_count += 1
         if rerate:
@@ -647,7 +663,7 @@ class Simulation:
         gpu.running.remove(run)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
         gpu.used -= prof.peak_bytes
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             gpu.committed -= prof.admit_bytes
             self._count_size(prof.admit_bytes, -1)
         if not gpu.running:
@@ -680,7 +696,7 @@ class Simulation:
                 slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
             slow = []
-        if self.policy.uvm and gpu.used > gpu.total:
+        if self.uvm and gpu.used > gpu.total:
             factor = uvm_slowdown(gpu.used, gpu.total, gpu.bandwidth, gpu.link)
             slow = [s * factor for s in slow]
         sm = 0.0

@@ -267,7 +267,7 @@ def plan_decision(
                     or (g.free_bytes == best.free_bytes and g.index < best.index)):
                 best = g
         return Plan([Admission(gpu_index=best.index, tasks=(task,))] if best is not None else [], {})
-    smallest = min(t.bytes for t in items)
+    smallest = min([t.bytes for t in items])
     if not any(g.free_slots > 0 and g.free_bytes >= smallest for g in gpus):
         return Plan([], {})  # nothing fits anywhere: skip the sort (the common case with a long queue on full GPUs)
     order = traversal(p, items)
@@ -317,7 +317,8 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
         if b < m:
             m = b
         floor[j] = m
-    remaining_bytes = sum(t.bytes for t in order)
+    remaining_bytes = sum([t.bytes for t in order])
+    balanced = p in (Policy.SQTF, Policy.BQT)  # the only policies with a soft threshold (group_threshold)
     out: list[Admission] = []
     first = 0
     for g in sorted(gpus, key=lambda g: (-g.free_bytes, g.index)):
@@ -327,7 +328,7 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
             break
         if g.free_slots <= 0 or g.free_bytes < floor[first]:
             continue
-        threshold = group_threshold(p, remaining_bytes, g.capacity_bytes)
+        threshold = group_threshold(p, remaining_bytes, g.capacity_bytes) if balanced else math.inf
         members: list[int] = []
         total = 0
         skipped: list[tuple[int, int]] = []

@@ -22,7 +22,7 @@ stand-in.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -230,18 +230,32 @@ class Integrations:
         # A queued job's Task is built once per bind, with seq = the engine's bind counter instead of the position
         # in the queue: node.queue is in bind order, so the relative order (all the policies use seq for) is the
         # same and the plan is identical, without re-building every queued job's Task at every decision.
+        # The node's list of Tasks is kept between decisions too (sim.queue_tasks: node idx -> (the node.queue list
+        # it mirrors, its Tasks)): the engine only appends to node.queue (a bind) or replaces the list (an
+        # admission), so while it is the same list object the kept Tasks are its prefix and only the jobs bound
+        # since are added; the entry holds the list, so its identity cannot be reused. Dropped below when a bypass
+        # count changes a queued Task.
         cache = sim.task_cache
         model = node.gpus[0].model
-        tasks = []
-        for job in node.queue:
-            seq = sim.bind_seq[job.id]
-            hit = cache.get(job.id)
-            if hit is None or hit[0].seq != seq:
+        queue = node.queue
+        kept = sim.queue_tasks.get(node.idx)
+        if kept is not None and kept[0] is queue and len(kept[1]) <= len(queue):
+            tasks = kept[1]
+            fresh = queue[len(tasks):] if len(tasks) < len(queue) else ()
+        else:
+            tasks = []
+            fresh = queue
+            sim.queue_tasks[node.idx] = (queue, tasks)
+        append, get, bind_seq = tasks.append, cache.get, sim.bind_seq
+        for job in fresh:
+            jid = job.id
+            hit = get(jid)
+            if hit is None or hit[0].seq != bind_seq[jid]:
                 prof = job.profile(model)
-                hit = cache[job.id] = (pol.Task(key=str(job.id), bytes=prof.admit_bytes, seq=seq,
-                                                qt_seconds=prof.predicted_s, intensity=prof.intensity,
-                                                bypassed=sim.bypassed.get(job.id, 0)), job)
-            tasks.append(hit[0])
+                hit = cache[jid] = (pol.Task(key=str(jid), bytes=prof.admit_bytes, seq=bind_seq[jid],
+                                             qt_seconds=prof.predicted_s, intensity=prof.intensity,
+                                             bypassed=sim.bypassed.get(jid, 0)), job)
+            append(hit[0])
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
@@ -258,11 +272,15 @@ class Integrations:
             decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit)
             plan = decision.admissions
             # The gate keeps each queued task's bypass count between decisions (node_agent.books.Entry.bypassed).
+            if decision.bypassed:
+                sim.queue_tasks.pop(node.idx, None)
             for key, count in decision.bypassed.items():
                 jid = int(key)
                 sim.bypassed[jid] = count
                 task, job = cache[jid]
-                cache[jid] = (replace(task, bypassed=count), job)
+                # replace(task, bypassed=count), built directly (replace() re-reads the fields at every call)
+                cache[jid] = (pol.Task(key=task.key, bytes=task.bytes, seq=task.seq, qt_seconds=task.qt_seconds,
+                                       intensity=task.intensity, bypassed=count), job)
             if sim.bypassed:
                 for a in plan:
                     for t in a.tasks:
@@ -492,7 +510,8 @@ class PlacementView:
             e["pass"][rows] = passed_r
             ver[rows] = self.row_ver[rows]
         best = e["fit"][cols]  # a copy (cols: a slice gives a view) is made below only where it is written
-        t = best.min()  # the lowest fit-now cost among the passing candidates (the others hold inf)
+        first = int(best.argmin())  # the first minimum: its value is best.min() (NaN included), and the pick below
+        t = best[first]  # the lowest fit-now cost among the passing candidates (the others hold inf)
         if t == np.inf and not e["pass"][cols].any():  # no candidate passes (their fit is inf then)
             return ()
         if t != t:
@@ -518,7 +537,10 @@ class PlacementView:
         low_best = best.min() if cost_x is not None else t
         if not low_best > 0:
             return None
-        col = int(best.argmin()) if low_best != np.inf else int(e["pass"][cols].argmax())
+        if low_best == np.inf:
+            col = int(e["pass"][cols].argmax())
+        else:
+            col = int(best.argmin()) if cost_x is not None else first
         if cost_x is not None:
             at = int(np.searchsorted(exact, col))
             if at < exact.size and exact[at] == col:

@@ -242,6 +242,7 @@ class Simulation:
         self.binds = 0
         self.bind_seq: dict[int, int] = {}
         self.task_cache: dict[int, tuple] = {}
+        self.queue_tasks: dict[int, tuple] = {}  # adapters.next_group: node idx -> (node.queue, its Tasks)
         # the gate's backfill rule (policies.plan_decision) and each queued job's bypass count, kept between decisions
         self.bypass_limit = policy.effective_bypass_limit
         self.bypassed: dict[int, int] = {}
@@ -439,7 +440,7 @@ class Simulation:
         e = self.host_fit.get((cpu, mem))
         if e is None or len(log) - e[2] > len(self.nodes) // 8:
             ok = (self.cpu_arr >= cpu) & (self.mem_arr >= mem) & self.has_gpu_arr
-            e = self.host_fit[(cpu, mem)] = [ok, int(np.count_nonzero(ok)), len(log)]
+            e = self.host_fit[(cpu, mem)] = [ok, int(np.count_nonzero(ok)), len(log), None]
         elif e[2] < len(log):
             ok, n = e[0], e[1]
             cpu_arr, mem_arr, has_gpu = self.cpu_arr, self.mem_arr, self.has_gpu_arr
@@ -448,10 +449,13 @@ class Simulation:
                 if now != ok.item(idx):
                     ok[idx] = now
                     n += 1 if now else -1
+                    e[3] = None
             e[1], e[2] = n, len(log)
         if e[1] == len(self.nodes):
             return self._round_robin(self.node_index)  # every node passes: flatnonzero would give 0..n-1
-        return self._round_robin(e[0].nonzero()[0])
+        if e[3] is None:  # the passing nodes' indices, kept until a node's verdict flips
+            e[3] = e[0].nonzero()[0]
+        return self._round_robin(e[3])
 
     def _round_robin(self, idx: np.ndarray) -> np.ndarray:
         if idx.size == 0:
@@ -681,17 +685,19 @@ class Simulation:
     # ------------------------------------------------------------------ rates
     def _rerate(self, gpu: GpuState) -> None:
         now = self.now
-        runs = [r for r in gpu.running if not r.starting]
-        for r in runs:
-            if r.last != now:
-                r.remaining -= r.rate * (now - r.last)
-                r.last = now
+        runs = []  # the runs past their start-up, each brought up to now (one pass)
+        for r in gpu.running:
+            if not r.starting:
+                if r.last != now:
+                    r.remaining -= r.rate * (now - r.last)
+                    r.last = now
+                runs.append(r)
         if len(runs) == 1:
             slow = [1.0]
         elif runs:
             # ix.slowdowns keeps its answers in slowdown_cache by the runs' ordered intensity classes: looked up here
             # first, so a re-rating on a known mix costs one dict lookup
-            slow = self.slowdown_cache.get(tuple(r.intensity for r in runs))
+            slow = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
             if slow is None:
                 slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
@@ -701,6 +707,7 @@ class Simulation:
             slow = [s * factor for s in slow]
         sm = 0.0
         heap = self.heap
+        push = heapq.heappush
         seq = self.seq
         for r, s in zip(runs, slow):
             rate = r.rate = 1.0 / s
@@ -712,7 +719,7 @@ class Simulation:
                 out.slowdown_max = s
             rem = r.remaining
             seq += 1
-            heapq.heappush(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
+            push(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
         self.seq = seq
         sm = min(sm, 1.0)
         mem = min(gpu.used, gpu.total)

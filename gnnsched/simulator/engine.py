@@ -230,6 +230,7 @@ class Simulation:
         self.host_log: list[int] = []
         self.host_fit: dict[tuple, list] = {}
         self.node_index = np.arange(len(self.nodes))
+        self.nodes_to_find = feasible_nodes_to_find(len(self.nodes))  # the cluster's size is fixed for the run
         # gnnsched placement (see adapters.PlacementView): nodes whose books changed since the view last looked,
         # and the extender's reservations (job id -> (GPU index, immediate), bind time) until the agent admits.
         self.placement_view = None
@@ -460,7 +461,7 @@ class Simulation:
     def _round_robin(self, idx: np.ndarray) -> np.ndarray:
         if idx.size == 0:
             return idx
-        want = feasible_nodes_to_find(len(self.nodes))
+        want = self.nodes_to_find
         if idx.size == len(self.nodes):  # every node feasible: the window is rr, rr+1, ... (mod n) directly
             n = idx.size
             end = self.rr + min(want, n)

@@ -254,7 +254,20 @@ def plan_decision(
     if not items:
         return Plan([], {})
     gpus = list(gpus)
-    smallest = min(t.bytes for t in items)
+    if len(items) == 1:
+        # One queued task (the common decision on a busy node): every policy's order is that task, it joins the
+        # first group it fits and no task is overtaken, so the plan is the task on the first GPU in the GPUs' order
+        # (most free bytes, then lowest index) with a free slot and room for it -- what both plans below compute,
+        # without their sort, threshold and bookkeeping.
+        task = items[0]
+        best = None
+        for g in gpus:
+            if g.free_slots > 0 and g.free_bytes >= task.bytes and (
+                    best is None or g.free_bytes > best.free_bytes
+                    or (g.free_bytes == best.free_bytes and g.index < best.index)):
+                best = g
+        return Plan([Admission(gpu_index=best.index, tasks=(task,))] if best is not None else [], {})
+    smallest = min([t.bytes for t in items])
     if not any(g.free_slots > 0 and g.free_bytes >= smallest for g in gpus):
         return Plan([], {})  # nothing fits anywhere: skip the sort (the common case with a long queue on full GPUs)
     order = traversal(p, items)
@@ -304,7 +317,8 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
         if b < m:
             m = b
         floor[j] = m
-    remaining_bytes = sum(t.bytes for t in order)
+    remaining_bytes = sum([t.bytes for t in order])
+    balanced = p in (Policy.SQTF, Policy.BQT)  # the only policies with a soft threshold (group_threshold)
     out: list[Admission] = []
     first = 0
     for g in sorted(gpus, key=lambda g: (-g.free_bytes, g.index)):
@@ -314,7 +328,7 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
             break
         if g.free_slots <= 0 or g.free_bytes < floor[first]:
             continue
-        threshold = group_threshold(p, remaining_bytes, g.capacity_bytes)
+        threshold = group_threshold(p, remaining_bytes, g.capacity_bytes) if balanced else math.inf
         members: list[int] = []
         total = 0
         skipped: list[tuple[int, int]] = []

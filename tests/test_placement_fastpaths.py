@@ -78,3 +78,29 @@ def test_fit_summary_is_the_reduced_fit_costs(seed: int, aware: bool) -> None:
             assert g.tobytes() == w.tobytes()
     for key, arr in a.items():  # the state is only read
         assert arr.tobytes() == before[key].tobytes(), key
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_wait_bound_never_exceeds_the_wait_of_a_waiting_gpu(seed: int) -> None:
+    # _cheapest (simulator) drops a candidate whose bound already exceeds the best fit-now cost: the bound must be
+    # <= wait_seconds on every GPU of the row where the pod waits, and inf only on rows where none waits
+    rng = np.random.default_rng(300 + seed)
+    a = _random_state(rng, 60, 8)
+    pl.derive_arrays(a, slice(0, 60), pl.size_table(rng.uniform(1e8, 2e10, 50)), load_default())
+    gpus, rows = a["capu"].shape
+    for _ in range(20):
+        b = float(rng.choice([1e8, 5e9, 1.5e10, 3.9e10]))
+        now = float(rng.uniform(0, 120))
+        sel = np.sort(rng.choice(60, int(rng.integers(1, 60)), replace=False))
+        bound = pl.wait_bound(a, sel, b, now)
+        waiting = (a["capu"] >= b) & ~(a["avail"] >= b)
+        for i, r in enumerate(sel):
+            flat = np.array([s * rows + r for s in range(gpus) if waiting[s, r]], dtype=np.intp)
+            if flat.size == 0:
+                assert bound[i] == np.inf
+                continue
+            assert bound[i] <= wait_seconds_min(a, flat, b, now)
+
+
+def wait_seconds_min(a: pl.PlacementState, flat: np.ndarray, b: float, now: float) -> float:
+    return float(pl.wait_seconds(a, flat, b, now).min())

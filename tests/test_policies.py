@@ -251,3 +251,22 @@ def test_invariant_check() -> None:
     assert len(invariant_violations([ok, over, crowd])) == 2
     with pytest.raises(GateInvariantError, match="gpu 1: committed"):
         check_gate_invariant([over])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(1, 40 * GiB),
+    bypassed=st.integers(0, 6),
+    gpus=st.lists(st.tuples(st.integers(0, 40 * GiB), st.integers(-1, 4), st.integers(0, 7)), min_size=0, max_size=8),
+    limit=st.integers(0, 5),
+)
+def test_one_task_plan_is_the_general_plan(size: int, bypassed: int, gpus: list, limit: int) -> None:
+    # plan_decision answers a one-task queue without sorting; it must equal what the prefix and backfill plans give
+    from gnnsched import policies as pol
+
+    task = Task(key="t", bytes=size, seq=3, qt_seconds=5.0, bypassed=bypassed)
+    free = [GPUFree(index=i, free_bytes=b, free_slots=s, capacity_bytes=40 * GiB) for b, s, i in gpus]
+    for p in Policy:
+        got = plan_decision(p, [task], free, limit)
+        want = pol._plan_backfill(p, [task], free, limit) if limit else pol.Plan(pol._plan_prefix(p, [task], free), {})
+        assert got == want

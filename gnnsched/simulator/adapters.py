@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -210,30 +210,58 @@ class Integrations:
         cap = sim.per_gpu_cap
         if not node.queue:
             return []
-        if not sim.policy.paper:
+        paper = sim.policy.paper
+        if not paper:
             # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes
             # of the smallest queued task (node.queue_sizes: the queue's sizes, kept by the engine) -> no admission
-            # (the common case for a node whose GPUs are full).
+            # (the common case for a node whose GPUs are full). Each GPU's free bytes and slots are computed once,
+            # for this test and for its GPUFree: GPUFree is immutable, so the last one built for the GPU is reused
+            # while both are unchanged (most decisions look at GPUs whose books did not move).
             smallest = min(node.queue_sizes)
-            if not any((cap if cap is not None else g.max_clients) - len(g.running) > 0
-                       and g.total - g.reserve - g.committed >= smallest for g in node.gpus):
+            gpus = []
+            fits = False
+            for g in node.gpus:
+                free = g.total - g.reserve - g.committed
+                slots = (cap if cap is not None else g.max_clients) - len(g.running)
+                if slots > 0 and free >= smallest:
+                    fits = True
+                last = g.free_view
+                if last is None or last.free_bytes != free or last.free_slots != slots:
+                    last = g.free_view = pol.GPUFree(index=g.index, free_bytes=free, free_slots=slots,
+                                                     capacity_bytes=g.total - g.reserve)
+                gpus.append(last)
+            if not fits:
                 return []
         # A queued job's Task is built once per bind, with seq = the engine's bind counter instead of the position
         # in the queue: node.queue is in bind order, so the relative order (all the policies use seq for) is the
         # same and the plan is identical, without re-building every queued job's Task at every decision.
+        # The node's list of Tasks is kept between decisions too (sim.queue_tasks: node idx -> (the node.queue list
+        # it mirrors, its Tasks)): the engine only appends to node.queue (a bind) or replaces the list (an
+        # admission), so while it is the same list object the kept Tasks are its prefix and only the jobs bound
+        # since are added; the entry holds the list, so its identity cannot be reused. Dropped below when a bypass
+        # count changes a queued Task.
         cache = sim.task_cache
         model = node.gpus[0].model
-        tasks = []
-        for job in node.queue:
-            seq = sim.bind_seq[job.id]
-            hit = cache.get(job.id)
-            if hit is None or hit[0].seq != seq:
+        queue = node.queue
+        kept = sim.queue_tasks.get(node.idx)
+        if kept is not None and kept[0] is queue and len(kept[1]) <= len(queue):
+            tasks = kept[1]
+            fresh = queue[len(tasks):] if len(tasks) < len(queue) else ()
+        else:
+            tasks = []
+            fresh = queue
+            sim.queue_tasks[node.idx] = (queue, tasks)
+        append, get, bind_seq = tasks.append, cache.get, sim.bind_seq
+        for job in fresh:
+            jid = job.id
+            hit = get(jid)
+            if hit is None or hit[0].seq != bind_seq[jid]:
                 prof = job.profile(model)
-                hit = cache[job.id] = (pol.Task(key=str(job.id), bytes=prof.admit_bytes, seq=seq,
-                                                qt_seconds=prof.predicted_s, intensity=prof.intensity,
-                                                bypassed=sim.bypassed.get(job.id, 0)), job)
-            tasks.append(hit[0])
-        if sim.policy.paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
+                hit = cache[jid] = (pol.Task(key=str(jid), bytes=prof.admit_bytes, seq=bind_seq[jid],
+                                             qt_seconds=prof.predicted_s, intensity=prof.intensity,
+                                             bypassed=sim.bypassed.get(jid, 0)), job)
+            append(hit[0])
+        if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
                             free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
@@ -243,36 +271,26 @@ class Integrations:
             busy = [g.index for g in node.gpus if g.running]
             plan = pol.plan_admissions_paper(sim.base, tasks, gpus, busy)
         else:
-            gpus = [self._gpu_free(pol, g, cap) for g in node.gpus]
             policy = self.memo.get(("policy", sim.base))
             if policy is None:  # the enum, so plan_admissions does not parse the name at every call
                 policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
             decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit)
             plan = decision.admissions
             # The gate keeps each queued task's bypass count between decisions (node_agent.books.Entry.bypassed).
+            if decision.bypassed:
+                sim.queue_tasks.pop(node.idx, None)
             for key, count in decision.bypassed.items():
                 jid = int(key)
                 sim.bypassed[jid] = count
                 task, job = cache[jid]
-                cache[jid] = (replace(task, bypassed=count), job)
+                # replace(task, bypassed=count), built directly (replace() re-reads the fields at every call)
+                cache[jid] = (pol.Task(key=task.key, bytes=task.bytes, seq=task.seq, qt_seconds=task.qt_seconds,
+                                       intensity=task.intensity, bypassed=count), job)
             if sim.bypassed:
                 for a in plan:
                     for t in a.tasks:
                         sim.bypassed.pop(int(t.key), None)
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
-
-    @staticmethod
-    def _gpu_free(pol: Any, g: Any, cap: int | None) -> Any:
-        """``pol.GPUFree`` of ``g`` now. GPUFree is immutable, so the last one built for the GPU is reused while its
-        free bytes and free slots are unchanged (most decisions look at GPUs whose books did not move)."""
-        free = g.total - g.reserve - g.committed
-        slots = (cap if cap is not None else g.max_clients) - len(g.running)
-        last = g.free_view
-        if last is not None and last.free_bytes == free and last.free_slots == slots:
-            return last
-        last = g.free_view = pol.GPUFree(index=g.index, free_bytes=free, free_slots=slots,
-                                         capacity_bytes=g.total - g.reserve)
-        return last
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
         """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``. The
@@ -331,6 +349,8 @@ class PlacementView:
         self.row_ver = np.zeros(self.rows, dtype=np.int64)
         self.epoch = 0
         self.fit_cache: dict[tuple, dict[str, Any]] = {}
+        # per GPU (gid): the inputs of its last set_gpu / set_gpu_derived (refresh_gpu skips rewriting the same)
+        self.written: list[tuple | None] = [None] * len(sim.gpus)
         # every row's status is known (a["known"] is written once, below, and never changes in a run)
         for node in sim.nodes:
             self.refresh(node)
@@ -349,10 +369,13 @@ class PlacementView:
     def refresh_host(self, node: Any) -> None:
         self.pl.set_host(self.state, node.idx, float(node.cpu_free), float(node.mem_free))
 
-    def refresh_gpu(self, node: Any, index: int, derive: bool = False) -> None:
+    def refresh_gpu(self, node: Any, index: int, derive: bool = False) -> bool:
         """Re-write one GPU of ``node``: committed bytes, running jobs, and the reservations on it. ``derive``: also
         its derived figures with the current size table (``pl.set_gpu_derived``: what ``pl.derive_cells`` on that
-        GPU would then compute)."""
+        GPU would then compute), unless the GPU's raw figures are the ones last written (a third of the GPUs the
+        engine marks changed are, e.g. a reservation made and admitted between two placements): the stored raw
+        and derived figures are then already what the write would store, since every change of the size table
+        re-derives every row. Returns whether anything was written."""
         sim = self.sim
         g = node.gpus[index]
         running = []
@@ -380,19 +403,25 @@ class PlacementView:
                                                prof.sm_util, prof.mem_util)
             running.append(entry)
         cap_clients = sim.per_gpu_cap
+        capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued
+        max_clients = cap_clients if cap_clients is not None else g.max_clients
+        inputs = (capacity, used, clients, max_clients, qbytes, qsecs, running)
         if derive:
+            if self.written[g.gid] == inputs:
+                return False
+            self.written[g.gid] = inputs
             self.pl.set_gpu_derived(
-                self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used,
-                healthy=True, clients=len(g.running) + queued,
-                max_clients=cap_clients if cap_clients is not None else g.max_clients, qbytes=qbytes, qsecs=qsecs,
-                running=running, above=self.above, sens=self.sens,
+                self.state, index, node.idx, capacity=capacity, used=used, healthy=True, clients=clients,
+                max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running, above=self.above,
+                sens=self.sens,
             )
-            return
+            return True
+        self.written[g.gid] = inputs
         self.pl.set_gpu(
-            self.state, index, node.idx, capacity=g.total - g.reserve, used=g.committed + extra_used, healthy=True,
-            clients=len(g.running) + queued, max_clients=cap_clients if cap_clients is not None else g.max_clients,
-            qbytes=qbytes, qsecs=qsecs, running=running,
+            self.state, index, node.idx, capacity=capacity, used=used, healthy=True, clients=clients,
+            max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running,
         )
+        return True
 
     def _sync(self) -> None:
         sim, pl = self.sim, self.pl
@@ -423,12 +452,13 @@ class PlacementView:
             # each is written and derived in one pass (what set_gpu for every changed GPU, then derive_cells on
             # them, stores).
             if changed:
-                row_ver = self.row_ver
-                for r in {idx for idx, _ in changed}:
-                    row_ver[r] += 1
+                # a row whose GPUs were all rewritten with the figures they held keeps its version: the class
+                # summaries cached for it (see _cheapest) still hold
                 nodes = sim.nodes
-                for idx, index in changed:
-                    self.refresh_gpu(nodes[idx], index, derive=True)
+                rows = {idx for idx, index in changed if self.refresh_gpu(nodes[idx], index, derive=True)}
+                row_ver = self.row_ver
+                for r in rows:
+                    row_ver[r] += 1
                 changed.clear()
             return
         for idx, index in changed:
@@ -494,7 +524,8 @@ class PlacementView:
             e["pass"][rows] = passed_r
             ver[rows] = self.row_ver[rows]
         best = e["fit"][cols]  # a copy (cols: a slice gives a view) is made below only where it is written
-        t = best.min()  # the lowest fit-now cost among the passing candidates (the others hold inf)
+        first = int(best.argmin())  # the first minimum: its value is best.min() (NaN included), and the pick below
+        t = best[first]  # the lowest fit-now cost among the passing candidates (the others hold inf)
         if t == np.inf and not e["pass"][cols].any():  # no candidate passes (their fit is inf then)
             return ()
         if t != t:
@@ -502,6 +533,13 @@ class PlacementView:
         low = e["low"][cols]
         runtime = prof.predicted_s if prof.predicted_s > 0 else 1.0
         exact: list[tuple[np.ndarray, np.ndarray]] = []  # (candidate positions, their exact cost columns)
+
+        def tighten(pos: np.ndarray, limit: np.ndarray | float) -> np.ndarray:
+            # A tighter bound before exact columns: a waiting GPU's cost is float32(slowdown + wait / R) (see
+            # pl.candidate_costs), at least float32(low + pl.wait_bound / R) by monotonic rounding; keeps the
+            # positions whose tighter bound is still <= limit.
+            bound_t = low.take(pos).astype(np.float64) + pl.wait_bound(a, cands.take(pos), b, sim.now) / runtime
+            return pos[bound_t.astype(np.float32) <= limit]
 
         def make_exact(pos: np.ndarray) -> np.ndarray:
             cost_x, _ = pl.candidate_costs(a, cands.take(pos), b, runtime, prof.intensity, sim.now, self.above,
@@ -512,10 +550,14 @@ class PlacementView:
             return out_best
 
         # Round 1: the lowest best cost, exactly (candidates whose waiting GPUs' bound is <= t may beat t).
-        first = (low <= t).nonzero()[0]  # passing candidates only (NaN elsewhere)
-        if first.size:
-            best = make_exact(first)
-        lowest = best.min() if first.size else t
+        round1 = (low <= t).nonzero()[0]  # passing candidates only (NaN elsewhere)
+        if round1.size:
+            round1 = tighten(round1, t)
+        if round1.size:
+            best = make_exact(round1)
+            lowest = best.min()
+        else:
+            lowest = t
         if not lowest > 0:
             return None
         if lowest == np.inf:  # every passing candidate scores 0: the CPU/memory plugins alone decide
@@ -532,9 +574,15 @@ class PlacementView:
                 bound = total - kube_scores.extender_points(scores, DEFAULT_WEIGHT)
                 bound += kube_scores.extender_points(np.rint(10.0 * lowest / low), DEFAULT_WEIGHT)
                 could = reach & (bound >= total[col]) & (bound > total)
-                if first.size:
-                    could[first] = False
+                if round1.size:
+                    could[round1] = False
                 more = could.nonzero()[0]
+                if more.size:
+                    # With the tighter bound, the candidate must still reach a score s whose total meets the winner's
+                    # (s >= 6: its host points are <= 200), which needs a cost <= 10 * lowest / (s - 0.5).
+                    host = total.take(more) - kube_scores.extender_points(scores.take(more), DEFAULT_WEIGHT)
+                    need = np.ceil((total[col] - host) / kube_scores.extender_points(1, DEFAULT_WEIGHT))
+                    more = tighten(more, (10.0 * lowest / (need - 0.5) * 1.001).astype(np.float32))
                 if more.size:
                     best = make_exact(more)
                     col = int(np.argmax(self._totals(cands, pl.normalise_scores(best), out)))

@@ -161,6 +161,10 @@ class Simulation:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.policy = policy
         self.base = policy.base
+        # the policy's flags the per-event code tests (a frozen PolicySpec: fixed for the run; is_gnnsched is a
+        # property, computed once here instead of at every event)
+        self.is_gnnsched = policy.is_gnnsched
+        self.uvm = policy.uvm
         self.ix = integrations
         self.horizon = horizon
         self.startup_s = startup_s
@@ -231,6 +235,7 @@ class Simulation:
         self.host_fit: dict[tuple, list] = {}
         self.host_score: dict[tuple, list] = {}  # host_points: per (CPU, memory) request, [scores, log position]
         self.node_index = np.arange(len(self.nodes))
+        self.nodes_to_find = feasible_nodes_to_find(len(self.nodes))  # the cluster's size is fixed for the run
         # gnnsched placement (see adapters.PlacementView): nodes whose books changed since the view last looked,
         # and the extender's reservations (job id -> (GPU index, immediate), bind time) until the agent admits.
         self.placement_view = None
@@ -243,6 +248,7 @@ class Simulation:
         self.binds = 0
         self.bind_seq: dict[int, int] = {}
         self.task_cache: dict[int, tuple] = {}
+        self.queue_tasks: dict[int, tuple] = {}  # adapters.next_group: node idx -> (node.queue, its Tasks)
         # the gate's backfill rule (policies.plan_decision) and each queued job's bypass count, kept between decisions
         self.bypass_limit = policy.effective_bypass_limit
         self.bypassed: dict[int, int] = {}
@@ -278,19 +284,26 @@ class Simulation:
         self.seq = len(self.heap)
         total = len(self.jobs)
         tick = max(1, total // 200)
-        while self.heap:
-            t = self.heap[0][0]
-            if self.horizon is not None and t > self.horizon:
+        # self.heap is only ever pushed to and popped from (never re-bound) during the run: held in a local, with
+        # the other per-event lookups, since this loop runs once per event (a third or more of them stale)
+        heap = self.heap
+        heappop = heapq.heappop
+        horizon = self.horizon
+        record_timeline = self.record_timeline
+        progress = self.progress
+        while heap:
+            t = heap[0][0]
+            if horizon is not None and t > horizon:
                 break
             self._advance(t)
             self.now = t
-            while self.heap and self.heap[0][0] == t:
-                _, _, kind, payload, token = heapq.heappop(self.heap)
-                if kind == ARRIVE:
-                    self._arrive(payload)
-                elif kind == FINISH:
+            while heap and heap[0][0] == t:
+                _, _, kind, payload, token = heappop(heap)
+                if kind == FINISH:
                     if payload.token == token:
                         self._finish(payload)
+                elif kind == ARRIVE:
+                    self._arrive(payload)
                 elif kind == STARTED:
                     payload.starting = False
                     payload.last = t
@@ -299,10 +312,10 @@ class Simulation:
                     self._requeue(payload)
             if (self.pending_dirty and self.pending) or self.dirty_nodes:  # else _schedule has nothing to do
                 self._schedule()
-            if self.record_timeline:
+            if record_timeline:
                 self._sample()
-            if self.progress is not None and self.resolved % tick == 0:
-                self.progress(self.resolved, total)
+            if progress is not None and self.resolved % tick == 0:
+                progress(self.resolved, total)
         end = self.horizon if self.horizon is not None else self.now
         self._advance(end)
         for run in [r for g in self.gpus for r in g.running if not r.starting]:
@@ -378,7 +391,7 @@ class Simulation:
 
     def _room(self) -> bool:
         """Cheap global test before trying placements: can any node take a pod at all?"""
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             return True
         return bool(self.slots_arr.any())
 
@@ -417,7 +430,7 @@ class Simulation:
         return len(g.running) + len(g.waiting) < limit
 
     def _refresh_slots(self, node: NodeState) -> None:
-        if not self.policy.is_gnnsched:
+        if not self.is_gnnsched:
             self.slots_arr[node.idx] = sum(1 for g in node.gpus if self._gpu_ok(g))
 
     def _candidates_arr(self, out: JobOutcome) -> np.ndarray:
@@ -433,7 +446,7 @@ class Simulation:
         e = self.host_fit.get((cpu, mem))
         if e is None or len(log) - e[2] > len(self.nodes) // 8:
             ok = (self.cpu_arr >= cpu) & (self.mem_arr >= mem) & self.has_gpu_arr
-            e = self.host_fit[(cpu, mem)] = [ok, int(np.count_nonzero(ok)), len(log)]
+            e = self.host_fit[(cpu, mem)] = [ok, int(np.count_nonzero(ok)), len(log), None]
         elif e[2] < len(log):
             ok, n = e[0], e[1]
             cpu_arr, mem_arr, has_gpu = self.cpu_arr, self.mem_arr, self.has_gpu_arr
@@ -442,10 +455,13 @@ class Simulation:
                 if now != ok.item(idx):
                     ok[idx] = now
                     n += 1 if now else -1
+                    e[3] = None
             e[1], e[2] = n, len(log)
         if e[1] == len(self.nodes):
             return self._round_robin(self.node_index)  # every node passes: flatnonzero would give 0..n-1
-        return self._round_robin(e[0].nonzero()[0])
+        if e[3] is None:  # the passing nodes' indices, kept until a node's verdict flips
+            e[3] = e[0].nonzero()[0]
+        return self._round_robin(e[3])
 
     def host_points(self, cands: np.ndarray, out: JobOutcome) -> np.ndarray:
         """kube-scheduler's CPU/memory score plugins' sum for the pod of ``out`` on each candidate node (a new
@@ -472,22 +488,27 @@ class Simulation:
     def _round_robin(self, idx: np.ndarray) -> np.ndarray:
         if idx.size == 0:
             return idx
-        want = feasible_nodes_to_find(len(self.nodes))
+        want = self.nodes_to_find
         if idx.size == len(self.nodes):  # every node feasible: the window is rr, rr+1, ... (mod n) directly
             n = idx.size
             end = self.rr + min(want, n)
             rolled = idx[self.rr:end] if end <= n else np.concatenate([idx[self.rr:], idx[:end - n]])
             self.rr = (int(rolled[-1]) + 1) % n
             return rolled
-        start = int(np.searchsorted(idx, self.rr))
-        rolled = np.concatenate([idx[start:], idx[:start]])[:want]
+        start = int(idx.searchsorted(self.rr))
+        # the first ``want`` of idx rotated to start at ``start``: a slice when they do not wrap around
+        rest = idx.size - start
+        if rest >= want:
+            rolled = idx[start:start + want]
+        else:
+            rolled = np.concatenate([idx[start:], idx[:min(start, want - rest)]])
         self.rr = (int(rolled[-1]) + 1) % len(self.nodes)
         return rolled
 
     def _place(self, job: SimJob):
         """Bind ``job`` to a node (and for baselines a GPU). None: not now; "never": on no node ever."""
         out = self.outcomes[job.id]
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             return self._place_gnnsched(job, out)
         if out.cpu_milli > self.max_node_cpu or out.memory_bytes > self.max_node_mem:
             out.reason = "requests exceed every node's CPU or memory"
@@ -556,7 +577,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ admission
     def _admit(self, node: NodeState) -> None:
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             if not node.queue:
                 return
             admissions = self.ix.next_group(self, node)
@@ -612,7 +633,7 @@ class Simulation:
             out.first_start = self.now
         out.start = self.now
         out.gpu = gpu.index
-        if self.policy.is_gnnsched:  # the job leaves its node's gate queue (admitted, or OOM-killed on the spot)
+        if self.is_gnnsched:  # the job leaves its node's gate queue (admitted, or OOM-killed on the spot)
             sizes = gpu.node.queue_sizes
             n = sizes[prof.admit_bytes] - 1
             if n:
@@ -628,12 +649,12 @@ class Simulation:
                 pending_immediate.pop(job.id, None)
         self.reserved_at.pop(job.id, None)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
-        if (not self.policy.uvm) and gpu.used + prof.peak_bytes > gpu.total:
+        if (not self.uvm) and gpu.used + prof.peak_bytes > gpu.total:
             # The allocation that does not fit fails: CUDA out of memory, the process exits. It gets that far only
             # after its start-up (imports, CUDA context, loading the graph), so a kill costs the start-up plus the
             # restart back-off before the next attempt.
             out.oom_kills += 1
-            if self.policy.is_gnnsched:
+            if self.is_gnnsched:
                 self._count_size(prof.admit_bytes, -1)
             self._unbind(out, gpu.node)
             self.dirty_nodes.add(gpu.node.idx)
@@ -658,7 +679,7 @@ class Simulation:
             self.idle_gpus -= 1
         gpu.running.append(run)
         gpu.used += prof.peak_bytes
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             gpu.committed += prof.admit_bytes
         self.running_count += 1
         if rerate:
@@ -673,7 +694,7 @@ class Simulation:
         gpu.running.remove(run)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
         gpu.used -= prof.peak_bytes
-        if self.policy.is_gnnsched:
+        if self.is_gnnsched:
             gpu.committed -= prof.admit_bytes
             self._count_size(prof.admit_bytes, -1)
         if not gpu.running:
@@ -691,26 +712,29 @@ class Simulation:
     # ------------------------------------------------------------------ rates
     def _rerate(self, gpu: GpuState) -> None:
         now = self.now
-        runs = [r for r in gpu.running if not r.starting]
-        for r in runs:
-            if r.last != now:
-                r.remaining -= r.rate * (now - r.last)
-                r.last = now
+        runs = []  # the runs past their start-up, each brought up to now (one pass)
+        for r in gpu.running:
+            if not r.starting:
+                if r.last != now:
+                    r.remaining -= r.rate * (now - r.last)
+                    r.last = now
+                runs.append(r)
         if len(runs) == 1:
             slow = [1.0]
         elif runs:
             # ix.slowdowns keeps its answers in slowdown_cache by the runs' ordered intensity classes: looked up here
             # first, so a re-rating on a known mix costs one dict lookup
-            slow = self.slowdown_cache.get(tuple(r.intensity for r in runs))
+            slow = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
             if slow is None:
                 slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
             slow = []
-        if self.policy.uvm and gpu.used > gpu.total:
+        if self.uvm and gpu.used > gpu.total:
             factor = uvm_slowdown(gpu.used, gpu.total, gpu.bandwidth, gpu.link)
             slow = [s * factor for s in slow]
         sm = 0.0
         heap = self.heap
+        push = heapq.heappush
         seq = self.seq
         for r, s in zip(runs, slow):
             rate = r.rate = 1.0 / s
@@ -722,7 +746,7 @@ class Simulation:
                 out.slowdown_max = s
             rem = r.remaining
             seq += 1
-            heapq.heappush(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
+            push(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
         self.seq = seq
         sm = min(sm, 1.0)
         mem = min(gpu.used, gpu.total)

@@ -402,6 +402,7 @@ def set_gpu_derived(
             ends_a[k, slot, r] = np.inf
             freed_a[k, slot, r] = 0.0
     a["last_end"][slot, r] = last_end
+    # derived: derive_cells' arithmetic on the stored values (clients/max_clients as the int32 array holds them)
     d = cap - used_f
     free = 0.0 if d < 0.0 else d
     a["free"][slot, r] = free
@@ -411,6 +412,9 @@ def set_gpu_derived(
     else:
         a["avail"][slot, r] = -np.inf
         a["capu"][slot, r] = -1.0
+    # F(free) in float32 as derive_cells computes it, with Python floats holding float32 values: f * 2**-20 is
+    # exact in both, the product of two float32 values is exact in a double, and the store into the float32 array
+    # rounds it to nearest as a float32 multiply does.
     free32 = a["free32"]
     free32[slot, r] = free
     f = free32.item(slot, r)

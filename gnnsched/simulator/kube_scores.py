@@ -25,12 +25,24 @@ random among equal totals; the simulator takes the first in its candidate order,
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from gnnsched.scheduler_config import LEAST_ALLOCATED, MOST_ALLOCATED, SCORING_STRATEGIES
 
 MAX_NODE_SCORE = 100
 MAX_EXTENDER_PRIORITY = 10
+
+
+def _scored_amounts(strategy: str, cpu_req: Any, cpu_cap: Any, mem_req: Any, mem_cap: Any) -> tuple[Any, Any]:
+    """The CPU and memory amounts NodeResourcesFit scores as a share of capacity: the requested ones
+    (``MostAllocated``) or the unrequested ones (``LeastAllocated``). Arrays or Python integers alike."""
+    if strategy == MOST_ALLOCATED:
+        return cpu_req, mem_req
+    if strategy == LEAST_ALLOCATED:
+        return cpu_cap - cpu_req, mem_cap - mem_req
+    raise ValueError(f"strategy: {strategy!r} must be one of {', '.join(SCORING_STRATEGIES)}")
 
 
 def resource_fit(strategy: str, cpu_req: np.ndarray, cpu_cap: np.ndarray, mem_req: np.ndarray,
@@ -40,12 +52,7 @@ def resource_fit(strategy: str, cpu_req: np.ndarray, cpu_cap: np.ndarray, mem_re
     numbers, for speed, yet kube-scheduler's integer arithmetic exactly: ``req * 100`` is exact below 2^53, and a
     quotient of whole numbers that is not whole lies at least ``1 / cap`` from the next integer, far more than
     float64's rounding at 100, so flooring the rounded quotient floors the exact one."""
-    if strategy == MOST_ALLOCATED:
-        c, m = cpu_req, mem_req
-    elif strategy == LEAST_ALLOCATED:
-        c, m = cpu_cap - cpu_req, mem_cap - mem_req
-    else:
-        raise ValueError(f"strategy: {strategy!r} must be one of {', '.join(SCORING_STRATEGIES)}")
+    c, m = _scored_amounts(strategy, cpu_req, cpu_cap, mem_req, mem_cap)
     per = np.floor(c * MAX_NODE_SCORE / cpu_cap)
     per += np.floor(m * MAX_NODE_SCORE / mem_cap)
     return np.floor(per / 2, out=per)
@@ -81,12 +88,7 @@ def host_score(strategy: str, cpu_free: int, cpu_cap: int, mem_free: int, mem_ca
     request class's per-node scores and re-scores only the few nodes whose books changed: a numpy call on two
     elements costs more than this)."""
     cpu_req, mem_req = cpu_cap - cpu_free + pod_cpu, mem_cap - mem_free + pod_mem
-    if strategy == MOST_ALLOCATED:
-        c, m = cpu_req, mem_req
-    elif strategy == LEAST_ALLOCATED:
-        c, m = cpu_cap - cpu_req, mem_cap - mem_req
-    else:
-        raise ValueError(f"strategy: {strategy!r} must be one of {', '.join(SCORING_STRATEGIES)}")
+    c, m = _scored_amounts(strategy, cpu_req, cpu_cap, mem_req, mem_cap)
     fit = (c * MAX_NODE_SCORE // cpu_cap + m * MAX_NODE_SCORE // mem_cap) // 2
     balanced = int((1.0 - abs(cpu_req / cpu_cap - mem_req / mem_cap) / 2.0) * MAX_NODE_SCORE)
     return float(fit + balanced)

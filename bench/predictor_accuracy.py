@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT = Path("/work/shared/data/traces/openb_pod_list_default.csv")
+from gnnsched.simulator.cli import default_data_dir
+
+DEFAULT = default_data_dir() / "traces" / "openb_pod_list_default.csv"
 
 
 def main() -> int:

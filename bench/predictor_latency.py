@@ -16,12 +16,11 @@ import statistics
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
+
+from gnnsched.simulator.cli import default_data_dir
 
 BUDGET_US = 1000.0
-TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces" / "openb_pod_list_default.csv"
-if not TRACE.is_file():
-    TRACE = Path("/work/shared/data/traces/openb_pod_list_default.csv")
+TRACE = default_data_dir() / "traces" / "openb_pod_list_default.csv"
 
 
 def per_call_us(fn, args_list, rounds: int = 5) -> float:

@@ -2,7 +2,9 @@
 of the default ``LeastAllocated``) on the resource-demand workload, seed by seed, with the figures that explain them:
 deployed / completed jobs, mean JCT, and the mean queueing time of the jobs that ask for 30 cores or more (the ones a
 CPU-short cluster leaves waiting), against the paper's SRTF and FIFO on exclusive GPUs (kube-scheduler's default
-profile; ``+pack`` there too). Ends with each policy's totals over the seeds.
+profile; ``+pack`` there too). Ends with each policy's totals over the seeds, beside two bounds no policy can pass:
+the jobs that arrived, and the jobs that could complete had each started on arrival and run alone at its fastest
+(original or right-sized request: ``arrival + start-up + solo runtime <= horizon``).
 
     python bench/queue_order.py [--seeds 0,1,2,3,4] [--policies lmcf+scaling,lmcf+scaling+sjf,...]
 
@@ -20,7 +22,9 @@ import time
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
+from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import Simulation
+from gnnsched.simulator.model import SimJob
 from gnnsched.simulator.metrics import summarise
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import materialise
@@ -29,6 +33,13 @@ from gnnsched.simulator.workloads import default_cluster, resolve_workload
 DEFAULT_POLICIES = ("lmcf+scaling+sjf+pack,lmcf+scaling+sjf,lmcf+scaling,srtf+scaling,srtf+scaling+pack,"
                     "exclusive+scaling,lmcf+sjf+pack,lmcf+sjf,srtf,srtf+pack,exclusive")
 BIG_CPU_MILLI = 30_000
+
+
+def completion_bound(jobs: list[SimJob], horizon: float, gpu_model: str) -> int:
+    """How many jobs could finish by ``horizon`` with no queueing and no co-runner: an upper bound for every policy,
+    so the distance to it says how much room a better order or placement has left."""
+    return sum(1 for j in jobs if j.arrival <= horizon
+               and j.arrival + STARTUP_S + j.profile(gpu_model).solo_s * min(1.0, j.scaled_solo_factor) <= horizon)
 
 
 def main() -> None:
@@ -44,9 +55,13 @@ def main() -> None:
           f"{'queue s':>8} {'big-job queue s':>15}")
     started = time.perf_counter()
     totals: dict[str, list[int]] = {spec.text: [0, 0, 0] for spec in specs}  # arrived, deployed, completed
+    bound_total = 0
     for seed in (int(s) for s in args.seeds.split(",")):
         workload = resolve_workload("resource-demand", seed, data, fits=fits_on(cluster, ix))
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in specs))
+        bound = completion_bound(jobs, workload.horizon, cluster.nodes[0].gpu_model)
+        bound_total += bound
+        print(f"{seed:>4} {'(completion bound)':22s} {len(jobs):>7} {'':>8} {bound:>5}")
         for spec in specs:
             sim = Simulation(jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                              record_timeline=False)
@@ -63,7 +78,8 @@ def main() -> None:
                 totals[spec.text][i] += v
     print(f"\n{'all seeds':>4} {'policy':22s} {'arrived':>7} {'deployed':>8} {'done':>5}")
     for name, (arrived, deployed, done) in totals.items():
-        print(f"{'':>9} {name:22s} {arrived:>7} {deployed:>8} {done:>5}")
+        print(f"{'':>9} {name:22s} {arrived:>7} {deployed:>8} {done:>5}  ({bound_total - done} short of the bound)")
+    print(f"{'':>9} {'(completion bound)':22s} {'':>7} {'':>8} {bound_total:>5}")
     print(f"# {time.perf_counter() - started:.0f} s wall, load average {os.getloadavg()[0]:.1f}")
 
 

@@ -362,7 +362,7 @@ class NeighborSampler:
 
     def batches(self, seed: int = 0) -> Iterator[Graph]:
         """One pass over ``graph.target`` in shuffled batches (see ``sample_batches``)."""
-        graph, csr, position = self.graph, self.csr, self.position
+        graph = self.graph
         generator = torch.Generator().manual_seed(seed)
         order = graph.target[torch.randperm(graph.target.numel(), generator=generator)]
         for start in range(0, order.numel(), self.batch_size):

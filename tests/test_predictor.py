@@ -20,9 +20,9 @@ from gnnsched.predictor.requests_model import (
 )
 from gnnsched.predictor.trees import TreeEnsemble
 from gnnsched.traces import load_openb_pods
+from shared_data import OPENB_PODS
 
-TRACES = Path("/work/shared/data/traces")
-DEFAULT_CSV = TRACES / "openb_pod_list_default.csv"
+DEFAULT_CSV = OPENB_PODS
 needs_traces = pytest.mark.skipif(not DEFAULT_CSV.is_file(), reason="shared/data/traces not present")
 FAST_PARAMS = {"max_depth": 2, "n_estimators": 100, "learning_rate": 0.05, "min_child_weight": 1.0}
 

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from gnnsched.cli import app
 from gnnsched.predictor.gnn import GNNRuntimePredictor
 from gnnsched.predictor.requests_model import RequestsRuntimeModel
+from shared_data import OPENB_PODS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DEFAULT_CSV = Path("/work/shared/data/traces/openb_pod_list_default.csv")
+DEFAULT_CSV = OPENB_PODS
 needs_traces = pytest.mark.skipif(not DEFAULT_CSV.is_file(), reason="shared/data/traces not present")
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
 METRIC_KEYS = {"n", "mae", "wmape", "r2"}

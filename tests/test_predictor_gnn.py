@@ -23,9 +23,9 @@ from gnnsched.runtime_prior import (
     step_cost,
 )
 from gnnsched.spec import load_job, parse_spec
+from shared_data import GRAPHS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-GRAPHS = Path("/work/shared/data/graphs")
 
 
 def _spec(**overrides):

@@ -17,6 +17,7 @@ from gnnsched.simulator.metrics import summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import GNNSCHED_POLICIES, PolicyError, parse_policies, parse_policy
 from gnnsched.simulator.workloads import WorkloadError, load_workload_file
+from shared_data import DATA
 
 V100 = "V100-32GB"
 CAP = get_gpu_model(V100).memory_bytes
@@ -273,8 +274,7 @@ def test_openb_fgd_leaves_no_more_fragment_than_best_fit_on_the_trace():
     from gnnsched.simulator.cluster import parse_cluster
     from gnnsched.simulator.openb import load_pods, replay
 
-    data = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-    data = data if data.exists() else Path("/work/shared/data")
+    data = DATA
     if not (data / "traces" / "openb_pod_list_default.csv").exists():
         pytest.skip("shared openb trace not available")
     cluster = parse_cluster("openb", data)

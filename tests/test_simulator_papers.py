@@ -3,7 +3,6 @@ oversubscription under naive MPS, and the resource-demand workload's over-reques
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -19,10 +18,10 @@ from gnnsched.simulator.runner import compare_reference, materialise
 from gnnsched.simulator.workloads import (
     GNNSCHED_TASK_SHARE, PAI_GNN_CPU_REQUEST_CORES, gnnsched_queue, resource_demand,
 )
+from shared_data import DATA
 
 V100 = "V100-32GB"
 CAP = get_gpu_model(V100).memory_bytes
-DATA = Path("/work/shared/data")
 
 
 def _task(i: int, gib: float, qt: float) -> pol.Task:

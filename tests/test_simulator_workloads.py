@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +13,8 @@ from gnnsched.simulator.engine import Simulation
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import parse_policy
 from gnnsched.simulator.workloads import COGNN_DATASETS, GNNSCHED_DATASETS, cognn, gnnsched_queue, resource_demand
+from shared_data import DATA
 
-DATA = Path("/work/shared/data")
 
 
 @pytest.mark.parametrize("queue", ["gcn", "sage", "gat", "gin"])

@@ -16,7 +16,7 @@ def default_data_dir() -> Path:
     if env:
         return Path(env)
     here = Path(__file__).resolve().parents[2]
-    for cand in (here.parent / "shared" / "data", Path.cwd().parent / "shared" / "data", Path("/work/shared/data")):
+    for cand in (here.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"):
         if cand.exists():
             return cand
     return here.parent / "shared" / "data"

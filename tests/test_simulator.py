@@ -147,6 +147,20 @@ def test_naive_mps_with_uvm_pays_paging_instead():
     assert m["makespan_s"] > summarise(simulate(jobs, "exclusive"))["makespan_s"]
 
 
+def test_run_ends_at_its_last_completion_not_at_a_replanned_one():
+    # j0 runs alone, slows down when j1 joins (its first completion is re-planned later), speeds up again when j1
+    # ends (re-planned earlier): the completion planned while both ran is stale after j0 ends and must not move the
+    # clock, or the utilisation would be averaged over a run longer than the jobs'
+    jobs = [job(0, 0.3, solo=100.0), job(1, 0.3, solo=10.0, arrival=10.0)]
+    res = simulate(jobs, "lmcf")
+    last = max(o.finish for o in res.outcomes)
+    assert res.outcomes[1].finish < last and res.outcomes[0].slowdown_max > 1.0  # they did share the GPU
+    assert res.end_time == pytest.approx(last) and res.timeline[-1][0] == pytest.approx(last)
+    m = summarise(res)
+    busy = sum(o.job.profile(V100).peak_bytes * (o.finish - o.start) for o in res.outcomes)
+    assert m["gpu_mem_util"] == pytest.approx(busy / CAP / last, abs=1e-4)
+
+
 @pytest.mark.parametrize("policy", GNNSCHED_POLICIES)
 def test_gnnsched_policies_never_oom(policy: str):
     pytest.importorskip("gnnsched.interference")

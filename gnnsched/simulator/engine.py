@@ -292,7 +292,13 @@ class Simulation:
         record_timeline = self.record_timeline
         progress = self.progress
         while heap:
-            t = heap[0][0]
+            top = heap[0]
+            if top[2] == FINISH and top[3].token != top[4]:
+                # a completion planned before the job's rate changed (it was re-planned then): it must not move the
+                # clock, or a run would end at its last stale event and its utilisation be averaged over that time
+                heappop(heap)
+                continue
+            t = top[0]
             if horizon is not None and t > horizon:
                 break
             self._advance(t)

@@ -105,22 +105,22 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
     plt.close(fig)
     written.append(path)
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for name, res in report.results.items():
-        tl = _decimate(res.timeline, 1500)
-        if not tl:
-            continue
+    # one panel per policy, each on its own time axis: a policy that pages for hours (greedy MPS) would otherwise
+    # squeeze every other policy's minutes into a sliver at the left of a shared axis
+    names = [name for name, res in report.results.items() if res.timeline] or list(report.results)[:1]
+    fig, axes = plt.subplots(max(len(names), 1), 1, figsize=(7, max(1.6 * len(names), 3)), squeeze=False,
+                             sharey=True)
+    for ax, name in zip(axes[:, 0], names):
+        tl = _decimate(report.results[name].timeline, 1500)
         ts = [p[0] / 60 for p in tl]
-        ax1.step(ts, [p[1] for p in tl], where="post", label=name)
-        ax2.step(ts, [p[2] for p in tl], where="post", label=name)
-    ax1.set_ylabel("GPU memory in use")
-    ax2.set_ylabel("modelled SM busy")
-    ax2.set_xlabel("time (min)")
-    ax1.set_title(f"Utilisation over time: {report.workload}")
-    ax1.legend(fontsize=7)
-    for a in (ax1, ax2):
-        a.set_ylim(0, 1.05)
-        a.grid(alpha=0.3)
+        ax.step(ts, [p[1] for p in tl], where="post", lw=1, label="GPU memory in use")
+        ax.step(ts, [p[2] for p in tl], where="post", lw=1, label="modelled SM busy")
+        ax.set_ylabel(name, fontsize=7)
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_title(f"Utilisation over time (fraction of the cluster): {report.workload}")
+    axes[0, 0].legend(fontsize=6, loc="upper right")
+    axes[-1, 0].set_xlabel("time (min)")
     path = directory / "utilisation.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)

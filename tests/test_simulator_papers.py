@@ -16,7 +16,7 @@ from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PolicyError, parse_policy
 from gnnsched.simulator.runner import compare_reference, materialise
 from gnnsched.simulator.workloads import (
-    GNNSCHED_TASK_SHARE, PAI_GNN_CPU_REQUEST_CORES, gnnsched_queue, resource_demand,
+    GNNSCHED_TASK_SHARE, PAI_GNN_CPU_REQUEST_CORES, cognn, gnnsched_queue, resource_demand,
 )
 from shared_data import DATA
 
@@ -139,6 +139,21 @@ def test_reference_rows_name_the_papers_best():
     assert "note" not in paper
     assert paper["compare"] == "bqt vs mps-base+uvm" and paper["verdict"] == "better"
     assert paper["simulated"] == pytest.approx(33 / 40, abs=1e-4)
+
+
+@pytest.mark.parametrize("capped_lmcf", [50.0, 20.0])
+def test_cognn_paper_policies_include_cognn_itself_at_two_workers(capped_lmcf: float):
+    """On a CoGNN queue, ``lmcf``/``bmc``/``base`` run at the workload's 2-worker cap are CoGNN's own policies (Table
+    V), so gnnsched's best is looked for among its other configurations, and it must beat them to be called better."""
+    metrics = {"exclusive": {"jct_mean_s": 100.0}, "mps-naive+uvm": {"jct_mean_s": 80.0},
+               "temporal": {"jct_mean_s": 60.0}, "base": {"jct_mean_s": 55.0}, "lmcf": {"jct_mean_s": capped_lmcf},
+               "bmc": {"jct_mean_s": 52.0}, "lmcf@48": {"jct_mean_s": 30.0}, "bmc@48": {"jct_mean_s": 35.0}}
+    rows = compare_reference(cognn("mix", seed=0), metrics)
+    paper = next(r for r in rows if r.get("against") == "paper")
+    other = next(r for r in rows if r.get("against") == "other")
+    assert paper["compare"] == "lmcf@48 vs lmcf"  # the capped lmcf is the paper's best (CoGNN-LMCF)
+    assert paper["verdict"] == ("worse" if capped_lmcf < 30.0 else "better")
+    assert other["compare"] == ("lmcf vs temporal" if capped_lmcf < 30.0 else "lmcf@48 vs temporal")
 
 
 # ------------------------------------------------------------------------------------------- resource demand

@@ -176,14 +176,18 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: bool,
              among: tuple[str, ...] | None = None) -> dict[str, Any] | None:
     """gnnsched's best policy against the best other policy of the same run, on the workload's headline metric;
-    with ``among``, against the best of those policies only (the paper's own, when the run has them)."""
+    with ``among``, against the best of those policies only (the paper's own, when the run has them). A paper's
+    policy may be one of gnnsched's run in the paper's setting (CoGNN's LMCF is ``lmcf`` capped at the paper's 2
+    workers): it then counts as the paper's, not as gnnsched's."""
     from gnnsched.simulator.policyspec import parse_policy
 
     if not metric:
         return None
-    ours = {n: m.get(metric) for n, m in metrics.items() if parse_policy(n).is_ours and m.get(metric) is not None}
-    theirs = {n: m.get(metric) for n, m in metrics.items()
-              if not parse_policy(n).is_ours and m.get(metric) is not None and (among is None or n in among)}
+    paper = set(among or ())
+    ours = {n: m.get(metric) for n, m in metrics.items()
+            if parse_policy(n).is_ours and n not in paper and m.get(metric) is not None}
+    theirs = {n: m.get(metric) for n, m in metrics.items() if m.get(metric) is not None
+              and (n in paper if among is not None else not parse_policy(n).is_ours)}
     if not ours or not theirs:
         return None
     pick = max if higher else min

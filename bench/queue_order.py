@@ -4,7 +4,9 @@ deployed / completed jobs, mean JCT, and the mean queueing time of the jobs that
 CPU-short cluster leaves waiting), against the paper's SRTF and FIFO on exclusive GPUs (kube-scheduler's default
 profile; ``+pack`` there too). Ends with each policy's totals over the seeds, beside two bounds no policy can pass:
 the jobs that arrived, and the jobs that could complete had each started on arrival and run alone at its fastest
-(original or right-sized request: ``arrival + start-up + solo runtime <= horizon``).
+(original or right-sized request: ``arrival + start-up + solo runtime <= horizon``). The "missed" column counts the
+jobs of that bound a policy did not complete, and in brackets those among them that asked for 30 cores or more and
+never started.
 
     python bench/queue_order.py [--seeds 0,1,2,3,4] [--policies lmcf+scaling,lmcf+scaling+sjf,...]
 
@@ -35,11 +37,11 @@ DEFAULT_POLICIES = ("lmcf+scaling+sjf+pack,lmcf+scaling+sjf,lmcf+scaling,srtf+sc
 BIG_CPU_MILLI = 30_000
 
 
-def completion_bound(jobs: list[SimJob], horizon: float, gpu_model: str) -> int:
-    """How many jobs could finish by ``horizon`` with no queueing and no co-runner: an upper bound for every policy,
-    so the distance to it says how much room a better order or placement has left."""
-    return sum(1 for j in jobs if j.arrival <= horizon
-               and j.arrival + STARTUP_S + j.profile(gpu_model).solo_s * min(1.0, j.scaled_solo_factor) <= horizon)
+def completable(jobs: list[SimJob], horizon: float, gpu_model: str) -> set[int]:
+    """The jobs that could finish by ``horizon`` with no queueing and no co-runner: their count bounds every policy's
+    completions, so the distance to it says how much room a better order or placement has left."""
+    return {j.id for j in jobs if j.arrival <= horizon
+            and j.arrival + STARTUP_S + j.profile(gpu_model).solo_s * min(1.0, j.scaled_solo_factor) <= horizon}
 
 
 def main() -> None:
@@ -52,16 +54,16 @@ def main() -> None:
     cluster = parse_cluster(default_cluster("resource-demand"), data)
     ix = Integrations()
     print(f"{'seed':>4} {'policy':22s} {'arrived':>7} {'deployed':>8} {'done':>5} {'JCT mean s':>10} "
-          f"{'queue s':>8} {'big-job queue s':>15}")
+          f"{'queue s':>8} {'big-job queue s':>15} {'missed (big, unstarted)':>23}")
     started = time.perf_counter()
     totals: dict[str, list[int]] = {spec.text: [0, 0, 0] for spec in specs}  # arrived, deployed, completed
     bound_total = 0
     for seed in (int(s) for s in args.seeds.split(",")):
         workload = resolve_workload("resource-demand", seed, data, fits=fits_on(cluster, ix))
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in specs))
-        bound = completion_bound(jobs, workload.horizon, cluster.nodes[0].gpu_model)
-        bound_total += bound
-        print(f"{seed:>4} {'(completion bound)':22s} {len(jobs):>7} {'':>8} {bound:>5}")
+        bound = completable(jobs, workload.horizon, cluster.nodes[0].gpu_model)
+        bound_total += len(bound)
+        print(f"{seed:>4} {'(completion bound)':22s} {len(jobs):>7} {'':>8} {len(bound):>5}")
         for spec in specs:
             sim = Simulation(jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                              record_timeline=False)
@@ -72,8 +74,11 @@ def main() -> None:
             # queueing of the big jobs up to the horizon (a job never started waited the whole rest of the run)
             waits = [min(o.first_start if o.first_start is not None else horizon, horizon) - o.job.arrival for o in big]
             big_q = sum(waits) / len(waits) if waits else float("nan")
+            missed = [o for o in result.outcomes if o.job.id in bound and o.status != "completed"]
+            starved = sum(1 for o in missed if o.first_start is None and o.cpu_milli >= BIG_CPU_MILLI)
             print(f"{seed:>4} {spec.text:22s} {len(jobs):>7} {m['deployed']:>8} {m['completed']:>5} "
-                  f"{m['jct_mean_s']:>10.0f} {m['queue_mean_s']:>8.0f} {big_q:>15.0f}", flush=True)
+                  f"{m['jct_mean_s']:>10.0f} {m['queue_mean_s']:>8.0f} {big_q:>15.0f} "
+                  f"{f'{len(missed)} ({starved})':>23}", flush=True)
             for i, v in enumerate((len(jobs), m["deployed"], m["completed"])):
                 totals[spec.text][i] += v
     print(f"\n{'all seeds':>4} {'policy':22s} {'arrived':>7} {'deployed':>8} {'done':>5}")

@@ -237,6 +237,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     (("--cluster", "0x1"), "cluster"),
     (("--policies", "fastest"), "policies"),
     (("--workload", "cognn-nope"), "workload"),
+    (("--json", "/dev/null/out.json"), "--json"),  # checked before the run: its parent cannot be a folder
+    (("--plots", "/dev/null"), "--plots"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, field):
     out = _cli(*args, "--no-progress")

@@ -72,11 +72,25 @@ def simulate(
             raise UserError(str(exc)) from None
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
-        if json_out is not None and json_out.exists() and json_out.is_dir():
-            raise UserError(f"--json: {json_out} is a directory")
-        if plots is not None and plots.exists() and not plots.is_dir():
-            raise UserError(f"--plots: {plots} exists and is not a directory")
+        if json_out is not None:
+            if json_out.is_dir():
+                raise UserError(f"--json: {json_out} is a directory")
+            _writable_dir("--json", json_out.parent)
+        if plots is not None:
+            if plots.exists() and not plots.is_dir():
+                raise UserError(f"--plots: {plots} exists and is not a directory")
+            _writable_dir("--plots", plots)
     _run(wl, cl, specs, seed, json_out, plots, progress, ix)
+
+
+def _writable_dir(flag: str, directory: Path) -> None:
+    """Create an output folder and check it takes files before the run, not after minutes of simulation."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot create {directory}: {exc.strerror or exc}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: {directory} is not writable")
 
 
 def fits_on(cluster, ix):
@@ -118,9 +132,12 @@ def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix) -> None:
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
     typer.echo(render_table(report))
-    if json_out is not None:
-        write_json(report, json_out)
-        err.print(f"wrote {json_out}")
-    if plots is not None:
-        for path in write_plots(report, plots):
-            err.print(f"wrote {path}")
+    try:  # checked before the run; a disk that fills or a folder removed since still gets one line, the table stands
+        if json_out is not None:
+            write_json(report, json_out)
+            err.print(f"wrote {json_out}")
+        if plots is not None:
+            for path in write_plots(report, plots):
+                err.print(f"wrote {path}")
+    except OSError as exc:
+        fail(f"writing {exc.filename or 'output'}: {exc.strerror or exc}", code=1)

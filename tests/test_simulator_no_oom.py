@@ -3,8 +3,7 @@
 Each workload runs under its own policy list (the baselines and gnnsched's policies it ships with) plus gnnsched's
 variants that change what the gate sees (scaled requests, the strict prefix, no interference term, packing,
 shortest-first), on the cluster it names and on the A100 for the CoGNN queues, as the paper ran them. The baselines
-are run beside them so a workload that could never overflow a GPU does not pass for free: over the whole set naive
-MPS must OOM-kill jobs.
+are run beside them so the guarantee is not vacuous: on GNNSched's high-load queues naive MPS must OOM-kill jobs.
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from shared_data import DATA
 
 VARIANTS = ("base", "lmcf", "bmc", "sqtf", "bqt", "bqt+scaling", "sqtf+bypass0", "bmc-interference",
             "lmcf+scaling+sjf+pack")
+#: Workloads where naive MPS oversubscribes the GPU (GNNSched's high-load queues, seed 0: 14, 24 and 35 OOM kills).
+OVERFLOWING = ("gnnsched-gcn-high", "gnnsched-sage-high", "gnnsched-gin-high")
 CASES = [(name, default_cluster(name)) for name in BUILTIN if name != "openb"] + \
     [(f"cognn-{q}", "a100") for q in ("gcn", "mix")]
 
@@ -30,13 +31,8 @@ def ix() -> Integrations:
     return Integrations()
 
 
-@pytest.fixture(scope="module")
-def naive_kills() -> dict[str, int]:
-    return {}
-
-
 @pytest.mark.parametrize(("workload", "cluster"), CASES, ids=[f"{w}@{c}" for w, c in CASES])
-def test_no_gnnsched_policy_oom_kills(workload: str, cluster: str, ix: Integrations, naive_kills: dict[str, int]):
+def test_no_gnnsched_policy_oom_kills(workload: str, cluster: str, ix: Integrations):
     if workload == "resource-demand" and not (DATA / "traces" / "openb_pod_list_default.csv").exists():
         pytest.skip("shared openb trace not available")
     cl = parse_cluster(cluster, DATA)
@@ -54,13 +50,5 @@ def test_no_gnnsched_policy_oom_kills(workload: str, cluster: str, ix: Integrati
             assert m["completed"] == m["arrived"], (workload, name)
         for group in report.results[name].groups:
             assert group.committed <= group.capacity, (workload, name)
-    naive_kills[f"{workload}@{cluster}"] = sum(m["oom_kills"] for n, m in report.policies.items()
-                                              if parse_policy(n).base == "mps-naive")
-
-
-def test_naive_mps_does_oom_kill_on_these_workloads(naive_kills: dict[str, int]):
-    """Runs after the cases above (same module, same order): the check is not vacuous."""
-    if len(naive_kills) < len(CASES) - 1:
-        pytest.skip("run together with test_no_gnnsched_policy_oom_kills")
-    assert sum(naive_kills.values()) > 0
-    assert sum(1 for k in naive_kills.values() if k > 0) >= 3, naive_kills
+    if workload in OVERFLOWING:  # the same jobs do overflow a GPU when nothing guards it
+        assert sum(m["oom_kills"] for n, m in report.policies.items() if parse_policy(n).base == "mps-naive") > 0

@@ -31,6 +31,12 @@ ANN_ADMIT_BYTES = f"{GROUP}/admit-bytes"  # int: what the gate reserves on one G
 ANN_PMC_BYTES = f"{GROUP}/pmc-bytes"  # int: predicted peak memory consumption (before overhead and safety factor)
 ANN_PREDICTED_RUNTIME = f"{GROUP}/predicted-runtime-seconds"  # float
 ANN_INTENSITY = f"{GROUP}/intensity"  # "memory" | "compute": arithmetic-intensity class for interference pairing
+ANN_ATTEMPT = f"{GROUP}/attempt"  # int, 1-based: which attempt of its GNNJob this pod is (resizes and requeues count)
+ANN_EXCLUSIVE = f"{GROUP}/exclusive"
+"""``"true"``: the pod runs alone on a whole GPU. The gate admits it only into an empty GPU and admits nothing beside
+it; the extender and the simulator count it as holding the GPU's whole capacity. Set by the operator for a job whose
+admit bytes exceed a GPU's shareable capacity but whose predicted peak plus overhead fits the whole GPU, and for a
+job suspected twice of a fatal MPS fault."""
 # Written by a user for a pod the operator did not create:
 ANN_GPU_MEMORY = f"{GROUP}/gpu-memory"  # Kubernetes quantity of GPU memory the pod needs on one GPU
 # Written by the extender at bind:
@@ -41,7 +47,8 @@ ANN_GROUP = f"{GROUP}/group"  # id of the admission group
 ANN_ADMITTED_AT = f"{GROUP}/admitted-at"  # RFC 3339
 ANN_STARTED_AT = f"{GROUP}/started-at"
 ANN_FINISHED_AT = f"{GROUP}/finished-at"
-ANN_OBSERVED_PEAK_BYTES = f"{GROUP}/observed-peak-bytes"
+ANN_OBSERVED_PEAK_BYTES = f"{GROUP}/observed-peak-bytes"  # int: NVML per-process used memory of the pod, sampled max
+ANN_FAULT = f"{GROUP}/fault"  # JSON gnnsched.closed_loop.FaultRecord: the pod's GPU had a fatal MPS fault
 
 # Shortest-predicted-runtime-first queue order (gnnsched.queue_order): PriorityClasses named
 # ``<QUEUE_CLASS_PREFIX><bucket, two digits>``, created by the chart, set on pods by the operator.
@@ -57,9 +64,11 @@ ENV_POD_UID = "GNNSCHED_POD_UID"
 ENV_POD_NAME = "GNNSCHED_POD_NAME"
 ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
 ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
+ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<bytes>": the per-client limit the gate sets
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 """Set by the operator to the container's termination-message path. The worker is meant to write its final JSON result
-line (``observed_peak_bytes``, ``seconds``, ``steps``) there, so it reaches the pod status even when the job succeeds;
+line (``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes``, ``seconds``, ``steps``, and for an
+out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) there, so it reaches the pod status even when the job succeeds;
 ``gnnsched worker`` writes it there as well as printing it on stdout."""
 
 # Host paths shared by the node DaemonSet, the device plugin's Allocate mounts and the agent's defaults.

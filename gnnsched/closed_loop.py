@@ -1,0 +1,307 @@
+"""The closed memory loop's shared rules: how an attempt ended, how much larger the next one reserves, and how
+observed peaks calibrate the safety factor of new estimates.
+
+The operator (which creates attempts and keeps the calibration object), the node side (the worker and the gate
+keeper, which report how an attempt ended) and the simulator (which replays the loop to measure it) all run these
+functions, so the behaviour the simulator reports is the behaviour the cluster has. Nothing here touches torch,
+Kubernetes or NVML: it is plain arithmetic on bytes and ratios.
+
+Why a loop at all: on a real GPU the estimate is open-loop. What an MPS limit counts is the CUDA caching allocator's
+reserved memory plus the context, users run their own scripts, and the constants in ``gnnsched.gpus`` are unverified.
+A job that overruns its ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` fails alone (the limit protects its neighbours); the
+loop turns that failure into a larger retry and into a correction of later estimates, instead of a lost job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gnnsched.errors import FieldError
+
+Outcome = Literal["succeeded", "memory-exceeded", "fault"]
+"""How one attempt ended, as the worker's result line (or the gate keeper, for a custom container) reports it:
+``memory-exceeded`` is a CUDA out-of-memory error inside the attempt's own limit (retry larger); ``fault`` is a fatal
+GPU or MPS error (the fault-domain rules decide who is charged); anything else that fails is an ordinary failure."""
+
+ContainerKind = Literal["builtin", "custom"]
+"""``builtin``: the pod runs ``gnnsched worker`` (the estimate is for exactly the code that runs); ``custom``: the
+user's own image or command (the script may hold more than the declared model). Calibrated separately."""
+
+MPS_CLIENT_TERMINATED = 810
+"""``cudaErrorMpsClientTerminated``: the MPS server terminated this client because another client on the same GPU hit
+a fatal fault. A process that dies with it is a victim, not the cause (NVIDIA MPS documentation, "Fault Tolerance")."""
+
+CRITICAL_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120})
+"""Xid events after which the GPU's MPS clients cannot be trusted to continue (NVIDIA's Xid catalogue: graphics engine
+and MMU faults, double-bit ECC, row-remapping failure, NVLink errors, GPU fallen off the bus, GSP errors). Xid 43
+("GPU stopped processing") is what a client sees when its own kernel faults, so it marks the suspect's GPU too."""
+
+# PyTorch's and CUDA's out-of-memory texts, as they appear in a container's log or termination message:
+# torch.OutOfMemoryError ("CUDA out of memory. Tried to allocate 20.00 MiB ..."), the CUDA runtime's
+# cudaErrorMemoryAllocation ("CUDA error: out of memory"), cuBLAS's CUBLAS_STATUS_ALLOC_FAILED, cuDNN's
+# CUDNN_STATUS_ALLOC_FAILED and NCCL's "Cuda failure 'out of memory'".
+_OOM_PATTERNS = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation"
+    r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'",
+)
+_FAULT_PATTERNS = re.compile(
+    r"cudaErrorMpsClientTerminated|MPS client has been terminated|CUDA error: an illegal memory access"
+    r"|cudaErrorIllegalAddress|CUDA error: unspecified launch failure|cudaErrorLaunchFailure"
+    r"|CUDA error: uncorrectable ECC error|cudaErrorECCUncorrectable",
+)
+_MPS_TERMINATED = re.compile(r"cudaErrorMpsClientTerminated|MPS client has been terminated")
+_TRIED_TO_ALLOCATE = re.compile(r"Tried to allocate ([0-9.]+) ([KMGT]i?B)")
+_UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+
+
+def classify_log(text: str) -> Outcome | None:
+    """The outcome a failed custom container's log tail or termination message shows, ``None`` when it shows neither
+    an out-of-memory error nor a GPU fault. Out-of-memory wins when both appear (the fault is its consequence)."""
+    if _OOM_PATTERNS.search(text):
+        return "memory-exceeded"
+    if _FAULT_PATTERNS.search(text):
+        return "fault"
+    return None
+
+
+def is_mps_victim_text(text: str) -> bool:
+    """Whether a log says the process was terminated by the MPS server for another client's fault (error 810)."""
+    return bool(_MPS_TERMINATED.search(text))
+
+
+def failed_request_bytes(text: str) -> int | None:
+    """The request PyTorch's out-of-memory message names ("Tried to allocate 20.00 MiB"), in bytes."""
+    match = _TRIED_TO_ALLOCATE.search(text)
+    if match is None:
+        return None
+    return int(float(match.group(1)) * _UNIT[match.group(2)])
+
+
+class AttemptResult(BaseModel):
+    """The JSON result line an attempt leaves in ``$GNNSCHED_RESULT_FILE`` (the termination message) and on stdout.
+
+    Written by ``gnnsched worker`` for built-in jobs, and by the gate keeper for a custom container that died without
+    writing one. Keys are snake_case, as the worker's result line has always been; unknown keys are kept out."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    outcome: Outcome = "succeeded"
+    observed_peak_bytes: int | None = Field(default=None, ge=0)
+    """The attempt's device-memory peak as the process itself measured it (reserved + context on a GPU)."""
+    seconds: float | None = Field(default=None, ge=0)
+    steps: int | None = Field(default=None, ge=0)
+    limit_bytes: int | None = Field(default=None, ge=0)
+    """The MPS memory limit the attempt ran under (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``), when it had one."""
+    held_bytes: int | None = Field(default=None, ge=0)
+    """For ``memory-exceeded``: what the process held when the request failed."""
+    requested_bytes: int | None = Field(default=None, ge=0)
+    """For ``memory-exceeded``: the request that failed."""
+    source: Literal["worker", "gate"] = "worker"
+    message: str | None = Field(default=None, max_length=1024)
+
+    def needed_bytes(self) -> int | None:
+        """What the attempt showed it needs at least: held + the failed request for an OOM, else its peak."""
+        if self.outcome == "memory-exceeded" and self.held_bytes is not None:
+            return self.held_bytes + (self.requested_bytes or 0)
+        return self.observed_peak_bytes
+
+    def line(self) -> str:
+        return json.dumps(self.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+
+
+class FaultRecord(BaseModel):
+    """What the node agent writes on a pod (annotation ``gnnsched.io/fault``) whose GPU had a fatal MPS fault."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    gpu: str = Field(min_length=1)
+    role: Literal["victim", "suspect"]
+    reason: str = Field(min_length=1, max_length=256)
+    """``Xid <n>``, ``MpsClientTerminated``, ``MpsServerFault`` or ``ClientFault``: what told the agent."""
+    at: datetime
+    xid: int | None = None
+
+
+# --------------------------------------------------------------------------------------------------- resize
+
+
+class ResizePolicy(BaseModel):
+    """How much larger the next attempt after a ``memory-exceeded`` reserves.
+
+    The next reservation is the larger of what the attempt showed it needs times ``margin`` and the old reservation
+    times ``growth``, capped at the largest GPU's capacity. Growth alone would converge slowly on a large miss;
+    the observed need alone could retry at a size that misses again by a little (the failed request is only the
+    first one that did not fit)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    margin: float = Field(default=1.2, ge=1.0, le=4.0)
+    growth: float = Field(default=1.5, gt=1.0, le=4.0)
+    max_resizes: int = Field(default=3, ge=0, le=10)
+
+
+DEFAULT_RESIZE = ResizePolicy()
+MAX_RESIZES_LIMIT = 10
+"""The largest ``spec.memory.maxResizes`` a GNNJob may ask for (the CRD's maximum says the same)."""
+
+
+def next_reservation(old_bytes: int, needed_bytes: int | None, largest_gpu_bytes: int,
+                     policy: ResizePolicy = DEFAULT_RESIZE) -> int | None:
+    """The next attempt's admit bytes, or ``None`` when no GPU in the cluster can hold a larger attempt.
+
+    ``largest_gpu_bytes`` is the capacity a job running alone may use on the largest GPU (total minus the agent's
+    reserve). An attempt that already had all of it, or that needs more than all of it, cannot be helped by a resize:
+    the job fails with ``ExceedsLargestGPU``."""
+    if old_bytes < 0 or largest_gpu_bytes <= 0:
+        raise ValueError("old_bytes must be >= 0 and largest_gpu_bytes > 0")
+    if old_bytes >= largest_gpu_bytes or (needed_bytes is not None and needed_bytes > largest_gpu_bytes):
+        return None
+    wanted = math.ceil(old_bytes * policy.growth)
+    if needed_bytes is not None:
+        wanted = max(wanted, math.ceil(needed_bytes * policy.margin))
+    return min(wanted, largest_gpu_bytes)
+
+
+# --------------------------------------------------------------------------------------------------- calibration
+
+
+class CalibrationClass(BaseModel):
+    """Jobs whose estimates err alike: the same GPU model, architecture, mode and kind of container."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_model: str = Field(min_length=1)
+    arch: str = Field(min_length=1)
+    mode: str = Field(min_length=1)
+    container: ContainerKind = "builtin"
+
+    def key(self) -> str:
+        """``V100-32GB.gcn.train.builtin``: a valid ConfigMap/CR map key, readable in ``kubectl get -o yaml``."""
+        return ".".join((self.gpu_model, self.arch, self.mode, self.container))
+
+    @classmethod
+    def parse(cls, key: str) -> CalibrationClass:
+        parts = key.rsplit(".", 3)
+        if len(parts) != 4:
+            raise ValueError(f"calibration class {key!r}: expected <gpu-model>.<arch>.<mode>.<builtin|custom>")
+        gpu_model, arch, mode, container = parts
+        if container not in ("builtin", "custom"):
+            raise ValueError(f"calibration class {key!r}: container must be builtin or custom, not {container!r}")
+        return cls(gpu_model=gpu_model, arch=arch, mode=mode, container=container)  # type: ignore[arg-type]
+
+
+class CalibrationPolicy(BaseModel):
+    """How recorded ratios become a safety factor.
+
+    ``quantile`` of the last ``window`` observed ÷ predicted ratios, once a class has ``min_samples``; never below
+    ``floor`` (an estimate is never shrunk below the prediction itself) and never above ``cap`` (one runaway custom
+    script must not make a whole class unschedulable: resizes handle outliers). Below ``min_samples`` the static
+    factor stays."""
+
+    model_config = ConfigDict(frozen=True)
+
+    quantile: float = Field(default=0.95, gt=0.5, le=1.0)
+    window: int = Field(default=50, ge=1, le=10_000)
+    min_samples: int = Field(default=5, ge=1, le=10_000)
+    floor: float = Field(default=1.0, ge=1.0)
+    cap: float = Field(default=2.0, ge=1.0, le=10.0)
+    static_factor: float = Field(default=1.10, ge=1.0)
+    """The estimator's static CUDA safety factor (``gnnsched.estimator.DEFAULT_SAFETY_FACTOR_CUDA``)."""
+
+
+DEFAULT_CALIBRATION = CalibrationPolicy()
+
+
+def high_quantile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank quantile, rounded up: the conservative choice for a safety factor (it is always an observed
+    ratio, never an interpolation below one)."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+class CalibrationFactor(BaseModel):
+    factor: float
+    samples: int
+    calibrated: bool
+    """False while the class has fewer than ``min_samples`` ratios and the static factor applies."""
+
+
+class CalibrationTable(BaseModel):
+    """Recent observed ÷ predicted ratios per calibration class, newest last; the state the operator persists.
+
+    A plain value: ``record`` returns a new table, so a caller that fails to persist it has not changed anything."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ratios: dict[str, list[float]] = Field(default_factory=dict)
+
+    @field_validator("ratios")
+    @classmethod
+    def _valid(cls, value: dict[str, list[float]]) -> dict[str, list[float]]:
+        for key, ratios in value.items():
+            CalibrationClass.parse(key)
+            for ratio in ratios:
+                if not (math.isfinite(ratio) and ratio > 0):
+                    raise ValueError(f"ratios.{key}: {ratio!r} is not a positive finite ratio")
+        return value
+
+    def record(self, cls: CalibrationClass, ratio: float,
+               policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> CalibrationTable:
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise ValueError(f"ratio {ratio!r} is not a positive finite number")
+        key = cls.key()
+        kept = [*self.ratios.get(key, []), round(ratio, 4)][-policy.window:]
+        return CalibrationTable(ratios={**self.ratios, key: kept})
+
+    def factor(self, cls: CalibrationClass, policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> CalibrationFactor:
+        recent = self.ratios.get(cls.key(), [])[-policy.window:]
+        if len(recent) < policy.min_samples:
+            return CalibrationFactor(factor=policy.static_factor, samples=len(recent), calibrated=False)
+        value = min(policy.cap, max(policy.floor, high_quantile(recent, policy.quantile)))
+        return CalibrationFactor(factor=round(value, 4), samples=len(recent), calibrated=True)
+
+
+def load_calibration_file(path: str | Path) -> CalibrationTable:
+    """A calibration table from a JSON or YAML file: the table itself (``{"ratios": {...}}``), or a Kubernetes
+    object holding it under ``status`` or ``data`` (what ``kubectl get -o yaml`` prints). Errors name the file."""
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise FieldError("--calibration", f"cannot read {where}: {exc.strerror or exc}") from None
+    try:
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FieldError("--calibration", f"{where} is not JSON or YAML: {str(exc).splitlines()[0]}") from None
+    if isinstance(doc, dict) and "ratios" not in doc:
+        for holder in ("status", "data"):
+            inner = doc.get(holder)
+            if isinstance(inner, dict) and "ratios" in inner:
+                doc = inner
+                break
+    if not isinstance(doc, dict) or "ratios" not in doc:
+        raise FieldError("--calibration", f"{where}: expected a mapping with a 'ratios' key")
+    ratios = doc["ratios"]
+    if isinstance(ratios, str):  # a ConfigMap's data values are strings
+        try:
+            ratios = json.loads(ratios)
+        except json.JSONDecodeError as exc:
+            raise FieldError("--calibration", f"{where}: ratios is not JSON: {exc.msg}") from None
+    try:
+        return CalibrationTable(ratios=ratios)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise FieldError("--calibration", f"{where}: {loc}: {first['msg']}") from None

@@ -1,0 +1,181 @@
+"""The closed loop's shared rules: outcome recognition, the resize rule and calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gnnsched import estimator
+from gnnsched.closed_loop import (
+    DEFAULT_CALIBRATION,
+    AttemptResult,
+    CalibrationClass,
+    CalibrationPolicy,
+    CalibrationTable,
+    FaultRecord,
+    ResizePolicy,
+    classify_log,
+    failed_request_bytes,
+    high_quantile,
+    is_mps_victim_text,
+    load_calibration_file,
+    next_reservation,
+)
+from gnnsched.errors import FieldError
+
+GiB = 2**30
+MiB = 2**20
+
+TORCH_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.15 GiB"
+    " of which 3.19 MiB is free. Process 1 has 2.00 GiB memory in use."
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "outcome"),
+    [
+        (TORCH_OOM, "memory-exceeded"),
+        ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", "memory-exceeded"),
+        ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "memory-exceeded"),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", "fault"),
+        ("cudaErrorMpsClientTerminated: the MPS client has been terminated by the server", "fault"),
+        ("ValueError: shapes do not match", None),
+        ("", None),
+    ],
+)
+def test_classify_log(text: str, outcome: str | None) -> None:
+    assert classify_log(text) == outcome
+
+
+def test_oom_wins_over_the_fault_it_caused() -> None:
+    assert classify_log(TORCH_OOM + "\nCUDA error: unspecified launch failure") == "memory-exceeded"
+
+
+def test_victim_text_and_failed_request() -> None:
+    assert is_mps_victim_text("error 810 cudaErrorMpsClientTerminated")
+    assert not is_mps_victim_text("CUDA error: an illegal memory access was encountered")
+    assert failed_request_bytes(TORCH_OOM) == 20 * MiB
+    assert failed_request_bytes("Tried to allocate 1.50 GiB") == int(1.5 * GiB)
+    assert failed_request_bytes("no size here") is None
+
+
+def test_attempt_result_line_round_trips_and_needed_bytes() -> None:
+    oom = AttemptResult(outcome="memory-exceeded", limit_bytes=4 * GiB, held_bytes=4 * GiB - MiB,
+                        requested_bytes=20 * MiB, observed_peak_bytes=4 * GiB - MiB)
+    again = AttemptResult.model_validate(json.loads(oom.line()))
+    assert again == oom
+    assert again.needed_bytes() == 4 * GiB - MiB + 20 * MiB
+    ok = AttemptResult(observed_peak_bytes=3 * GiB, seconds=1.5, steps=10)
+    assert ok.outcome == "succeeded" and ok.needed_bytes() == 3 * GiB
+    # The old result line (no outcome key) still parses, as a success.
+    assert AttemptResult.model_validate({"observed_peak_bytes": 5, "seconds": 1.0, "steps": 2}).outcome == "succeeded"
+
+
+def test_fault_record_requires_gpu_and_role() -> None:
+    record = FaultRecord(gpu="GPU-1", role="victim", reason="MpsClientTerminated", at=datetime.now(timezone.utc))
+    assert FaultRecord.model_validate_json(record.model_dump_json()) == record
+    with pytest.raises(ValueError, match="role"):
+        FaultRecord.model_validate({"gpu": "GPU-1", "role": "bystander", "reason": "x", "at": "2026-01-01T00:00:00Z"})
+
+
+def test_resize_takes_the_larger_of_need_times_margin_and_growth() -> None:
+    policy = ResizePolicy(margin=1.2, growth=1.5)
+    # Need dominates: 10 GiB reserved, 14 GiB needed -> 16.8 GiB (growth alone would give 15 GiB).
+    assert next_reservation(10 * GiB, 14 * GiB, 80 * GiB, policy) == math.ceil(14 * GiB * 1.2)
+    # Growth dominates when the need is barely over.
+    assert next_reservation(10 * GiB, 10 * GiB + MiB, 80 * GiB, policy) == 15 * GiB
+    # Unknown need: growth alone.
+    assert next_reservation(10 * GiB, None, 80 * GiB, policy) == 15 * GiB
+    # Capped at the largest GPU; once there, or when the need exceeds it, no resize can help.
+    assert next_reservation(60 * GiB, 70 * GiB, 80 * GiB, policy) == 80 * GiB
+    assert next_reservation(80 * GiB, None, 80 * GiB, policy) is None
+    assert next_reservation(10 * GiB, 81 * GiB, 80 * GiB, policy) is None
+
+
+@given(old=st.integers(1, 200 * GiB), need=st.one_of(st.none(), st.integers(0, 200 * GiB)),
+       largest=st.integers(1, 200 * GiB))
+def test_resize_always_grows_and_never_passes_the_largest_gpu(old: int, need: int | None, largest: int) -> None:
+    new = next_reservation(old, need, largest)
+    if new is None:
+        assert old >= largest or (need is not None and need > largest)
+    else:
+        assert old < new <= largest
+
+
+def test_quantile_is_an_observed_value_rounded_up() -> None:
+    assert high_quantile([1.0, 1.1, 1.2, 1.3], 0.95) == 1.3
+    assert high_quantile([1.0, 1.1, 1.2, 1.3], 0.5) == 1.1
+    with pytest.raises(ValueError):
+        high_quantile([], 0.9)
+
+
+def test_calibration_static_until_enough_samples_then_quantile_with_floor_and_cap() -> None:
+    cls = CalibrationClass(gpu_model="V100-32GB", arch="gcn", mode="train")
+    policy = CalibrationPolicy(min_samples=3, window=4, cap=1.5)
+    table = CalibrationTable()
+    for ratio in (1.2, 1.25):
+        table = table.record(cls, ratio, policy)
+    assert table.factor(cls, policy).model_dump() == {"factor": 1.10, "samples": 2, "calibrated": False}
+    table = table.record(cls, 1.3, policy)
+    assert table.factor(cls, policy).factor == 1.3 and table.factor(cls, policy).calibrated
+    # Over-estimates never shrink the factor below 1.0; a runaway class is capped.
+    low = CalibrationTable()
+    for _ in range(3):
+        low = low.record(cls, 0.6, policy)
+    assert low.factor(cls, policy).factor == 1.0
+    high = CalibrationTable()
+    for _ in range(3):
+        high = high.record(cls, 3.0, policy)
+    assert high.factor(cls, policy).factor == 1.5
+    # The window keeps the newest ratios only.
+    for ratio in (1.0, 1.0, 1.0, 1.0):
+        table = table.record(cls, ratio, policy)
+    assert table.ratios[cls.key()] == [1.0] * 4 and table.factor(cls, policy).factor == 1.0
+    # Classes are separate.
+    other = CalibrationClass(gpu_model="V100-32GB", arch="gcn", mode="train", container="custom")
+    assert table.factor(other, policy).calibrated is False
+
+
+def test_static_factor_is_the_estimators() -> None:
+    assert DEFAULT_CALIBRATION.static_factor == estimator.DEFAULT_SAFETY_FACTOR_CUDA
+
+
+def test_calibration_class_key_round_trips() -> None:
+    cls = CalibrationClass(gpu_model="A100-80GB", arch="sage", mode="infer", container="custom")
+    assert CalibrationClass.parse(cls.key()) == cls
+    with pytest.raises(ValueError, match="expected"):
+        CalibrationClass.parse("gcn.train")
+    with pytest.raises(ValueError, match="builtin or custom"):
+        CalibrationClass.parse("V100.gcn.train.other")
+
+
+def test_load_calibration_file_forms_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    key = "V100-32GB.gcn.train.builtin"
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"ratios": {key: [1.1, 1.2]}}))
+    assert load_calibration_file(bare).ratios == {key: [1.1, 1.2]}
+    cr = tmp_path / "cr.yaml"
+    cr.write_text(f"apiVersion: gnnsched.io/v1alpha1\nkind: GNNCalibration\nstatus:\n  ratios:\n    {key}: [1.3]\n")
+    assert load_calibration_file(cr).ratios == {key: [1.3]}
+    cm = tmp_path / "cm.yaml"
+    cm.write_text(f"kind: ConfigMap\ndata:\n  ratios: '{json.dumps({key: [1.4]})}'\n")
+    assert load_calibration_file(cm).ratios == {key: [1.4]}
+    for name, text, message in (
+        ("missing.json", None, "cannot read"),
+        ("bad.yaml", "ratios: [unclosed", "not JSON or YAML"),
+        ("nokey.yaml", "foo: 1\n", "'ratios' key"),
+        ("negative.json", json.dumps({"ratios": {key: [-1]}}), "positive finite"),
+        ("badclass.json", json.dumps({"ratios": {"nope": [1.0]}}), "expected"),
+    ):
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(FieldError, match=message) as err:
+            load_calibration_file(path)
+        assert err.value.field == "--calibration" and name in str(err.value) and "\n" not in str(err.value)

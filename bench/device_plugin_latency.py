@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dp_test_kubelet import TestKubelet  # noqa: E402
 
@@ -68,7 +67,7 @@ def main() -> None:
             first = f"{backend.devices()[0].uuid}-slot-00"
             t = time.perf_counter()
             backend.set_healthy(0, healthy)
-            assert kubelet.wait_for(lambda: kubelet.latest().get(first) == want, timeout=5)
+            assert kubelet.wait_for(lambda first=first, want=want: kubelet.latest().get(first) == want, timeout=5)
             flips.append(time.perf_counter() - t)
         plugin.stop(0)
         kubelet.stop()

@@ -26,8 +26,8 @@ from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import Simulation
-from gnnsched.simulator.model import SimJob
 from gnnsched.simulator.metrics import summarise
+from gnnsched.simulator.model import SimJob
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import materialise
 from gnnsched.simulator.workloads import default_cluster, resolve_workload

@@ -36,7 +36,10 @@ def run(
     """Validate flags (one line, exit 2 on a bad one), open the GPU backend, serve until a signal arrives."""
     setup_logging(log_level)
     if not 1 <= slots_per_gpu <= MPS_MAX_CLIENTS_PER_GPU:
-        fail(f"--slots-per-gpu: must be between 1 and {MPS_MAX_CLIENTS_PER_GPU} (the MPS client limit), got {slots_per_gpu}")
+        fail(
+            f"--slots-per-gpu: must be between 1 and {MPS_MAX_CLIENTS_PER_GPU} (the MPS client limit), got "
+            f"{slots_per_gpu}"
+        )
     for flag, value in (("--mps-pipe-dir", mps_pipe_dir), ("--gate-socket", gate_socket), ("--plugin-dir", plugin_dir)):
         if not value or not Path(value).is_absolute():
             fail(f"{flag}: must be an absolute path, got {value!r}")
@@ -65,7 +68,9 @@ def run(
 
     if mps_status_file is None:
         mps_status_file = str(status_file_path(mps_pipe_dir))
-    health = assume_mps_healthy if mps_status_file == "none" else StatusFileMPSHealth(mps_status_file, mps_status_max_age)
+    health = (
+        assume_mps_healthy if mps_status_file == "none" else StatusFileMPSHealth(mps_status_file, mps_status_max_age)
+    )
     config = PluginConfig(
         plugin_dir=Path(plugin_dir),
         slots_per_gpu=slots_per_gpu,

@@ -17,6 +17,7 @@ beyond dictionary look-ups, so ``Allocate`` never blocks kubelet.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -174,10 +175,8 @@ class DevicePlugin:
             # delete the new socket if it were already bound there.
             self._server.stop(0).wait()
             self._server = None
-        try:
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="gnnsched-dp-rpc"))
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
         server.add_insecure_port(f"unix://{path}")
@@ -261,7 +260,9 @@ class DevicePlugin:
             devices=[pb.Device(ID=s.id, health=HEALTHY if s.healthy else UNHEALTHY) for s in st.slots]
         )
 
-    def _allocate_one(self, ids: list[str], by_id: dict[str, Slot], gpus: tuple[GPUInfo, ...]) -> pb.ContainerAllocateResponse:
+    def _allocate_one(
+        self, ids: list[str], by_id: dict[str, Slot], gpus: tuple[GPUInfo, ...]
+    ) -> pb.ContainerAllocateResponse:
         if not ids:
             raise AllocationError("container request lists no device IDs")
         unknown = [i for i in ids if i not in by_id]

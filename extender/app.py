@@ -375,7 +375,7 @@ class HotPathMiddleware:
     Any unexpected exception becomes an ``Error`` reply, never a 5xx: kube-scheduler must get an answer.
     """
 
-    def __init__(self, app: Any, service: "ExtenderService") -> None:
+    def __init__(self, app: Any, service: ExtenderService) -> None:
         self.app = app
         self.service = service
 
@@ -411,7 +411,7 @@ class HotPathMiddleware:
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_ops_app(service: "ExtenderService") -> FastAPI:
+def create_ops_app(service: ExtenderService) -> FastAPI:
     """Health, readiness and metrics on their own port (``--metrics-port``): probes and Prometheus reach them
     from the cluster network while the scheduler verbs stay on loopback."""
     ops = FastAPI(title="gnnsched extender (ops)", docs_url=None, redoc_url=None, openapi_url=None)
@@ -419,7 +419,7 @@ def create_ops_app(service: "ExtenderService") -> FastAPI:
     return ops
 
 
-def _add_ops_routes(app: FastAPI, service: "ExtenderService") -> None:
+def _add_ops_routes(app: FastAPI, service: ExtenderService) -> None:
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

@@ -27,14 +27,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from itertools import repeat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import repeat
 
 import numpy as np
 
-from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched import placement as pl
+from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
@@ -505,7 +505,7 @@ class ClusterCache:
                 "after reserve (no node can ever run it: lower the batch size, use mini-batching or a larger GPU)"
             ))
             return dict.fromkeys(failed.tolist(), msg)
-        for k, (i, unk, status) in enumerate(zip(failed.tolist(), unknown.tolist(), has_status.tolist())):
+        for k, (i, unk, status) in enumerate(zip(failed.tolist(), unknown.tolist(), has_status.tolist(), strict=True)):
             if unk:
                 out[i] = say(("unknown",), lambda: (R_UNKNOWN, "node is not in the gnnsched cache (no GPUNode "
                                                     "status: is the gnnsched node agent running there?)"))
@@ -523,27 +523,36 @@ class ClusterCache:
                 node = self._nodes[self._names[int(fr[k])]]
                 nv = n_valid[k]
                 if not node.node_mps_healthy:
-                    out[i] = say(("mps", nv), lambda: (R_UNHEALTHY, f"MPS daemon unhealthy on this node ({nv} GPUs unusable)"))
+                    out[i] = say(("mps", nv), lambda nv=nv: (
+                        R_UNHEALTHY, f"MPS daemon unhealthy on this node ({nv} GPUs unusable)"))
                 else:
-                    out[i] = say(("sick", nv), lambda: (
+                    out[i] = say(("sick", nv), lambda nv=nv: (
                         R_UNHEALTHY, f"none of the node's {nv} GPUs is healthy with a healthy MPS server"))
             elif not any_fits[k]:
                 node = self._nodes[self._names[int(fr[k])]]
                 label = ", ".join(sorted({g.model for g in node.gpus}))
                 big = largest[k]
-                out[i] = say(("mem", label, big), lambda: (R_GPU_MEMORY, (
+                out[i] = say(("mem", label, big), lambda label=label, big=big: (R_GPU_MEMORY, (
                     f"largest healthy GPU ({label}) has {format_bytes(big)} after reserve; job needs {need}")))
             elif not any_good[k]:
                 out[i] = say(("clients",), lambda: (
                     R_CLIENTS, f"every GPU that can hold {need} already has its maximum number of MPS clients"))
             elif cpu_free[k] < d.cpu_millis:
                 c = cpu_free[k]
-                out[i] = say(("cpu", c), lambda: (
+                out[i] = say(("cpu", c), lambda c=c: (
                     R_CPU, f"node has {max(c, 0) / 1000:g} CPU unclaimed; pod requests {d.cpu_millis / 1000:g}"))
             else:
                 m = mem_free[k]
-                out[i] = say(("memory", m), lambda: (R_MEMORY, (
-                    f"node has {format_bytes(max(m, 0))} memory unclaimed; pod requests {format_bytes(d.memory_bytes)}")))
+                out[i] = say(
+                    ("memory", m),
+                    lambda m=m: (
+                        R_MEMORY,
+                        (
+                            f"node has {format_bytes(max(m, 0))} memory unclaimed; pod requests "
+                            f"{format_bytes(d.memory_bytes)}"
+                        ),
+                    ),
+                )
         return out
 
     def _cost_matrix(self, demand: PodDemand, now: float) -> np.ndarray:

@@ -12,6 +12,7 @@ accounts for them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
@@ -196,10 +197,8 @@ class ClusterWatcher:
     def stop(self) -> None:
         self._stop.set()
         # Drop the open watch connections so the loops notice the stop now, not at their next event.
-        try:
+        with contextlib.suppress(Exception):  # best effort: the threads are daemons anyway
             self.api.rest_client.pool_manager.clear()
-        except Exception:  # best effort: the threads are daemons anyway
-            pass
         deadline = time.monotonic() + 0.5  # daemon threads blocked in a stream read may outlive this
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))

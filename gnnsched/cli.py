@@ -28,7 +28,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Memory-safe GPU sharing for GNN jobs on Kubernetes."""
 
@@ -45,38 +47,63 @@ def _operator(
     ctx: typer.Context,
     namespace: list[str] = typer.Option([], "--namespace", "-n", help="Watch this namespace (repeatable)."),
     all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace (default)."),
-    image: str = typer.Option(None, "--image", envvar="GNNSCHED_IMAGE",
-                              help="Worker image for pods whose GNNJob names none."),
-    scheduler_name: str = typer.Option("gnnsched-scheduler", "--scheduler-name", envvar="GNNSCHED_SCHEDULER_NAME",
-                                       help="schedulerName of the pods (the profile that calls the extender)."),
-    health_port: int = typer.Option(9401, "--health-port", min=0, max=65535,
-                                    help="Port of the liveness probe (GET /healthz); 0 turns it off."),
-    metrics_port: int = typer.Option(9402, "--metrics-port", min=0, max=65535,
-                                     help="Port of the Prometheus metrics (GET /metrics, gnnsched_operator_*); "
-                                          "0 turns them off."),
-    default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
-                                          help="GPU model for runtime predictions while no GPUNode has reported."),
+    image: str = typer.Option(
+        None, "--image", envvar="GNNSCHED_IMAGE", help="Worker image for pods whose GNNJob names none."
+    ),
+    scheduler_name: str = typer.Option(
+        "gnnsched-scheduler",
+        "--scheduler-name",
+        envvar="GNNSCHED_SCHEDULER_NAME",
+        help="schedulerName of the pods (the profile that calls the extender).",
+    ),
+    health_port: int = typer.Option(
+        9401, "--health-port", min=0, max=65535, help="Port of the liveness probe (GET /healthz); 0 turns it off."
+    ),
+    metrics_port: int = typer.Option(
+        9402,
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="Port of the Prometheus metrics (GET /metrics, gnnsched_operator_*); 0 turns them off.",
+    ),
+    default_gpu_model: str = typer.Option(
+        "A100-40GB", "--default-gpu-model", help="GPU model for runtime predictions while no GPUNode has reported."
+    ),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
-    queue_priority: bool = typer.Option(False, "--queue-priority/--no-queue-priority",
-                                        help="Shortest-predicted-first: give each pod the PriorityClass of its "
-                                             "predicted runtime's bucket, so kube-scheduler's queue tries shorter "
-                                             "jobs first (the classes never preempt; the chart creates them). A "
-                                             "GNNJob's spec.priorityClassName always wins."),
-    queue_priority_base: int = typer.Option(1000, "--queue-priority-base",
-                                            help="Value of the longest-runtime class; shorter buckets get base+1, "
-                                                 "base+2, ... Must match the chart's queuePriority.base."),
-    queue_priority_prefix: str = typer.Option("gnnsched-runtime-", "--queue-priority-prefix",
-                                              help="Class names are PREFIX000, PREFIX001, ... (chart: "
-                                                   "queuePriority.prefix)."),
-    queue_priority_per_doubling: int = typer.Option(2, "--queue-priority-per-doubling",
-                                                    help="Buckets per doubling of the predicted runtime, 1..8 "
-                                                         "(chart: queuePriority.perDoubling)."),
-    kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."),
+    queue_priority: bool = typer.Option(
+        False,
+        "--queue-priority/--no-queue-priority",
+        help="Shortest-predicted-first: give each pod the PriorityClass of its "
+        "predicted runtime's bucket, so kube-scheduler's queue tries shorter "
+        "jobs first (the classes never preempt; the chart creates them). A "
+        "GNNJob's spec.priorityClassName always wins.",
+    ),
+    queue_priority_base: int = typer.Option(
+        1000,
+        "--queue-priority-base",
+        help="Value of the longest-runtime class; shorter buckets get base+1, "
+        "base+2, ... Must match the chart's queuePriority.base.",
+    ),
+    queue_priority_prefix: str = typer.Option(
+        "gnnsched-runtime-",
+        "--queue-priority-prefix",
+        help="Class names are PREFIX000, PREFIX001, ... (chart: queuePriority.prefix).",
+    ),
+    queue_priority_per_doubling: int = typer.Option(
+        2,
+        "--queue-priority-per-doubling",
+        help="Buckets per doubling of the predicted runtime, 1..8 (chart: queuePriority.perDoubling).",
+    ),
+    kubeconfig: str = typer.Option(
+        None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."
+    ),
     context: str = typer.Option(None, "--context", help="Kubeconfig context."),
-    watch_timeout: float = typer.Option(None, "--watch-timeout", min=0.1,
-                                        help="Seconds a watch request may last before it is renewed (kopf default)."),
-    resync_seconds: float = typer.Option(30.0, "--resync-seconds", min=0.1,
-                                         help="How often unfinished jobs are re-derived from their pods."),
+    watch_timeout: float = typer.Option(
+        None, "--watch-timeout", min=0.1, help="Seconds a watch request may last before it is renewed (kopf default)."
+    ),
+    resync_seconds: float = typer.Option(
+        30.0, "--resync-seconds", min=0.1, help="How often unfinished jobs are re-derived from their pods."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Run the GNNJob operator (watches GNNJobs and their pods until interrupted)."""
@@ -123,8 +150,8 @@ def _operator_export_history(
     from pathlib import Path
 
     from gnnsched.cliutil import fail
-    from gnnsched.operator.history import write_jsonl
     from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.history import write_jsonl
     from gnnsched.operator.kube import Kube, KubeError
     from gnnsched.operator.main import export_history
 
@@ -234,13 +261,34 @@ def extender_cmd(
 
 @app.command("device-plugin")
 def device_plugin(
-    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", help="kubelet's device-plugin directory (holds kubelet.sock)."),
-    gpus: str = typer.Option("nvml", "--gpus", help="GPU backend: nvml, or fake:NxSIZE[xMODEL] (e.g. fake:2x80Gi) without a GPU."),
-    slots_per_gpu: int = typer.Option(48, "--slots-per-gpu", help="gnnsched.io/gpu-share slots advertised per GPU (1-48, MPS clients)."),
-    mps_pipe_dir: str = typer.Option("/var/run/gnnsched/mps", "--mps-pipe-dir", help="MPS pipe directory mounted into job containers."),
-    gate_socket: str = typer.Option("/var/run/gnnsched/gate.sock", "--gate-socket", help="Node agent's gate socket; its directory is mounted into job containers."),
-    mps_status_file: str = typer.Option(None, "--mps-status-file", help="Node agent status file for MPS health (default: <mps-pipe-dir>/gnnsched-node-status.json; 'none' = do not watch MPS)."),
-    mps_status_max_age: float = typer.Option(60.0, "--mps-status-max-age", help="Seconds after which the agent's status counts as stale (MPS unhealthy)."),
+    plugin_dir: str = typer.Option(
+        "/var/lib/kubelet/device-plugins",
+        "--plugin-dir",
+        help="kubelet's device-plugin directory (holds kubelet.sock).",
+    ),
+    gpus: str = typer.Option(
+        "nvml", "--gpus", help="GPU backend: nvml, or fake:NxSIZE[xMODEL] (e.g. fake:2x80Gi) without a GPU."
+    ),
+    slots_per_gpu: int = typer.Option(
+        48, "--slots-per-gpu", help="gnnsched.io/gpu-share slots advertised per GPU (1-48, MPS clients)."
+    ),
+    mps_pipe_dir: str = typer.Option(
+        "/var/run/gnnsched/mps", "--mps-pipe-dir", help="MPS pipe directory mounted into job containers."
+    ),
+    gate_socket: str = typer.Option(
+        "/var/run/gnnsched/gate.sock",
+        "--gate-socket",
+        help="Node agent's gate socket; its directory is mounted into job containers.",
+    ),
+    mps_status_file: str = typer.Option(
+        None,
+        "--mps-status-file",
+        help="Node agent status file for MPS health (default: <mps-pipe-dir>/gnnsched-node-status.json; 'none' = do "
+             "not watch MPS).",
+    ),
+    mps_status_max_age: float = typer.Option(
+        60.0, "--mps-status-max-age", help="Seconds after which the agent's status counts as stale (MPS unhealthy)."
+    ),
     poll_interval: float = typer.Option(1.0, "--poll-interval", help="Seconds between GPU/MPS health checks."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:

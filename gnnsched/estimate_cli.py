@@ -25,7 +25,9 @@ def estimate_command(
     job: Path = typer.Argument(..., help="GNNJob manifest (YAML or JSON)."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object (stable keys) instead of a table."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda adds the GPU model's device overheads)."),
-    gpu_model: str = typer.Option(None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpus); default A100-80GB."),
+    gpu_model: str = typer.Option(
+        None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpus); default A100-80GB."
+    ),
 ) -> None:
     """Estimate a job's peak memory by tracing its model on fake tensors (no data, any graph size)."""
     with user_errors():

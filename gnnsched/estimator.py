@@ -745,9 +745,9 @@ def _splice(
             by_layer[layer] = allocated.get(groups.index(g), [])
         for layer in (2, 4):
             a, b = by_layer[layer], by_layer[3]
-            if len(a) != len(b) or any(kind(x) != kind(y) for x, y in zip(a, b)):
+            if len(a) != len(b) or any(kind(x) != kind(y) for x, y in zip(a, b, strict=True)):
                 raise _SpliceMismatch(f"hidden layers {layer} and 3 allocate differently")
-            corr[layer].update(zip(a, b))
+            corr[layer].update(zip(a, b, strict=True))
 
     out_records: list[_Record] = []
     out_events: list[tuple[int, int] | None] = []

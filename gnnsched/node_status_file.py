@@ -14,6 +14,7 @@ new power, and the file only steers slot health, never what the gate admits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -48,10 +49,8 @@ def write_status_file(path: str | os.PathLike[str], status: GPUNodeStatus) -> No
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

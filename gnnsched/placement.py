@@ -333,7 +333,7 @@ def derive_cells(a: PlacementState, cells: Iterable[tuple[int, int]], above: np.
         frag0_a[s, r] = above[int(idx)] * f
         fscale_a[s, r] = W_FRAG / (1.0 if c < 1.0 else c)
         s_u, s_m = sum_sm_a.item(s, r), sum_mem_a.item(s, r)
-        for (a_u, a_m), arr in zip(sens, slow_arrays):
+        for (a_u, a_m), arr in zip(sens, slow_arrays, strict=True):
             v = a_u * s_u + a_m * s_m
             arr[s, r] = 1.0 + (0.0 if v < 0.0 else v)
 
@@ -385,13 +385,11 @@ def set_gpu_derived(
         freed = [0.0] * END_SLOTS
         cum = 0.0
         top_k = END_SLOTS - 1
-        k = 0
-        for job in ordered:
+        for k, job in enumerate(ordered):
             cum += job[1]
             kk = k if k < top_k else top_k
             ends[kk] = job[0]
             freed[kk] = cum
-            k += 1
         last_end = ordered[-1][0]
         for k in range(END_SLOTS):
             ends_a[k, slot, r] = ends[k]
@@ -426,7 +424,7 @@ def set_gpu_derived(
         idx = top
     a["frag0"][slot, r] = above.item(int(idx)) * f
     a["fscale"][slot, r] = W_FRAG / (1.0 if cap < 1.0 else cap)
-    for (a_u, a_m), key in zip(sens, _SLOW_KEYS):
+    for (a_u, a_m), key in zip(sens, _SLOW_KEYS, strict=True):
         v = a_u * sum_sm + a_m * sum_mem
         a[key][slot, r] = 1.0 + (0.0 if v < 0.0 else v)
 
@@ -436,7 +434,9 @@ def fit_mask(a: PlacementState, gpu_bytes: float) -> np.ndarray:
     return a["capu"] >= gpu_bytes
 
 
-def node_filter(a: PlacementState, good: np.ndarray, cpu_millis: float | None, memory_bytes: float | None) -> np.ndarray:
+def node_filter(
+    a: PlacementState, good: np.ndarray, cpu_millis: float | None, memory_bytes: float | None
+) -> np.ndarray:
     """Per node row: the filter decision (known, a GPU in ``good``, and — unless ``cpu_millis`` is None, when the
     caller checks host resources itself — enough unclaimed CPU and memory)."""
     ok = a["known"] & np.logical_or.reduce(good, axis=0)
@@ -460,10 +460,8 @@ def cost_matrix(
     big_r = runtime_seconds
     good = a["capu"] >= b
     fits_now = a["avail"] >= b
-    if interference_aware:
-        cost = a[f"slow_{intensity_key(intensity)}"].copy()  # (wait + R * slowdown) / R; the wait is added below
-    else:
-        cost = np.ones_like(a["free32"])
+    # (wait + R * slowdown) / R; the wait is added below
+    cost = a[f"slow_{intensity_key(intensity)}"].copy() if interference_aware else np.ones_like(a["free32"])
     flat_wait = np.flatnonzero(good & ~fits_now)
     if flat_wait.size:
         cost.ravel()[flat_wait] += wait_seconds(a, flat_wait, b, now) / big_r
@@ -568,10 +566,7 @@ def candidate_costs(
     if sub.size:
         n_cols = good.shape[1]
         slot_i, col_i = np.divmod(sub, n_cols)
-        if isinstance(cols, slice):
-            rows_i = col_i + (cols.start or 0)
-        else:
-            rows_i = np.asarray(cols).take(col_i)
+        rows_i = col_i + (cols.start or 0) if isinstance(cols, slice) else np.asarray(cols).take(col_i)
         flat = slot_i * a["capu"].shape[1] + rows_i
         cost.ravel()[sub] += wait_seconds(a, flat, b, now) / big_r
     if d_frag is not None:

@@ -49,7 +49,9 @@ class StepCost:
     params: int
 
 
-def _layer_cost(arch: str, n_src: float, n_dst: float, e: float, din: int, dout: int, heads: int) -> tuple[float, float, int]:
+def _layer_cost(
+    arch: str, n_src: float, n_dst: float, e: float, din: int, dout: int, heads: int
+) -> tuple[float, float, int]:
     """(FLOPs, bytes, params) of one layer's forward pass over ``e`` edges from ``n_src`` to ``n_dst`` nodes."""
     f = FLOAT_BYTES
     idx = 2 * INDEX_BYTES * e

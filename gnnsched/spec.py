@@ -11,6 +11,7 @@ print one line and exit 2 and the operator can put the same line in a status con
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -137,7 +138,9 @@ class GraphSpec(_Spec):
         dims = {"nodes": self.nodes, "edges": self.edges, "features": self.features, "classes": self.classes}
         given = [k for k, v in dims.items() if v is not None]
         if self.dataset is not None and given:
-            raise ValueError(f"give either dataset or nodes/edges/features/classes, not both (also got {', '.join(given)})")
+            raise ValueError(
+                f"give either dataset or nodes/edges/features/classes, not both (also got {', '.join(given)})"
+            )
         if self.dataset is None:
             missing = [k for k, v in dims.items() if v is None]
             if missing:
@@ -417,10 +420,9 @@ def parse_job(obj: Any) -> GNNJob:
         raise _first_error(exc, "") from None
     status = obj.get("status")
     if isinstance(status, dict):
-        try:
+        # a status we cannot read is the operator's to rewrite, never a reason to reject the spec
+        with contextlib.suppress(ValidationError):
             job = job.model_copy(update={"status": GNNJobStatus.model_validate(status)})
-        except ValidationError:
-            pass  # a status we cannot read is the operator's to rewrite, never a reason to reject the spec
     return job
 
 

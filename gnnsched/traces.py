@@ -371,14 +371,17 @@ def load_dlrm(path: str | Path) -> list[DLRMInstance]:
             for c in ("cpu_request", "gpu_request", "rdma_request", "memory_request", "disk_request")
         }
         density = _number(path, row, "max_instance_per_node", rec["max_instance_per_node"])
-        times = {c: _number(path, row, c, rec[c], optional=True) for c in ("creation_time", "scheduled_time", "deletion_time")}
+        times = {
+            c: _number(path, row, c, rec[c], optional=True)
+            for c in ("creation_time", "scheduled_time", "deletion_time")
+        }
         for c, v in times.items():
             if not math.isnan(v):
                 _non_negative(path, row, c, v)
                 last_seen = max(last_seen, v)
-        if not math.isnan(times["scheduled_time"]) and not math.isnan(times["deletion_time"]):
-            if times["deletion_time"] < times["scheduled_time"]:
-                raise TraceError(path, row, "deletion_time", "is before scheduled_time")
+        known = not math.isnan(times["scheduled_time"]) and not math.isnan(times["deletion_time"])
+        if known and times["deletion_time"] < times["scheduled_time"]:
+            raise TraceError(path, row, "deletion_time", "is before scheduled_time")
         raw.append((rec, role, nums, density, times))
     out = []
     for rec, role, nums, density, times in raw:

@@ -3,7 +3,8 @@
 The worker is what a job's pod runs (behind the gate). It builds the graph and the model with the same functions the
 estimator traces (``gnnsched.models``), runs the job's steps (training epochs or inference requests) and reports one
 JSON line: ``observed_peak_bytes`` (peak of live tensor bytes: ``torch.profiler`` allocation events over the first
-``PROFILED_STEPS`` steps on CPU, ``torch.cuda.max_memory_allocated`` over the whole run on CUDA), ``seconds`` (wall time of the steps) and ``steps``.
+``PROFILED_STEPS`` steps on CPU, ``torch.cuda.max_memory_allocated`` over the whole run on CUDA), ``seconds`` (wall
+time of the steps) and ``steps``.
 
 Inference with ``parallelism: N`` runs N threads that share one copy of the model and the graph (the model-sharing
 seed: read-only weights need one copy), each serving its share of the requests.
@@ -137,12 +138,14 @@ def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | No
                 meter = ConcurrentMeter(_resident_tensors(model, batch))
                 barrier = threading.Barrier(workers)
 
-                def one() -> None:
+                def one(step_batch: Graph) -> None:
                     with meter.thread_mode():
                         barrier.wait()
-                        run_step(model, batch, spec.mode)
+                        run_step(model, step_batch, spec.mode)
 
-                threads = [threading.Thread(target=one) for _ in range(workers)]
+                # the batch goes in as an argument, not a closure: ``del batch`` below must drop the last reference
+                # (a Thread releases its args when it finishes) so its free is recorded inside the profile
+                threads = [threading.Thread(target=one, args=(batch,)) for _ in range(workers)]
                 for t in threads:
                     t.start()
                 for t in threads:

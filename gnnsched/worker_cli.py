@@ -13,8 +13,8 @@ from pathlib import Path
 
 import typer
 
-from gnnsched.contract import ENV_RESULT_FILE
 from gnnsched.cliutil import UserError, user_errors
+from gnnsched.contract import ENV_RESULT_FILE
 
 
 def worker_command(
@@ -43,9 +43,15 @@ def worker_command(
 
             if not torch.cuda.is_available():
                 raise UserError("--device: cuda requested but no CUDA device is available to this process")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     bar = Progress(
         TextColumn(f"{spec.mode} {spec.model.arch}"),

@@ -25,8 +25,8 @@ from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.mps import MPSManager
 from gnnsched.node_agent.status import StatusSink, build_status
-from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 from gnnsched.node_status_file import status_file_path, write_status_file
+from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 
 log = logging.getLogger("gnnsched.node_agent")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -22,28 +21,73 @@ _POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 
 
 def node_agent(
-    gpus: str = typer.Option("nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."),
-    node_name: Optional[str] = typer.Option(None, "--node-name", envvar="NODE_NAME", help="Kubernetes node name (default: hostname)."),
-    gate_socket: Path = typer.Option(Path(DEFAULT_GATE_SOCKET), "--gate-socket", help="Unix socket the gate listens on."),
-    metrics_port: int = typer.Option(DEFAULT_AGENT_METRICS_PORT, "--metrics-port", help="Prometheus /metrics port (0: any free port, -1: off)."),
+    gpus: str = typer.Option(
+        "nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."
+    ),
+    node_name: str | None = typer.Option(
+        None, "--node-name", envvar="NODE_NAME", help="Kubernetes node name (default: hostname)."
+    ),
+    gate_socket: Path = typer.Option(
+        Path(DEFAULT_GATE_SOCKET), "--gate-socket", help="Unix socket the gate listens on."
+    ),
+    metrics_port: int = typer.Option(
+        DEFAULT_AGENT_METRICS_PORT, "--metrics-port", help="Prometheus /metrics port (0: any free port, -1: off)."
+    ),
     metrics_addr: str = typer.Option("0.0.0.0", "--metrics-addr", help="Address /metrics binds to."),
     policy: str = typer.Option("base", "--policy", help="Grouping policy: base|lmcf|bmc|sqtf|bqt."),
-    bypass_limit: int = typer.Option(DEFAULT_BYPASS_LIMIT, "--bypass-limit", help="Backfill: a queued pod that does not fit may be overtaken by at most N pods later in the policy's order before it blocks them (0: admit a strict prefix of the order, no overtaking)."),
-    reserve_bytes: str = typer.Option("1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."),
-    reserve_fraction: float = typer.Option(0.0, "--reserve-fraction", help="Reserve as a fraction of each GPU (the larger of the two applies)."),
-    max_clients_per_gpu: int = typer.Option(MPS_MAX_CLIENTS_PER_GPU, "--max-clients-per-gpu", help="MPS clients per GPU (capped by the GPU model's limit)."),
-    active_thread_percentage: str = typer.Option("auto", "--active-thread-percentage", help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per client: auto (100 / group size) or 1-100."),
-    mps: str = typer.Option("on", "--mps", help="on: start, configure and supervise nvidia-cuda-mps-control; off: not managed here."),
+    bypass_limit: int = typer.Option(
+        DEFAULT_BYPASS_LIMIT,
+        "--bypass-limit",
+        help="Backfill: a queued pod that does not fit may be overtaken by at most N pods later in the policy's order "
+             "before it blocks them (0: admit a strict prefix of the order, no overtaking).",
+    ),
+    reserve_bytes: str = typer.Option(
+        "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
+    ),
+    reserve_fraction: float = typer.Option(
+        0.0, "--reserve-fraction", help="Reserve as a fraction of each GPU (the larger of the two applies)."
+    ),
+    max_clients_per_gpu: int = typer.Option(
+        MPS_MAX_CLIENTS_PER_GPU, "--max-clients-per-gpu", help="MPS clients per GPU (capped by the GPU model's limit)."
+    ),
+    active_thread_percentage: str = typer.Option(
+        "auto",
+        "--active-thread-percentage",
+        help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per client: auto (100 / group size) or 1-100.",
+    ),
+    mps: str = typer.Option(
+        "on", "--mps", help="on: start, configure and supervise nvidia-cuda-mps-control; off: not managed here."
+    ),
     mps_pipe_dir: Path = typer.Option(Path(DEFAULT_MPS_PIPE_DIR), "--mps-pipe-dir"),
     mps_log_dir: Path = typer.Option(Path(DEFAULT_MPS_LOG_DIR), "--mps-log-dir"),
-    compute_mode: str = typer.Option("exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS, as MPS wants), default, or keep."),
-    live_memory_check: bool = typer.Option(True, "--live-memory-check/--no-live-memory-check", help="Also admit only into memory the driver reports free (second check besides the books)."),
-    pods_file: Optional[Path] = typer.Option(None, "--pods-file", help="Read pods/GNNJobs from this JSON file instead of the API server (development)."),
-    status_file: Optional[Path] = typer.Option(None, "--status-file", help="Write GPUNode status to this file instead of the API server (development)."),
-    peer_check: str = typer.Option("cgroup", "--peer-check", help="cgroup: verify the pod UID against the peer's cgroup (Linux); off: trust the claimed UID."),
-    recovery_grace: float = typer.Option(5.0, "--recovery-grace", help="Seconds after start before admitting new pods (running ones reconnect first)."),
-    status_interval: float = typer.Option(5.0, "--status-interval", help="Seconds between GPUNode status writes (also written on change)."),
-    event_log: Optional[Path] = typer.Option(None, "--event-log", help="Append gate events (queued/admitted/released) as JSON lines."),
+    compute_mode: str = typer.Option(
+        "exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS, as MPS wants), default, or keep."
+    ),
+    live_memory_check: bool = typer.Option(
+        True,
+        "--live-memory-check/--no-live-memory-check",
+        help="Also admit only into memory the driver reports free (second check besides the books).",
+    ),
+    pods_file: Path | None = typer.Option(
+        None, "--pods-file", help="Read pods/GNNJobs from this JSON file instead of the API server (development)."
+    ),
+    status_file: Path | None = typer.Option(
+        None, "--status-file", help="Write GPUNode status to this file instead of the API server (development)."
+    ),
+    peer_check: str = typer.Option(
+        "cgroup",
+        "--peer-check",
+        help="cgroup: verify the pod UID against the peer's cgroup (Linux); off: trust the claimed UID.",
+    ),
+    recovery_grace: float = typer.Option(
+        5.0, "--recovery-grace", help="Seconds after start before admitting new pods (running ones reconnect first)."
+    ),
+    status_interval: float = typer.Option(
+        5.0, "--status-interval", help="Seconds between GPUNode status writes (also written on change)."
+    ),
+    event_log: Path | None = typer.Option(
+        None, "--event-log", help="Append gate events (queued/admitted/released) as JSON lines."
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics."""
@@ -149,11 +193,18 @@ def node_agent(
 
 def gate(
     ctx: typer.Context,
-    socket_path: Optional[str] = typer.Option(None, "--socket", help="Gate socket (default: $GNNSCHED_GATE_SOCKET or the node default)."),
-    wait_seconds: float = typer.Option(7 * 24 * 3600.0, "--wait-seconds", help="Give up (exit 4) if no agent answers for this long."),
-    container: str = typer.Option("", "--container", help="Container name, when several containers of one pod are gated."),
+    socket_path: str | None = typer.Option(
+        None, "--socket", help="Gate socket (default: $GNNSCHED_GATE_SOCKET or the node default)."
+    ),
+    wait_seconds: float = typer.Option(
+        7 * 24 * 3600.0, "--wait-seconds", help="Give up (exit 4) if no agent answers for this long."
+    ),
+    container: str = typer.Option(
+        "", "--container", help="Container name, when several containers of one pod are gated."
+    ),
 ) -> None:
-    """Wait at the node agent's gate, then exec CMD with the admitted GPU and MPS limits: gnnsched gate -- CMD [ARGS]."""
+    """Wait at the node agent's gate, then exec CMD with the admitted GPU and MPS limits: gnnsched gate -- CMD
+    [ARGS]."""
     from gnnsched.node_agent.gate_client import EXIT_NO_AGENT, GateUsageError, run
 
     try:

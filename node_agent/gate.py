@@ -40,11 +40,13 @@ from gnnsched.node_agent.protocol import (
     AdmitRequest,
     Admitted,
     Queued,
-    Rejected as RejectedReply,
     Resumed,
     ResumeRequest,
     mem_limit_value,
     parse_request,
+)
+from gnnsched.node_agent.protocol import (
+    Rejected as RejectedReply,
 )
 
 log = logging.getLogger("gnnsched.node_agent.gate")
@@ -246,7 +248,9 @@ class GateServer:
                 line = await asyncio.wait_for(reader.readline(), self.config.first_message_timeout)
             except (asyncio.LimitOverrunError, ValueError):
                 self._reject("malformed")
-                await self._send(writer, RejectedReply(reason="malformed", message=f"request line longer than {MAX_LINE} bytes"))
+                await self._send(
+                    writer, RejectedReply(reason="malformed", message=f"request line longer than {MAX_LINE} bytes")
+                )
                 return
             except asyncio.TimeoutError:
                 self._reject("timeout")

@@ -67,7 +67,9 @@ def peer_cred(sock: socket.socket) -> PeerCred | None:
     return PeerCred(pid, uid, gid)
 
 
-_POD_IN_CGROUP = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+_POD_IN_CGROUP = re.compile(
+    r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
+)
 
 
 def pod_uids_in_cgroup(text: str) -> set[str]:
@@ -188,7 +190,9 @@ class FilePodLookup:
             for j in data.get("gnnjobs") or []
             if isinstance(j, dict)
         }
-        return [pod_from_object(p, lambda ns, n: jobs.get((ns, n))) for p in data.get("pods") or [] if isinstance(p, dict)]
+        return [
+            pod_from_object(p, lambda ns, n: jobs.get((ns, n))) for p in data.get("pods") or [] if isinstance(p, dict)
+        ]
 
     def get(self, namespace: str, name: str) -> PodInfo | None:
         return next((p for p in self._infos() if p.namespace == namespace and p.name == name), None)
@@ -229,7 +233,8 @@ class KubePodLookup:
     """The in-cluster lookup (kubernetes client); tested against kmock's in-memory API server."""
 
     def __init__(self, api_client: Any = None) -> None:
-        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else kubeconfig."""
+        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else
+        kubeconfig."""
         from kubernetes import client
 
         from gnnsched.kubeclient import api_client as _default_api_client
@@ -273,7 +278,8 @@ class KubePodLookup:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What the gate books for a pod, and where the number came from (``admit-bytes``, ``gpu-memory``, ``whole-gpu``)."""
+    """What the gate books for a pod, and where the number came from (``admit-bytes``, ``gpu-memory``,
+    ``whole-gpu``)."""
 
     bytes: int
     source: str

@@ -7,6 +7,7 @@ sees it), the queue, admissions and rejections by reason, how long pods wait, ho
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -28,7 +29,9 @@ class AgentMetrics:
         g = ("gpu", "uuid")
         self.total = Gauge("gnnsched_gpu_memory_total_bytes", "GPU memory size", g, registry=r)
         self.reserved = Gauge("gnnsched_gpu_memory_reserved_bytes", "Memory the gate never commits", g, registry=r)
-        self.committed = Gauge("gnnsched_gpu_memory_committed_bytes", "Sum of admit-bytes of running clients", g, registry=r)
+        self.committed = Gauge(
+            "gnnsched_gpu_memory_committed_bytes", "Sum of admit-bytes of running clients", g, registry=r
+        )
         self.used = Gauge("gnnsched_gpu_memory_used_bytes", "Memory in use as the driver reports it", g, registry=r)
         self.healthy = Gauge("gnnsched_gpu_healthy", "1 if the GPU is healthy", g, registry=r)
         self.clients = Gauge("gnnsched_mps_clients", "Gated (MPS client) processes running per GPU", g, registry=r)
@@ -45,7 +48,9 @@ class AgentMetrics:
                                      "observed peak / predicted admit-bytes, per finished pod", buckets=RATIO_BUCKETS,
                                      registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
-        self.mps_restarts = Gauge("gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r)
+        self.mps_restarts = Gauge(
+            "gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r
+        )
         self._lock = threading.Lock()
         self._peaks: dict[str, int] = {}
         self._labels: dict[str, tuple[str, str]] = {}
@@ -80,10 +85,8 @@ class AgentMetrics:
             lab = self._labels.pop(e.key, None)
         if lab is not None:
             for gauge in (self.predicted, self.observed):
-                try:
+                with contextlib.suppress(KeyError):
                     gauge.remove(*lab)
-                except KeyError:
-                    pass
         if peak:
             self.error_ratio.observe(peak / e.bytes)
         return peak

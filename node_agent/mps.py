@@ -12,6 +12,7 @@ so the tests drive it with a fake executable on ``PATH`` that records what it re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -137,10 +138,8 @@ class MPSManager:
     def stop(self) -> None:
         """Ask the daemon to quit (best effort: it may already be gone)."""
         with self._lock:
-            try:
+            with contextlib.suppress(MPSError):
                 self.control("quit")
-            except MPSError:
-                pass
             self.healthy, self.message = False, "stopped"
 
     def run_forever(self, interval: float, stop: threading.Event) -> None:

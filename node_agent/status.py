@@ -15,14 +15,14 @@ from typing import Any, Protocol
 
 from gnnsched.contract import (
     API_VERSION,
-    GPUJob,
     GPUNODE_KIND,
     GPUNODE_PLURAL,
+    GROUP,
+    VERSION,
+    GPUJob,
     GPUNodeStatus,
     GPUStatus,
-    GROUP,
     MPSStatus,
-    VERSION,
 )
 from gnnsched.gpu_backend import GPUInfo
 from gnnsched.gpus import match_device_name
@@ -59,7 +59,9 @@ def build_status(
             max_clients=g.max_clients, running=[_job(e, now) for e in running],
             queued=[_job(e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
-    return GPUNodeStatus(node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus)
+    return GPUNodeStatus(
+        node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus
+    )
 
 
 class StatusSink(Protocol):

@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field, model_validator
 from gnnsched import __version__
 from gnnsched.contract import (
     ANN_JOB,
+    API_VERSION,
     GNNJOB_KIND,
     GNNJOB_PLURAL,
     GROUP,
@@ -41,7 +42,6 @@ from gnnsched.contract import (
     QUEUE_PRIORITY_BASE,
     SCHEDULER_NAME,
     VERSION,
-    API_VERSION,
 )
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
@@ -79,7 +79,7 @@ class OperatorConfig(BaseModel):
     queue_priority_per_doubling: int = DEFAULT_PER_DOUBLING
 
     @model_validator(mode="after")
-    def _queue_order_valid(self) -> "OperatorConfig":
+    def _queue_order_valid(self) -> OperatorConfig:
         self.queue_order()  # QueueOrderError (a ValueError) names the field
         return self
 
@@ -377,8 +377,12 @@ class Operator:
         self._write(body, status, new, message=_estimated_message(plan))
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
-        pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name,
-                                                priority_class), kind="Pod")
+        pod = self._ensure(
+            ref,
+            body,
+            build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name, priority_class),
+            kind="Pod",
+        )
         self._apply_pod(body, status, pod, deleted=False)
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
@@ -552,7 +556,12 @@ class Operator:
             self._write(job, status, new, message=f"{detail}; retrying ({next_attempt} of {limit})")
             self.metrics.retries.labels(str(view.failure_reason or "Error")).inc()
             self._event(job, "Normal", "Retrying", f"creating pod {pod_name(ref.name, next_attempt)}")
-            pod = self._ensure(ref, job, build_pod(job, spec, plan, next_attempt, self.config.image, self.config.scheduler_name), kind="Pod")
+            pod = self._ensure(
+                ref,
+                job,
+                build_pod(job, spec, plan, next_attempt, self.config.image, self.config.scheduler_name),
+                kind="Pod",
+            )
             self._apply_pod(job, status, pod, deleted=False)
             return
         new["phase"] = "Failed"

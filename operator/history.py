@@ -12,8 +12,9 @@ nothing about how long the job takes.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 def record_from_job(job: Any, gpu_models: dict[str, str] | None = None) -> dict[str, Any] | None:

@@ -241,7 +241,9 @@ class Planner:
             try:
                 runtime_gpu = get_gpu_model(self.default_gpu_model)
             except KeyError:
-                raise PlanError("InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}") from None
+                raise PlanError(
+                    "InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}"
+                ) from None
 
         req_cpu, req_memory, cpu, memory, scaled_runtime, note = self._resources(spec, runtime_gpu)
         if scaled_runtime is not None and scaled_runtime > 0:

@@ -127,7 +127,10 @@ def test_rbac_has_no_wildcards(chart, name):
 def _permissions(docs: list[dict], component: str) -> set[tuple[str, str, str]]:
     perms = set()
     for doc in docs:
-        if doc["kind"] in ("Role", "ClusterRole") and doc["metadata"]["labels"]["app.kubernetes.io/component"] == component:
+        if (
+            doc["kind"] in ("Role", "ClusterRole")
+            and doc["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        ):
             for rule in doc["rules"]:
                 for group in rule["apiGroups"]:
                     for resource in rule["resources"]:
@@ -141,7 +144,12 @@ def test_each_component_gets_only_what_it_uses(chart):
     operator, scheduler, node = (_permissions(docs, c) for c in ("operator", "scheduler", "node"))
     # the operator creates pods and writes GNNJob status, and never binds or touches GPUNodes
     assert ("", "pods", "create") in operator and ("gnnsched.io", "gnnjobs/status", "patch") in operator
-    assert not {p for p in operator if p[1] in ("pods/binding", "bindings") or (p[1] == "gpunodes" and p[2] != "get" and p[2] not in ("list", "watch"))}
+    assert not {
+        p
+        for p in operator
+        if p[1] in ("pods/binding", "bindings")
+        or (p[1] == "gpunodes" and p[2] != "get" and p[2] not in ("list", "watch"))
+    }
     # the scheduler + extender bind and read GPUNodes, never write them or create pods
     assert ("", "pods/binding", "create") in scheduler and ("gnnsched.io", "gpunodes", "watch") in scheduler
     assert not {p for p in scheduler if p[0] == "gnnsched.io" and p[2] not in ("get", "list", "watch")}
@@ -152,7 +160,11 @@ def test_each_component_gets_only_what_it_uses(chart):
     assert not {p for p in node if p[1] == "gnnjobs" and p[2] != "get"}
     # only the scheduler's leader-election Role touches leases, and only its own by name for updates
     lease_rules = [
-        r for d in docs if d["kind"] == "Role" for r in d["rules"] if "leases" in r["resources"] and "update" in r["verbs"]
+        r
+        for d in docs
+        if d["kind"] == "Role"
+        for r in d["rules"]
+        if "leases" in r["resources"] and "update" in r["verbs"]
     ]
     assert lease_rules and all(r.get("resourceNames") == ["gnnsched-scheduler"] for r in lease_rules)
 
@@ -172,7 +184,11 @@ def test_scheduler_config_points_to_the_sidecar_and_manages_gpu_share(chart, nam
     sidecar = containers(docs)["extender"]
     port = arg_value(sidecar, "--port")
     assert extender["urlPrefix"] == f"http://127.0.0.1:{port}" and arg_value(sidecar, "--host") == "127.0.0.1"
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+        "filter",
+        "prioritize",
+        "bind",
+    )
     assert extender["nodeCacheCapable"] is True
     assert {"name": contract.GPU_SHARE_RESOURCE, "ignoredByScheduler": True} in extender["managedResources"]
     # the chart's configuration is the Python package's (its source of truth) with the same settings
@@ -205,7 +221,10 @@ def test_daemonset_mounts_match_the_components_defaults(chart):
     assert arg_value(agent, "--metrics-port") == str(contract.DEFAULT_AGENT_METRICS_PORT)
     # paths a container opens itself are mounted at the same place as on the host (the device plugin's
     # --gate-socket and --mps-pipe-dir are host paths it hands to kubelet in Allocate, so only its plugin dir counts)
-    for container, flags in ((agent, ("--gate-socket", "--mps-pipe-dir", "--mps-log-dir")), (plugin, ("--plugin-dir",))):
+    for container, flags in (
+        (agent, ("--gate-socket", "--mps-pipe-dir", "--mps-log-dir")),
+        (plugin, ("--plugin-dir",)),
+    ):
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         for flag in flags:
             value = arg_value(container, flag)
@@ -238,8 +257,13 @@ def test_metrics_off_renders_no_metrics_services(chart):
     assert not [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics")]
     assert arg_value(containers(docs)["operator"], "--metrics-port") == "0"
     operator = containers(render(chart, {}))["operator"]
-    assert arg_value(operator, "--metrics-port") == "9402" and {"name": "metrics", "containerPort": 9402} in operator["ports"]
-    assert not by_kind(docs, "ServiceMonitor") and not [d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]]
+    assert (
+        arg_value(operator, "--metrics-port") == "9402"
+        and {"name": "metrics", "containerPort": 9402} in operator["ports"]
+    )
+    assert not by_kind(docs, "ServiceMonitor") and not [
+        d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]
+    ]
     docs = render(chart, VALUE_SETS["servicemonitor-on"])
     monitors = by_kind(docs, "ServiceMonitor")
     assert len(monitors) == 3 and all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
@@ -252,7 +276,10 @@ def test_custom_names_apply_everywhere(chart):
     names = [d["metadata"]["name"] for d in docs]
     assert all(n.startswith("acme-gpu-share") for n in names), names
     operator = containers(docs)["operator"]
-    assert [a for a in operator["args"] if a.startswith("--namespace=")] == ["--namespace=ml-team-a", "--namespace=ml-team-b"]
+    assert [a for a in operator["args"] if a.startswith("--namespace=")] == [
+        "--namespace=ml-team-a",
+        "--namespace=ml-team-b",
+    ]
     env = {e["name"]: e.get("value") for e in operator["env"]}
     assert env["GNNSCHED_SCHEDULER_NAME"] == "acme-gnn-scheduler"
 
@@ -270,9 +297,16 @@ def test_dashboard_is_labelled_for_the_grafana_sidecar_and_uses_real_metrics(cha
     for source in [p for c in ("node_agent", "extender", "operator") for p in (ROOT / c).rglob("*.py")]:
         defined |= set(re.findall(r'"(gnnsched_[a-z_]+)"', source.read_text()))
     assert used and used <= defined, f"dashboard queries metrics no component exports: {used - defined}"
-    for needed in ("gnnsched_gpu_memory_committed_bytes", "gnnsched_gpu_memory_used_bytes", "gnnsched_gate_queue_length",
-                   "gnnsched_gate_admission_wait_seconds", "gnnsched_job_prediction_error_ratio", "gnnsched_mps_daemon_up",
-                   "gnnsched_operator_jobs", "gnnsched_operator_runtime_prediction_ratio"):
+    for needed in (
+        "gnnsched_gpu_memory_committed_bytes",
+        "gnnsched_gpu_memory_used_bytes",
+        "gnnsched_gate_queue_length",
+        "gnnsched_gate_admission_wait_seconds",
+        "gnnsched_job_prediction_error_ratio",
+        "gnnsched_mps_daemon_up",
+        "gnnsched_operator_jobs",
+        "gnnsched_operator_runtime_prediction_ratio",
+    ):
         assert needed in used
 
 

@@ -41,7 +41,10 @@ TORCH_OOM = (
     ("text", "outcome"),
     [
         (TORCH_OOM, "memory-exceeded"),
-        ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", "memory-exceeded"),
+        (
+            "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",
+            "memory-exceeded",
+        ),
         ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "memory-exceeded"),
         ("RuntimeError: CUDA error: an illegal memory access was encountered", "fault"),
         ("cudaErrorMpsClientTerminated: the MPS client has been terminated by the server", "fault"),

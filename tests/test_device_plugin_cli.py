@@ -9,8 +9,8 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
-
 from dp_test_kubelet import TestKubelet
+
 from gnnsched import contract
 from gnnsched.contract import GPUNodeStatus, MPSStatus
 from gnnsched.gpu_backend import NVMLBackend, NVMLUnavailableError
@@ -33,8 +33,10 @@ def test_cli_registers_follows_status_file_and_stops_on_sigterm(tmp_path):
         devices = kubelet.latest()
         assert len(devices) == 6
         assert set(devices.values()) == {"Unhealthy"}  # no agent status file yet
-        write_status_file(status_file_path(pipe),
-                          GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)))
+        write_status_file(
+            status_file_path(pipe),
+            GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)),
+        )
         assert kubelet.wait_for(lambda: set(kubelet.latest().values()) == {"Healthy"}, timeout=10)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0

@@ -12,6 +12,7 @@ waiting client gets admitted once the running ones exit (liveness).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -130,8 +131,8 @@ def test_gate_books_invariant_under_random_events(policy: Policy, events: list[t
             if target is not None:
                 # Re-request or claim to be running under a live key: refused, books untouched.
                 for attempt in (
-                    lambda: books.enqueue(target.key, pod_uid=target.key, bytes=ev[2] * UNIT),
-                    lambda: books.restore(target.key, pod_uid=target.key, bytes=ev[2] * UNIT, gpu_uuid="GPU-9"),
+                    partial(books.enqueue, target.key, pod_uid=target.key, bytes=ev[2] * UNIT),
+                    partial(books.restore, target.key, pod_uid=target.key, bytes=ev[2] * UNIT, gpu_uuid="GPU-9"),
                 ):
                     try:
                         attempt()

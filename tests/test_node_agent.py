@@ -64,7 +64,10 @@ async def agent(tmp_path, monkeypatch):
 async def _admit(a: NodeAgent, pod: dict) -> tuple[dict, asyncio.StreamWriter]:
     r, w = await asyncio.open_unix_connection(str(a.opts.gate_socket))
     m = pod["metadata"]
-    w.write(json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode() + b"\n")
+    w.write(
+        json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode()
+        + b"\n"
+    )
     while True:
         msg = json.loads(await asyncio.wait_for(r.readline(), 5))
         if msg["status"] != "queued":
@@ -142,7 +145,10 @@ async def test_mps_down_blocks_admission_until_restarted(agent: Harness) -> None
     await agent._sample()
     r, w = await asyncio.open_unix_connection(str(agent.opts.gate_socket))
     m = pod["metadata"]
-    w.write(json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode() + b"\n")
+    w.write(
+        json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode()
+        + b"\n"
+    )
     assert json.loads(await asyncio.wait_for(r.readline(), 5))["status"] == "queued"
     (h.tmp / "mps" / "fail-start").unlink()
     await asyncio.to_thread(agent.mps.check)
@@ -197,7 +203,10 @@ def test_cli_nvml_unavailable_is_one_line(tmp_path) -> None:
 def test_gate_client_errors(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GNNSCHED_")}
     cp = _cli("gate", "--", "true", env=env)
-    assert cp.returncode == 2 and cp.stderr.strip() == "error: GNNSCHED_POD_UID: not set (the pod's downward API must provide it)"
+    assert (
+        cp.returncode == 2
+        and cp.stderr.strip() == "error: GNNSCHED_POD_UID: not set (the pod's downward API must provide it)"
+    )
     env.update(GNNSCHED_POD_UID="u", GNNSCHED_POD_NAME="n", GNNSCHED_POD_NAMESPACE="d")
     cp = _cli("gate", "--", env=env)
     assert cp.returncode == 2 and "COMMAND: missing" in cp.stderr
@@ -216,7 +225,10 @@ async def test_live_memory_check(agent: Harness) -> None:
     await agent._sample()
     r, w = await asyncio.open_unix_connection(str(agent.opts.gate_socket))
     m = pod["metadata"]
-    w.write(json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode() + b"\n")
+    w.write(
+        json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode()
+        + b"\n"
+    )
     assert json.loads(await asyncio.wait_for(r.readline(), 5))["status"] == "queued"
     h.fake.set_used_bytes(1, 10 * GiB)
     await agent._sample()  # memory came back on GPU 1: the sampler triggers a decision

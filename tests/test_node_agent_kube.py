@@ -68,7 +68,10 @@ async def _server(tmp_path, api, name: str) -> GateServer:
 async def _admit(sock, pod: dict) -> tuple[dict, asyncio.StreamWriter]:
     r, w = await asyncio.open_unix_connection(str(sock))
     m = pod["metadata"]
-    w.write(json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode() + b"\n")
+    w.write(
+        json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode()
+        + b"\n"
+    )
     return json.loads(await asyncio.wait_for(r.readline(), 10)), w
 
 

@@ -164,8 +164,8 @@ async def test_handlers_never_raise_on_malformed_or_partial_objects(tmp_path: Pa
     """Each handler entry point, fed junk, returns normally (a reportable job gets a condition)."""
     from operator_harness import emulated_cluster
 
-    from gnnsched.operator.handlers import Operator, OperatorConfig
     from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.handlers import Operator, OperatorConfig
     from gnnsched.operator.kube import Kube
     from gnnsched.operator.planning import Planner
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shared_data import DATA
 
 from gnnsched.gpus import GiB, get_gpu_model
 from gnnsched.simulator.adapters import Integrations
@@ -17,7 +18,6 @@ from gnnsched.simulator.metrics import summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import GNNSCHED_POLICIES, PolicyError, parse_policies, parse_policy
 from gnnsched.simulator.workloads import WorkloadError, load_workload_file
-from shared_data import DATA
 
 V100 = "V100-32GB"
 CAP = get_gpu_model(V100).memory_bytes

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-
 import pytest
+from shared_data import DATA
 
 from gnnsched.gpus import get_gpu_model
 from gnnsched.interference import load_default as load_interference
@@ -13,8 +13,6 @@ from gnnsched.simulator.engine import Simulation
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import parse_policy
 from gnnsched.simulator.workloads import COGNN_DATASETS, GNNSCHED_DATASETS, cognn, gnnsched_queue, resource_demand
-from shared_data import DATA
-
 
 
 @pytest.mark.parametrize("queue", ["gcn", "sage", "gat", "gin"])

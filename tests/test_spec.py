@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from crd_schema import ROOT, load_crd, structural_problems, validate, version_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crd_schema import ROOT, load_crd, structural_problems, validate, version_schema
 from gnnsched.contract import GPUJob, GPUNodeStatus, GPUStatus, MPSStatus
 from gnnsched.datasets import dataset_names, get_dataset
 from gnnsched.spec import LIMITS, SpecError, load_job, parse_job
@@ -114,10 +114,7 @@ def test_limits_match_the_crd():
     for path, (low, high) in LIMITS.items():
         node = spec
         for part in path.removeprefix("spec.").split("."):
-            if part.endswith("[]"):
-                node = node["properties"][part[:-2]]["items"]
-            else:
-                node = node["properties"][part]
+            node = node["properties"][part[:-2]]["items"] if part.endswith("[]") else node["properties"][part]
         assert (node["minimum"], node["maximum"]) == (low, high), path
 
 
@@ -201,7 +198,14 @@ _spec_parts = st.fixed_dictionaries(
         "graph": st.one_of(
             st.fixed_dictionaries({"dataset": st.sampled_from(["cora", "pubmed", "Cora", "nope"])}),
             st.fixed_dictionaries(
-                {}, optional={"nodes": _ints, "edges": _ints, "features": _ints, "classes": _ints, "dataset": st.just("dd")}
+                {},
+                optional={
+                    "nodes": _ints,
+                    "edges": _ints,
+                    "features": _ints,
+                    "classes": _ints,
+                    "dataset": st.just("dd"),
+                },
             ),
         ),
     },
@@ -210,11 +214,16 @@ _spec_parts = st.fixed_dictionaries(
         "requests": _ints,
         "parallelism": _ints,
         "batching": st.fixed_dictionaries(
-            {}, optional={"mode": st.sampled_from(["full", "minibatch"]), "batchSize": _ints,
-                          "fanouts": st.lists(st.integers(-1, 1200), max_size=5)}
+            {},
+            optional={
+                "mode": st.sampled_from(["full", "minibatch"]),
+                "batchSize": _ints,
+                "fanouts": st.lists(st.integers(-1, 1200), max_size=5),
+            },
         ),
         "resources": st.fixed_dictionaries(
-            {}, optional={"cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]), "memory": st.sampled_from(["1Gi", "1Gb"])}
+            {},
+            optional={"cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]), "memory": st.sampled_from(["1Gi", "1Gb"])},
         ),
         "qosTargetSeconds": st.floats(-1, 10),
         "backoffLimit": _ints,

@@ -17,10 +17,10 @@ agent's grouping policy and the gate invariant); the engine only keeps the books
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from gnnsched import queue_order
 from gnnsched.gpus import get_gpu_model
@@ -43,7 +43,7 @@ class GpuState:
     __slots__ = ("gid", "node", "index", "model", "total", "reserve", "running", "waiting", "used", "committed",
                  "sm_now", "mem_now", "bandwidth", "link", "max_clients", "free_view")
 
-    def __init__(self, gid: int, node: "NodeState", index: int, model: str, reserve: int) -> None:
+    def __init__(self, gid: int, node: NodeState, index: int, model: str, reserve: int) -> None:
         gm = get_gpu_model(model)
         self.gid = gid
         self.node = node
@@ -742,7 +742,7 @@ class Simulation:
         heap = self.heap
         push = heapq.heappush
         seq = self.seq
-        for r, s in zip(runs, slow):
+        for r, s in zip(runs, slow, strict=True):
             rate = r.rate = 1.0 / s
             r.slowdown = s
             token = r.token = r.token + 1
@@ -752,7 +752,7 @@ class Simulation:
                 out.slowdown_max = s
             rem = r.remaining
             seq += 1
-            push(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
+            push(heap, (now + (0.0 if rem < 0.0 else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
         self.seq = seq
         sm = min(sm, 1.0)
         mem = min(gpu.used, gpu.total)

@@ -6,8 +6,9 @@ policies are the policies' alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import ClusterSpec

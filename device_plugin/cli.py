@@ -81,7 +81,7 @@ def run(
     plugin = DevicePlugin(backend, config, health)
     done = threading.Event()
 
-    def _on_signal(signum, frame):  # noqa: ARG001
+    def _on_signal(signum: int, frame: object) -> None:  # noqa: ARG001
         log.info("signal %d: stopping", signum)
         done.set()
 

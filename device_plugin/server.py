@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -229,7 +230,7 @@ class DevicePlugin:
             try:
                 self._register()
             except grpc.RpcError as exc:
-                msg = f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+                msg = f"{exc.code().name}: {exc.details()}"
                 if msg != last_error:
                     log.warning("registration with kubelet at %s failed: %s", self.config.kubelet_socket, msg)
                     last_error = msg
@@ -295,10 +296,10 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, plugin: DevicePlugin) -> None:
         self.p = plugin
 
-    def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method names
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method names
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request, context) -> Iterator[pb.ListAndWatchResponse]:  # noqa: N802
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
         p = self.p
         sent = -1
         while context.is_active() and not p._stop.is_set():
@@ -310,7 +311,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             sent, resp = p._device_list()
             yield resp
 
-    def GetPreferredAllocation(self, request, context):  # noqa: N802
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self.p._cond:
             by_id = self.p._state.by_id
         out = pb.PreferredAllocationResponse()
@@ -324,7 +325,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             out.container_responses.add(deviceIDs=ids)
         return out
 
-    def Allocate(self, request, context):  # noqa: N802
+    def Allocate(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self.p._cond:
             by_id, gpus = self.p._state.by_id, self.p._state.gpus
         out = pb.AllocateResponse()
@@ -335,7 +336,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"container_requests[{i}]: {exc}")
         return out
 
-    def PreStartContainer(self, request, context):  # noqa: N802
+    def PreStartContainer(self, request: Any, context: Any) -> Any:  # noqa: N802
         return pb.PreStartContainerResponse()
 
 

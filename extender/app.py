@@ -126,11 +126,11 @@ class _RecentNames:
 
     def lookup(self, cache: ClusterCache, names: list) -> tuple[np.ndarray, dict]:
         n_nodes = cache.node_count
-        for i, (count, cached, rows, extra) in enumerate(self._entries):
+        for i, (count, cached, cached_rows, cached_extra) in enumerate(self._entries):
             if count == n_nodes and len(cached) == len(names) and cached == names:
                 if i:
                     self._entries.insert(0, self._entries.pop(i))
-                return rows, extra
+                return cached_rows, cached_extra
         rows = _rows(cache, names)
         extra: dict = {}
         self._entries.insert(0, (n_nodes, names, rows, extra))

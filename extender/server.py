@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -103,7 +104,7 @@ def serve(opts: ExtenderOptions) -> None:
     # spike. Move everything alive now (the filled cache) out of the collector's generations.
     gc.collect()
     gc.freeze()
-    common = {"log_level": opts.log_level, "access_log": False}
+    common: dict[str, Any] = {"log_level": opts.log_level, "access_log": False}
     if opts.metrics_port is None:
         uvicorn.run(app, host=opts.host, port=opts.port, **common)
         return

@@ -42,6 +42,12 @@ def _status_of(obj: dict) -> GPUNodeStatus | None:
         return None
 
 
+
+def _resource_version(resp: Any) -> str:
+    """The list's resourceVersion, to watch from (empty when the server sent no list metadata)."""
+    meta = getattr(resp, "metadata", None)
+    return (getattr(meta, "resource_version", None) or "") if meta is not None else ""
+
 class ClusterWatcher:
     """List-then-watch loops for the three kinds the cache needs."""
 
@@ -85,15 +91,16 @@ class ClusterWatcher:
 
     def _list_gpunodes(self) -> tuple[list[dict], str]:
         resp = self.custom.list_cluster_custom_object(GROUP, VERSION, GPUNODE_PLURAL)
-        return resp.get("items", []), (resp.get("metadata") or {}).get("resourceVersion", "")
+        body: dict[str, Any] = resp if isinstance(resp, dict) else {}
+        return body.get("items", []), (body.get("metadata") or {}).get("resourceVersion", "")
 
     def _list_nodes(self) -> tuple[list[dict], str]:
         resp = self.core.list_node()
-        return [self.api.sanitize_for_serialization(n) for n in resp.items], resp.metadata.resource_version or ""
+        return [self.api.sanitize_for_serialization(n) for n in resp.items], _resource_version(resp)
 
     def _list_pods(self) -> tuple[list[dict], str]:
         resp = self.core.list_pod_for_all_namespaces(field_selector=f"spec.schedulerName={SCHEDULER_NAME}")
-        return [self.api.sanitize_for_serialization(p) for p in resp.items], resp.metadata.resource_version or ""
+        return [self.api.sanitize_for_serialization(p) for p in resp.items], _resource_version(resp)
 
     def initial_sync(self) -> dict[str, str]:
         """List everything once; returns the resourceVersions to watch from."""

@@ -8,15 +8,15 @@ cannot drift apart. Components import this module; none of them defines its own 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 from pydantic.alias_generators import to_camel
 
 GROUP = "gnnsched.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-GNNJOB_KIND = "GNNJob"
+API_VERSION: Final = "gnnsched.io/v1alpha1"  # f"{GROUP}/{VERSION}", spelled out so type checkers see the literal
+GNNJOB_KIND: Final = "GNNJob"
 GNNJOB_PLURAL = "gnnjobs"
 GPUNODE_KIND = "GPUNode"
 GPUNODE_PLURAL = "gpunodes"

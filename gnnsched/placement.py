@@ -361,7 +361,8 @@ def set_gpu_derived(
     used_f = float(used)
     qb = float(qbytes)
     # one pass for both sums, in the order of ``running`` as sum() adds them (from the int 0)
-    sum_sm = sum_mem = 0
+    sum_sm: float = 0  # an int 0 until the first job, as sum() starts
+    sum_mem: float = 0
     for job in running:
         sum_sm += job[2]
         sum_mem += job[3]
@@ -607,17 +608,18 @@ def fit_summary(
     fit_cells = a["avail"].take(rows, axis=1) >= b
     fit_cells &= good
     waits = good ^ fit_cells  # good & ~fits_now
-    with_frag = above is not None and len(above) > 1
+    frag_above = above if above is not None and len(above) > 1 else None
+    cost: np.ndarray | None
     if interference_aware:
         cost = a[f"slow_{intensity_key(intensity)}"].take(rows, axis=1)  # a fresh array (written below)
         low = np.where(waits, cost, _INF32)
     else:  # slowdown 1 everywhere
-        cost = None if with_frag else np.ones(good.shape, dtype=a["free32"].dtype)
+        cost = None if frag_above is not None else np.ones(good.shape, dtype=a["free32"].dtype)
         low = np.where(waits, _ONE32, _INF32)
-    if with_frag:
+    if frag_above is not None:
         shifted = a["free32"].take(rows, axis=1)
         shifted -= np.float32(b)
-        d_frag = _frag_owned(shifted, above)
+        d_frag = _frag_owned(shifted, frag_above)
         d_frag -= a["frag0"].take(rows, axis=1)
         d_frag *= a["fscale"].take(rows, axis=1)
         if cost is None:
@@ -625,6 +627,7 @@ def fit_summary(
             cost = d_frag
         else:
             cost += d_frag
+    assert cost is not None  # set above: by the interference branch, the plain branch or the fragmentation term
     fit = np.where(fit_cells, cost, _INF32)
     return (np.minimum.reduce(fit, axis=0), fit.argmin(axis=0), np.minimum.reduce(low, axis=0),
             np.logical_or.reduce(good, axis=0))

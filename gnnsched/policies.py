@@ -310,7 +310,7 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
     spent: dict[int, int] = {}  # overtakes charged so far in this decision, per skipped position
     # suffix minimum of the sizes (taken tasks included: still a lower bound), so a scan stops as soon as nothing
     # further down the order can fit the room left, instead of walking the whole queue on every GPU
-    floor = [0] * n
+    floor: list[float] = [0.0] * n
     m = math.inf
     for j in range(n - 1, -1, -1):
         b = order[j].bytes

@@ -158,7 +158,7 @@ class GraphSpec(_Spec):
         if self.dataset is not None:
             d = get_dataset(self.dataset)
             return GraphDims(nodes=d.nodes, edges=d.edges, features=d.features, classes=d.classes, dataset=d.name)
-        return GraphDims(nodes=self.nodes, edges=self.edges, features=self.features, classes=self.classes)  # type: ignore[arg-type]
+        return GraphDims(nodes=self.nodes, edges=self.edges, features=self.features, classes=self.classes)
 
 
 class BatchingSpec(_Spec):

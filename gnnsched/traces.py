@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -215,7 +216,7 @@ class PodTable:
     @staticmethod
     def concat(tables: Sequence[PodTable]) -> PodTable:
         first = tables[0]
-        out = {}
+        out: dict[str, Any] = {}
         for field in first.__dataclass_fields__:
             values = [getattr(t, field) for t in tables]
             out[field] = np.concatenate(values) if isinstance(values[0], np.ndarray) else sum(values, ())

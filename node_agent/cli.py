@@ -130,9 +130,9 @@ def node_agent(
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
-    from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier
+    from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier, PodLookup
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
-    from gnnsched.node_agent.status import FileStatusSink
+    from gnnsched.node_agent.status import FileStatusSink, StatusSink
 
     if peer_check == "cgroup" and not IS_LINUX:
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")
@@ -147,6 +147,7 @@ def node_agent(
         fail(f"--gpus {gpus}: no GPUs found", code=1)
 
     name = node_name or socket.gethostname()
+    pods: PodLookup
     if pods_file is not None:
         pods = FilePodLookup(pods_file)
     else:
@@ -156,6 +157,7 @@ def node_agent(
             pods = KubePodLookup()
         except Exception as exc:
             fail(f"--pods-file: not given and no Kubernetes API reachable ({exc})", code=1)
+    sink: StatusSink
     if status_file is not None:
         sink = FileStatusSink(status_file)
     else:

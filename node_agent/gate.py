@@ -342,7 +342,8 @@ class GateServer:
             self.decide()
             if not conn.admitted.done():
                 await self._send(writer, Queued(position=len(self.books.queued)))
-            done, _ = await asyncio.wait({conn.admitted, eof}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {conn.admitted, eof}
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if conn.admitted.done():
                 d = conn.admitted.result()
                 admitted = True

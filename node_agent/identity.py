@@ -251,7 +251,10 @@ class KubePodLookup:
             obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, GNNJOB_PLURAL, name)
         except ApiException:
             return None
-        return str(obj.get("metadata", {}).get("uid", "")) or None
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict):
+            return None
+        return str(meta.get("uid", "")) or None
 
     def _info(self, pod: Any) -> PodInfo:
         obj = self._core.api_client.sanitize_for_serialization(pod)

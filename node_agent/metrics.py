@@ -109,9 +109,9 @@ class AgentMetrics:
             for key, pid in pids.items():
                 if key in books.running and pid in by_pid:
                     self._peaks[key] = max(self._peaks.get(key, 0), by_pid[pid])
-                    lab = self._labels.get(key)
-                    if lab is not None:
-                        self.observed.labels(*lab).set(self._peaks[key])
+                    pod_labels = self._labels.get(key)
+                    if pod_labels is not None:
+                        self.observed.labels(*pod_labels).set(self._peaks[key])
 
     def mps(self, up: bool, restarts: int) -> None:
         self.mps_up.set(1 if up else 0)

@@ -38,7 +38,7 @@ def _job(e: Entry, now: float) -> GPUJob:
         remaining = max(0.0, e.qt_seconds - max(0.0, now - started))
     intensity = e.intensity if e.intensity in ("memory", "compute") else None
     return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
-                  predicted_remaining_seconds=remaining, intensity=intensity)  # type: ignore[arg-type]
+                  predicted_remaining_seconds=remaining, intensity=intensity)
 
 
 def build_status(

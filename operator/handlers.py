@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -161,7 +161,8 @@ class Operator:
         import kopf
 
         try:
-            kopf.event(_event_target(body), type=type_, reason=reason, message=message[:1000])
+            target = kopf.Body(cast(kopf.RawBody, _event_target(body)))
+            kopf.event(target, type=type_, reason=reason, message=message[:1000])
         except Exception:  # noqa: BLE001 - an event is informative; failing to post must not fail the handler
             log.warning("could not post event %s for %s", reason, _dict(body.get("metadata")).get("name"))
 
@@ -200,7 +201,7 @@ class Operator:
 
     # ------------------------------------------------------------------ handlers (kopf entry points)
 
-    def on_job(self, body: Any, logger: logging.Logger | None = None, **_: Any) -> None:
+    def on_job(self, body: Any, logger: logging.Logger | logging.LoggerAdapter[Any] | None = None, **_: Any) -> None:
         """Create/resume: plan and ensure the pod. Transient API errors are retried by kopf; others are reported."""
         import kopf
 
@@ -579,7 +580,8 @@ class Operator:
                  self.kube.list_pods(namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},"
                                                 f"{LABEL_JOB_NAME}={job_label(name)}")
                  if isinstance(p.get("metadata"), dict)}
-        attempts = status.get("attempts") if isinstance(status.get("attempts"), int) else 1
+        raw_attempts = status.get("attempts")
+        attempts = raw_attempts if isinstance(raw_attempts, int) else 1
         names |= {pod_name(name, a) for a in range(max(attempts, 1))}
         deleted = [pod for pod in sorted(names) if self.kube.delete_pod(namespace, pod)]
         self.kube.delete_config_map(namespace, config_map_name(name))
@@ -632,7 +634,7 @@ def build_registry(op: Operator) -> Any:
 
         return connection_info(op.kube.configuration)
 
-    jobs = dict(group=GROUP, version=VERSION, plural=GNNJOB_PLURAL, registry=registry)
+    jobs: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=GNNJOB_PLURAL, registry=registry)
     kopf.on.create(**jobs, id="reconcile-create")(op.on_job)
     kopf.on.resume(**jobs, id="reconcile-resume")(op.on_job)
     kopf.on.delete(**jobs, id="cleanup")(op.on_delete)

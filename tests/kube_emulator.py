@@ -127,7 +127,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             meta["generation"] = 1
             return
         key = (request.resource, request.namespace, request.name)
-        stored = self._objects.get(key, None)
+        stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 - kmock's ObjectsArray has no get()
         if stored is None or stored.deleted:
             return  # kmock answers 404 itself
         if request.action == enums.action.UPDATE:

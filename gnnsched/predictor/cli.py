@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from gnnsched.cliutil import fail, user_errors
+
+if TYPE_CHECKING:  # the models import xgboost and torch: loaded by the command that needs them
+    from gnnsched.predictor.gnn import GNNRuntimePredictor
+    from gnnsched.predictor.requests_model import RequestsRuntimeModel
 
 app = typer.Typer(
     name="predictor",
@@ -92,6 +96,7 @@ def train(
         if bool(data) == (from_history is not None):
             fail("give exactly one of --data CSV... or --from-history FILE")
         fixed = _parse_params(params)
+        model: RequestsRuntimeModel | GNNRuntimePredictor  # one of two model kinds, each saved as its own JSON
         if data:
             from gnnsched.predictor.requests_model import RequestsRuntimeModel
 

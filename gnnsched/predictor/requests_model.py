@@ -76,7 +76,7 @@ def select_params(table: PodTable, folds: int = 4) -> tuple[dict[str, Any], list
     ordered = table.time_ordered()
     x, y = table_features(ordered), ordered.runtime_seconds
     n = len(y)
-    scores = []
+    scores: list[dict[str, Any]] = []
     for values in itertools.product(*PARAM_GRID.values()):
         params = dict(zip(PARAM_GRID, values, strict=True))
         fold_scores = []

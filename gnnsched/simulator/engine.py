@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
+
+if TYPE_CHECKING:  # adapters imports this module's state classes at run time
+    from gnnsched.simulator.adapters import Integrations
 
 ARRIVE, FINISH, RETRY, STARTED = 0, 1, 2, 3
 MPS_BASE_CLIENTS = 4
@@ -90,7 +94,7 @@ class Run:
                  "out", "sm_util", "intensity", "admit_bytes")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
-                 out: JobOutcome | None = None) -> None:
+                 out: JobOutcome) -> None:
         self.job = job
         self.out = out  # the job's outcome record (read at every re-rating)
         prof = job.profile(gpu.model)
@@ -154,7 +158,7 @@ def feasible_nodes_to_find(n: int) -> int:
 class Simulation:
     """One workload, one cluster, one policy."""
 
-    def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations,
+    def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations: Integrations,
                  *, horizon: float | None = None, max_clients: int | None = None, reserve_bytes: int = 0,
                  startup_s: float = STARTUP_S, record_timeline: bool = True,
                  progress: Callable[[int, int], None] | None = None) -> None:
@@ -185,6 +189,7 @@ class Simulation:
         if not self.gpu_nodes:
             raise ValueError("cluster: no node has a GPU")
         cap = policy.max_clients or max_clients
+        self.per_gpu_cap: int | None
         if self.base in ("exclusive", "srtf", "drf", "temporal"):
             self.per_gpu_cap = 1
         elif self.base == "mps-base":
@@ -262,7 +267,7 @@ class Simulation:
         self.memh_capacity = float(sum(n.spec.memory_bytes for n in self.nodes))
 
     # ------------------------------------------------------------------ events
-    def _push(self, t: float, kind: int, payload, token: int = 0) -> None:
+    def _push(self, t: float, kind: int, payload: Any, token: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, payload, token))
 
@@ -416,6 +421,7 @@ class Simulation:
         k = self.queue_buckets.get(job.id)
         if k is None:
             seconds = self._predicted(job) * (job.scaled_solo_factor if self.policy.scaling else 1.0)
+            assert self.queue_order is not None  # buckets are asked for only under an SJF policy
             k = self.queue_buckets[job.id] = self.queue_order.bucket(seconds)
         return k
 
@@ -511,7 +517,7 @@ class Simulation:
         self.rr = (int(rolled[-1]) + 1) % len(self.nodes)
         return rolled
 
-    def _place(self, job: SimJob):
+    def _place(self, job: SimJob) -> NodeState | Literal["never"] | None:
         """Bind ``job`` to a node (and for baselines a GPU). None: not now; "never": on no node ever."""
         out = self.outcomes[job.id]
         if self.is_gnnsched:
@@ -556,7 +562,7 @@ class Simulation:
         self.cpu_alloc_now -= out.cpu_milli
         self.memh_alloc_now -= out.memory_bytes
 
-    def _place_gnnsched(self, job: SimJob, out: JobOutcome):
+    def _place_gnnsched(self, job: SimJob, out: JobOutcome) -> NodeState | Literal["never"] | None:
         decision = self.ix.place(self, job, out)
         if decision is None:
             return None
@@ -730,9 +736,8 @@ class Simulation:
         elif runs:
             # ix.slowdowns keeps its answers in slowdown_cache by the runs' ordered intensity classes: looked up here
             # first, so a re-rating on a known mix costs one dict lookup
-            slow = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
-            if slow is None:
-                slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
+            cached = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
+            slow = cached if cached is not None else self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
             slow = []
         if self.uvm and gpu.used > gpu.total:

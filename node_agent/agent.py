@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 from gnnsched.contract import MPS_MAX_CLIENTS_PER_GPU, MPSStatus
 from gnnsched.gpu_backend import GPUBackend
@@ -76,7 +77,7 @@ class NodeAgent:
     mps: MPSManager | None = None
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     gate: GateServer | None = None
-    metrics_server: object | None = None
+    metrics_server: WSGIServer | None = None
     _dirty: asyncio.Event | None = None
     _stop_threads: threading.Event = field(default_factory=threading.Event)
     _heartbeat: float = field(default_factory=time.monotonic)
@@ -189,8 +190,8 @@ class NodeAgent:
         if self.gate is not None:
             await self.gate.close()
         if self.metrics_server is not None:
-            self.metrics_server.shutdown()  # type: ignore[attr-defined]
-            self.metrics_server.server_close()  # type: ignore[attr-defined]
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
             self.metrics_server = None
         with contextlib.suppress(Exception):
             self.backend.close()

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     from gnnsched.gpu_backend import GPUInfo, GPUProcess
     from gnnsched.node_agent.books import Books, Entry
 
@@ -117,7 +119,7 @@ class AgentMetrics:
         self.mps_up.set(1 if up else 0)
         self.mps_restarts.set(restarts)
 
-    def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True) -> object:
+    def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True) -> WSGIServer:
         """Expose ``/metrics`` and ``/healthz`` (the DaemonSet's liveness probe: 503 when ``healthy()`` is false)."""
         from gnnsched.metrics_http import serve_metrics
 

@@ -21,7 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the project supports 3.10, which has no tomllib (the dev extra installs tomli there)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +80,8 @@ def main(argv: list[str]) -> int:
         env = dict(os.environ)
         if loose:
             # the package from the tree, the tests' own helpers (kube_emulator, shared_data, ...) from tests/
-            env["MYPYPATH"] = os.pathsep.join([str(tree), str(ROOT / "tests")])
+            # (and bench/'s scripts import each other as plain modules, as run from bench/)
+            env["MYPYPATH"] = os.pathsep.join([str(tree), str(ROOT / "tests"), str(ROOT / "bench")])
             cmd += [*LOOSE_FLAGS, "--explicit-package-bases", *paths]
             cwd = ROOT
         else:

@@ -39,7 +39,7 @@ _CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emu
 
 
 def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _jsonpath(obj: Any, path: str) -> Any:
@@ -180,7 +180,9 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                     break
                 yield item
         finally:
-            await stream.aclose()
+            close = getattr(stream, "aclose", None)  # kmock's stream is an async generator; close it with this one
+            if close is not None:
+                await close()
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)

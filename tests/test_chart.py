@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import helm_python
 import kubernetes_validate
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gnnsched"
 K8S_VERSIONS = ["1.30", kubernetes_validate.latest_version()]
 
-VALUE_SETS = {
+VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
     "metrics-off": {"metrics": {"enabled": False}, "dashboard": {"enabled": False}},
     "servicemonitor-on": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
@@ -45,7 +46,7 @@ def chart():
 
 def render(chart, values: dict) -> list[dict]:
     out = chart.render(values or None, name="gs", namespace="gnnsched", is_install=True)
-    docs = []
+    docs: list[dict] = []
     for filename, text in out.items():
         if filename.endswith(".yaml"):
             docs.extend(d for d in yaml.safe_load_all(text) if d)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -45,7 +46,7 @@ class SettableMPS:
 
 
 def _config(d: Path, **kw) -> PluginConfig:
-    base = dict(
+    base: dict[str, Any] = dict(
         plugin_dir=d, slots_per_gpu=SLOTS, mps_pipe_dir="/var/run/gnnsched/mps",
         gate_socket="/var/run/gnnsched/gate.sock", poll_interval_s=0.1, watch_interval_s=0.05,
     )

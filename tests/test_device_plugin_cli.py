@@ -86,11 +86,14 @@ def test_nvml_missing_one_line_nonzero(tmp_path):
 
 def test_cli_defaults_are_the_contract():
     """gnnsched/cli.py spells the defaults out (to keep `gnnsched --help` import-free); they must equal the contract."""
+    import click
     from typer.main import get_command
 
     from gnnsched.cli import app
 
-    params = {p.name: p.default for p in get_command(app).commands["device-plugin"].params}
+    group = get_command(app)
+    assert isinstance(group, click.Group)
+    params = {p.name: p.default for p in group.commands["device-plugin"].params}
     assert params["plugin_dir"] == contract.DEFAULT_DEVICE_PLUGIN_DIR
     assert params["mps_pipe_dir"] == contract.DEFAULT_MPS_PIPE_DIR
     assert params["gate_socket"] == contract.DEFAULT_GATE_SOCKET

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -82,10 +83,11 @@ def test_watch_bind_restart_and_agent_report(api) -> None:
     core = client.CoreV1Api(client.ApiClient(cfg))
     custom = client.CustomObjectsApi(client.ApiClient(cfg))
     for n in ("n1", "n2"):
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
-                          "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}})
+        node: Any = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
+                     "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}}
+        core.create_node(node)
         custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", _gpunode(n))
-    pod = make_pod("p1", 30, intensity="memory", uid="u1")
+    pod: Any = make_pod("p1", 30, intensity="memory", uid="u1")
     pod["spec"]["schedulerName"] = SCHEDULER_NAME
     pod["spec"]["containers"][0]["image"] = "x"
     core.create_namespaced_pod("ns", pod)

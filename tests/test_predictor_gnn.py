@@ -8,6 +8,7 @@ import math
 from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -208,8 +209,10 @@ def _history(factors: dict[str, float]) -> list[HistoryRecord]:
     for dataset in ("cora", "citeseer", "pubmed", "ogbn-arxiv", "proteins", "artist", "dd"):
         for arch, factor in factors.items():
             for epochs in (50, 200):
-                spec_dict = {"mode": "train", "model": {"arch": arch, "layers": 2 + i % 2, "hidden": 64 * (1 + i % 3)},
-                             "graph": {"dataset": dataset}, "epochs": epochs}
+                spec_dict: dict[str, Any] = {
+                    "mode": "train", "model": {"arch": arch, "layers": 2 + i % 2, "hidden": 64 * (1 + i % 3)},
+                    "graph": {"dataset": dataset}, "epochs": epochs,
+                }
                 if arch == "gat":
                     spec_dict["model"]["heads"] = 2
                 spec = parse_spec(spec_dict)

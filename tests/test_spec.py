@@ -6,6 +6,7 @@ import copy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,7 +39,7 @@ def _mutated(path: str, value: object) -> dict:
     """BASE with one field set (``value`` is ``...`` to delete it)."""
     obj = copy.deepcopy(BASE)
     *parents, leaf = path.split(".")
-    node = obj
+    node: dict[str, Any] = obj
     for part in parents:
         node = node.setdefault(part, {})
     if value is ...:

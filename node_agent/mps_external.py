@@ -55,10 +55,11 @@ class ExternalMPS:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self) -> bool:
+        h: MPSDaemonHealth | None = None
         try:
             h = read_daemon_health(self.health_path)
         except ValueError as exc:
-            ok, msg, restarts, h = False, str(exc), self.restarts, None
+            ok, msg, restarts = False, str(exc), self.restarts
         else:
             ok, msg, restarts = h.healthy, h.message, h.restarts
             if h.updated_at is not None:

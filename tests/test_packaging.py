@@ -1,4 +1,4 @@
-"""The wheel, built from what the Dockerfile copies and installed outside the checkout, holds every package and
+"""The wheel, built from exactly what the Dockerfile copies and installed outside the checkout, holds every package and
 starts every subcommand.
 
 Why: an editable install (the README's) imports from the checkout and hides a package missing from the wheel; a
@@ -12,6 +12,7 @@ no index and takes seconds.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,15 @@ import typer
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 SKIP = {"__pycache__"}
+#: The files the Dockerfile's build stage copies before ``pip install .`` (``COPY a b ./`` or ``COPY dir ./dir``).
+DOCKERFILE_SOURCES = [s for line in re.findall(r"^COPY (?!--)(.+)$", (ROOT / "Dockerfile").read_text(), re.M)
+                      for s in line.split()[:-1]]
+
+
+def test_the_package_list_is_the_tree() -> None:
+    """pyproject's explicit list names every folder with an ``__init__.py`` under the package-dir roots."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert listed == tree_packages(), (sorted(tree_packages() - listed), sorted(listed - tree_packages()))
 
 
 def tree_packages() -> set[str]:
@@ -63,10 +73,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    for folder in set(PACKAGE_DIR.values()):
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for source in DOCKERFILE_SOURCES:  # exactly what the image's build stage has when it runs `pip install .`
+        if (ROOT / source).is_dir():
+            shutil.copytree(ROOT / source, src / source, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / source, src / source)
     dist = tmp / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
                     str(src)], check=True, cwd=tmp, timeout=300)

@@ -181,6 +181,10 @@ def extender_cmd(
     ),
     fake_seed: int = typer.Option(0, "--fake-seed", help="Seed of the synthetic cluster."),
     reservation_ttl: float = typer.Option(300.0, help="Seconds a reservation waits for the node agent's report."),
+    bind_timeout: float = typer.Option(
+        4.0, "--bind-timeout", help="Seconds the Binding call may take; keep it below kube-scheduler's httpTimeout "
+        "for the extender (5s by default) so the scheduler always gets the answer."
+    ),
     kubeconfig: str = typer.Option(None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
     log_level: str = typer.Option("info", help="Log level."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="Address of the metrics/health listener."),
@@ -223,7 +227,7 @@ def extender_cmd(
     opts = ExtenderOptions(
         host=host, port=port, fake_cluster=fake_cluster, fake_state=Path(fake_state) if fake_state else None,
         fake_seed=fake_seed, reservation_ttl=reservation_ttl, kubeconfig=kubeconfig, log_level=log_level.lower(),
-        metrics_host=metrics_host, metrics_port=metrics_port,
+        metrics_host=metrics_host, metrics_port=metrics_port, bind_timeout=bind_timeout,
     )
     try:
         serve(opts)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
+    ANN_EXCLUSIVE,
     ANN_GPU_MEMORY,
     ANN_INTENSITY,
     ANN_JOB,
@@ -361,6 +362,7 @@ class Demand:
     job: str | None
     qt_seconds: float | None
     intensity: str | None
+    exclusive: bool = False
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
@@ -376,6 +378,14 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
         except ValueError:
             qt = None
     intensity = ann.get(ANN_INTENSITY) if ann.get(ANN_INTENSITY) in ("memory", "compute") else None
+    raw_x = ann.get(ANN_EXCLUSIVE)
+    if raw_x is not None and raw_x not in ("true", "false"):
+        raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_EXCLUSIVE}={raw_x!r} is not "
+                                              "'true' or 'false'")
+    if raw_x == "true":
+        # Trusted from any pod: running alone only ever books more than a shared slot would, never less.
+        job = ann.get(ANN_JOB, pod.owner_job) if pod.owner_job is not None else None
+        return Demand(whole_gpu_bytes, "exclusive", job, qt, intensity, exclusive=True)
     if pod.owner_job is not None:
         raw = ann.get(ANN_ADMIT_BYTES)
         if raw is None:

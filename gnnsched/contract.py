@@ -75,11 +75,6 @@ out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) ther
 JOB_CONTAINER_NAME = "gnn"
 """The container that runs ``gnnsched gate -- <workload>`` in a job pod. Its status is read by this name, never by
 position: admission webhooks (service meshes, log shippers) may inject containers ahead of it."""
-DEFAULT_JOBS_UID = 65532
-"""The one Linux UID every gated job process runs as. An MPS control daemon serves one user at a time: a client of a
-second UID waits until the first user's server exits, so the gate refuses any other UID."""
-ENV_JOBS_UID = "GNNSCHED_JOBS_UID"
-"""The jobs' UID, read by the operator (``--run-as-user``: the pods' ``runAsUser``) and by the node side."""
 DEFAULT_JOB_RUNTIME_CLASS = "nvidia"
 """RuntimeClass of job pods (the NVIDIA container runtime puts the driver and ``/dev/nvidia*`` into the container)."""
 ENV_JOB_RUNTIME_CLASS = "GNNSCHED_JOB_RUNTIME_CLASS"  # operator --runtime-class-name ("" = none)
@@ -112,7 +107,7 @@ MPS_DAEMON_HEALTH_FILE_NAME = "mps-daemon.json"
 DEFAULT_JOBS_UID = 65532
 """The one Linux UID every gated job process runs as. An MPS control daemon serves one user at a time: a client of a
 second UID waits until the first user's server exits, so the gate refuses any other UID."""
-ENV_JOBS_UID = "GNNSCHED_JOBS_UID"
+ENV_JOBS_UID = "GNNSCHED_JOBS_UID"  # read by the node side and by the operator (--run-as-user: the pods' runAsUser)
 OTHER_GPU_RESOURCE = "nvidia.com/gpu"
 """The resource NVIDIA's own device plugin advertises. On a node where gnnsched's plugin runs it means a second plugin
 hands out the same GPUs, outside the gate's books; the agent reports it."""

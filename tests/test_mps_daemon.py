@@ -4,6 +4,7 @@ in the node state directory, ``--disable``; and the agent reading that health (`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,10 +31,8 @@ pytestmark = [pytest.mark.timeout(60)]
 def _kill_fake_daemon(pipe: Path) -> None:
     pid_file = pipe / "fake-mps.pid"
     if pid_file.exists():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture

@@ -169,6 +169,8 @@ class MPSStatus(_CamelModel):
     healthy: bool = True
     restarts: int = Field(default=0, ge=0)
     message: str = ""
+    compute_mode: str | None = None  # as the MPS daemon set it ("EXCLUSIVE_PROCESS"); None: not known to the agent
+    shm_shared: bool | None = None  # the daemon's /dev/shm is the shared host tmpfs; None: not known to the agent
 
 
 class MPSDaemonHealth(_CamelModel):
@@ -181,6 +183,8 @@ class MPSDaemonHealth(_CamelModel):
     gpus: list[str] = Field(default_factory=list)  # UUIDs under this daemon
     pinned_mem_limits: dict[str, str] = Field(default_factory=dict)  # device index -> default limit ("78G")
     jobs_uid: int | None = None  # owner of the pipe and log directories
+    shm_shared: bool | None = None  # /dev/shm in the daemon's container is a bind of the shared tmpfs (None: unknown)
+    shm_detail: str = ""  # what /proc/self/mountinfo showed for /dev/shm
     pid: int | None = None  # of the ``gnnsched mps-daemon`` process
     updated_at: datetime | None = None
 

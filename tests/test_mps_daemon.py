@@ -4,6 +4,7 @@ in the node state directory, ``--disable``; and the agent reading that health (`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
-from gnnsched.node_agent.mps_daemon import MPSDaemonService, health_file_path, pinned_limit_mib
+from gnnsched.node_agent.mps_daemon import MPSDaemonService, dev_shm_binding, health_file_path, pinned_limit_mib
 from gnnsched.node_agent.mps_external import ExternalMPS
 
 from gnnsched.contract import MPSDaemonHealth
@@ -30,10 +31,8 @@ pytestmark = [pytest.mark.timeout(60)]
 def _kill_fake_daemon(pipe: Path) -> None:
     pid_file = pipe / "fake-mps.pid"
     if pid_file.exists():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture
@@ -157,3 +156,17 @@ def test_cli_bad_flags_are_one_line(flag: list[str], needle: str) -> None:
                         timeout=60)
     assert cp.returncode == 2 and needle in cp.stderr and "Traceback" not in cp.stderr
     assert len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+
+
+PRIVATE = "30 25 0:27 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k\n"
+SHARED = ("30 25 0:27 / /dev/shm rw,relatime - tmpfs shm rw,size=65536k\n"
+          "41 25 0:24 /gnnsched/mps-shm /dev/shm rw,nosuid,nodev,noexec - tmpfs shm rw,size=32g\n")
+
+
+def test_dev_shm_binding_tells_the_shared_tmpfs_from_a_private_one() -> None:
+    assert dev_shm_binding("/var/run/gnnsched/mps-shm", SHARED) == (True, "/dev/shm is /gnnsched/mps-shm (tmpfs)")
+    shared, why = dev_shm_binding("/var/run/gnnsched/mps-shm", PRIVATE)
+    assert not shared and "cannot attach" in why
+    assert dev_shm_binding("/x/mps-shm", "25 1 0:1 / / rw - ext4 /dev/sda rw\n") == \
+        (False, "/dev/shm is not a mount point")
+    assert dev_shm_binding("/x/mps-shm", "41 25 0:24 /other-shm /dev/shm rw - tmpfs t rw\n")[0] is False

@@ -51,13 +51,18 @@ def simulate(
 ) -> None:
     """Simulate a cluster of GPU nodes: arrivals, the operator's estimate, placement, node queues with grouping
     policies behind the memory-safety gate, MPS co-location with interference, completion. Prints a comparison."""
-    from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
     from gnnsched.errors import FieldError
+    from gnnsched.simulator.adapters import IntegrationMissing, Integrations
+    from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
     from gnnsched.simulator.faults import parse_estimate_error, parse_fault_rate
     from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, parse_policies
-    from gnnsched.simulator.adapters import IntegrationMissing, Integrations
     from gnnsched.simulator.workloads import (
-        BUILTIN, DEFAULT_WORKLOAD, WorkloadError, default_cluster, is_file, resolve_workload,
+        BUILTIN,
+        DEFAULT_WORKLOAD,
+        WorkloadError,
+        default_cluster,
+        is_file,
+        resolve_workload,
     )
 
     if list_workloads:

@@ -764,7 +764,7 @@ class Simulation:
         """An event that would change nothing: a start-up end or memory-exceeded of an attempt already ended, a
         fault planned before its GPU went idle, a quarantine's end once every job is resolved."""
         kind, payload = event[2], event[3]
-        if kind == STARTED or kind == MEM_EXCEEDED:
+        if kind in (STARTED, MEM_EXCEEDED):
             return payload.killed
         if kind == FAULT:
             return payload.fault_clock.token != event[4]

@@ -111,7 +111,7 @@ def true_multipliers(jobs: list[SimJob], error: EstimateError, seed: int) -> dic
     rng = np.random.default_rng([ERROR_STREAM, seed])
     ordered = sorted(j.id for j in jobs)
     draws = rng.normal(0.0, error.sigma, size=len(ordered)) if error.sigma > 0 else np.zeros(len(ordered))
-    return {jid: float(error.bias * math.exp(d)) for jid, d in zip(ordered, draws)}
+    return {jid: float(error.bias * math.exp(d)) for jid, d in zip(ordered, draws, strict=True)}
 
 
 class FaultClock:

@@ -24,9 +24,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, MPS_MAX_CLIENTS_PER_GPU, MPSStatus
-from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
-from gnnsched.gpus import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodLookup
@@ -50,7 +47,21 @@ from gnnsched.node_agent.quarantine import (
     is_critical_xid,
 )
 from gnnsched.node_agent.status import StatusSink, build_status
-from gnnsched.node_status_file import StatusFileError, read_status_file, status_file_path, write_status_file
+
+from gnnsched.contract import (
+    ANN_ATTEMPT_RESULT,
+    ANN_FAULT,
+    MPS_MAX_CLIENTS_PER_GPU,
+    MPSStatus,
+)
+from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
+from gnnsched.gpus import match_device_name
+from gnnsched.node_status_file import (
+    StatusFileError,
+    read_status_file,
+    status_file_path,
+    write_status_file,
+)
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 
 log = logging.getLogger("gnnsched.node_agent")
@@ -115,6 +126,7 @@ class NodeAgent:
     _recent: dict[str, tuple[float, str, str, int, ClientEnd | None]] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _bg: set[asyncio.Task[Any]] = field(default_factory=set)
+    _adopted: bool = False  # the gate has booked what the last agent left running (drains may end only after)
 
     def alive(self) -> bool:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
@@ -147,6 +159,7 @@ class NodeAgent:
             gpu = books.gpu_by_uuid(uuid)
             clients = [(e.key, e.namespace, e.name) for e in books.running.values() if gpu and e.gpu_index == gpu.index]
             self.quarantine.trigger(uuid, self.quarantine.drains[uuid].reason, time.time(), clients)
+        self._adopted = True
         if self.opts.metrics_port is not None:
             self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive)
         await self._publish()
@@ -363,6 +376,8 @@ class NodeAgent:
         """Release a draining GPU once no client is left on it (neither booked nor seen by the driver) and the MPS
         control daemon answers its probe."""
         assert self.gate is not None
+        if not self._adopted:
+            return
         books = self.gate.books
         for uuid, drain in list(self.quarantine.drains.items()):
             gpu = books.gpu_by_uuid(uuid)

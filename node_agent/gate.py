@@ -24,7 +24,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
 from gnnsched.node_agent.books import Books, Decision, Entry, Rejected
 from gnnsched.node_agent.identity import (
     Demand,
@@ -40,12 +39,16 @@ from gnnsched.node_agent.protocol import (
     AdmitRequest,
     Admitted,
     Queued,
-    Rejected as RejectedReply,
     Resumed,
     ResumeRequest,
     mem_limit_value,
     parse_request,
 )
+from gnnsched.node_agent.protocol import (
+    Rejected as RejectedReply,
+)
+
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
 
 log = logging.getLogger("gnnsched.node_agent.gate")
 

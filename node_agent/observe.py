@@ -25,10 +25,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gnnsched.node_agent.identity import (
+    ContainerEnd,
+    PodLookup,
+    pod_uids_in_cgroup,
+    read_proc_cgroup,
+)
+
 from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
 from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES
 from gnnsched.gpu_backend import GPUProcess
-from gnnsched.node_agent.identity import ContainerEnd, PodLookup, pod_uids_in_cgroup, read_proc_cgroup
 
 AT_LIMIT_FRACTION = 0.95
 """A failed container whose sampled device memory reached this fraction of its MPS limit is taken to have run out of

@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
 
-from gnnsched.closed_loop import CRITICAL_XIDS, FaultRecord, classify_log, is_mps_victim_text
+from gnnsched.closed_loop import (
+    CRITICAL_XIDS,
+    FaultRecord,
+    classify_log,
+    is_mps_victim_text,
+)
 
 Role = Literal["victim", "suspect"]
 

@@ -14,21 +14,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from gnnsched.node_agent.books import Books, Entry
+from gnnsched.node_agent.quarantine import Drain
+
 from gnnsched.contract import (
     API_VERSION,
-    GPUJob,
     GPUNODE_KIND,
     GPUNODE_PLURAL,
+    GROUP,
+    VERSION,
+    GPUJob,
     GPUNodeStatus,
     GPUStatus,
-    GROUP,
     MPSStatus,
-    VERSION,
 )
 from gnnsched.gpu_backend import GPUInfo
 from gnnsched.gpus import match_device_name
-from gnnsched.node_agent.books import Books, Entry
-from gnnsched.node_agent.quarantine import Drain
 
 log = logging.getLogger("gnnsched.node_agent.status")
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from gate_helpers import GiB, add_pods, job_pod, write_pods
-
-from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES, GPUNodeStatus
-from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
 from gnnsched.node_agent.status import FileStatusSink
+
+from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES, GPUNodeStatus
+from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_status_file import read_status_file, status_file_path
 
 FAKES = Path(__file__).parent / "fakes"

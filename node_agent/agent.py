@@ -46,6 +46,8 @@ from gnnsched.node_agent.quarantine import (
     Quarantine,
     is_critical_xid,
 )
+from gnnsched.node_agent.mps_external import ExternalMPS
+from gnnsched.node_agent.node_conflicts import NodeReader, OtherPluginWatch
 from gnnsched.node_agent.status import StatusSink, build_status
 
 from gnnsched.contract import (
@@ -90,6 +92,10 @@ class AgentOptions:
     end_wait: float = 30.0  # seconds to wait for a pod's container status after its gated process exited
     fault_window: float = 30.0  # a client that exited this recently on a GPU shares a fault found after it exited
     peak_write_growth: float = 0.01  # rewrite a pod's observed peak once it grew by this fraction (and at its end)
+    #: Node state directory for the device plugin's copy of the status (None: no local copy). Not the pipe dir.
+    state_dir: str | None = None
+    jobs_uid: int | None = None  # the one UID the gate admits (None: any)
+    node_check_interval: float = 30.0  # seconds between reads of the Node (another GPU device plugin?)
 
 
 def gpu_slots(backend: GPUBackend, opts: AgentOptions) -> list[GPUSlot]:
@@ -112,8 +118,10 @@ class NodeAgent:
     pods: PodLookup
     sink: StatusSink
     verifier: PeerVerifier
-    mps: MPSManager | None = None
+    mps: MPSManager | ExternalMPS | None = None
+    nodes: NodeReader | None = None  # reads this node's Node object; None: no check for another device plugin
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
+    other_plugin: OtherPluginWatch | None = None
     gate: GateServer | None = None
     metrics_server: object | None = None
     _dirty: asyncio.Event | None = None
@@ -132,10 +140,23 @@ class NodeAgent:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
         return time.monotonic() - self._heartbeat < max(30.0, 3 * self.opts.status_interval)
 
+    def ready(self) -> tuple[bool, str]:
+        """Readiness for ``/readyz``: the gate serves and MPS is up (a gated pod started now could be admitted)."""
+        if self.gate is None:
+            return False, "not ready: the gate is not serving yet"
+        if self.mps is not None and not self.mps.healthy:
+            return False, f"not ready: MPS is down: {self.mps.message}"
+        if not self.alive():
+            return False, "not ready: the agent's loop has stalled"
+        return True, "ready"
+
     def _mps_status(self) -> MPSStatus:
         if self.mps is None:
             return MPSStatus(healthy=True, restarts=0, message="not managed by this agent (--mps off)")
-        return MPSStatus(healthy=self.mps.healthy, restarts=self.mps.restarts, message=self.mps.message[:500])
+        last = getattr(self.mps, "last", None)  # what `gnnsched mps-daemon` published (--mps external)
+        return MPSStatus(healthy=self.mps.healthy, restarts=self.mps.restarts, message=self.mps.message[:500],
+                         compute_mode=(last.compute_mode or None) if last is not None else None,
+                         shm_shared=last.shm_shared if last is not None else None)
 
     async def start(self) -> GateServer:
         books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check,
@@ -146,13 +167,16 @@ class NodeAgent:
         cfg = GateConfig(
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,
             active_thread_percentage=self.opts.active_thread_percentage, recovery_grace=self.opts.recovery_grace,
-            reconcile_seconds=self.opts.reconcile_interval,
+            reconcile_seconds=self.opts.reconcile_interval, jobs_uid=self.opts.jobs_uid,
         )
         self.gate = GateServer(books, cfg, pods=self.pods, verifier=self.verifier, metrics=self.metrics,
                                event_log=self.opts.event_log, on_change=self._dirty.set,
                                on_release=self._on_release)
         if self.mps is not None:
             await asyncio.to_thread(self.mps.check)
+        if self.nodes is not None:
+            self.other_plugin = OtherPluginWatch(self.opts.node_name, self.nodes, self.metrics.registry)
+            await asyncio.to_thread(self.other_plugin.check)
         await self._sample()
         await self.gate.start(self.opts.gate_socket)
         for uuid in restored:  # the clients still booked there (adopted or reconnecting) are the ones it waits for
@@ -161,7 +185,8 @@ class NodeAgent:
             self.quarantine.trigger(uuid, self.quarantine.drains[uuid].reason, time.time(), clients)
         self._adopted = True
         if self.opts.metrics_port is not None:
-            self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive)
+            self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive,
+                                                     self.ready)
         await self._publish()
         return self.gate
 
@@ -170,12 +195,17 @@ class NodeAgent:
         devices = await asyncio.to_thread(self.backend.devices)
         status = build_status(self.opts.node_name, self.gate.books, devices, self._mps_status(), time.time(),
                               self.quarantine.drains)
+        if self.other_plugin is not None and self.other_plugin.condition is not None:
+            status.conditions = [self.other_plugin.condition]
         try:
             await asyncio.to_thread(self.sink.publish, status)
         except Exception as exc:  # a down API server must not stop the gate
             log.warning("publishing GPUNode status failed: %s", exc)
-        # The same status for the node's device plugin (slot health follows MPS/GPU health), in the MPS pipe dir.
-        local = status_file_path(self.opts.pipe_directory)
+        # The same status for the node's device plugin (slot health follows MPS/GPU health), in the node state
+        # directory: only the agent and the MPS daemon write there (the pipe directory is writable by every client).
+        if self.opts.state_dir is None:
+            return
+        local = status_file_path(self.opts.state_dir)
         try:
             await asyncio.to_thread(local.parent.mkdir, parents=True, exist_ok=True)
             await asyncio.to_thread(write_status_file, local, status)
@@ -191,6 +221,8 @@ class NodeAgent:
                 procs[d.index] = await asyncio.to_thread(self.backend.processes, d.index)
             except Exception as exc:
                 log.debug("processes(%d): %s", d.index, exc)
+        if self.gate is not None:
+            await self._end_drains(devices, procs)  # may probe MPS: before its health is read below
         mps_ok = self.mps.healthy if self.mps is not None else True
         if self.mps is not None:
             self.metrics.mps(self.mps.healthy, self.mps.restarts)
@@ -199,7 +231,6 @@ class NodeAgent:
         books = self.gate.books
         usage = await asyncio.to_thread(self._attribute, procs)
         await self._record_peaks(usage)
-        await self._end_drains(devices, procs)
         became_healthy = False
         changed = False
         freed = False
@@ -313,9 +344,11 @@ class NodeAgent:
     # --- the MPS fault domain -------------------------------------------------------------------------------------
 
     def _restore_drains(self, books: Books) -> list[str]:
-        """GPUs the previous agent left draining (its last node status file): they stay draining (restart-safe)."""
+        """GPUs the previous agent left draining (its last node status file in ``state_dir``): they stay draining."""
+        if self.opts.state_dir is None:
+            return []
         try:
-            previous = read_status_file(status_file_path(self.opts.pipe_directory))
+            previous = read_status_file(status_file_path(self.opts.state_dir))
         except StatusFileError:
             return []
         out = []
@@ -386,7 +419,7 @@ class NodeAgent:
             left = books.clients(gpu.index) + sum(1 for p in procs.get(gpu.index, []) if p.kind == "mps")
             if left:
                 continue
-            answers = await asyncio.to_thread(self.mps.probe) if self.mps is not None else True
+            answers = await asyncio.to_thread(self.mps.check) if self.mps is not None else True
             if not self.quarantine.may_release(uuid, left, answers):
                 continue
             self.quarantine.release(uuid)
@@ -421,6 +454,8 @@ class NodeAgent:
         ]
         health_thread = threading.Thread(target=self._health_events, daemon=True, name="gpu-health-events")
         health_thread.start()
+        if self.other_plugin is not None:
+            loop_tasks.append(asyncio.create_task(self._node_loop()))
         mps_thread = None
         if self.mps is not None:
             mps_thread = threading.Thread(
@@ -461,6 +496,16 @@ class NodeAgent:
             self._dirty.clear()
             self._heartbeat = time.monotonic()
             await self._publish()
+
+    async def _node_loop(self) -> None:
+        """Re-read the Node: a second device plugin can appear (or go) at any time."""
+        assert self.other_plugin is not None and self._dirty is not None
+        while True:
+            await asyncio.sleep(self.opts.node_check_interval)
+            before = self.other_plugin.condition
+            now = await asyncio.to_thread(self.other_plugin.check)
+            if before is None or before.status != now.status:
+                self._dirty.set()
 
     async def _sample_loop(self) -> None:
         while True:

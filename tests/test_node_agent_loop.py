@@ -124,7 +124,8 @@ class Node:
         opts = AgentOptions(node_name="node-a", gate_socket=self.tmp / "gate.sock", policy="base",
                             reserve_bytes=2 * GiB, max_clients_per_gpu=8, pipe_directory=str(self.tmp / "mps"),
                             recovery_grace=0, status_interval=0.2, sample_interval=3600, metrics_port=None,
-                            reconcile_interval=0, end_wait=5.0, event_log=self.tmp / "events.jsonl")
+                            reconcile_interval=0, end_wait=5.0, event_log=self.tmp / "events.jsonl",
+                            state_dir=str(self.tmp / "state"))
         table = ProcessTable(read_cgroup=lambda pid: (cgroups or {}).get(pid, "0::/\n"), read_ppid=lambda pid: 1)
         self.agent = NodeAgent(opts, self.backend, FilePodLookup(self.pods), FileStatusSink(self.tmp / "status.json"),
                                PeerVerifier(enabled=False), mps=self.mps, processes=table)
@@ -270,8 +271,8 @@ async def test_a_fatal_fault_drains_the_gpu_marks_victims_and_the_suspect_and_su
     assert agent.metrics.registry.get_sample_value("gnnsched_gpu_faults_total", {"gpu": "0", "reason": "Xid"}) == 1
     r_late, w_late = await _request(agent, late)
     assert (await _reply(r_late, skip_queued=False))["status"] == "queued"  # nothing is admitted there
-    await _until(lambda: read_status_file(status_file_path(node.tmp / "mps")).gpus[0].draining)
-    status = read_status_file(status_file_path(node.tmp / "mps")).gpus[0]
+    await _until(lambda: read_status_file(status_file_path(node.tmp / "state")).gpus[0].draining)
+    status = read_status_file(status_file_path(node.tmp / "state")).gpus[0]
     assert status.draining_reason == "Xid" and status.draining_xid == 43 and not status.mps_healthy
 
     # The agent restarts mid-quarantine: the GPU stays draining (status file), the clients are adopted.

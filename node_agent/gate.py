@@ -32,6 +32,7 @@ from gnnsched.node_agent.identity import (
     PeerVerifier,
     PodInfo,
     PodLookup,
+    check_peer_uid,
     peer_cred,
     trusted_demand,
 )
@@ -71,6 +72,7 @@ class GateConfig:
     recovery_grace: float = 5.0
     first_message_timeout: float = 10.0
     reconcile_seconds: float = 5.0
+    jobs_uid: int | None = None  # the one UID an MPS client may run as (None: any); see identity.check_peer_uid
 
 
 @dataclass(slots=True)
@@ -261,6 +263,7 @@ class GateServer:
                 return
             cred = peer_cred(sock) if sock is not None else None
             try:
+                check_peer_uid(cred, self.config.jobs_uid)
                 self.verifier.verify(cred, req.pod_uid)
                 pod = await asyncio.to_thread(self.pods.get, req.pod_namespace, req.pod_name)
                 demand = self._check_pod(pod, req)

@@ -167,6 +167,8 @@ def node_agent(
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
+        # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
+        mps_probe_interval=2.0 if mps == "external" else 10.0,
     )
     agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr,
                       nodes=nodes)

@@ -389,23 +389,33 @@ def test_scheduler_name_reaches_every_consumer(chart):
 
 
 def test_jobs_values_reach_the_operator(chart):
-    # names the operator reads (operator --run-as-user, --runtime-class-name, --tolerations, --node-selector envvars)
+    # the operator reads these as the envvars of --run-as-user, --runtime-class-name, --tolerations, --node-selector
+    uid, runtime = contract.ENV_JOBS_UID, contract.ENV_JOB_RUNTIME_CLASS
+    tolerations, selector = contract.ENV_JOB_TOLERATIONS, contract.ENV_JOB_NODE_SELECTOR
+
     def env(docs: list[dict]) -> dict[str, str]:
         return {e["name"]: e.get("value") for e in containers(docs)["operator"]["env"]}
 
     default = env(render(chart, {}))
-    assert default["GNNSCHED_JOBS_UID"] == "65532"
-    assert default["GNNSCHED_JOB_RUNTIME_CLASS"] == "nvidia"  # the node DaemonSet's
-    assert json.loads(default["GNNSCHED_JOB_TOLERATIONS"]) == [
+    assert default[uid] == str(contract.DEFAULT_JOBS_UID)
+    assert default[runtime] == contract.DEFAULT_JOB_RUNTIME_CLASS  # the node DaemonSet's
+    assert json.loads(default[tolerations]) == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert json.loads(default["GNNSCHED_JOB_NODE_SELECTOR"]) == {}
+    assert json.loads(default[selector]) == {}
     custom = env(render(chart, {"jobs": {"runAsUser": 1000, "runtimeClassName": "nvidia-cdi", "tolerations": [],
                                          "nodeSelector": {"pool": "a100"}}, "node": {"runtimeClassName": "x"}}))
-    assert custom["GNNSCHED_JOBS_UID"] == "1000" and custom["GNNSCHED_JOB_RUNTIME_CLASS"] == "nvidia-cdi"
-    assert json.loads(custom["GNNSCHED_JOB_TOLERATIONS"]) == []
-    assert json.loads(custom["GNNSCHED_JOB_NODE_SELECTOR"]) == {"pool": "a100"}
+    assert custom[uid] == "1000" and custom[runtime] == "nvidia-cdi"
+    assert json.loads(custom[tolerations]) == []
+    assert json.loads(custom[selector]) == {"pool": "a100"}
+    # the operator's own parser takes what the chart renders
+    from gnnsched.operator.podspec import job_pod_settings
+
+    settings = job_pod_settings(int(custom[uid]), custom[runtime], custom[tolerations], custom[selector])
+    assert (settings.run_as_user, settings.runtime_class_name, settings.node_selector) == (1000, "nvidia-cdi",
+                                                                                          {"pool": "a100"})
+    assert job_pod_settings(int(default[uid]), default[runtime], default[tolerations], default[selector]).tolerations
     follows = env(render(chart, {"node": {"runtimeClassName": "nvidia-legacy"}}))
-    assert follows["GNNSCHED_JOB_RUNTIME_CLASS"] == "nvidia-legacy"
+    assert follows[runtime] == "nvidia-legacy"
     for bad in ({"jobs": {"runAsUser": 0}}, {"jobs": {"tolerations": [{"operator": "Maybe"}]}},
                 {"jobs": {"nodeSelector": {"a": 1}}}, {"jobs": {"runtimeClassName": "Not A Name"}}):
         with pytest.raises(helm_python.HelmValuesError):

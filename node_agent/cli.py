@@ -96,12 +96,13 @@ def node_agent(
     if recovery_grace < 0 or status_interval <= 0:
         fail("--recovery-grace/--status-interval: must be >= 0 / > 0")
 
-    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
     from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
     from gnnsched.node_agent.mps_external import ExternalMPS
     from gnnsched.node_agent.status import FileStatusSink
+
+    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
 
     if peer_check == "cgroup" and not IS_LINUX:
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")

@@ -26,7 +26,9 @@ def estimate_command(
     job: Path = typer.Argument(..., help="GNNJob manifest (YAML or JSON)."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object (stable keys) instead of a table."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda adds the GPU model's device overheads)."),
-    gpu_model: str = typer.Option(None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpus); default A100-80GB."),
+    gpu_model: str = typer.Option(
+        None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpus); default A100-80GB."
+    ),
     calibration: Path = typer.Option(
         None, "--calibration",
         help="Calibration table (JSON/YAML, or the calibration object as kubectl prints it): use the job's class's "

@@ -936,6 +936,8 @@ def estimate(
         peak += extra
         breakdown = dict(breakdown)
         breakdown["ephemeral"] += extra
+    reserved: int | None = None
+    allocated: int | None = None
     if device == "cuda":
         if gpu_model is None:
             from gnnsched.gpus import DEFAULT_GPU_MODEL
@@ -949,7 +951,6 @@ def estimate(
         admit = math.ceil((peak + overhead) * factor)
     elif device == "cpu":
         overhead = 0
-        reserved = allocated = None
         factor = DEFAULT_SAFETY_FACTOR_CPU if safety_factor is None else safety_factor
         admit = math.ceil(peak * factor)
     else:

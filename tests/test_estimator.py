@@ -150,7 +150,8 @@ def test_cuda_adds_the_gpu_models_documented_overheads():
     assert cuda.device_overhead_bytes >= fixed  # plus what the caching allocator reserves beyond the live bytes
     # context + MPS client + the allocator model's reserved peak (workspace included), then the safety factor
     assert cuda.cuda_reserved_bytes is not None
-    assert cuda.pmc_bytes + cuda.device_overhead_bytes == t4.context_bytes + t4.mps_client_bytes + cuda.cuda_reserved_bytes
+    device_total = t4.context_bytes + t4.mps_client_bytes + cuda.cuda_reserved_bytes
+    assert cuda.pmc_bytes + cuda.device_overhead_bytes == device_total
     assert cuda.admit_bytes == math.ceil((cuda.pmc_bytes + cuda.device_overhead_bytes) * cuda.safety_factor)
     with pytest.raises(KeyError):
         estimate(spec, device="cuda", gpu_model="no-such-gpu")

@@ -324,3 +324,19 @@ def test_pmc_accuracy_cuda_says_it_skipped_without_a_gpu(capsys: pytest.CaptureF
     assert bench.main(["--device", "cuda", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "SKIPPED --device cuda: no CUDA device" in out and "unmeasured" in out
+
+
+@pytest.mark.parametrize(("arch", "mode"), [("gcn", "train"), ("gat", "train"), ("gin", "infer")])
+def test_a_spliced_trace_reserves_what_the_full_trace_reserves(arch: str, mode: str) -> None:
+    from gnnsched.spec import parse_spec
+
+    model: dict[str, object] = {"arch": arch, "layers": 8, "hidden": 64}
+    if arch == "gat":
+        model["heads"] = 2
+    spec = parse_spec({"mode": mode, "model": model,
+                       "graph": {"nodes": 3000, "edges": 30000, "features": 32, "classes": 8}})
+    spliced, _, _ = trace_step(spec, device="cuda")
+    full, _, _ = trace_step(spec, device="cuda", splice=False)
+    assert spliced.traced_layers is not None and full.traced_layers is None
+    workspace = 8 * MiB + 128 * KiB
+    assert replay(cuda_allocation_events(spliced, 1, workspace)) == replay(cuda_allocation_events(full, 1, workspace))

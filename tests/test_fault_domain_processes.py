@@ -101,13 +101,15 @@ def test_fatal_fault_two_victims_one_suspect_nothing_admitted_until_clients_gone
     env["LD_LIBRARY_PATH"] = f"{libdir}:{env['LD_LIBRARY_PATH']}" if env.get("LD_LIBRARY_PATH") else str(libdir)
     sock, port, pipe = tmp_path / "gate.sock", _free_port(), tmp_path / "mps"
     events = tmp_path / "events.jsonl"
+    logs = []  # stderr files of the processes started here, closed at the end
+    logs.append((tmp_path / "agent.log").open("w"))
     agent = subprocess.Popen(_gnnsched() + [
         "node-agent", "--gpus", "nvml", "--node-name", "node-a", "--gate-socket", str(sock), "--pods-file",
         str(pods_file), "--status-file", str(tmp_path / "status.json"), "--state-dir", str(tmp_path / "state"),
         "--event-log", str(events), "--jobs-uid", str(os.getuid()), "--reserve-bytes", "2Gi", "--mps", "on", "--mps-pipe-dir", str(pipe),
         "--mps-log-dir", str(tmp_path / "mps-log"), "--peer-check", "off", "--recovery-grace", "0",
         "--status-interval", "0.3", "--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--log-level", "warning",
-    ], env=env, cwd=tmp_path, stderr=open(tmp_path / "agent.log", "w"))
+    ], env=env, cwd=tmp_path, stderr=logs[0])
     workloads: dict[str, subprocess.Popen] = {}
 
     def launch(name: str) -> subprocess.Popen:
@@ -116,8 +118,8 @@ def test_fatal_fault_two_victims_one_suspect_nothing_admitted_until_clients_gone
         wenv = dict(env, **{ENV_POD_UID: m["uid"], ENV_POD_NAME: m["name"], ENV_POD_NAMESPACE: m["namespace"]})
         cmd = _gnnsched() + ["gate", "--socket", str(sock), "--", sys.executable, "-S", "-c", WORKLOAD,
                              str(tmp_path), name, str(code), text]
-        p = subprocess.Popen(cmd, env=wenv, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                             stderr=open(tmp_path / f"{name}.err", "w"))
+        logs.append((tmp_path / f"{name}.err").open("w"))
+        p = subprocess.Popen(cmd, env=wenv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=logs[-1])
         workloads[name] = p
         return p
 
@@ -215,3 +217,5 @@ def test_fatal_fault_two_victims_one_suspect_nothing_admitted_until_clients_gone
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
                 pass
+        for handle in logs:
+            handle.close()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 from dp_test_kubelet import TestKubelet
@@ -97,13 +98,11 @@ def test_nvml_missing_one_line_nonzero(tmp_path):
 
 def test_cli_defaults_are_the_contract():
     """gnnsched/cli.py spells the defaults out (to keep `gnnsched --help` import-free); they must equal the contract."""
-    import click
     from typer.main import get_command
 
     from gnnsched.cli import app
 
-    group = get_command(app)
-    assert isinstance(group, click.Group)
+    group: Any = get_command(app)  # a TyperGroup (typer's own click), typed as a plain Command
     params = {p.name: p.default for p in group.commands["device-plugin"].params}
     assert params["plugin_dir"] == contract.DEFAULT_DEVICE_PLUGIN_DIR
     assert params["mps_pipe_dir"] == contract.DEFAULT_MPS_PIPE_DIR

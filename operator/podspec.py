@@ -111,20 +111,29 @@ def build_config_map(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def container_command(spec: GNNJobSpec) -> list[str]:
-    """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker."""
+WORKER_DEVICES = ("cuda", "cpu")
+
+
+def container_command(spec: GNNJobSpec, worker_device: str = "cuda") -> list[str]:
+    """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker.
+
+    ``worker_device``: where the built-in worker runs its model, ``cuda`` on GPU nodes; ``cpu`` for clusters whose
+    nodes have no CUDA device behind the (fake) GPUs the agents manage, such as the local cluster of ``tests/e2e``.
+    The gate still admits the job's predicted GPU bytes either way."""
     if spec.command:
         workload = [*spec.command, *(spec.args or [])]
     else:
-        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", "cuda", "--no-progress",
+        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", worker_device, "--no-progress",
                     *(spec.args or [])]
     return ["gnnsched", "gate", "--", *workload]
 
 
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
-              scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None) -> dict[str, Any]:
+              scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
+              worker_device: str = "cuda") -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
-    ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none."""
+    ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
+    ``worker_device``: see ``container_command``."""
     meta = job["metadata"]
     requests: dict[str, str] = {GPU_SHARE_RESOURCE: "1"}
     limits: dict[str, str] = {GPU_SHARE_RESOURCE: "1"}  # extended resources: limit must equal request
@@ -168,7 +177,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
                 {
                     "name": CONTAINER_NAME,
                     "image": spec.image or image,
-                    "command": container_command(spec),
+                    "command": container_command(spec, worker_device),
                     "env": env,
                     "resources": {"requests": requests, "limits": limits},
                     "terminationMessagePath": TERMINATION_LOG,

@@ -91,6 +91,12 @@ def _operator(
         fail("--namespace and --all-namespaces are mutually exclusive")
     if worker_device not in ("cuda", "cpu"):
         fail(f"--worker-device: must be cuda or cpu, got {worker_device!r}")
+    from gnnsched.gpus import get_gpu_model
+
+    try:
+        get_gpu_model(default_gpu_model)
+    except KeyError as exc:  # else every job would fail later with EstimationFailed
+        fail(f"--default-gpu-model: {exc.args[0]}")
     setup_logging(log_level)
     from gnnsched.queue_order import QueueOrder, QueueOrderError
 

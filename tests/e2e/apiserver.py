@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import signal
 import sys
 from pathlib import Path

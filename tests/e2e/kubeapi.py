@@ -102,9 +102,10 @@ class Api:
         meta = obj.get("metadata") or {}
         ns = meta.get("namespace") or "default"
         stamp = now()
-        body = {
+        name = f"{meta.get('name')}.{uuid.uuid4().hex[:16]}"
+        body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:16]}", "namespace": ns},
+            "metadata": {"name": name, "namespace": ns},
             "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"),
                                "name": meta.get("name"), "namespace": ns, "uid": meta.get("uid")},
             "reason": reason, "message": message, "type": event_type, "count": 1,
@@ -113,4 +114,4 @@ class Api:
             "reportingComponent": component,
         }
         self.post(EVENTS.format(ns=ns), body)
-        return str(body["metadata"]["name"])
+        return name

@@ -53,11 +53,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
-from kubeapi import ALL_PODS, NODES, PODS, Api, ApiError, now
-
 from gnnsched.device_plugin.v1beta1 import api_pb2 as pb
 from gnnsched.device_plugin.v1beta1 import api_pb2_grpc as pb_grpc
+from kubeapi import ALL_PODS, NODES, PODS, Api, ApiError, now
 
 log = logging.getLogger("e2e.kubelet")
 
@@ -279,7 +277,8 @@ class KubeletStandIn:
         cdir = pod_dir / "containers" / cname
         cdir.mkdir(parents=True, exist_ok=True)
         start_time = now()
-        waiting = {"name": cname, "image": c.get("image", ""), "ready": False, "restartCount": 0,
+        # name, image, imageID, ready and restartCount are required fields of a ContainerStatus
+        waiting = {"name": cname, "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
                    "state": {"waiting": {"reason": "ContainerCreating"}}}
         self._status(pod, {"phase": "Pending", "hostIP": self.host_ip, "startTime": start_time,
                            "conditions": self._conditions(pod, False, "ContainersNotReady"),
@@ -326,6 +325,7 @@ class KubeletStandIn:
             container.proc = subprocess.Popen(argv, env=env, cwd=str(pod_dir), stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True)
         container.started_at = now()
+        waiting["containerID"] = f"local://{container.proc.pid}"
         self._status(pod, {"phase": "Running", "conditions": self._conditions(pod, True),
                            "containerStatuses": [{**waiting, "ready": True, "started": True,
                                                   "state": {"running": {"startedAt": container.started_at}}}]})

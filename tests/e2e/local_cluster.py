@@ -55,7 +55,6 @@ from gnnsched.contract import (  # noqa: E402
     ANN_ADMIT_BYTES,
     ANN_GPU,
     ANN_GROUP,
-    ANN_JOB,
     GPU_SHARE_RESOURCE,
 )
 from gnnsched.gpu_backend import BackendSpecError, parse_fake_spec  # noqa: E402
@@ -119,10 +118,8 @@ class Proc:
             return None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -205,7 +202,7 @@ def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
             try:
                 GNNJobSpec.model_validate(doc.get("spec") or {})
             except Exception as exc:  # pydantic ValidationError: name the first field
-                errors = getattr(exc, "errors", lambda: [])()
+                errors: list[dict[str, Any]] = getattr(exc, "errors", list)()
                 where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "spec"
                 what = errors[0]["msg"] if errors else str(exc)
                 raise InputError(f"{path}: spec.{where}: {what}") from None
@@ -429,7 +426,7 @@ class LocalCluster:
                                                 "--health-port", str(self.operator_health_port),
                                                 "--metrics-port", str(self.operator_metrics_port),
                                                 "--watch-timeout", "5", "--resync-seconds", "2",
-                                                "--workers", "2", "--default-gpu-model", self.gpu_model])
+                                                "--workers", "2"])
 
     def agent_argv(self, node: NodeSetup) -> list[str]:
         return [*gnnsched_command(), "node-agent", "--gpus", self.opts.gpus, "--node-name", node.name,
@@ -685,7 +682,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="local_cluster.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("jobs", nargs="+", type=Path, metavar="JOB.yaml", help="GNNJob manifests")
     parser.add_argument("--nodes", type=int, default=2, help="GPU nodes (default 2)")
-    parser.add_argument("--gpus", default="fake:2x16Gi", help="GPUs per node: fake:GxSIZE[xMODEL] (default fake:2x16Gi)")
+    parser.add_argument("--gpus", default="fake:2x16Gi",
+                        help="GPUs per node: fake:GxSIZE[xMODEL] (default fake:2x16Gi)")
     parser.add_argument("--policy", default="base", help="the agents' grouping policy: base|lmcf|bmc|sqtf|bqt")
     parser.add_argument("--json", type=Path, dest="json_out", metavar="OUT", help="write the results as JSON")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for every job (default 900)")

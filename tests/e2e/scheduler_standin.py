@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
-
 from kubeapi import ALL_PODS, NODES, PODS, Api, ApiError, now
 
 from gnnsched.quantity import parse_bytes

@@ -8,6 +8,15 @@ import importlib
 import typer
 
 from gnnsched import __version__
+from gnnsched.contract import (
+    DEFAULT_JOB_RUNTIME_CLASS,
+    DEFAULT_JOBS_UID,
+    ENV_JOB_NODE_SELECTOR,
+    ENV_JOB_RUNTIME_CLASS,
+    ENV_JOB_TOLERATIONS,
+    ENV_JOBS_UID,
+    SCHEDULER_NAME,
+)
 from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY
 
 app = typer.Typer(
@@ -74,6 +83,19 @@ def _operator(
     queue_priority_per_doubling: int = typer.Option(2, "--queue-priority-per-doubling",
                                                     help="Buckets per doubling of the predicted runtime, 1..8 "
                                                          "(chart: queuePriority.perDoubling)."),
+    run_as_user: int = typer.Option(DEFAULT_JOBS_UID, "--run-as-user", envvar=ENV_JOBS_UID, min=1,
+                                    help="UID every job pod runs as (runAsUser; MPS serves one user at a time, so it "
+                                         "must match the node side's; chart: jobs.runAsUser)."),
+    runtime_class_name: str = typer.Option(DEFAULT_JOB_RUNTIME_CLASS, "--runtime-class-name",
+                                           envvar=ENV_JOB_RUNTIME_CLASS,
+                                           help="RuntimeClass of job pods ('' = none; chart: jobs.runtimeClassName)."),
+    tolerations: str = typer.Option(None, "--tolerations", envvar=ENV_JOB_TOLERATIONS,
+                                    help="Tolerations of every job pod as a JSON list (default: tolerate the "
+                                         "nvidia.com/gpu NoSchedule taint; '[]' = none; chart: jobs.tolerations). "
+                                         "A GNNJob's spec.tolerations are added."),
+    node_selector: str = typer.Option(None, "--node-selector", envvar=ENV_JOB_NODE_SELECTOR,
+                                      help="nodeSelector of every job pod as a JSON object (default none; chart: "
+                                           "jobs.nodeSelector). A GNNJob's spec.nodeSelector is added."),
     kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."),
     context: str = typer.Option(None, "--context", help="Kubeconfig context."),
     watch_timeout: float = typer.Option(None, "--watch-timeout", min=0.1,
@@ -108,8 +130,13 @@ def _operator(
         fail(f"{flag}: {exc.message}")
     from gnnsched.operator.handlers import OperatorConfig
     from gnnsched.operator.main import run
+    from gnnsched.operator.podspec import job_pod_settings
 
-    fields = {"namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
+    try:
+        pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector)
+    except ValueError as exc:
+        fail(str(exc))
+    fields = {"pods": pods, "namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
               "scheduler_name": scheduler_name, "worker_device": worker_device, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority,
@@ -192,6 +219,10 @@ def extender_cmd(
     ),
     fake_seed: int = typer.Option(0, "--fake-seed", help="Seed of the synthetic cluster."),
     reservation_ttl: float = typer.Option(300.0, help="Seconds a reservation waits for the node agent's report."),
+    bind_timeout: float = typer.Option(
+        4.0, "--bind-timeout", help="Seconds the Binding call may take; keep it below kube-scheduler's httpTimeout "
+        "for the extender (5s by default) so the scheduler always gets the answer."
+    ),
     kubeconfig: str = typer.Option(None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
     log_level: str = typer.Option("info", help="Log level."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="Address of the metrics/health listener."),
@@ -203,6 +234,11 @@ def extender_cmd(
     ),
     url_prefix: str = typer.Option(
         None, "--url-prefix", help="With --print-scheduler-config: the extender URL kube-scheduler calls."
+    ),
+    scheduler_name: str = typer.Option(
+        SCHEDULER_NAME, "--scheduler-name",
+        help="With --print-scheduler-config: the profile's schedulerName (the operator's GNNSCHED_SCHEDULER_NAME) "
+             "and the leader-election lease name.",
     ),
     scoring_strategy: str = typer.Option(
         DEFAULT_SCORING_STRATEGY, "--scoring-strategy",
@@ -219,9 +255,11 @@ def extender_cmd(
         from gnnsched.scheduler_config import scheduler_config_yaml
 
         try:
-            typer.echo(scheduler_config_yaml(url_prefix, scoring_strategy=scoring_strategy), nl=False)
+            typer.echo(scheduler_config_yaml(url_prefix, scoring_strategy=scoring_strategy,
+                                             scheduler_name=scheduler_name), nl=False)
         except ValueError as exc:
-            flag = "--scoring-strategy" if str(exc).startswith("scoring_strategy") else "--url-prefix"
+            flag = {"scoring_strategy": "--scoring-strategy", "scheduler_name": "--scheduler-name"}.get(
+                str(exc).split(":", 1)[0], "--url-prefix")
             print(f"{flag}: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
         return
@@ -234,7 +272,7 @@ def extender_cmd(
     opts = ExtenderOptions(
         host=host, port=port, fake_cluster=fake_cluster, fake_state=Path(fake_state) if fake_state else None,
         fake_seed=fake_seed, reservation_ttl=reservation_ttl, kubeconfig=kubeconfig, log_level=log_level.lower(),
-        metrics_host=metrics_host, metrics_port=metrics_port,
+        metrics_host=metrics_host, metrics_port=metrics_port, bind_timeout=bind_timeout,
     )
     try:
         serve(opts)
@@ -250,7 +288,11 @@ def device_plugin(
     slots_per_gpu: int = typer.Option(48, "--slots-per-gpu", help="gnnsched.io/gpu-share slots advertised per GPU (1-48, MPS clients)."),
     mps_pipe_dir: str = typer.Option("/var/run/gnnsched/mps", "--mps-pipe-dir", help="MPS pipe directory mounted into job containers."),
     gate_socket: str = typer.Option("/var/run/gnnsched/gate.sock", "--gate-socket", help="Node agent's gate socket; its directory is mounted into job containers."),
-    mps_status_file: str = typer.Option(None, "--mps-status-file", help="Node agent status file for MPS health (default: <mps-pipe-dir>/gnnsched-node-status.json; 'none' = do not watch MPS)."),
+    mps_shm_dir: str = typer.Option("/var/run/gnnsched/mps-shm", "--mps-shm-dir", help="Host tmpfs the MPS daemon uses as /dev/shm; mounted at /dev/shm in job containers ('none': not mounted)."),
+    state_dir: str = typer.Option("/var/lib/gnnsched/node-state", "--state-dir", help="Node state directory the agent writes its status to (read-only here)."),
+    device_list_strategy: str = typer.Option("envvar", "--device-list-strategy", help="How containers get the GPUs (NVIDIA's flag): envvar (NVIDIA_VISIBLE_DEVICES, for the nvidia runtime) or cdi-cri (CDI device names in the Allocate response)."),
+    device_id_strategy: str = typer.Option("uuid", "--device-id-strategy", help="How GPUs are named in NVIDIA_VISIBLE_DEVICES and CDI names (NVIDIA's flag): uuid or index."),
+    mps_status_file: str = typer.Option(None, "--mps-status-file", help="Node agent status file for MPS health (default: <state-dir>/gnnsched-node-status.json; 'none' = do not watch MPS)."),
     mps_status_max_age: float = typer.Option(60.0, "--mps-status-max-age", help="Seconds after which the agent's status counts as stale (MPS unhealthy)."),
     poll_interval: float = typer.Option(1.0, "--poll-interval", help="Seconds between GPU/MPS health checks."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
@@ -260,7 +302,8 @@ def device_plugin(
     run = importlib.import_module("gnnsched.device_plugin.cli").run
     run(plugin_dir=plugin_dir, gpus=gpus, slots_per_gpu=slots_per_gpu, mps_pipe_dir=mps_pipe_dir,
         gate_socket=gate_socket, mps_status_file=mps_status_file, mps_status_max_age=mps_status_max_age,
-        poll_interval=poll_interval, log_level=log_level)
+        poll_interval=poll_interval, log_level=log_level, mps_shm_dir=mps_shm_dir, state_dir=state_dir,
+        device_list_strategy=device_list_strategy, device_id_strategy=device_id_strategy)
 
 
 def main() -> None:

@@ -49,6 +49,12 @@ ANN_STARTED_AT = f"{GROUP}/started-at"
 ANN_FINISHED_AT = f"{GROUP}/finished-at"
 ANN_OBSERVED_PEAK_BYTES = f"{GROUP}/observed-peak-bytes"  # int: NVML per-process used memory of the pod, sampled max
 ANN_FAULT = f"{GROUP}/fault"  # JSON gnnsched.closed_loop.FaultRecord: the pod's GPU had a fatal MPS fault
+ANN_ATTEMPT_RESULT = f"{GROUP}/attempt-result"
+"""JSON ``gnnsched.closed_loop.AttemptResult`` with ``source: gate``, written by the node agent on a gated pod whose
+container failed without a result line of its own (a custom container): ``memory-exceeded`` when its termination
+message or log tail shows an out-of-memory error, or when the driver saw its memory at the MPS limit as it died;
+``fault`` for a fatal GPU/MPS error. Its ``observed_peak_bytes`` is the agent's sampled peak, ``limit_bytes`` the
+admitted bytes."""
 
 # Shortest-predicted-runtime-first queue order (gnnsched.queue_order): PriorityClasses named
 # ``<QUEUE_CLASS_PREFIX><bucket, two digits>``, created by the chart, set on pods by the operator.
@@ -65,21 +71,57 @@ ENV_POD_NAME = "GNNSCHED_POD_NAME"
 ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
 ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
 ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<bytes>": the per-client limit the gate sets
+ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
+"""``enforce`` or ``enforce:FACTOR``: the worker runs on a fake GPU that enforces ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+(``gnnsched.fake_gpu_memory``): it raises PyTorch's CUDA out-of-memory error once its device bytes (live tensor bytes
+times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to the
+gated workload; tests set it directly."""
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 """Set by the operator to the container's termination-message path. The worker is meant to write its final JSON result
 line (``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes``, ``seconds``, ``steps``, and for an
 out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) there, so it reaches the pod status even when the job succeeds;
 ``gnnsched worker`` writes it there as well as printing it on stdout."""
 
+# The job pods' container and the settings the operator applies to every job pod (chart values ``jobs.*``).
+JOB_CONTAINER_NAME = "gnn"
+"""The container that runs ``gnnsched gate -- <workload>`` in a job pod. Its status is read by this name, never by
+position: admission webhooks (service meshes, log shippers) may inject containers ahead of it."""
+DEFAULT_JOB_RUNTIME_CLASS = "nvidia"
+"""RuntimeClass of job pods (the NVIDIA container runtime puts the driver and ``/dev/nvidia*`` into the container)."""
+ENV_JOB_RUNTIME_CLASS = "GNNSCHED_JOB_RUNTIME_CLASS"  # operator --runtime-class-name ("" = none)
+ENV_JOB_TOLERATIONS = "GNNSCHED_JOB_TOLERATIONS"  # operator --tolerations (JSON list of tolerations)
+ENV_JOB_NODE_SELECTOR = "GNNSCHED_JOB_NODE_SELECTOR"  # operator --node-selector (JSON object)
+GPU_TAINT_KEY = "nvidia.com/gpu"
+"""The taint GPU node pools carry (GKE, EKS and NVIDIA's GPU Operator guides use it); job pods tolerate it by
+default."""
+
 # Host paths shared by the node DaemonSet, the device plugin's Allocate mounts and the agent's defaults.
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_MPS_PIPE_DIR = "/var/run/gnnsched/mps"
 DEFAULT_MPS_LOG_DIR = "/var/log/gnnsched/mps"
 DEFAULT_GATE_SOCKET = "/var/run/gnnsched/gate.sock"
+DEFAULT_MPS_SHM_DIR = "/var/run/gnnsched/mps-shm"
+"""The tmpfs the MPS control daemon's container mounts at ``/dev/shm`` (NVIDIA's ``<mps root>/shm``); the device
+plugin's ``Allocate`` mounts the same host directory at ``/dev/shm`` in every gated container, because MPS clients
+and the server exchange POSIX shared memory as well as the pipes."""
+CONTAINER_SHM_DIR = "/dev/shm"
+DEFAULT_NODE_STATE_DIR = "/var/lib/gnnsched/node-state"
+"""Host directory written only by the node agent and the MPS daemon (root, mode 0755) and read by the device plugin:
+the agent's status file and the daemon's health file. Never mounted into job pods, unlike the pipe directory, which
+every MPS client can write."""
 NODE_STATUS_FILE_NAME = "gnnsched-node-status.json"
-"""The node agent's ``GPUNodeStatus`` as JSON (``wire()``), rewritten atomically on every publish into the MPS pipe
-directory (``gnnsched.node_status_file``), where the device plugin already has a read-only mount. The plugin turns
-``mps.healthy``, ``gpus[].mpsHealthy`` and a stale ``updatedAt`` into Unhealthy slots."""
+"""The node agent's ``GPUNodeStatus`` as JSON (``wire()``), rewritten atomically on every publish into the node state
+directory (``gnnsched.node_status_file``). The device plugin turns ``mps.healthy``, ``gpus[].mpsHealthy`` and a
+stale ``updatedAt`` into Unhealthy slots."""
+MPS_DAEMON_HEALTH_FILE_NAME = "mps-daemon.json"
+"""``gnnsched mps-daemon``'s health (``MPSDaemonHealth``) in the node state directory; the agent reads it."""
+DEFAULT_JOBS_UID = 65532
+"""The one Linux UID every gated job process runs as. An MPS control daemon serves one user at a time: a client of a
+second UID waits until the first user's server exits, so the gate refuses any other UID."""
+ENV_JOBS_UID = "GNNSCHED_JOBS_UID"  # read by the node side and by the operator (--run-as-user: the pods' runAsUser)
+OTHER_GPU_RESOURCE = "nvidia.com/gpu"
+"""The resource NVIDIA's own device plugin advertises. On a node where gnnsched's plugin runs it means a second plugin
+hands out the same GPUs, outside the gate's books; the agent reports it."""
 
 DEFAULT_EXTENDER_PORT = 8888
 DEFAULT_AGENT_METRICS_PORT = 9400
@@ -125,6 +167,12 @@ class GPUStatus(_CamelModel):
     healthy: bool = True
     mps_healthy: bool = True
     max_clients: int = Field(default=MPS_MAX_CLIENTS_PER_GPU, ge=1)
+    draining: bool = False
+    """A fatal MPS fault hit this GPU: nothing is admitted until all its clients exited and MPS answers again
+    (``mps_healthy`` is false meanwhile). Kept here so a restarted agent keeps draining it."""
+    draining_reason: str | None = None  # "Xid", "MpsClientTerminated", "MpsServerFault" or "ClientFault"
+    draining_xid: int | None = None
+    draining_since: datetime | None = None
     running: list[GPUJob] = Field(default_factory=list)
     queued: list[GPUJob] = Field(default_factory=list)
 
@@ -138,6 +186,34 @@ class MPSStatus(_CamelModel):
     healthy: bool = True
     restarts: int = Field(default=0, ge=0)
     message: str = ""
+    compute_mode: str | None = None  # as the MPS daemon set it ("EXCLUSIVE_PROCESS"); None: not known to the agent
+    shm_shared: bool | None = None  # the daemon's /dev/shm is the shared host tmpfs; None: not known to the agent
+
+
+class MPSDaemonHealth(_CamelModel):
+    """What ``gnnsched mps-daemon`` publishes in ``<node state dir>/MPS_DAEMON_HEALTH_FILE_NAME`` on every probe."""
+
+    healthy: bool
+    message: str = ""
+    restarts: int = Field(default=0, ge=0)
+    compute_mode: str = ""  # what the daemon set on every GPU ("EXCLUSIVE_PROCESS", "DEFAULT", "" = left as is)
+    gpus: list[str] = Field(default_factory=list)  # UUIDs under this daemon
+    pinned_mem_limits: dict[str, str] = Field(default_factory=dict)  # device index -> default limit ("78G")
+    jobs_uid: int | None = None  # owner of the pipe and log directories
+    shm_shared: bool | None = None  # /dev/shm in the daemon's container is a bind of the shared tmpfs (None: unknown)
+    shm_detail: str = ""  # what /proc/self/mountinfo showed for /dev/shm
+    pid: int | None = None  # of the ``gnnsched mps-daemon`` process
+    updated_at: datetime | None = None
+
+
+class NodeCondition(_CamelModel):
+    """A Kubernetes-style condition on a ``GPUNode`` (type, status "True"/"False", reason, message)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
 
 
 class GPUNodeStatus(_CamelModel):
@@ -147,6 +223,7 @@ class GPUNodeStatus(_CamelModel):
     updated_at: datetime | None = None
     mps: MPSStatus = Field(default_factory=MPSStatus)
     gpus: list[GPUStatus] = Field(default_factory=list)
+    conditions: list[NodeCondition] = Field(default_factory=list)
 
     @computed_field(alias="gpuCount")  # type: ignore[prop-decorator]
     @property

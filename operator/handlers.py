@@ -50,7 +50,15 @@ from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
 from .planning import ClusterGPU, Plan, PlanError, Planner, gpus_from_gpunode
-from .podspec import LABEL_ATTEMPT, build_config_map, build_pod, config_map_name, job_label, pod_name
+from .podspec import (
+    LABEL_ATTEMPT,
+    JobPodSettings,
+    build_config_map,
+    build_pod,
+    config_map_name,
+    job_label,
+    pod_name,
+)
 from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
 
 log = logging.getLogger("gnnsched.operator")
@@ -79,6 +87,8 @@ class OperatorConfig(BaseModel):
     queue_priority_base: int = QUEUE_PRIORITY_BASE
     queue_priority_prefix: str = QUEUE_CLASS_PREFIX
     queue_priority_per_doubling: int = DEFAULT_PER_DOUBLING
+    # UID, RuntimeClass, tolerations and nodeSelector of every job pod (chart values jobs.*; podspec.JobPodSettings).
+    pods: JobPodSettings = Field(default_factory=JobPodSettings)
 
     @model_validator(mode="after")
     def _queue_order_valid(self) -> "OperatorConfig":
@@ -332,6 +342,7 @@ class Operator:
             ref = _job_ref(body)
             spec = parse_spec(body.get("spec"))
             extra_validation(ref, spec)
+            self.config.pods.node_selector_for(spec)  # a job's nodeSelector must not contradict the operator's
         except SpecError as exc:
             self._fail(body, status, "Failed", "Validated", "InvalidSpec", str(exc))
             return
@@ -380,8 +391,8 @@ class Operator:
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
         pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name,
-                                                priority_class, worker_device=self.config.worker_device),
-                           kind="Pod")
+                                                priority_class, settings=self.config.pods,
+                                                worker_device=self.config.worker_device), kind="Pod")
         self._apply_pod(body, status, pod, deleted=False)
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
@@ -556,7 +567,8 @@ class Operator:
             self.metrics.retries.labels(str(view.failure_reason or "Error")).inc()
             self._event(job, "Normal", "Retrying", f"creating pod {pod_name(ref.name, next_attempt)}")
             pod = self._ensure(ref, job, build_pod(job, spec, plan, next_attempt, self.config.image, self.config.scheduler_name,
-                                                   worker_device=self.config.worker_device), kind="Pod")
+                                              settings=self.config.pods, worker_device=self.config.worker_device),
+                               kind="Pod")
             self._apply_pod(job, status, pod, deleted=False)
             return
         new["phase"] = "Failed"

@@ -141,6 +141,8 @@ class NodeSetup:
     gate_socket: Path
     mps_pipe_dir: Path
     mps_log_dir: Path
+    mps_shm_dir: Path
+    state_dir: Path
     event_log: Path
     metrics_port: int
     agent: Proc | None = None
@@ -384,9 +386,10 @@ class LocalCluster:
         assert self.api is not None
         d = self.dir / name
         node = NodeSetup(name=name, dir=d, plugin_dir=d / "device-plugins", gate_socket=d / "run" / "gate.sock",
-                         mps_pipe_dir=d / "mps", mps_log_dir=d / "mps-log", event_log=d / "gate-events.jsonl",
-                         metrics_port=_free_port())
-        for p in (node.plugin_dir, node.gate_socket.parent, node.mps_pipe_dir, node.mps_log_dir):
+                         mps_pipe_dir=d / "mps", mps_log_dir=d / "mps-log", mps_shm_dir=d / "mps-shm",
+                         state_dir=d / "state", event_log=d / "gate-events.jsonl", metrics_port=_free_port())
+        for p in (node.plugin_dir, node.gate_socket.parent, node.mps_pipe_dir, node.mps_log_dir, node.mps_shm_dir,
+                  node.state_dir):
             p.mkdir(parents=True, exist_ok=True)
         mib = self.gpu_bytes // 2**20
         labels = {
@@ -398,7 +401,9 @@ class LocalCluster:
         }
         capacity = {"cpu": self.opts.node_cpu, "memory": self.opts.node_memory, "pods": "110"}
         self.api.post(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-                              "spec": {},
+                              # the taint GPU node pools carry; job pods tolerate it (operator --tolerations)
+                              "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present",
+                                                   "effect": "NoSchedule"}]},
                               "status": {"capacity": dict(capacity), "allocatable": dict(capacity),
                                          "conditions": [{"type": "Ready", "status": "True"}],
                                          "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
@@ -435,6 +440,9 @@ class LocalCluster:
                 # no MPS daemon without a GPU; no cgroups without a container runtime (see kubelet_standin.py)
                 "--mps", "off", "--peer-check", "off",
                 "--mps-pipe-dir", str(node.mps_pipe_dir), "--mps-log-dir", str(node.mps_log_dir),
+                "--state-dir", str(node.state_dir),
+                # the kubelet stand-in runs containers as this user, not the pod's runAsUser (kubelet_standin.py)
+                "--jobs-uid", str(os.getuid()),
                 "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1"]
 
     def _start_node(self, node: NodeSetup) -> None:
@@ -448,7 +456,8 @@ class LocalCluster:
         node.plugin = self._proc(f"device-plugin-{node.name}", [
             *gnnsched_command(), "device-plugin", "--plugin-dir", str(node.plugin_dir), "--gpus", self.opts.gpus,
             "--slots-per-gpu", str(self.opts.slots_per_gpu), "--mps-pipe-dir", str(node.mps_pipe_dir),
-            "--gate-socket", str(node.gate_socket), "--poll-interval", "0.5"])
+            "--gate-socket", str(node.gate_socket), "--mps-shm-dir", str(node.mps_shm_dir),
+            "--state-dir", str(node.state_dir), "--poll-interval", "0.5"])
 
     def _start_scheduler(self) -> None:
         from scheduler_standin import SchedulerStandIn

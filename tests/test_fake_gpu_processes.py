@@ -77,7 +77,7 @@ def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succe
                                     ENV_RESULT_FILE: str(result_file)})
                 run = subprocess.run(_gnnsched() + ["gate", "--socket", str(sock), "--"] + _gnnsched()
                                      + ["worker", str(job), "--no-progress"], env=wenv, cwd=tmp_path,
-                                     capture_output=True, text=True, timeout=180)
+                                     capture_output=True, text=True, timeout=180, check=False)
                 results[m["name"]] = (run.returncode, AttemptResult.model_validate_json(result_file.read_text()),
                                       run.stderr)
         finally:
@@ -106,10 +106,10 @@ def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succe
 
 def test_fake_gpu_memory_flag_needs_fake_gpus(tmp_path):
     run = subprocess.run(_gnnsched() + ["node-agent", "--gpus", "nvml", "--fake-gpu-memory", "enforce",
-                                        "--gate-socket", str(tmp_path / "s")], capture_output=True, text=True, timeout=60)
+                                        "--gate-socket", str(tmp_path / "s")], capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--fake-gpu-memory" in lines[0], run.stderr
     run = subprocess.run(_gnnsched() + ["node-agent", "--gpus", "fake:1x8Gi", "--fake-gpu-memory", "always",
-                                        "--gate-socket", str(tmp_path / "s")], capture_output=True, text=True, timeout=60)
+                                        "--gate-socket", str(tmp_path / "s")], capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2 and "--fake-gpu-memory" in run.stderr and "enforce" in run.stderr

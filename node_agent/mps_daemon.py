@@ -122,7 +122,10 @@ def mount_shm(shm_dir: str | os.PathLike[str], size: str | None = None, mountinf
     commands: list[list[str]] = []
     if _is_mount_point(path, mountinfo):
         commands.append(["umount", str(path)])
-    commands.append(["mount", "-t", "tmpfs", "-o", f"rw,nosuid,nodev,noexec,relatime,size={size}", "shm", str(path)])
+    # named, not "shm" as NVIDIA's: a container's private /dev/shm is also a tmpfs called "shm", and the name is how
+    # dev_shm_binding tells the shared one apart once it is bind-mounted (root "/") into the daemon's container
+    commands.append(["mount", "-t", "tmpfs", "-o", f"rw,nosuid,nodev,noexec,relatime,size={size}", MPS_SHM_SOURCE,
+                     str(path)])
     path.mkdir(parents=True, exist_ok=True)
     for argv in commands:
         exe = shutil.which(argv[0])

@@ -112,7 +112,3 @@ extender always answers bind before the scheduler gives up on the call. */}}
 {{- define "gnnsched.jobsRuntimeClass" -}}
 {{- .Values.jobs.runtimeClassName | default .Values.node.runtimeClassName -}}
 {{- end }}
-
-{{/* The MPS shm tmpfs's mount source name: gnnsched.contract.MPS_SHM_SOURCE, by which `gnnsched mps-daemon` tells
-the shared /dev/shm from a container's private one (a test checks the two agree). */}}
-{{- define "gnnsched.mpsShmSource" -}}gnnsched-mps-shm{{- end }}

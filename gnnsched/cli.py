@@ -56,28 +56,20 @@ def _operator(
     ctx: typer.Context,
     namespace: list[str] = typer.Option([], "--namespace", "-n", help="Watch this namespace (repeatable)."),
     all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace (default)."),
-    image: str = typer.Option(
-        None, "--image", envvar="GNNSCHED_IMAGE", help="Worker image for pods whose GNNJob names none."
-    ),
-    scheduler_name: str = typer.Option(
-        "gnnsched-scheduler",
-        "--scheduler-name",
-        envvar="GNNSCHED_SCHEDULER_NAME",
-        help="schedulerName of the pods (the profile that calls the extender).",
-    ),
-    health_port: int = typer.Option(
-        9401, "--health-port", min=0, max=65535, help="Port of the liveness probe (GET /healthz); 0 turns it off."
-    ),
-    metrics_port: int = typer.Option(
-        9402,
-        "--metrics-port",
-        min=0,
-        max=65535,
-        help="Port of the Prometheus metrics (GET /metrics, gnnsched_operator_*); 0 turns them off.",
-    ),
-    default_gpu_model: str = typer.Option(
-        "A100-40GB", "--default-gpu-model", help="GPU model for runtime predictions while no GPUNode has reported."
-    ),
+    image: str = typer.Option(None, "--image", envvar="GNNSCHED_IMAGE",
+                              help="Worker image for pods whose GNNJob names none."),
+    scheduler_name: str = typer.Option("gnnsched-scheduler", "--scheduler-name", envvar="GNNSCHED_SCHEDULER_NAME",
+                                       help="schedulerName of the pods (the profile that calls the extender)."),
+    health_port: int = typer.Option(9401, "--health-port", min=0, max=65535,
+                                    help="Port of the liveness probe (GET /healthz); 0 turns it off."),
+    metrics_port: int = typer.Option(9402, "--metrics-port", min=0, max=65535,
+                                     help="Port of the Prometheus metrics (GET /metrics, gnnsched_operator_*); "
+                                          "0 turns them off."),
+    worker_device: str = typer.Option("cuda", "--worker-device",
+                                      help="Device of the built-in worker in job pods: cuda (GPU nodes) or cpu "
+                                           "(nodes whose GPUs are fake, e.g. tests/e2e/local_cluster.py)."),
+    default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
+                                          help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
     queue_priority: bool = typer.Option(
         False,
@@ -151,6 +143,14 @@ def _operator(
 
     if namespace and all_namespaces:
         fail("--namespace and --all-namespaces are mutually exclusive")
+    if worker_device not in ("cuda", "cpu"):
+        fail(f"--worker-device: must be cuda or cpu, got {worker_device!r}")
+    from gnnsched.gpus import get_gpu_model
+
+    try:
+        get_gpu_model(default_gpu_model)
+    except KeyError as exc:  # else every job would fail later with EstimationFailed
+        fail(f"--default-gpu-model: {exc.args[0]}")
     setup_logging(log_level)
     from gnnsched.queue_order import QueueOrder, QueueOrderError
 
@@ -170,7 +170,7 @@ def _operator(
         fail(str(exc))
     fields = {"pods": pods, "namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
-              "scheduler_name": scheduler_name, "health_port": health_port or None,
+              "scheduler_name": scheduler_name, "worker_device": worker_device, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority,
               "queue_priority_base": queue_priority_base, "queue_priority_prefix": queue_priority_prefix,
               "queue_priority_per_doubling": queue_priority_per_doubling}

@@ -47,7 +47,7 @@ def node_agent(
         DEFAULT_BYPASS_LIMIT,
         "--bypass-limit",
         help="Backfill: a queued pod that does not fit may be overtaken by at most N pods later in the policy's order "
-             "before it blocks them (0: admit a strict prefix of the order, no overtaking).",
+        "before it blocks them (0: admit a strict prefix of the order, no overtaking).",
     ),
     reserve_bytes: str = typer.Option(
         "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
@@ -67,13 +67,13 @@ def node_agent(
         "on",
         "--mps",
         help="on: start, configure and supervise nvidia-cuda-mps-control in this process (development); external: read "
-             "the health `gnnsched mps-daemon` publishes in --state-dir (a real cluster); off: MPS not watched.",
+        "the health `gnnsched mps-daemon` publishes in --state-dir (a real cluster); off: MPS not watched.",
     ),
     state_dir: Path = typer.Option(
         Path(DEFAULT_NODE_STATE_DIR),
         "--state-dir",
         help="Node state directory (written only by the agent and the MPS daemon, never mounted into jobs): the device "
-             "plugin's status file and the MPS daemon's health.",
+        "plugin's status file and the MPS daemon's health.",
     ),
     mps_health_max_age: float = typer.Option(
         60.0,
@@ -122,6 +122,12 @@ def node_agent(
         None, "--event-log", help="Append gate events (queued/admitted/released) as JSON lines."
     ),
     log_level: str = typer.Option("info", "--log-level"),
+    fake_gpu_memory: str = typer.Option(
+        "",
+        "--fake-gpu-memory",
+        help="With --gpus fake: enforce[:FACTOR] makes every admitted gnnsched worker enforce its MPS memory limit as "
+             "a real GPU would (GNNSCHED_FAKE_GPU_MEMORY; development and tests).",
+    ),
 ) -> None:
     """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics."""
     import asyncio
@@ -164,6 +170,18 @@ def node_agent(
         fail("--bypass-limit: must be >= 0 (0: strict prefix of the policy's order)")
     if recovery_grace < 0 or status_interval <= 0:
         fail("--recovery-grace/--status-interval: must be >= 0 / > 0")
+    workload_env: dict[str, str] = {}
+    if fake_gpu_memory:
+        from gnnsched.contract import ENV_FAKE_GPU_MEMORY
+        from gnnsched.fake_gpu_memory import parse_fake_gpu_memory
+
+        if not gpus.strip().startswith("fake:"):
+            fail("--fake-gpu-memory: only with --gpus fake:NxSIZE (a real GPU enforces its own limit)")
+        try:
+            parse_fake_gpu_memory(fake_gpu_memory)
+        except ValueError as exc:
+            fail(f"--fake-gpu-memory: {exc}")
+        workload_env[ENV_FAKE_GPU_MEMORY] = fake_gpu_memory.strip()
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
@@ -238,6 +256,7 @@ def node_agent(
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
+        workload_env=workload_env,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
         mps_probe_interval=2.0 if mps == "external" else 10.0,
     )
@@ -379,7 +398,11 @@ def mps_daemon(
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.mps import MPSConfig, MPSError, MPSManager
-    from gnnsched.node_agent.mps_daemon import MPSDaemonService, mount_shm, pinned_limit_mib
+    from gnnsched.node_agent.mps_daemon import (
+        MPSDaemonService,
+        mount_shm,
+        pinned_limit_mib,
+    )
 
     if mount_shm_only:
         if mps_shm_dir == "none" or not Path(mps_shm_dir).is_absolute():

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -77,6 +77,8 @@ class OperatorConfig(BaseModel):
     watch_client_timeout: float | None = None  # seconds; short in tests so the first event is not delayed
     finalizer: str = "gnnsched.io/cleanup"
     scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
+    # Device of the built-in worker: cuda on GPU nodes, cpu where the agents' GPUs are fake (no CUDA behind them).
+    worker_device: Literal["cuda", "cpu"] = "cuda"
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)
     # Shortest-predicted-first queue order (gnnsched.queue_order): give each pod the PriorityClass of its predicted
@@ -401,6 +403,7 @@ class Operator:
                 self.config.scheduler_name,
                 priority_class,
                 settings=self.config.pods,
+                worker_device=self.config.worker_device,
             ),
             kind="Pod",
         )
@@ -588,6 +591,7 @@ class Operator:
                     self.config.image,
                     self.config.scheduler_name,
                     settings=self.config.pods,
+                    worker_device=self.config.worker_device,
                 ),
                 kind="Pod",
             )

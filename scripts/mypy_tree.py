@@ -83,7 +83,9 @@ def main(argv: list[str]) -> int:
         if loose:
             # the package from the tree, the tests' own helpers (kube_emulator, shared_data, ...) from tests/
             # (and bench/'s scripts import each other as plain modules, as run from bench/)
-            env["MYPYPATH"] = os.pathsep.join([str(tree), str(ROOT / "tests"), str(ROOT / "bench")])
+            env["MYPYPATH"] = os.pathsep.join(
+                [str(tree), str(ROOT / "tests"), str(ROOT / "tests" / "e2e"), str(ROOT / "bench")]
+            )
             cmd += [*LOOSE_FLAGS, "--explicit-package-bases", *paths]
             cwd = ROOT
         else:

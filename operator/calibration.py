@@ -25,7 +25,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gnnsched.closed_loop import DEFAULT_CALIBRATION, CalibrationClass, CalibrationPolicy, CalibrationTable
+from gnnsched.closed_loop import (
+    DEFAULT_CALIBRATION,
+    CalibrationClass,
+    CalibrationPolicy,
+    CalibrationTable,
+)
 from gnnsched.contract import API_VERSION, GNNCALIBRATION_KIND, GNNCALIBRATION_NAME
 
 from .kube import Kube, KubeError

@@ -48,6 +48,7 @@ class ClusterGPU(BaseModel):
     model: str
     capacity_bytes: int
     healthy: bool = True
+    uuid: str = ""
 
 
 class ModelNeed(BaseModel):
@@ -339,14 +340,6 @@ class Planner:
             scaling_note=note,
         )
 
-    def need_for(self, plan: Plan, gpu_model: str | None) -> int | None:
-        """The plan's predicted need on ``gpu_model`` (the admitted GPU's model), else on the plan's model."""
-        by_model = {n.model: n.bytes for n in plan.needs}
-        for name in (gpu_model, plan.admit_gpu_model, plan.runtime_gpu_model):
-            if name is not None and name in by_model:
-                return by_model[name]
-        return plan.needs[0].bytes if plan.needs else None
-
 
 def _distinct_largest_per_model(gpus: list[ClusterGPU]) -> list[ClusterGPU]:
     """One GPU per model: the one with the most usable memory (a job fits a model if it fits its best GPU)."""
@@ -383,6 +376,6 @@ def gpus_from_gpunode(obj: Any) -> list[ClusterGPU]:
         return []
     node = parsed.node_name or str(name or "")
     return [
-        ClusterGPU(node=node, model=g.model, capacity_bytes=g.capacity_bytes, healthy=g.healthy)
+        ClusterGPU(node=node, model=g.model, capacity_bytes=g.capacity_bytes, healthy=g.healthy, uuid=g.uuid)
         for g in parsed.gpus
     ]

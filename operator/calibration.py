@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -63,11 +64,12 @@ def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_
 class CalibrationStore:
     """Reads and extends the cluster's calibration table through the API; thread-safe (kopf's handler threads)."""
 
-    def __init__(self, kube: Kube, metrics: OperatorMetrics, policy: CalibrationPolicy = DEFAULT_CALIBRATION,
+    def __init__(self, kube: Kube, metrics: OperatorMetrics,
+                 policy: Callable[[], CalibrationPolicy] = lambda: DEFAULT_CALIBRATION,
                  name: str = GNNCALIBRATION_NAME) -> None:
         self.kube = kube
         self.metrics = metrics
-        self.policy = policy
+        self._policy = policy  # read at each use: the planner that applies the factors owns the policy
         self.name = name
         self._lock = threading.Lock()
 
@@ -86,6 +88,10 @@ class CalibrationStore:
             return CalibrationTable(), []
         recorded = [str(k) for k in status.get("recorded") or [] if isinstance(k, str)]
         return table, recorded
+
+    @property
+    def policy(self) -> CalibrationPolicy:
+        return self._policy()
 
     def _publish(self, table: CalibrationTable) -> None:
         for key in table.ratios:

@@ -177,7 +177,7 @@ class Operator:
         self.kube = kube
         self.planner = planner
         self.metrics = metrics or OperatorMetrics()
-        self.calibration = CalibrationStore(kube, self.metrics, planner.calibration_policy)
+        self.calibration = CalibrationStore(kube, self.metrics, lambda: self.planner.calibration_policy)
         self.metrics_port: int | None = None  # the bound port once ``main.run_async`` serves the metrics
 
     # ------------------------------------------------------------------ events and status writes

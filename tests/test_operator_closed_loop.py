@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from operator_harness import GiB, Cluster, a100, emulated_cluster, manifest, running_operator, wait_for
+from operator_harness import (
+    Cluster,
+    GiB,
+    a100,
+    emulated_cluster,
+    manifest,
+    running_operator,
+    wait_for,
+)
 
 from gnnsched.closed_loop import AttemptResult, CalibrationPolicy, next_reservation
 from gnnsched.contract import (
@@ -255,13 +262,12 @@ async def test_gpu_memory_replaces_the_prediction_and_keeps_the_estimate(tmp_pat
 ])
 async def test_bad_gpu_memory_or_max_resizes_is_a_named_invalid_spec(tmp_path: Path, field: str, value: Any,
                                                                      named: str) -> None:
-    async with emulated_cluster(tmp_path) as cluster:
-        async with running_operator(cluster):
-            job_manifest = manifest()
-            job_manifest["spec"][field] = value
-            await cluster.create_job(job_manifest)
-            job = await job_in_phase(cluster, "gcn-cora", "Failed")
-            pods = await cluster.pods()
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        job_manifest = manifest()
+        job_manifest["spec"][field] = value
+        await cluster.create_job(job_manifest)
+        job = await job_in_phase(cluster, "gcn-cora", "Failed")
+        pods = await cluster.pods()
     validated = condition(job, "Validated")
     assert validated["reason"] == "InvalidSpec" and named in validated["message"], validated
     assert "\n" not in validated["message"] and not pods

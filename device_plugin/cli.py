@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from gnnsched.cliutil import fail, setup_logging
-from gnnsched.contract import MPS_MAX_CLIENTS_PER_GPU
+from gnnsched.contract import DEFAULT_NODE_STATE_DIR, MPS_MAX_CLIENTS_PER_GPU
 
 log = logging.getLogger("gnnsched.device_plugin")
 
@@ -32,14 +32,27 @@ def run(
     mps_status_max_age: float,
     poll_interval: float,
     log_level: str,
+    mps_shm_dir: str = "none",
+    state_dir: str | None = None,
+    device_list_strategy: str = "envvar",
+    device_id_strategy: str = "uuid",
 ) -> None:
     """Validate flags (one line, exit 2 on a bad one), open the GPU backend, serve until a signal arrives."""
     setup_logging(log_level)
     if not 1 <= slots_per_gpu <= MPS_MAX_CLIENTS_PER_GPU:
         fail(f"--slots-per-gpu: must be between 1 and {MPS_MAX_CLIENTS_PER_GPU} (the MPS client limit), got {slots_per_gpu}")
-    for flag, value in (("--mps-pipe-dir", mps_pipe_dir), ("--gate-socket", gate_socket), ("--plugin-dir", plugin_dir)):
+    paths = [("--mps-pipe-dir", mps_pipe_dir), ("--gate-socket", gate_socket), ("--plugin-dir", plugin_dir)]
+    if mps_shm_dir != "none":
+        paths.append(("--mps-shm-dir", mps_shm_dir))
+    if state_dir is not None:
+        paths.append(("--state-dir", state_dir))
+    for flag, value in paths:
         if not value or not Path(value).is_absolute():
             fail(f"{flag}: must be an absolute path, got {value!r}")
+    if device_list_strategy not in ("envvar", "cdi-cri"):
+        fail(f"--device-list-strategy: use envvar or cdi-cri, got {device_list_strategy!r}")
+    if device_id_strategy not in ("uuid", "index"):
+        fail(f"--device-id-strategy: use uuid or index, got {device_id_strategy!r}")
     if not Path(plugin_dir).is_dir():
         fail(f"--plugin-dir: {plugin_dir} is not a directory (is kubelet running with device plugins enabled?)")
     if not 0.01 <= poll_interval <= 60:
@@ -64,13 +77,16 @@ def run(
         fail(str(exc), code=NVML_UNAVAILABLE_EXIT)
 
     if mps_status_file is None:
-        mps_status_file = str(status_file_path(mps_pipe_dir))
+        mps_status_file = str(status_file_path(state_dir or DEFAULT_NODE_STATE_DIR))
     health = assume_mps_healthy if mps_status_file == "none" else StatusFileMPSHealth(mps_status_file, mps_status_max_age)
     config = PluginConfig(
         plugin_dir=Path(plugin_dir),
         slots_per_gpu=slots_per_gpu,
         mps_pipe_dir=mps_pipe_dir,
+        mps_shm_dir=None if mps_shm_dir == "none" else mps_shm_dir,
         gate_socket=gate_socket,
+        device_list_strategy=device_list_strategy,
+        device_id_strategy=device_id_strategy,
         poll_interval_s=poll_interval,
     )
     plugin = DevicePlugin(backend, config, health)

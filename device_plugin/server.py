@@ -28,8 +28,10 @@ from pathlib import Path
 import grpc
 
 from gnnsched.contract import (
+    CONTAINER_SHM_DIR,
     DEFAULT_GATE_SOCKET,
     DEFAULT_MPS_PIPE_DIR,
+    DEFAULT_MPS_SHM_DIR,
     ENV_GATE_SOCKET,
     GPU_SHARE_RESOURCE,
     MPS_MAX_CLIENTS_PER_GPU,
@@ -49,6 +51,19 @@ DEFAULT_ENDPOINT = "gnnsched-gpu-share.sock"
 ENV_MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: NVIDIA's ``--device-list-strategy`` values this plugin implements: ``envvar`` (``NVIDIA_VISIBLE_DEVICES``, read by
+#: the ``nvidia`` runtime) and ``cdi-cri`` (CDI device names in the Allocate response's ``cdi_devices``, which
+#: containerd >= 1.7 / CRI-O inject from the node's CDI spec, no special runtime needed).
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
+#: NVIDIA's ``--device-id-strategy``: how a GPU is named in ``NVIDIA_VISIBLE_DEVICES`` and in CDI device names.
+DEVICE_ID_STRATEGIES = ("uuid", "index")
+#: CDI kind of NVIDIA's GPUs (``nvidia-ctk cdi generate`` names devices ``nvidia.com/gpu=<index|uuid|all>``).
+CDI_GPU_KIND = "nvidia.com/gpu"
+
+
+def cdi_device_name(gpu: GPUInfo, id_strategy: str) -> str:
+    """The fully qualified CDI name of one GPU, as NVIDIA's plugin builds it (vendor/class=id)."""
+    return f"{CDI_GPU_KIND}={gpu.uuid if id_strategy == 'uuid' else gpu.index}"
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,11 @@ class PluginConfig:
     plugin_dir: Path
     slots_per_gpu: int = MPS_MAX_CLIENTS_PER_GPU
     mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR
+    #: Host tmpfs the MPS daemon uses as /dev/shm; mounted at /dev/shm in every gated container (None: not mounted).
+    mps_shm_dir: str | None = DEFAULT_MPS_SHM_DIR
     gate_socket: str = DEFAULT_GATE_SOCKET
+    device_list_strategy: str = "envvar"
+    device_id_strategy: str = "uuid"
     endpoint: str = DEFAULT_ENDPOINT
     resource_name: str = GPU_SHARE_RESOURCE
     #: Longest time a health change can go unseen (the fake backend wakes the watcher at once).
@@ -92,6 +111,10 @@ class DevicePlugin:
     def __init__(self, backend: GPUBackend, config: PluginConfig, mps_health: MPSHealthSource | None = None) -> None:
         if config.slots_per_gpu < 1:
             raise ValueError("slots_per_gpu must be >= 1")
+        if config.device_list_strategy not in DEVICE_LIST_STRATEGIES:
+            raise ValueError(f"device_list_strategy must be one of {', '.join(DEVICE_LIST_STRATEGIES)}")
+        if config.device_id_strategy not in DEVICE_ID_STRATEGIES:
+            raise ValueError(f"device_id_strategy must be one of {', '.join(DEVICE_ID_STRATEGIES)}")
         self.backend = backend
         self.config = config
         self.mps_health = mps_health or assume_mps_healthy
@@ -267,13 +290,20 @@ class DevicePlugin:
         unknown = [i for i in ids if i not in by_id]
         if unknown:
             raise AllocationError(f"unknown device IDs: {', '.join(unknown)}", unknown)
-        visible = ",".join(g.uuid for g in gpus)
+        cfg = self.config
+        # Every GPU the agent manages is made visible: the gate picks the GPU at container start and narrows
+        # CUDA_VISIBLE_DEVICES (by UUID, which CUDA accepts whatever the container's numbering) in its reply.
         envs = {
-            ENV_GATE_SOCKET: self.config.gate_socket,
-            ENV_MPS_PIPE_DIRECTORY: self.config.mps_pipe_dir,
-            ENV_NVIDIA_VISIBLE_DEVICES: visible,
-            ENV_CUDA_VISIBLE_DEVICES: visible,
+            ENV_GATE_SOCKET: cfg.gate_socket,
+            ENV_MPS_PIPE_DIRECTORY: cfg.mps_pipe_dir,
+            ENV_CUDA_VISIBLE_DEVICES: ",".join(g.uuid for g in gpus),
         }
+        cdi: list[pb.CDIDevice] = []
+        if cfg.device_list_strategy == "envvar":
+            ids = [g.uuid if cfg.device_id_strategy == "uuid" else str(g.index) for g in gpus]
+            envs[ENV_NVIDIA_VISIBLE_DEVICES] = ",".join(ids)
+        else:  # cdi-cri: as NVIDIA's plugin, no NVIDIA_VISIBLE_DEVICES; the runtime injects the named devices
+            cdi = [pb.CDIDevice(name=cdi_device_name(g, cfg.device_id_strategy)) for g in gpus]
         gate_dir = str(Path(self.config.gate_socket).parent)
         mounts = {
             # Read-only: a client can still connect to the socket, but cannot replace it or plant files.
@@ -283,9 +313,14 @@ class DevicePlugin:
                 container_path=self.config.mps_pipe_dir, host_path=self.config.mps_pipe_dir, read_only=False
             ),
         }
+        if cfg.mps_shm_dir is not None:
+            # MPS clients and the server share POSIX shared memory as well as the pipes; each container has its own
+            # /dev/shm, so hand every client the daemon's (NVIDIA: <mps root>/shm at /dev/shm, read-write).
+            mounts[CONTAINER_SHM_DIR] = pb.Mount(container_path=CONTAINER_SHM_DIR, host_path=cfg.mps_shm_dir,
+                                                 read_only=False)
         # Parents before children, so a nested directory is not hidden by its parent's mount.
         ordered = [mounts[p] for p in sorted(mounts, key=lambda p: (len(Path(p).parts), p))]
-        return pb.ContainerAllocateResponse(envs=envs, mounts=ordered)
+        return pb.ContainerAllocateResponse(envs=envs, mounts=ordered, cdi_devices=cdi)
 
 
 class _Servicer(pb_grpc.DevicePluginServicer):

@@ -55,6 +55,15 @@ class _RequestError(Exception):
         self.message = message
 
 
+class _PodError(_RequestError):
+    """The request is well formed but the pod itself cannot be placed by gnnsched (a missing or unparsable
+    annotation): no node can help it, whatever is preempted."""
+
+    def __init__(self, message: str, cands: _Candidates) -> None:
+        super().__init__(message)
+        self.cands = cands
+
+
 def _field(obj: dict, name: str) -> Any:
     """Go's JSON decoder matches keys case-insensitively; so do we (exact spelling first)."""
     if name in obj:
@@ -211,7 +220,10 @@ class ExtenderService:
         try:
             demand = parse_pod(pod)
         except PodError as exc:
-            raise _RequestError(str(exc)) from None
+            meta = pod.get("metadata") if isinstance(pod, dict) else None
+            if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
+                raise _PodError(str(exc), cands) from None  # a real pod whose gnnsched fields are wrong
+            raise _RequestError(str(exc)) from None  # not a pod at all: the request itself is broken
         return demand, pod, cands
 
     # ---------------------------------------------------------------- verbs
@@ -221,6 +233,20 @@ class ExtenderService:
         m = self.metrics
         try:
             demand, pod, cands = self._parse(body)
+        except _PodError as exc:
+            # Every candidate fails as unresolvable, with the reason: kube-scheduler records the message on the pod
+            # and skips preemption for nodes marked UnschedulableAndUnresolvable (an Error would instead be
+            # retried as a scheduling error, and a plain failure would let it preempt pods to no avail).
+            m.requests.labels("filter", "unresolvable").inc()
+            m.latency.labels("filter").observe(time.perf_counter() - t0)
+            c = exc.cands
+            reply: dict[str, Any] = {
+                "FailedNodes": {}, "Error": "",
+                "FailedAndUnresolvableNodes": {n: exc.message for n in c.names if isinstance(n, str)},
+                "NodeNames": [] if c.items is None else None,
+                "Nodes": None if c.items is None else {**(c.nodes_obj or {}), "items": []},
+            }
+            return orjson.dumps(reply)
         except _RequestError as exc:
             m.requests.labels("filter", "error").inc()
             m.latency.labels("filter").observe(time.perf_counter() - t0)
@@ -248,7 +274,7 @@ class ExtenderService:
         else:
             keep = None
             passed_names = names
-        reply: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        reply = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if cands.items is None:
             reply["NodeNames"] = passed_names
             reply["Nodes"] = None
@@ -333,14 +359,21 @@ class ExtenderService:
         """Second half of bind: the API calls (may block); releases the reservation on failure."""
         m = self.metrics
         try:
-            self.binder.bind(args.PodNamespace, args.PodName, args.PodUID or res.uid, args.Node, res, pod)
+            already = self.binder.bind(args.PodNamespace, args.PodName, args.PodUID or res.uid, args.Node, res, pod)
         except Exception as exc:  # BindFailed, or anything unexpected: the capacity must not stay promised
             if not isinstance(exc, BindFailed):
                 log.exception("bind of %s/%s failed", args.PodNamespace, args.PodName)
             self.cache.release(res.uid)
+            if isinstance(exc, BindFailed) and exc.pod is not None:
+                self.cache.upsert_pod(exc.pod)  # bound elsewhere already: that bind's reservation stands
             m.requests.labels("bind", "error").inc()
             m.binds.labels("failed").inc()
             return orjson.dumps({"Error": str(exc)})
+        if already is not None:
+            # A retried bind whose earlier attempt had bound the pod: the pod carries that attempt's reservation,
+            # which the node agent and a restarted extender will read, so the cache keeps that one, not this one.
+            self.cache.release(res.uid)
+            self.cache.upsert_pod(already)
         self._pending.pop(f"{args.PodNamespace}/{args.PodName}", None)
         m.requests.labels("bind", "ok").inc()
         m.binds.labels("immediate" if res.immediate else "queued").inc()

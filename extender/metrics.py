@@ -14,8 +14,9 @@ class ExtenderMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "gnnsched_extender_requests", "Extender requests by verb and outcome (ok|error).", ["verb", "outcome"],
-            registry=r,
+            "gnnsched_extender_requests",
+            "Extender requests by verb and outcome (ok|error|unresolvable: a pod no node can take).",
+            ["verb", "outcome"], registry=r,
         )
         self.latency = Histogram(
             "gnnsched_extender_request_seconds", "Time spent handling an extender request (server side).",

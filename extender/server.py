@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from gnnsched.contract import DEFAULT_EXTENDER_PORT
 from gnnsched.interference import load_default
 
-from .binder import FakeBinder, KubeBinder
+from .binder import DEFAULT_BIND_TIMEOUT, FakeBinder, KubeBinder
 from .cache import DEFAULT_RESERVATION_TTL, ClusterCache
 from .fake import parse_fake_cluster, populate
 
@@ -38,6 +38,7 @@ class ExtenderOptions:
     log_level: str = "info"
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None  # None: /metrics, /healthz, /readyz only on the main port
+    bind_timeout: float = DEFAULT_BIND_TIMEOUT  # seconds; below kube-scheduler's httpTimeout for the extender
 
 
 def build_app(opts: ExtenderOptions) -> FastAPI:
@@ -46,6 +47,9 @@ def build_app(opts: ExtenderOptions) -> FastAPI:
 
     if opts.reservation_ttl <= 0:
         raise OptionError("--reservation-ttl", "must be positive seconds")
+    if not 0 < opts.bind_timeout <= 60:
+        raise OptionError("--bind-timeout", f"{opts.bind_timeout} must be 0..60 seconds (below the scheduler's "
+                          "httpTimeout for the extender)")
     cache = ClusterCache(load_default(), reservation_ttl=opts.reservation_ttl)
     if opts.fake_cluster is not None:
         try:
@@ -81,7 +85,8 @@ def build_app(opts: ExtenderOptions) -> FastAPI:
     from .watcher import ClusterWatcher
 
     watcher = ClusterWatcher(cache, api)
-    return create_app(cache, KubeBinder(client.CoreV1Api(api)), ready=False, background=[watcher.start])
+    binder = KubeBinder(client.CoreV1Api(api), timeout=opts.bind_timeout)
+    return create_app(cache, binder, ready=False, background=[watcher.start])
 
 
 def serve(opts: ExtenderOptions) -> None:

@@ -181,6 +181,10 @@ def extender_cmd(
     ),
     fake_seed: int = typer.Option(0, "--fake-seed", help="Seed of the synthetic cluster."),
     reservation_ttl: float = typer.Option(300.0, help="Seconds a reservation waits for the node agent's report."),
+    bind_timeout: float = typer.Option(
+        4.0, "--bind-timeout", help="Seconds the Binding call may take; keep it below kube-scheduler's httpTimeout "
+        "for the extender (5s by default) so the scheduler always gets the answer."
+    ),
     kubeconfig: str = typer.Option(None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)."),
     log_level: str = typer.Option("info", help="Log level."),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host", help="Address of the metrics/health listener."),
@@ -223,7 +227,7 @@ def extender_cmd(
     opts = ExtenderOptions(
         host=host, port=port, fake_cluster=fake_cluster, fake_state=Path(fake_state) if fake_state else None,
         fake_seed=fake_seed, reservation_ttl=reservation_ttl, kubeconfig=kubeconfig, log_level=log_level.lower(),
-        metrics_host=metrics_host, metrics_port=metrics_port,
+        metrics_host=metrics_host, metrics_port=metrics_port, bind_timeout=bind_timeout,
     )
     try:
         serve(opts)
@@ -239,7 +243,11 @@ def device_plugin(
     slots_per_gpu: int = typer.Option(48, "--slots-per-gpu", help="gnnsched.io/gpu-share slots advertised per GPU (1-48, MPS clients)."),
     mps_pipe_dir: str = typer.Option("/var/run/gnnsched/mps", "--mps-pipe-dir", help="MPS pipe directory mounted into job containers."),
     gate_socket: str = typer.Option("/var/run/gnnsched/gate.sock", "--gate-socket", help="Node agent's gate socket; its directory is mounted into job containers."),
-    mps_status_file: str = typer.Option(None, "--mps-status-file", help="Node agent status file for MPS health (default: <mps-pipe-dir>/gnnsched-node-status.json; 'none' = do not watch MPS)."),
+    mps_shm_dir: str = typer.Option("/var/run/gnnsched/mps-shm", "--mps-shm-dir", help="Host tmpfs the MPS daemon uses as /dev/shm; mounted at /dev/shm in job containers ('none': not mounted)."),
+    state_dir: str = typer.Option("/var/lib/gnnsched/node-state", "--state-dir", help="Node state directory the agent writes its status to (read-only here)."),
+    device_list_strategy: str = typer.Option("envvar", "--device-list-strategy", help="How containers get the GPUs (NVIDIA's flag): envvar (NVIDIA_VISIBLE_DEVICES, for the nvidia runtime) or cdi-cri (CDI device names in the Allocate response)."),
+    device_id_strategy: str = typer.Option("uuid", "--device-id-strategy", help="How GPUs are named in NVIDIA_VISIBLE_DEVICES and CDI names (NVIDIA's flag): uuid or index."),
+    mps_status_file: str = typer.Option(None, "--mps-status-file", help="Node agent status file for MPS health (default: <state-dir>/gnnsched-node-status.json; 'none' = do not watch MPS)."),
     mps_status_max_age: float = typer.Option(60.0, "--mps-status-max-age", help="Seconds after which the agent's status counts as stale (MPS unhealthy)."),
     poll_interval: float = typer.Option(1.0, "--poll-interval", help="Seconds between GPU/MPS health checks."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
@@ -249,7 +257,8 @@ def device_plugin(
     run = importlib.import_module("gnnsched.device_plugin.cli").run
     run(plugin_dir=plugin_dir, gpus=gpus, slots_per_gpu=slots_per_gpu, mps_pipe_dir=mps_pipe_dir,
         gate_socket=gate_socket, mps_status_file=mps_status_file, mps_status_max_age=mps_status_max_age,
-        poll_interval=poll_interval, log_level=log_level)
+        poll_interval=poll_interval, log_level=log_level, mps_shm_dir=mps_shm_dir, state_dir=state_dir,
+        device_list_strategy=device_list_strategy, device_id_strategy=device_id_strategy)
 
 
 def main() -> None:

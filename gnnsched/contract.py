@@ -80,10 +80,28 @@ DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_MPS_PIPE_DIR = "/var/run/gnnsched/mps"
 DEFAULT_MPS_LOG_DIR = "/var/log/gnnsched/mps"
 DEFAULT_GATE_SOCKET = "/var/run/gnnsched/gate.sock"
+DEFAULT_MPS_SHM_DIR = "/var/run/gnnsched/mps-shm"
+"""The tmpfs the MPS control daemon's container mounts at ``/dev/shm`` (NVIDIA's ``<mps root>/shm``); the device
+plugin's ``Allocate`` mounts the same host directory at ``/dev/shm`` in every gated container, because MPS clients
+and the server exchange POSIX shared memory as well as the pipes."""
+CONTAINER_SHM_DIR = "/dev/shm"
+DEFAULT_NODE_STATE_DIR = "/var/lib/gnnsched/node-state"
+"""Host directory written only by the node agent and the MPS daemon (root, mode 0755) and read by the device plugin:
+the agent's status file and the daemon's health file. Never mounted into job pods, unlike the pipe directory, which
+every MPS client can write."""
 NODE_STATUS_FILE_NAME = "gnnsched-node-status.json"
-"""The node agent's ``GPUNodeStatus`` as JSON (``wire()``), rewritten atomically on every publish into the MPS pipe
-directory (``gnnsched.node_status_file``), where the device plugin already has a read-only mount. The plugin turns
-``mps.healthy``, ``gpus[].mpsHealthy`` and a stale ``updatedAt`` into Unhealthy slots."""
+"""The node agent's ``GPUNodeStatus`` as JSON (``wire()``), rewritten atomically on every publish into the node state
+directory (``gnnsched.node_status_file``). The device plugin turns ``mps.healthy``, ``gpus[].mpsHealthy`` and a
+stale ``updatedAt`` into Unhealthy slots."""
+MPS_DAEMON_HEALTH_FILE_NAME = "mps-daemon.json"
+"""``gnnsched mps-daemon``'s health (``MPSDaemonHealth``) in the node state directory; the agent reads it."""
+DEFAULT_JOBS_UID = 65532
+"""The one Linux UID every gated job process runs as. An MPS control daemon serves one user at a time: a client of a
+second UID waits until the first user's server exits, so the gate refuses any other UID."""
+ENV_JOBS_UID = "GNNSCHED_JOBS_UID"
+OTHER_GPU_RESOURCE = "nvidia.com/gpu"
+"""The resource NVIDIA's own device plugin advertises. On a node where gnnsched's plugin runs it means a second plugin
+hands out the same GPUs, outside the gate's books; the agent reports it."""
 
 DEFAULT_EXTENDER_PORT = 8888
 DEFAULT_AGENT_METRICS_PORT = 9400
@@ -144,6 +162,30 @@ class MPSStatus(_CamelModel):
     message: str = ""
 
 
+class MPSDaemonHealth(_CamelModel):
+    """What ``gnnsched mps-daemon`` publishes in ``<node state dir>/MPS_DAEMON_HEALTH_FILE_NAME`` on every probe."""
+
+    healthy: bool
+    message: str = ""
+    restarts: int = Field(default=0, ge=0)
+    compute_mode: str = ""  # what the daemon set on every GPU ("EXCLUSIVE_PROCESS", "DEFAULT", "" = left as is)
+    gpus: list[str] = Field(default_factory=list)  # UUIDs under this daemon
+    pinned_mem_limits: dict[str, str] = Field(default_factory=dict)  # device index -> default limit ("78G")
+    jobs_uid: int | None = None  # owner of the pipe and log directories
+    pid: int | None = None  # of the ``gnnsched mps-daemon`` process
+    updated_at: datetime | None = None
+
+
+class NodeCondition(_CamelModel):
+    """A Kubernetes-style condition on a ``GPUNode`` (type, status "True"/"False", reason, message)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime | None = None
+
+
 class GPUNodeStatus(_CamelModel):
     """The status of a cluster-scoped ``GPUNode`` object, written only by the node's agent."""
 
@@ -151,6 +193,7 @@ class GPUNodeStatus(_CamelModel):
     updated_at: datetime | None = None
     mps: MPSStatus = Field(default_factory=MPSStatus)
     gpus: list[GPUStatus] = Field(default_factory=list)
+    conditions: list[NodeCondition] = Field(default_factory=list)
 
     @computed_field(alias="gpuCount")  # type: ignore[prop-decorator]
     @property

@@ -22,17 +22,27 @@ class _QuietHandler(WSGIRequestHandler):
 
 def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
                   healthy: Callable[[], bool] = lambda: True,
-                  unhealthy_message: str = "unhealthy: the daemon's loop has stalled") -> WSGIServer:
-    """Serve ``registry`` at ``/metrics`` (any other path too, as Prometheus' own exporter does) and ``/healthz``
-    (200, or 503 while ``healthy()`` is false) on ``port`` (0: a free port; ``server.server_port`` says which), from
-    a daemon thread. ``server.shutdown()`` stops it."""
+                  unhealthy_message: str = "unhealthy: the daemon's loop has stalled",
+                  ready: Callable[[], tuple[bool, str]] | None = None) -> WSGIServer:
+    """Serve ``registry`` at ``/metrics`` (any other path too, as Prometheus' own exporter does), ``/healthz``
+    (200, or 503 while ``healthy()`` is false) and ``/readyz`` (200, or 503 with the reason while ``ready()`` says
+    not ready; the same as ``/healthz`` when no ``ready`` is given) on ``port`` (0: a free port;
+    ``server.server_port`` says which), from a daemon thread. ``server.shutdown()`` stops it.
+
+    Why two probes: liveness restarts a wedged process; readiness only tells kubelet (and ``gnnsched doctor``) that
+    the daemon is not serving yet, e.g. a node agent whose MPS daemon is down, which a restart would not fix."""
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:
-        if environ.get("PATH_INFO") == "/healthz":
+        path = environ.get("PATH_INFO")
+        if path == "/healthz" or (path == "/readyz" and ready is None):
             ok = healthy()
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [b"ok\n" if ok else unhealthy_message.encode() + b"\n"]
+        if path == "/readyz" and ready is not None:
+            is_ready, why = ready()
+            start_response("200 OK" if is_ready else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [(why or ("ready" if is_ready else "not ready")).encode() + b"\n"]
         return metrics_app(environ, start_response)
 
     server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)

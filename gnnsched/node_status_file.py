@@ -6,10 +6,10 @@ status publish; readers treat a missing, unreadable or stale file as "MPS not kn
 
 Format: ``GPUNodeStatus.wire()`` JSON (camelCase, as in the ``GPUNode`` object); readers also accept a whole
 ``GPUNode`` object (``{"apiVersion", "kind": "GPUNode", "metadata", "status"}``) and use its ``status``. Path:
-``<MPS pipe directory>/contract.NODE_STATUS_FILE_NAME`` (:func:`status_file_path`): the agent owns that directory and
-the device plugin mounts it read-only already. Caveat: job pods mount the pipe directory read-write (MPS clients need
-it), so a hostile job could overwrite the file; it could equally break the MPS daemon's pipes there, so this adds no
-new power, and the file only steers slot health, never what the gate admits.
+``<node state directory>/contract.NODE_STATUS_FILE_NAME`` (:func:`status_file_path`). That directory
+(``contract.DEFAULT_NODE_STATE_DIR``) is written only by the agent and the MPS daemon and mounted read-only into the
+device plugin; it is never mounted into job pods. (It used to be the MPS pipe directory, which every job pod mounts
+read-write because MPS clients need it: any job could have forged the health the plugin advertises.)
 """
 
 from __future__ import annotations
@@ -24,27 +24,34 @@ from pydantic import ValidationError
 
 from gnnsched.contract import GPUNODE_KIND, NODE_STATUS_FILE_NAME, GPUNodeStatus
 
-__all__ = ["StatusFileError", "read_status_file", "status_age_seconds", "status_file_path", "write_status_file"]
+__all__ = [
+    "StatusFileError",
+    "read_status_file",
+    "status_age_seconds",
+    "status_file_path",
+    "write_json_atomic",
+    "write_status_file",
+]
 
 
-def status_file_path(mps_pipe_dir: str | os.PathLike[str]) -> Path:
-    """Where the agent writes (and the device plugin reads) the status for a node whose MPS pipe dir is given."""
-    return Path(mps_pipe_dir) / NODE_STATUS_FILE_NAME
+def status_file_path(state_dir: str | os.PathLike[str]) -> Path:
+    """Where the agent writes (and the device plugin reads) the status, given the node state directory."""
+    return Path(state_dir) / NODE_STATUS_FILE_NAME
 
 
 class StatusFileError(Exception):
     """The status file is missing, unreadable or not a ``GPUNodeStatus``; the message says which."""
 
 
-def write_status_file(path: str | os.PathLike[str], status: GPUNodeStatus) -> None:
-    """Atomically replace ``path`` with ``status`` (write a temporary file in the same directory, then rename), so a
-    reader never sees a half-written file."""
+def write_json_atomic(path: str | os.PathLike[str], obj: object) -> None:
+    """Atomically replace ``path`` with ``obj`` as JSON (write a temporary file in the same directory, then rename),
+    so a reader never sees a half-written file. Mode 0644: readable by the plugin, writable by the owner only."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(status.wire(), fh, separators=(",", ":"))
+            json.dump(obj, fh, separators=(",", ":"))
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
@@ -53,6 +60,11 @@ def write_status_file(path: str | os.PathLike[str], status: GPUNodeStatus) -> No
         except FileNotFoundError:
             pass
         raise
+
+
+def write_status_file(path: str | os.PathLike[str], status: GPUNodeStatus) -> None:
+    """Atomically replace ``path`` with ``status``."""
+    write_json_atomic(path, status.wire())
 
 
 def read_status_file(path: str | os.PathLike[str]) -> GPUNodeStatus:

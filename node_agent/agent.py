@@ -24,6 +24,8 @@ from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.mps import MPSManager
+from gnnsched.node_agent.mps_external import ExternalMPS
+from gnnsched.node_agent.node_conflicts import NodeReader, OtherPluginWatch
 from gnnsched.node_agent.status import StatusSink, build_status
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 from gnnsched.node_status_file import status_file_path, write_status_file
@@ -51,6 +53,10 @@ class AgentOptions:
     metrics_addr: str = "0.0.0.0"
     live_memory_check: bool = True
     bypass_limit: int = DEFAULT_BYPASS_LIMIT  # 0: strict prefix of the policy's order; N: bounded-bypass backfill
+    #: Node state directory for the device plugin's copy of the status (None: no local copy). Not the pipe dir.
+    state_dir: str | None = None
+    jobs_uid: int | None = None  # the one UID the gate admits (None: any)
+    node_check_interval: float = 30.0  # seconds between reads of the Node (another GPU device plugin?)
 
 
 def gpu_slots(backend: GPUBackend, opts: AgentOptions) -> list[GPUSlot]:
@@ -73,8 +79,10 @@ class NodeAgent:
     pods: PodLookup
     sink: StatusSink
     verifier: PeerVerifier
-    mps: MPSManager | None = None
+    mps: MPSManager | ExternalMPS | None = None
+    nodes: NodeReader | None = None  # reads this node's Node object; None: no check for another device plugin
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
+    other_plugin: OtherPluginWatch | None = None
     gate: GateServer | None = None
     metrics_server: object | None = None
     _dirty: asyncio.Event | None = None
@@ -84,6 +92,16 @@ class NodeAgent:
     def alive(self) -> bool:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
         return time.monotonic() - self._heartbeat < max(30.0, 3 * self.opts.status_interval)
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness for ``/readyz``: the gate serves and MPS is up (a gated pod started now could be admitted)."""
+        if self.gate is None:
+            return False, "not ready: the gate is not serving yet"
+        if self.mps is not None and not self.mps.healthy:
+            return False, f"not ready: MPS is down: {self.mps.message}"
+        if not self.alive():
+            return False, "not ready: the agent's loop has stalled"
+        return True, "ready"
 
     def _mps_status(self) -> MPSStatus:
         if self.mps is None:
@@ -97,16 +115,20 @@ class NodeAgent:
         cfg = GateConfig(
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,
             active_thread_percentage=self.opts.active_thread_percentage, recovery_grace=self.opts.recovery_grace,
-            reconcile_seconds=self.opts.reconcile_interval,
+            reconcile_seconds=self.opts.reconcile_interval, jobs_uid=self.opts.jobs_uid,
         )
         self.gate = GateServer(books, cfg, pods=self.pods, verifier=self.verifier, metrics=self.metrics,
                                event_log=self.opts.event_log, on_change=self._dirty.set)
         if self.mps is not None:
             await asyncio.to_thread(self.mps.check)
+        if self.nodes is not None:
+            self.other_plugin = OtherPluginWatch(self.opts.node_name, self.nodes, self.metrics.registry)
+            await asyncio.to_thread(self.other_plugin.check)
         await self._sample()
         await self.gate.start(self.opts.gate_socket)
         if self.opts.metrics_port is not None:
-            self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive)
+            self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive,
+                                                     self.ready)
         await self._publish()
         return self.gate
 
@@ -114,12 +136,17 @@ class NodeAgent:
         assert self.gate is not None
         devices = await asyncio.to_thread(self.backend.devices)
         status = build_status(self.opts.node_name, self.gate.books, devices, self._mps_status(), time.time())
+        if self.other_plugin is not None and self.other_plugin.condition is not None:
+            status.conditions = [self.other_plugin.condition]
         try:
             await asyncio.to_thread(self.sink.publish, status)
         except Exception as exc:  # a down API server must not stop the gate
             log.warning("publishing GPUNode status failed: %s", exc)
-        # The same status for the node's device plugin (slot health follows MPS/GPU health), in the MPS pipe dir.
-        local = status_file_path(self.opts.pipe_directory)
+        # The same status for the node's device plugin (slot health follows MPS/GPU health), in the node state
+        # directory: only the agent and the MPS daemon write there (the pipe directory is writable by every client).
+        if self.opts.state_dir is None:
+            return
+        local = status_file_path(self.opts.state_dir)
         try:
             await asyncio.to_thread(local.parent.mkdir, parents=True, exist_ok=True)
             await asyncio.to_thread(write_status_file, local, status)
@@ -167,6 +194,8 @@ class NodeAgent:
             asyncio.create_task(self._status_loop()),
             asyncio.create_task(self._sample_loop()),
         ]
+        if self.other_plugin is not None:
+            loop_tasks.append(asyncio.create_task(self._node_loop()))
         mps_thread = None
         if self.mps is not None:
             mps_thread = threading.Thread(
@@ -205,6 +234,16 @@ class NodeAgent:
             self._dirty.clear()
             self._heartbeat = time.monotonic()
             await self._publish()
+
+    async def _node_loop(self) -> None:
+        """Re-read the Node: a second device plugin can appear (or go) at any time."""
+        assert self.other_plugin is not None and self._dirty is not None
+        while True:
+            await asyncio.sleep(self.opts.node_check_interval)
+            before = self.other_plugin.condition
+            now = await asyncio.to_thread(self.other_plugin.check)
+            if before is None or before.status != now.status:
+                self._dirty.set()
 
     async def _sample_loop(self) -> None:
         while True:

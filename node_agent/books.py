@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from gnnsched.policies import (
     DEFAULT_BYPASS_LIMIT,
     Admission,
+    GateInvariantError,
     GPUBooks,
     GPUFree,
     Policy,
@@ -69,6 +70,7 @@ class Entry:
     group: str | None = None
     admitted_at: float | None = None
     bypassed: int = 0  # entries later in the policy's order admitted while this one waited (bounded by bypass_limit)
+    exclusive: bool = False  # runs alone on a whole GPU (ANN_EXCLUSIVE): booked at the GPU's whole capacity
 
     def task(self) -> Task:
         return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
@@ -135,9 +137,18 @@ class Books:
             for g in self.gpus.values()
         ]
 
+    def whole_gpu_bytes(self) -> int:
+        """What an exclusive entry books: the largest GPU's whole capacity (total − reserve). Booking all of it is
+        what keeps an exclusive pod alone: it fits only a GPU with nothing committed, and while it runs that GPU has
+        no room left for anyone (every request is > 0 bytes). Its MPS limit is the same number."""
+        return max(g.capacity_bytes for g in self.gpus.values())
+
     def check(self) -> None:
         """Raise ``GateInvariantError`` if the books are unsafe (they never should be; this is the tripwire)."""
         check_gate_invariant(self.invariant_books())
+        for e in self.running.values():
+            if e.exclusive and self.clients(e.gpu_index) != 1:  # type: ignore[arg-type]
+                raise GateInvariantError(f"gpu {e.gpu_index}: exclusive {e.key} shares it with others")
 
     def queue_order(self) -> list[Entry]:
         """The queue in the order the policy will consider it."""
@@ -159,10 +170,16 @@ class Books:
         qt_seconds: float | None = None,
         intensity: str | None = None,
         now: float = 0.0,
+        exclusive: bool = False,
     ) -> Entry:
-        """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it."""
+        """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it.
+
+        ``exclusive``: the pod runs alone on a whole GPU; it is booked at :meth:`whole_gpu_bytes` whatever ``bytes``
+        says (its own estimate may exceed the shareable capacity: that is why it runs alone)."""
         if not isinstance(bytes, int) or isinstance(bytes, bool) or bytes <= 0:
             raise Rejected("invalid-bytes", f"admit-bytes must be a positive integer, got {bytes!r}")
+        if exclusive:
+            bytes = self.whole_gpu_bytes()
         if key in self.queued or key in self.running:
             raise Rejected("duplicate", f"{key} already has a request at this gate")
         biggest = max(g.capacity_bytes for g in self.gpus.values())
@@ -173,7 +190,7 @@ class Books:
         self._seq += 1
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
-            qt_seconds=qt_seconds, intensity=intensity, queued_at=now,
+            qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive,
         )
         self.queued[key] = e
         self._tasks[key] = e.task()
@@ -243,6 +260,7 @@ class Books:
         admitted_at: float | None = None,
         qt_seconds: float | None = None,
         intensity: str | None = None,
+        exclusive: bool = False,
     ) -> Entry:
         """Book a pod that was admitted before an agent restart (a reconnecting client or an annotated pod).
 
@@ -253,6 +271,8 @@ class Books:
             raise Rejected("invalid-bytes", f"admit-bytes must be a positive integer, got {bytes!r}")
         if key in self.running:
             raise Rejected("duplicate", f"{key} is already running at this gate")
+        if exclusive:
+            bytes = self.whole_gpu_bytes()
         gpu = self.gpu_by_uuid(gpu_uuid)
         if gpu is None:
             raise Rejected("unknown-gpu", f"{gpu_uuid!r} is not a GPU of this node")
@@ -264,6 +284,7 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, gpu_index=gpu.index, group=group, admitted_at=admitted_at,
+            exclusive=exclusive,
         )
         self.running[key] = e
         self.check()

@@ -12,8 +12,11 @@ from gnnsched.cliutil import fail, setup_logging
 from gnnsched.contract import (
     DEFAULT_AGENT_METRICS_PORT,
     DEFAULT_GATE_SOCKET,
+    DEFAULT_JOBS_UID,
     DEFAULT_MPS_LOG_DIR,
     DEFAULT_MPS_PIPE_DIR,
+    DEFAULT_NODE_STATE_DIR,
+    ENV_JOBS_UID,
     MPS_MAX_CLIENTS_PER_GPU,
 )
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT
@@ -33,7 +36,11 @@ def node_agent(
     reserve_fraction: float = typer.Option(0.0, "--reserve-fraction", help="Reserve as a fraction of each GPU (the larger of the two applies)."),
     max_clients_per_gpu: int = typer.Option(MPS_MAX_CLIENTS_PER_GPU, "--max-clients-per-gpu", help="MPS clients per GPU (capped by the GPU model's limit)."),
     active_thread_percentage: str = typer.Option("auto", "--active-thread-percentage", help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per client: auto (100 / group size) or 1-100."),
-    mps: str = typer.Option("on", "--mps", help="on: start, configure and supervise nvidia-cuda-mps-control; off: not managed here."),
+    mps: str = typer.Option("on", "--mps", help="on: start, configure and supervise nvidia-cuda-mps-control in this process (development); external: read the health `gnnsched mps-daemon` publishes in --state-dir (a real cluster); off: MPS not watched."),
+    state_dir: Path = typer.Option(Path(DEFAULT_NODE_STATE_DIR), "--state-dir", help="Node state directory (written only by the agent and the MPS daemon, never mounted into jobs): the device plugin's status file and the MPS daemon's health."),
+    mps_health_max_age: float = typer.Option(60.0, "--mps-health-max-age", help="With --mps external: seconds after which the daemon's health counts as stale (MPS down)."),
+    jobs_uid: int = typer.Option(DEFAULT_JOBS_UID, "--jobs-uid", envvar=ENV_JOBS_UID, help="The one UID gated processes must run as (MPS serves one user at a time); -1 admits any UID."),
+    node_check: bool = typer.Option(True, "--node-check/--no-node-check", help="Read this node's Node object and report another device plugin advertising nvidia.com/gpu."),
     mps_pipe_dir: Path = typer.Option(Path(DEFAULT_MPS_PIPE_DIR), "--mps-pipe-dir"),
     mps_log_dir: Path = typer.Option(Path(DEFAULT_MPS_LOG_DIR), "--mps-log-dir"),
     compute_mode: str = typer.Option("exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS, as MPS wants), default, or keep."),
@@ -73,8 +80,12 @@ def node_agent(
             atp = -1
         if not 1 <= atp <= 100:
             fail("--active-thread-percentage: use auto or an integer 1-100")
-    if mps not in ("on", "off"):
-        fail("--mps: use on or off")
+    if mps not in ("on", "off", "external"):
+        fail("--mps: use on, off or external")
+    if jobs_uid < -1:
+        fail("--jobs-uid: a UID >= 0, or -1 for any")
+    if mps_health_max_age <= 0:
+        fail("--mps-health-max-age: must be > 0")
     if compute_mode not in ("exclusive", "default", "keep"):
         fail("--compute-mode: use exclusive, default or keep")
     if peer_check not in ("cgroup", "off"):
@@ -88,10 +99,13 @@ def node_agent(
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
     from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
+    from gnnsched.node_agent.mps_external import ExternalMPS
     from gnnsched.node_agent.status import FileStatusSink
 
     if peer_check == "cgroup" and not IS_LINUX:
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")
+    if jobs_uid >= 0 and not IS_LINUX:
+        fail("--jobs-uid: the UID check needs Linux (SO_PEERCRED); use --jobs-uid -1 elsewhere")
     try:
         backend = open_backend(gpus)
     except BackendSpecError as exc:
@@ -122,20 +136,39 @@ def node_agent(
         except Exception as exc:
             fail(f"--status-file: not given and no Kubernetes API reachable ({exc})", code=1)
 
-    mps_mgr = None
+    nodes = None
+    if node_check:
+        from gnnsched.node_agent.node_conflicts import FileNodeReader, KubeNodeReader
+
+        if pods_file is not None:
+            nodes = FileNodeReader(pods_file)
+        else:
+            try:
+                nodes = KubeNodeReader()
+            except Exception as exc:
+                fail(f"--node-check: no Kubernetes API reachable ({exc}); use --no-node-check", code=1)
+
+    mps_mgr: MPSManager | ExternalMPS | None = None
     if mps == "on":
         mps_mgr = MPSManager(MPSConfig(
             pipe_directory=mps_pipe_dir, log_directory=mps_log_dir, devices=[d.index for d in devices],
-            compute_mode=None if compute_mode == "keep" else compute_mode,
+            uuids=[d.uuid for d in devices], compute_mode=None if compute_mode == "keep" else compute_mode,
+            owner_uid=jobs_uid if jobs_uid >= 0 else None,
         ))
+    elif mps == "external":
+        from gnnsched.node_agent.mps_daemon import health_file_path
+
+        mps_mgr = ExternalMPS(health_file_path(state_dir), max_age_s=mps_health_max_age)
     opts = AgentOptions(
         node_name=name, gate_socket=gate_socket, policy=policy.lower(), reserve_bytes=reserve,
         reserve_fraction=reserve_fraction, max_clients_per_gpu=max_clients_per_gpu,
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
+        state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
     )
-    agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr)
+    agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr,
+                      nodes=nodes)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -164,6 +197,98 @@ def gate(
         fail(f"gate: {exc}", code=EXIT_NO_AGENT)
 
 
+def mps_daemon(
+    gpus: str = typer.Option("nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."),
+    mps_pipe_dir: Path = typer.Option(Path(DEFAULT_MPS_PIPE_DIR), "--mps-pipe-dir"),
+    mps_log_dir: Path = typer.Option(Path(DEFAULT_MPS_LOG_DIR), "--mps-log-dir"),
+    state_dir: Path = typer.Option(Path(DEFAULT_NODE_STATE_DIR), "--state-dir", help="Where the daemon's health is published (root-owned, not the pipe directory)."),
+    jobs_uid: int = typer.Option(DEFAULT_JOBS_UID, "--jobs-uid", envvar=ENV_JOBS_UID, help="Owner of the pipe and log directories: the UID every gated pod runs as."),
+    compute_mode: str = typer.Option("exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS by GPU UUID, as MPS wants) or keep."),
+    pinned_mem_limit: str = typer.Option("auto", "--default-pinned-mem-limit", help="Default pinned device memory limit per GPU set through the control daemon: auto (GPU memory less --reserve-bytes), a quantity (e.g. 70Gi), or off."),
+    reserve_bytes: str = typer.Option("1Gi", "--reserve-bytes", help="With --default-pinned-mem-limit auto: memory per GPU kept out of any client's reach (the agent's --reserve-bytes)."),
+    active_thread_percentage: int = typer.Option(0, "--default-active-thread-percentage", help="set_default_active_thread_percentage (1-100; 0: leave the daemon's default)."),
+    probe_interval: float = typer.Option(10.0, "--probe-interval", help="Seconds between health probes (restart when gone, publish health)."),
+    start_timeout: float = typer.Option(10.0, "--start-timeout", help="Seconds to wait for a started daemon to answer."),
+    disable: bool = typer.Option(False, "--disable", help="Quit the MPS daemon, put compute mode back to DEFAULT by UUID, publish 'disabled', exit."),
+    reset_on_exit: bool = typer.Option(False, "--reset-on-exit", help="On SIGTERM also do what --disable does (default: leave the daemon to running jobs)."),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run the node's MPS control daemon apart from the agent (privileged; see docs/node-agent.md)."""
+    import signal
+    import threading
+
+    from gnnsched.quantity import QuantityError, parse_bytes
+
+    setup_logging(log_level)
+    if compute_mode not in ("exclusive", "keep"):
+        fail("--compute-mode: use exclusive or keep")
+    if jobs_uid < 0:
+        fail("--jobs-uid: must be a UID >= 0")
+    if not 0 <= active_thread_percentage <= 100:
+        fail("--default-active-thread-percentage: use 1-100, or 0 to leave the default")
+    if probe_interval <= 0 or start_timeout <= 0:
+        fail("--probe-interval/--start-timeout: must be > 0")
+    try:
+        reserve = parse_bytes(reserve_bytes)
+    except QuantityError as exc:
+        fail(f"--reserve-bytes: {exc}")
+    fixed: int | None = None
+    if pinned_mem_limit not in ("auto", "off"):
+        try:
+            fixed = parse_bytes(pinned_mem_limit)
+        except QuantityError as exc:
+            fail(f"--default-pinned-mem-limit: {exc} (or use auto / off)")
+        if fixed < (1 << 20):
+            fail("--default-pinned-mem-limit: must be at least 1Mi")
+
+    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
+    from gnnsched.node_agent.mps import MPSConfig, MPSManager
+    from gnnsched.node_agent.mps_daemon import MPSDaemonService, pinned_limit_mib
+
+    try:
+        backend = open_backend(gpus)
+    except BackendSpecError as exc:
+        fail(str(exc))
+    except GPUBackendError as exc:
+        fail(f"--gpus {gpus}: {exc}", code=1)
+    devices = backend.devices()
+    backend.close()
+    if not devices:
+        fail(f"--gpus {gpus}: no GPUs found", code=1)
+    limits: dict[int, str] = {}
+    if pinned_mem_limit == "auto":
+        limits = {d.index: pinned_limit_mib(d.total_bytes, reserve) for d in devices}
+    elif fixed is not None:
+        limits = {d.index: f"{fixed // (1 << 20)}M" for d in devices}
+    cfg = MPSConfig(
+        pipe_directory=mps_pipe_dir, log_directory=mps_log_dir, devices=[d.index for d in devices],
+        uuids=[d.uuid for d in devices], compute_mode="exclusive" if compute_mode == "exclusive" else None,
+        default_active_thread_percentage=active_thread_percentage or None, pinned_mem_limits=limits,
+        owner_uid=jobs_uid, start_timeout=start_timeout,
+    )
+    service = MPSDaemonService(MPSManager(cfg), state_dir, jobs_uid)
+    if disable:
+        problems = service.disable()
+        if problems:
+            fail(f"--disable: {'; '.join(problems)}", code=1)
+        return
+
+    def on_signal(signum: int, frame: object) -> None:
+        service.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    runner = threading.Thread(target=service.run, args=(probe_interval,), name="mps-daemon")
+    runner.start()
+    while runner.is_alive():
+        runner.join(0.5)
+    if reset_on_exit:
+        problems = service.disable()
+        if problems:
+            fail(f"--reset-on-exit: {'; '.join(problems)}", code=1)
+
+
 def register(app: typer.Typer) -> None:
     app.command("node-agent")(node_agent)
+    app.command("mps-daemon")(mps_daemon)
     app.command("gate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(gate)

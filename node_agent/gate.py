@@ -32,6 +32,7 @@ from gnnsched.node_agent.identity import (
     PeerVerifier,
     PodInfo,
     PodLookup,
+    check_peer_uid,
     peer_cred,
     trusted_demand,
 )
@@ -71,6 +72,7 @@ class GateConfig:
     recovery_grace: float = 5.0
     first_message_timeout: float = 10.0
     reconcile_seconds: float = 5.0
+    jobs_uid: int | None = None  # the one UID an MPS client may run as (None: any); see identity.check_peer_uid
 
 
 @dataclass(slots=True)
@@ -261,6 +263,7 @@ class GateServer:
                 return
             cred = peer_cred(sock) if sock is not None else None
             try:
+                check_peer_uid(cred, self.config.jobs_uid)
                 self.verifier.verify(cred, req.pod_uid)
                 pod = await asyncio.to_thread(self.pods.get, req.pod_namespace, req.pod_name)
                 demand = self._check_pod(pod, req)
@@ -320,6 +323,7 @@ class GateServer:
             e = self.books.enqueue(
                 key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
+                exclusive=demand.exclusive,
             )
         except Rejected as exc:
             self._reject(exc.reason)
@@ -385,7 +389,7 @@ class GateServer:
                 self.books.restore(
                     key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
                     name=pod.name, job=demand.job, group=req.group, admitted_at=parse_rfc3339(req.admitted_at),
-                    qt_seconds=demand.qt_seconds, intensity=demand.intensity,
+                    qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive,
                 )
             except Rejected as exc:
                 self._reject(exc.reason)
@@ -430,7 +434,7 @@ class GateServer:
                     pod.uid, pod_uid=pod.uid, bytes=demand.bytes, gpu_uuid=gpu, namespace=pod.namespace,
                     name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
                     admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
-                    intensity=demand.intensity,
+                    intensity=demand.intensity, exclusive=demand.exclusive,
                 )
                 self._event("adopted", key=pod.uid, bytes=demand.bytes)
             except (Rejected, IdentityError) as exc:

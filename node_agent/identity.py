@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
+    ANN_EXCLUSIVE,
     ANN_GPU_MEMORY,
     ANN_INTENSITY,
     ANN_JOB,
@@ -67,12 +68,74 @@ def peer_cred(sock: socket.socket) -> PeerCred | None:
     return PeerCred(pid, uid, gid)
 
 
-_POD_IN_CGROUP = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+_UUID = r"[0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+_CGROUPFS_POD = re.compile(rf"pod({_UUID})")
+_SYSTEMD_POD = re.compile(rf"(.*)-pod({_UUID})\.slice")
+_QOS_CLASSES = ("burstable", "besteffort")
+
+
+def _pod_in_path(path: str) -> str | None:
+    """The pod UID a cgroup path places the process under, if the path has kubelet's shape; else ``None``.
+
+    Kubelet (``pkg/kubelet/cm``: ``qos_container_manager_linux.go``, ``pod_container_manager_linux.go``,
+    ``cgroup_manager_linux.go``) names a pod's cgroup ``pod<uid>`` under the node's ``kubepods`` cgroup, directly
+    (Guaranteed) or under its QoS class (``burstable`` / ``besteffort``); the container's cgroup is a child of it.
+
+    * cgroupfs driver: ``.../kubepods[/burstable|/besteffort]/pod<uid>/<container>``;
+    * systemd driver: each level is a slice named after the whole path so far, with dashes in the UID turned into
+      underscores (``ToSystemd`` / ``escapeSystemdCgroupName``):
+      ``.../kubepods.slice[/kubepods-burstable.slice]/kubepods[-burstable]-pod<uid_>.slice/cri-...scope``; with a
+      ``--cgroup-root`` (kind: ``/kubelet``) the names gain its prefix (``kubelet-kubepods-...``).
+
+    The ``pod`` segment counts only right after the kubepods (or kubepods QoS) segment, so a ``pod<uid>`` anywhere
+    else (a user's own sub-cgroup, a slice name chosen inside a container that owns its cgroup) is no identity.
+
+    A reader in its own cgroup namespace (containerd's default on cgroup v2) sees a path outside its namespace as
+    ``/../../<rest>``: the kernel hides the common ancestors. Then the first visible segments may have a hidden
+    parent. A process cannot choose those segments (it can only create cgroups below its own container's), so a pod
+    segment there is accepted when it is the first visible one (or the second, after a QoS class segment); a systemd
+    slice name spells its whole parent chain anyway (``kubepods-burstable-pod<uid>.slice``) and is checked on it.
+    """
+    raw = [p for p in path.strip().split("/") if p]
+    hidden = 0
+    while hidden < len(raw) and raw[hidden] == "..":
+        hidden += 1
+    parts = raw[hidden:]
+    for i, seg in enumerate(parts):
+        prev = parts[i - 1] if i >= 1 else None
+        m = _CGROUPFS_POD.fullmatch(seg)
+        if m is not None:
+            if "_" in m.group(1):
+                continue  # cgroupfs keeps the UID as it is, with dashes
+            if prev == "kubepods" or (prev in _QOS_CLASSES and (parts[i - 2] == "kubepods" if i >= 2 else hidden)):
+                return m.group(1)
+            if prev is None and hidden:
+                return m.group(1)
+            continue
+        m = _SYSTEMD_POD.fullmatch(seg)
+        if m is None or "-" in m.group(2):
+            continue  # the systemd driver escapes the UID's dashes as underscores
+        parent = m.group(1)
+        if not (parent.endswith("kubepods") or any(parent.endswith(f"kubepods-{q}") for q in _QOS_CLASSES)):
+            continue
+        if prev == f"{parent}.slice" or (prev is None and hidden):
+            return m.group(2)
+    return None
 
 
 def pod_uids_in_cgroup(text: str) -> set[str]:
-    """Pod UIDs named in a ``/proc/<pid>/cgroup`` file (v1 or v2, cgroupfs or systemd driver), dash-normalised."""
-    return {m.group(1).replace("_", "-").lower() for m in _POD_IN_CGROUP.finditer(text)}
+    """Pod UIDs a ``/proc/<pid>/cgroup`` file places the process in (v1: one line per hierarchy, ``N:ctrl:/path``;
+    v2: ``0::/path``; cgroupfs or systemd driver), dash-normalised. Only kubelet's pod positions count (see
+    :func:`_pod_in_path`)."""
+    found = set()
+    for line in text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        uid = _pod_in_path(fields[2])
+        if uid is not None:
+            found.add(uid.replace("_", "-").lower())
+    return found
 
 
 def read_proc_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str:
@@ -96,11 +159,30 @@ class PeerVerifier:
         except OSError as exc:
             raise IdentityError("peer-unreadable", f"cannot read the cgroup of pid {cred.pid}: {exc}") from None
         found = pod_uids_in_cgroup(text)
-        if claimed_uid.lower() not in found:
+        if found != {claimed_uid.lower()}:  # also when hierarchies disagree: one process is in one pod
             seen = ", ".join(sorted(found)) or "none"
             raise IdentityError(
                 "pod-uid-mismatch", f"pid {cred.pid} claims pod {claimed_uid} but its cgroup names pod(s) {seen}"
             )
+
+
+def check_peer_uid(cred: PeerCred | None, jobs_uid: int | None) -> None:
+    """Refuse a peer that does not run as the jobs' UID (``jobs_uid`` None: any UID).
+
+    Why: an MPS control daemon serves one Linux user at a time. A client of a second UID is not refused by MPS; it
+    waits until every client of the first user's server has exited, which on a busy GPU can be forever. Saying so at
+    the gate, with the fix, beats a pod that hangs with no message."""
+    if jobs_uid is None:
+        return
+    if cred is None:
+        raise IdentityError("no-peer-credentials", "this platform cannot tell the peer's uid (SO_PEERCRED)")
+    if cred.uid != jobs_uid:
+        raise IdentityError(
+            "wrong-uid",
+            f"pid {cred.pid} runs as uid {cred.uid}, but every gated process on this node must run as uid {jobs_uid} "
+            f"(set the pod's securityContext.runAsUser to {jobs_uid}): the node's MPS control daemon serves one user "
+            "at a time, so a client of another uid would wait behind the jobs' MPS server without end",
+        )
 
 
 # --- pods ---------------------------------------------------------------------------------------------------------
@@ -280,6 +362,7 @@ class Demand:
     job: str | None
     qt_seconds: float | None
     intensity: str | None
+    exclusive: bool = False
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
@@ -295,6 +378,14 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
         except ValueError:
             qt = None
     intensity = ann.get(ANN_INTENSITY) if ann.get(ANN_INTENSITY) in ("memory", "compute") else None
+    raw_x = ann.get(ANN_EXCLUSIVE)
+    if raw_x is not None and raw_x not in ("true", "false"):
+        raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_EXCLUSIVE}={raw_x!r} is not "
+                                              "'true' or 'false'")
+    if raw_x == "true":
+        # Trusted from any pod: running alone only ever books more than a shared slot would, never less.
+        job = ann.get(ANN_JOB, pod.owner_job) if pod.owner_job is not None else None
+        return Demand(whole_gpu_bytes, "exclusive", job, qt, intensity, exclusive=True)
     if pod.owner_job is not None:
         raw = ann.get(ANN_ADMIT_BYTES)
         if raw is None:

@@ -114,8 +114,10 @@ class AgentMetrics:
         self.mps_up.set(1 if up else 0)
         self.mps_restarts.set(restarts)
 
-    def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True) -> object:
-        """Expose ``/metrics`` and ``/healthz`` (the DaemonSet's liveness probe: 503 when ``healthy()`` is false)."""
+    def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True,
+              ready: Callable[[], tuple[bool, str]] | None = None) -> object:
+        """Expose ``/metrics``, ``/healthz`` (the DaemonSet's liveness probe: 503 when ``healthy()`` is false) and
+        ``/readyz`` (the readiness probe: 503 with the reason until the gate serves and MPS is up)."""
         from gnnsched.metrics_http import serve_metrics
 
-        return serve_metrics(self.registry, port, addr, healthy, "unhealthy: the agent's loop has stalled")
+        return serve_metrics(self.registry, port, addr, healthy, "unhealthy: the agent's loop has stalled", ready)

@@ -8,6 +8,14 @@ while it is unhealthy the gate admits nothing new.
 
 Everything goes through the real ``nvidia-cuda-mps-control`` command line (``-d`` to daemonise, commands on stdin),
 so the tests drive it with a fake executable on ``PATH`` that records what it receives (``tests/fakes``).
+
+On a real cluster this manager runs in ``gnnsched mps-daemon`` (``mps_daemon.py``), a privileged container of its own,
+so that an agent restart never takes the daemon and its clients down; ``gnnsched node-agent --mps on`` keeps it in the
+agent for single-container development. Three details follow NVIDIA's k8s-device-plugin
+(``cmd/mps-control-daemon/mps/daemon.go``): compute mode is set and reset by GPU *UUID* (``nvidia-smi -i <uuid>``),
+``-d`` runs with its output discarded, never captured (the daemon it forks inherits the stdout/stderr pipes, so a
+capturing parent would wait for an EOF that never comes), and the per-device default pinned memory limit is set
+through the control daemon for every GPU right after start.
 """
 
 from __future__ import annotations
@@ -37,9 +45,16 @@ class MPSConfig:
     binary: str = "nvidia-cuda-mps-control"
     nvidia_smi: str = "nvidia-smi"
     devices: list[int] = field(default_factory=list)
+    #: GPU UUIDs, same order as ``devices``: compute mode is set by UUID (indices can be renumbered across reboots
+    #: and are remapped by ``CUDA_VISIBLE_DEVICES``); empty: by index.
+    uuids: list[str] = field(default_factory=list)
     compute_mode: str | None = None  # "exclusive" | "default" | None (leave as is)
     default_active_thread_percentage: int | None = None
     default_pinned_mem_limit: str | None = None  # e.g. "78G", applied to every device
+    #: Per-device default pinned memory limits (device index -> "78G"); override ``default_pinned_mem_limit``.
+    pinned_mem_limits: dict[int, str] = field(default_factory=dict)
+    #: Owner of the pipe and log directories: the jobs' UID, so that its clients can use the pipes (None: leave).
+    owner_uid: int | None = None
     command_timeout: float = 10.0
     start_timeout: float = 10.0
 
@@ -94,17 +109,62 @@ class MPSManager:
         except MPSError:
             return False
 
+    def _gpu_ids(self) -> list[str]:
+        """What ``nvidia-smi -i`` gets: UUIDs when known (as NVIDIA's MPS daemon does), else indices."""
+        c = self.config
+        return list(c.uuids) if c.uuids else [str(i) for i in c.devices]
+
+    def set_compute_mode(self, mode_key: str) -> None:
+        """``nvidia-smi -i <uuid> -c <mode>`` for every GPU (needs root with CAP_SYS_ADMIN on a real node)."""
+        mode = COMPUTE_MODES[mode_key]
+        for gpu in self._gpu_ids():
+            self._run([self.config.nvidia_smi, "-i", gpu, "-c", mode])
+
+    def pinned_limits(self) -> dict[int, str]:
+        """The default pinned memory limit per device index the daemon is given after every start."""
+        c = self.config
+        limits = {idx: c.default_pinned_mem_limit for idx in c.devices} if c.default_pinned_mem_limit else {}
+        limits.update(c.pinned_mem_limits)
+        return limits
+
+    def _prepare_dirs(self) -> None:
+        c = self.config
+        for d in (c.pipe_directory, c.log_directory):
+            d.mkdir(parents=True, exist_ok=True)
+            if c.owner_uid is not None:
+                st = d.stat()
+                if st.st_uid != c.owner_uid:
+                    try:
+                        os.chown(d, c.owner_uid, -1)
+                    except OSError as exc:
+                        raise MPSError(f"cannot give {d} to uid {c.owner_uid}: {exc.strerror}") from None
+                os.chmod(d, 0o755)
+
+    def _daemonise(self) -> None:
+        """``nvidia-cuda-mps-control -d`` with stdin/stdout/stderr on /dev/null: nothing captured, nothing to hang
+        on (the forked daemon would hold a captured pipe open forever). Its own log is ``<log dir>/control.log``."""
+        c = self.config
+        exe = shutil.which(c.binary, path=self.env().get("PATH"))
+        if exe is None:
+            raise MPSError(f"{c.binary} not found on PATH")
+        try:
+            rc = subprocess.run(
+                [exe, "-d"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=self.env(), timeout=c.command_timeout,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            raise MPSError(f"{c.binary} -d: did not return in {c.command_timeout:.0f} s") from None
+        if rc != 0:
+            raise MPSError(f"{c.binary} -d: exit {rc} (see {c.log_directory / 'control.log'})")
+
     def start(self) -> None:
         """Start (or adopt an already running) daemon and apply the configured defaults. Raises ``MPSError``."""
         c = self.config
-        c.pipe_directory.mkdir(parents=True, exist_ok=True)
-        c.log_directory.mkdir(parents=True, exist_ok=True)
+        self._prepare_dirs()
         if c.compute_mode:
-            mode = COMPUTE_MODES[c.compute_mode]
-            for idx in c.devices:
-                self._run([c.nvidia_smi, "-i", str(idx), "-c", mode])
+            self.set_compute_mode(c.compute_mode)
         if not self.probe():
-            self._run([c.binary, "-d"])
+            self._daemonise()
             deadline = time.monotonic() + c.start_timeout
             while not self.probe():
                 if time.monotonic() > deadline:
@@ -112,9 +172,8 @@ class MPSManager:
                 time.sleep(0.05)
         if c.default_active_thread_percentage is not None:
             self.control(f"set_default_active_thread_percentage {c.default_active_thread_percentage}")
-        if c.default_pinned_mem_limit is not None:
-            for idx in c.devices:
-                self.control(f"set_default_device_pinned_mem_limit {idx} {c.default_pinned_mem_limit}")
+        for idx, limit in sorted(self.pinned_limits().items()):
+            self.control(f"set_default_device_pinned_mem_limit {idx} {limit}")
         self._started_once = True
 
     def check(self) -> bool:

@@ -12,6 +12,10 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * list honours equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
 * matching a request to kmock's reactions looks at that request only (kmock rescans every request so far: quadratic),
   and only recent requests are remembered;
+* ``POST pods/<name>/binding`` binds as kube-apiserver's binding subresource does (``BindingREST`` in
+  ``pkg/registry/core/pod/storage/storage.go``): one guarded update sets ``spec.nodeName``, merges the Binding's
+  annotations into the pod's and sets ``PodScheduled``; a pod already assigned (to any node), being deleted, or whose
+  uid differs from the Binding's uid precondition is answered 409 Conflict (kmock would store a "Binding" object);
 * ``Accept: ...;as=Table`` gets a server-side ``Table`` built from registered printer columns, as the real API server
   does for CRDs with ``additionalPrinterColumns`` (so ``kubectl get gj`` prints Phase, PMC ...).
 
@@ -91,6 +95,13 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         self._forget_old_requests()
         _CURRENT_REQUEST.set(request)  # per aiohttp handler task (contextvars are task-local)
+        if _is_binding(request):  # kmock sees a POST to a named object as no action at all
+            if self.before_write is not None:
+                await self.before_write(request)
+            response = await self._serve_binding(request)
+            if self.after_write is not None:
+                await self.after_write(request)
+            return response
         if request.resource is None or request.action not in (
             enums.action.CREATE,
             enums.action.UPDATE,
@@ -109,6 +120,46 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         if self.after_write is not None:
             await self.after_write(request)
         return response
+
+    async def _serve_binding(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """The binding subresource: the pod's node, the Binding's annotations and PodScheduled in one write."""
+        body = request.data if isinstance(request.data, dict) else {}
+        target = (body.get("target") or {}).get("name") if isinstance(body.get("target"), dict) else None
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        if not target:
+            return await self._render_error(kmock.KubernetesError(
+                status=422, reason="Invalid", message="Binding is invalid: target.name: Required value"))
+        key = (request.resource, request.namespace, request.name)
+        async with self._write_lock, self._lock:  # the same order as other writes (kmock's lock inside ours)
+            stored = self._objects[key] if key in self._objects else None
+            if stored is None or stored.deleted:
+                return await self._render_error(kmock.KubernetesObjectNotFoundError())
+            pod = stored.raw
+            pod_meta = pod.get("metadata") or {}
+            conflict = None
+            if meta.get("uid") and meta["uid"] != pod_meta.get("uid"):
+                conflict = (f"Precondition failed: UID in precondition: {meta['uid']}, "
+                            f"UID in object meta: {pod_meta.get('uid')}")
+            elif pod_meta.get("deletionTimestamp"):
+                conflict = f"pod {request.name} is being deleted, cannot be assigned to a host"
+            elif (pod.get("spec") or {}).get("nodeName"):
+                conflict = f"pod {request.name} is already assigned to node \"{pod['spec']['nodeName']}\""
+            if conflict is not None:
+                return await self._render_error(kmock.KubernetesError(
+                    status=409, reason="Conflict", message=f'Operation cannot be fulfilled on pods/binding '
+                                                           f'"{request.name}": {conflict}'))
+            conditions = [c for c in (pod.get("status") or {}).get("conditions") or []
+                          if c.get("type") != "PodScheduled"]
+            conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
+            stored.patch({
+                "metadata": {"resourceVersion": self._next_version(),
+                             "annotations": {**(pod_meta.get("annotations") or {}), **(meta.get("annotations") or {})}},
+                "spec": {"nodeName": target},
+                "status": {"conditions": conditions},
+            })
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": stored.raw})
+        return aiohttp.web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, status=201)
 
     def _prepare_write(self, request: rendering.Request) -> None:
         """Make the write look like the real API server's before kmock applies it (mutates ``request.data``)."""
@@ -237,6 +288,12 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(table)
 
 
+def _is_binding(request: rendering.Request) -> bool:
+    resource = request.resource
+    return (request.method == "POST" and request.subresource == "binding" and request.name is not None
+            and resource is not None and resource.plural == "pods" and not resource.group)
+
+
 def _cell(value: Any) -> Any:
     return "<none>" if value is None else value
 
@@ -259,7 +316,7 @@ def declare_resources(k8s: StrictKubernetes) -> None:
                                                         verbs={"list", "watch", "get"})
     k8s.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", singular="pod", namespaced=True, shortnames={"po"},
                                                   verbs={"list", "watch", "get", "create", "patch", "delete"},
-                                                  subresources={"status"})
+                                                  subresources={"status", "binding"})
     k8s.resources["v1/configmaps"] = kmock.ResourceInfo(kind="ConfigMap", singular="configmap", namespaced=True,
                                                         shortnames={"cm"}, verbs={"list", "get", "create", "delete"})
     k8s.resources["v1/events"] = kmock.ResourceInfo(kind="Event", singular="event", namespaced=True,

@@ -141,15 +141,52 @@ def test_allocate_mounts_and_env(rig):
             "CUDA_VISIBLE_DEVICES": uuids,
         }
         mounts = [(m.container_path, m.host_path, m.read_only) for m in c.mounts]
-        # the gate dir (parent) is mounted before the MPS pipe dir nested in it
-        assert mounts == [("/var/run/gnnsched", "/var/run/gnnsched", True),
+        # the gate dir (parent) is mounted before the MPS pipe dir nested in it; the MPS daemon's shm at /dev/shm
+        assert mounts == [("/dev/shm", "/var/run/gnnsched/mps-shm", False),
+                          ("/var/run/gnnsched", "/var/run/gnnsched", True),
                           ("/var/run/gnnsched/mps", "/var/run/gnnsched/mps", False)]
+        assert list(c.cdi_devices) == []  # envvar strategy: the nvidia runtime reads NVIDIA_VISIBLE_DEVICES
     for bad in (["GPU-unknown-slot-01"], [devices[0], "nope"], []):
         with pytest.raises(grpc.RpcError) as ei:
             stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=bad)]), timeout=10)
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=devices[:1]), timeout=10) == \
         pb.PreStartContainerResponse()
+
+
+@pytest.mark.parametrize("id_strategy", ["uuid", "index"])
+def test_allocate_cdi_cri_names_the_gpus(tmp_path, id_strategy):
+    """``--device-list-strategy cdi-cri``: the response carries CDI names (nvidia.com/gpu=<uuid|index>, as NVIDIA's
+    CDI spec names GPUs) for the GPUs the container may be admitted on, and no NVIDIA_VISIBLE_DEVICES, over gRPC."""
+    backend = FakeGPUBackend(2, 80 * GI)
+    kubelet = TestKubelet(tmp_path)
+    kubelet.start()
+    cfg = _config(tmp_path, device_list_strategy="cdi-cri", device_id_strategy=id_strategy,
+                  mps_shm_dir=str(tmp_path / "shm"))
+    plugin = DevicePlugin(backend, cfg, SettableMPS())
+    plugin.start()
+    try:
+        assert kubelet.wait_for(lambda: kubelet.lists)
+        devices = sorted(kubelet.latest())
+        resp = kubelet.plugin.Allocate(pb.AllocateRequest(container_requests=[
+            pb.ContainerAllocateRequest(devices_ids=devices[:1])]), timeout=10)
+        (c,) = resp.container_responses
+        gpus = backend.devices()
+        want = [f"nvidia.com/gpu={g.uuid if id_strategy == 'uuid' else g.index}" for g in gpus]
+        assert [d.name for d in c.cdi_devices] == want
+        assert "NVIDIA_VISIBLE_DEVICES" not in c.envs
+        assert c.envs["CUDA_VISIBLE_DEVICES"] == ",".join(g.uuid for g in gpus)
+        shm = [(m.host_path, m.read_only) for m in c.mounts if m.container_path == "/dev/shm"]
+        assert shm == [(str(tmp_path / "shm"), False)]
+    finally:
+        plugin.stop(0)
+        kubelet.stop()
+
+
+def test_unknown_strategies_are_refused():
+    for kw in ({"device_list_strategy": "volume-mounts"}, {"device_id_strategy": "serial"}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            DevicePlugin(FakeGPUBackend(1, GI), _config(Path("/nonexistent"), **kw))
 
 
 def test_health_flips_stream_full_lists(rig):
@@ -208,11 +245,11 @@ def test_plugin_waits_for_late_kubelet(tmp_path):
 
 
 def test_mps_health_from_agent_status_file(tmp_path):
-    """The node agent's status file (in the MPS pipe dir) drives slot health: missing, unhealthy, per GPU, stale."""
+    """The node agent's status file (in the node state dir) drives slot health: missing, unhealthy, per GPU, stale."""
     backend = FakeGPUBackend(2, 80 * GI)
     u0, u1 = (g.uuid for g in backend.devices())
     pipe = tmp_path / "mps"
-    path = status_file_path(pipe)
+    path = status_file_path(tmp_path / "state")
     kubelet = TestKubelet(tmp_path)
     kubelet.start()
     plugin = DevicePlugin(backend, _config(tmp_path, mps_pipe_dir=str(pipe)), StatusFileMPSHealth(path, max_age_s=30))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -25,7 +26,8 @@ def test_cli_registers_follows_status_file_and_stops_on_sigterm(tmp_path):
     pipe = tmp_path / "mps"
     proc = subprocess.Popen(
         [*CMD, f"--plugin-dir={tmp_path}", "--gpus=fake:2x16Gi", "--slots-per-gpu=3", f"--mps-pipe-dir={pipe}",
-         f"--gate-socket={tmp_path}/gate/gate.sock", "--poll-interval=0.1", "--log-level=warning"],
+         f"--gate-socket={tmp_path}/gate/gate.sock", "--poll-interval=0.1", "--log-level=warning",
+         f"--state-dir={tmp_path}/state", f"--mps-shm-dir={tmp_path}/shm"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -33,7 +35,11 @@ def test_cli_registers_follows_status_file_and_stops_on_sigterm(tmp_path):
         devices = kubelet.latest()
         assert len(devices) == 6
         assert set(devices.values()) == {"Unhealthy"}  # no agent status file yet
-        write_status_file(status_file_path(pipe),
+        write_status_file(status_file_path(pipe),  # a forged status in the client-writable pipe dir: ignored
+                          GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)))
+        time.sleep(0.5)
+        assert set(kubelet.latest().values()) == {"Unhealthy"}
+        write_status_file(status_file_path(tmp_path / "state"),
                           GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)))
         assert kubelet.wait_for(lambda: set(kubelet.latest().values()) == {"Healthy"}, timeout=10)
         proc.send_signal(signal.SIGTERM)
@@ -56,6 +62,9 @@ def test_cli_registers_follows_status_file_and_stops_on_sigterm(tmp_path):
         (["--gate-socket=relative/gate.sock"], "--gate-socket"),
         (["--plugin-dir=/definitely/not/here"], "--plugin-dir"),
         (["--poll-interval=0"], "--poll-interval"),
+        (["--device-list-strategy=volume-mounts"], "--device-list-strategy"),
+        (["--device-id-strategy=serial"], "--device-id-strategy"),
+        (["--mps-shm-dir=shm"], "--mps-shm-dir"),
     ],
 )
 def test_bad_flags_one_line_exit_2(tmp_path, args, field):

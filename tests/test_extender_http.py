@@ -100,14 +100,39 @@ BAD_BODIES = [
     json.dumps({"Pod": make_pod("x", 1)}).encode(),
     json.dumps({"Pod": make_pod("x", 1), "Nodes": {"items": [{"metadata": {}}]}}).encode(),
     json.dumps({"Pod": make_pod("x", 1), "Nodes": {"items": "x"}}).encode(),
-    json.dumps({"Pod": make_pod("x"), "NodeNames": NODES}).encode(),
-    json.dumps({"Pod": make_pod("x", annotations={ANN_ADMIT_BYTES: "1e400"}), "NodeNames": NODES}).encode(),
-    json.dumps({"Pod": make_pod("x", annotations={ANN_GPU_MEMORY: "-3Gi"}), "NodeNames": NODES}).encode(),
-    json.dumps({"Pod": make_pod("x", 1, annotations={ANN_PREDICTED_RUNTIME: "Infinity"}), "NodeNames": NODES}).encode(),
-    json.dumps({"Pod": make_pod("x", 1, cpu="many"), "NodeNames": NODES}).encode(),
-    json.dumps({"Pod": {"metadata": {"name": "x", "annotations": ["a"]}}, "NodeNames": NODES}).encode(),
     json.dumps({"Pod": {"metadata": {"name": 5}}, "NodeNames": NODES}).encode(),
 ]
+
+#: Well-formed requests for a pod whose gnnsched fields are missing or unparsable: no node can ever take it.
+POD_LEVEL_ERRORS = [
+    {"Pod": make_pod("x"), "NodeNames": NODES},
+    {"Pod": make_pod("x", annotations={ANN_ADMIT_BYTES: "1e400"}), "NodeNames": NODES},
+    {"Pod": make_pod("x", annotations={ANN_GPU_MEMORY: "-3Gi"}), "NodeNames": NODES},
+    {"Pod": make_pod("x", 1, annotations={ANN_PREDICTED_RUNTIME: "Infinity"}), "NodeNames": NODES},
+    {"Pod": make_pod("x", 1, cpu="many"), "NodeNames": NODES},
+    {"Pod": {"metadata": {"name": "x", "annotations": ["a"]}}, "NodeNames": NODES},
+    {"Pod": make_pod("x"), "Nodes": {"items": [{"metadata": {"name": n}} for n in NODES[:3]]}},
+]
+
+
+@pytest.mark.parametrize("args", POD_LEVEL_ERRORS)
+def test_pod_level_filter_errors_are_unresolvable_on_every_node(server: httpx.Client, args: dict) -> None:
+    """kube-scheduler records the reason and does not try preemption for UnschedulableAndUnresolvable nodes; an
+    Error would be retried as a scheduling error and a plain failure would invite preemption to no avail."""
+    r = server.post("/filter", json=args)
+    assert r.status_code == 200
+    f = r.json()
+    names = args.get("NodeNames") or [i["metadata"]["name"] for i in args["Nodes"]["items"]]
+    assert f["Error"] == "" and f["FailedNodes"] == {}
+    assert set(f["FailedAndUnresolvableNodes"]) == set(names)
+    (reason,) = set(f["FailedAndUnresolvableNodes"].values())
+    assert reason
+    if "NodeNames" in args:
+        assert f["NodeNames"] == [] and f["Nodes"] is None
+    else:
+        assert f["Nodes"]["items"] == [] and f["NodeNames"] is None
+    # the same body is still an error for prioritize (ignored by the scheduler) and bind
+    assert server.post("/prioritize", json=args).status_code == 400
 
 
 @pytest.mark.parametrize("body", BAD_BODIES)
@@ -124,7 +149,8 @@ def test_bad_requests_never_5xx(server: httpx.Client, body: bytes) -> None:
 
 def test_errors_name_the_field(server: httpx.Client) -> None:
     def err(args: dict) -> str:
-        return server.post("/filter", json=args).json()["Error"]
+        body = server.post("/filter", json=args).json()
+        return body["Error"] or next(iter(body["FailedAndUnresolvableNodes"].values()))
 
     assert err({"NodeNames": NODES}).startswith("Pod:")
     e = err({"Pod": make_pod("x"), "NodeNames": NODES})

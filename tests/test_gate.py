@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from gate_helpers import GiB, add_pods, job_pod, pod_object
 
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_EXCLUSIVE, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier, pod_uids_in_cgroup
@@ -212,6 +212,35 @@ async def test_exceeds_gpu(gate: Harness) -> None:
     msg = await gate.reply(r)
     assert msg["reason"] == "exceeds-gpu"
     assert gate.rejections("exceeds-gpu") == 1
+
+
+@pytest.mark.asyncio
+async def test_exclusive_pod_runs_alone_with_the_whole_gpu_as_its_limit(gate: Harness) -> None:
+    # 85 GiB of admit bytes exceed the shareable 78 GiB, but the pod is marked exclusive: queued, not refused.
+    pod, job = job_pod("alone", 85 * GiB)
+    pod["metadata"]["annotations"][ANN_EXCLUSIVE] = "true"
+    gate.add(pod, job)
+    small, sjob = job_pod("small", 1 * GiB)
+    gate.add(small, sjob)
+    r1, _w1 = await gate.request(small)
+    first = await gate.reply(r1, "admitted")
+    r2, w2 = await gate.request(pod)
+    msg = await gate.reply(r2, "admitted")
+    assert msg["gpuUuid"] != first["gpuUuid"]  # only an empty GPU
+    assert msg["bytes"] == 78 * GiB and msg["memLimit"] == f"0={78 * 1024}M"
+    # Nothing is admitted beside it: the next pod goes to the small one's GPU.
+    other, ojob = job_pod("other", 2 * GiB)
+    gate.add(other, ojob)
+    r3, _w3 = await gate.request(other)
+    assert (await gate.reply(r3, "admitted"))["gpuUuid"] == first["gpuUuid"]
+    w2.close()
+    await gate.settle(lambda: len(gate.books.running) == 2)
+    bad, bjob = job_pod("bad-x", GiB)
+    bad["metadata"]["annotations"][ANN_EXCLUSIVE] = "yes"
+    gate.add(bad, bjob)
+    r4, _ = await gate.request(bad)
+    reply = await gate.reply(r4)
+    assert reply["reason"] == "bad-annotation" and "exclusive='yes'" in reply["message"]
 
 
 @pytest.mark.asyncio

@@ -80,6 +80,7 @@ class Agent:
             "--policy", self.policy, "--bypass-limit", str(self.bypass_limit), "--reserve-bytes", "2Gi", "--max-clients-per-gpu", str(MAX_CLIENTS),
             "--mps", "on", "--mps-pipe-dir", str(self.tmp / "mps"), "--mps-log-dir", str(self.tmp / "mps-log"),
             "--peer-check", "off", "--recovery-grace", str(grace), "--status-interval", "0.5",
+            "--state-dir", str(self.tmp / "state"), "--jobs-uid", str(os.getuid()),
             "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1", "--log-level", "warning",
         ]
         self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stderr=open(self.tmp / "agent.log", "a"))

@@ -5,8 +5,9 @@ Checked after every event, independently of the books' own tripwire: per GPU the
 believes run there stay ≤ total − reserve and ≤ max clients; the books agree with the model exactly (nothing lost,
 nothing invented); no client is ever admitted twice; with backfill on (``bypass_limit`` > 0) the test counts itself,
 from the policy's order before each decision, how many later clients started ahead of each waiting one, and checks
-that the books keep the same count and that it never passes the limit (0: nobody is ever overtaken). At the end every
-waiting client gets admitted once the running ones exit (liveness).
+that the books keep the same count and that it never passes the limit (0: nobody is ever overtaken); an exclusive client (``gnnsched.io/exclusive``) runs only
+alone on its GPU, booked at the GPU's whole capacity whatever bytes it asked for. At the end every waiting client gets
+admitted once the running ones exit (liveness).
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ UNIT = 2**30
 TOTAL, RESERVE, MAX_CLIENTS = 80 * UNIT, 4 * UNIT, 5
 
 arrive = st.tuples(st.just("arrive"), st.integers(1, 80), st.one_of(st.none(), st.floats(0, 1e4)))
+# An exclusive arrival asks for any bytes, even more than a GPU's shareable capacity: it is booked at the whole GPU.
+arrive_x = st.tuples(st.just("arrive-x"), st.integers(1, 120), st.one_of(st.none(), st.floats(0, 1e4)))
 exit_ = st.tuples(st.just("exit"), st.integers(0, 10**6))
 cancel = st.tuples(st.just("cancel"), st.integers(0, 10**6))
 restart = st.tuples(st.just("restart"), st.integers(0, 2**16))
 liar = st.tuples(st.just("liar"), st.integers(0, 10**6), st.integers(1, 200))
 health = st.tuples(st.just("health"), st.integers(0, 1), st.booleans())
 ops = st.lists(
-    st.one_of(arrive, arrive, arrive, exit_, exit_, cancel, restart, liar, health), min_size=100, max_size=140
+    st.one_of(arrive, arrive, arrive, arrive_x, exit_, exit_, cancel, restart, liar, health), min_size=100,
+    max_size=140
 )
 
 
@@ -42,6 +46,7 @@ class Client:
     gpu_uuid: str | None = None
     admissions: int = 0
     bypassed: int = 0  # later clients (in the policy's order) admitted while this one waited, counted by the test
+    exclusive: bool = False
 
 
 def _gpus() -> list[GPUSlot]:
@@ -83,6 +88,9 @@ def _check(books: Books, clients: dict[str, Client]) -> None:
     for uuid, sizes in per_gpu.items():
         assert sum(sizes) <= TOTAL - RESERVE, f"{uuid}: {sum(sizes)} > capacity"
         assert len(sizes) <= MAX_CLIENTS
+    for c in clients.values():
+        if c.state == "running" and c.exclusive:
+            assert per_gpu[c.gpu_uuid or ""] == [TOTAL - RESERVE], f"exclusive {c.key} is not alone on {c.gpu_uuid}"
     assert set(books.running) == {k for k, c in clients.items() if c.state == "running"}
     assert set(books.queued) == {k for k, c in clients.items() if c.state == "waiting"}
     for k, e in books.running.items():
@@ -112,6 +120,12 @@ def test_gate_books_invariant_under_random_events(policy: Policy, events: list[t
             except Rejected as exc:
                 assert exc.reason == "exceeds-gpu" and c.bytes > TOTAL - RESERVE
                 c.state = "done"
+        elif kind == "arrive-x":
+            n += 1
+            c = Client(f"pod-{n}", TOTAL - RESERVE, ev[2], exclusive=True)
+            clients[c.key] = c
+            e = books.enqueue(c.key, pod_uid=c.key, bytes=ev[1] * UNIT, qt_seconds=c.qt, exclusive=True)
+            assert e.bytes == TOTAL - RESERVE
         elif kind == "exit":
             c = _pick(clients, "running", ev[1])
             if c is not None:
@@ -165,10 +179,11 @@ def test_gate_books_invariant_under_random_events(policy: Policy, events: list[t
                     if hash((c.key, seed, "exit")) % 5 == 0:
                         c.state = "done"
                         continue
-                    books.restore(c.key, pod_uid=c.key, bytes=c.bytes, gpu_uuid=c.gpu_uuid or "")
+                    books.restore(c.key, pod_uid=c.key, bytes=c.bytes, gpu_uuid=c.gpu_uuid or "",
+                                  exclusive=c.exclusive)
             for c in order:
                 if c.state == "waiting":
-                    books.enqueue(c.key, pod_uid=c.key, bytes=c.bytes, qt_seconds=c.qt)
+                    books.enqueue(c.key, pod_uid=c.key, bytes=c.bytes, qt_seconds=c.qt, exclusive=c.exclusive)
                     c.bypassed = 0  # a new agent starts the counts afresh (they live in its memory only)
         _check(books, clients)
         _apply_decisions(books, clients)
@@ -249,3 +264,34 @@ def test_backfill_starts_small_jobs_past_a_blocked_one_then_stops_at_the_limit()
     for key, size in (("occupant", 50), ("big", 60), ("s1", 5)):
         strict.enqueue(key, pod_uid=key, bytes=size * UNIT)
     assert [e.key for d in strict.decide() for e in d.entries] == ["occupant"]
+
+
+def test_exclusive_waits_for_an_empty_gpu_and_then_runs_alone() -> None:
+    """An exclusive pod asking for more than a GPU's shareable capacity is queued, not refused; it starts only on an
+    empty GPU, nothing joins it, and its GPU takes others again once it exits."""
+    books = Books(_gpus(), Policy.BASE, bypass_limit=0)
+    clients: dict[str, Client] = {}
+    for key, size in (("a", 10), ("b", 10)):
+        clients[key] = Client(key, size * UNIT, None)
+        books.enqueue(key, pod_uid=key, bytes=size * UNIT)
+    _apply_decisions(books, clients)  # a and b share GPU 0 (base fills the GPU with the most free bytes first)
+    assert {clients["a"].gpu_uuid, clients["b"].gpu_uuid} == {"GPU-0"}
+    x = clients["x"] = Client("x", TOTAL - RESERVE, None, exclusive=True)
+    books.enqueue("x", pod_uid="x", bytes=85 * UNIT, exclusive=True)  # > capacity (76 GiB): still queued
+    _apply_decisions(books, clients)
+    assert x.state == "running" and x.gpu_uuid == "GPU-1"
+    assert books.running["x"].bytes == TOTAL - RESERVE
+    clients["c"] = Client("c", 1 * UNIT, None)
+    books.enqueue("c", pod_uid="c", bytes=1 * UNIT)
+    _apply_decisions(books, clients)
+    assert clients["c"].gpu_uuid == "GPU-0"  # never beside x
+    y = clients["y"] = Client("y", TOTAL - RESERVE, None, exclusive=True)
+    books.enqueue("y", pod_uid="y", bytes=1 * UNIT, exclusive=True)
+    _apply_decisions(books, clients)
+    assert y.state == "waiting"  # GPU 0 is busy, GPU 1 is x's alone
+    for key in ("a", "b", "c"):
+        books.release(key)
+        clients[key].state = "done"
+    _apply_decisions(books, clients)
+    assert y.state == "running" and y.gpu_uuid == "GPU-0"
+    _check(books, clients)

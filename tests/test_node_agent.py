@@ -47,7 +47,7 @@ async def agent(tmp_path, monkeypatch):
     opts = AgentOptions(node_name="node-a", gate_socket=tmp_path / "gate.sock", policy="bmc",
                         reserve_fraction=0.05, max_clients_per_gpu=3, pipe_directory=str(tmp_path / "mps"),
                         recovery_grace=0, status_interval=0.3, sample_interval=3600, metrics_port=0,
-                        metrics_addr="127.0.0.1", reconcile_interval=0)
+                        metrics_addr="127.0.0.1", reconcile_interval=0, state_dir=str(tmp_path / "state"))
     a = NodeAgent(opts, backend, FilePodLookup(pods), FileStatusSink(tmp_path / "status.json"),
                   PeerVerifier(enabled=False), mps=mps)
     await a.start()
@@ -85,7 +85,8 @@ async def test_status_metrics_health_and_observed_peak(agent: Harness) -> None:
     h, agent = agent, agent.a
     s = _status(h)
     assert s.node_name == "node-a" and s.mps.healthy and len(s.gpus) == 2
-    assert read_status_file(status_file_path(h.tmp / "mps")) == s  # the device plugin's copy
+    assert read_status_file(status_file_path(h.tmp / "state")) == s  # the device plugin's copy ...
+    assert not status_file_path(h.tmp / "mps").exists()  # ... not in the pipe directory every client can write
     g0 = s.gpus[0]
     assert g0.model == "A100-80GB" and g0.total_bytes == 80 * GiB and g0.reserve_bytes == 4 * GiB
     assert g0.max_clients == 3 and g0.committed_bytes == 0
@@ -116,6 +117,7 @@ async def test_status_metrics_health_and_observed_peak(agent: Harness) -> None:
     assert 'gnnsched_gpu_healthy{gpu="1"' in text
     port = agent.metrics_server.server_port  # type: ignore[union-attr]
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read() == b"ok\n"
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).read() == b"ready\n"
     w0.close()
     for _ in range(200):
         ann = json.loads(h.pods.read_text())["pods"][0]["metadata"]["annotations"]

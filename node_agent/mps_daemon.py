@@ -1,0 +1,131 @@
+"""``gnnsched mps-daemon``: the node's MPS control daemon, run apart from the agent.
+
+Why apart: a process started by a container dies with it. When the agent owned ``nvidia-cuda-mps-control``, every
+rolling update of the agent killed the daemon and, with it, every running MPS client (every job on the node). This
+command runs in a privileged container of its own (a DaemonSet with ``updateStrategy: OnDelete``), as NVIDIA's
+k8s-device-plugin runs its ``mps-control-daemon``; the agent only reads the health this process publishes.
+
+What it does, following NVIDIA's ``cmd/mps-control-daemon/mps/daemon.go`` (Start/Stop/AssertHealthy):
+
+1. gives the pipe and log directories to the jobs' UID (an MPS control daemon serves one user at a time; every gated
+   pod runs as that UID and must be able to use the pipes);
+2. sets compute mode EXCLUSIVE_PROCESS on every GPU by UUID;
+3. starts ``nvidia-cuda-mps-control -d`` with its output discarded (never captured: the forked daemon keeps captured
+   pipes open and the caller would hang);
+4. sets a default pinned device memory limit for every GPU through the control daemon
+   (``set_default_device_pinned_mem_limit <index> <limit>``): the cap of a client that does not set
+   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` itself (see docs/node-agent.md for which limit wins);
+5. probes the daemon (``get_server_list``) every ``--probe-interval`` seconds, restarts it when it is gone, and writes
+   its health (``contract.MPSDaemonHealth``) to ``<state dir>/mps-daemon.json``: a directory only this process and
+   the agent can write (root, 0755), never the pipe directory, which every client can write;
+6. on SIGTERM, leaves the daemon running by default (running jobs keep their server; the next ``mps-daemon`` adopts
+   it). ``--disable`` (run once, e.g. from a pre-delete hook or by hand) quits the daemon, puts compute mode back
+   to DEFAULT by UUID and publishes "disabled"; ``--reset-on-exit`` does the same on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gnnsched.contract import MPS_DAEMON_HEALTH_FILE_NAME, MPSDaemonHealth
+from gnnsched.node_agent.mps import COMPUTE_MODES, MPSError, MPSManager
+from gnnsched.node_status_file import write_json_atomic
+
+log = logging.getLogger("gnnsched.node_agent.mps_daemon")
+
+
+def health_file_path(state_dir: str | os.PathLike[str]) -> Path:
+    """Where ``gnnsched mps-daemon`` publishes its health (read by the agent)."""
+    return Path(state_dir) / MPS_DAEMON_HEALTH_FILE_NAME
+
+
+def pinned_limit_mib(total_bytes: int, reserve_bytes: int) -> str:
+    """The ``auto`` default limit for one GPU: its memory less the reserve no client may take, in whole MiB
+    (``set_default_device_pinned_mem_limit`` takes M/G suffixes). Never above what the gate could ever admit, so it
+    cannot cut a gated client short whichever of the two limits wins, and it keeps the reserve out of reach of a
+    client that runs without the gate's environment."""
+    return f"{max(1, (total_bytes - reserve_bytes) // (1 << 20))}M"
+
+
+@dataclass(slots=True)
+class MPSDaemonService:
+    """One node's MPS control daemon plus the health file. Not tied to any process lifetime but its own."""
+
+    manager: MPSManager
+    state_dir: Path
+    jobs_uid: int | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def health_path(self) -> Path:
+        return health_file_path(self.state_dir)
+
+    def _prepare_state_dir(self) -> None:
+        """Root-owned 0755: the agent (root, no capabilities) and this daemon write; the device plugin and nobody
+        else can only read. Job pods never mount it."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o755)
+
+    def publish(self, healthy: bool | None = None, message: str | None = None) -> MPSDaemonHealth:
+        m = self.manager
+        c = m.config
+        health = MPSDaemonHealth(
+            healthy=m.healthy if healthy is None else healthy,
+            message=(m.message if message is None else message)[:500],
+            restarts=m.restarts,
+            compute_mode=COMPUTE_MODES[c.compute_mode] if c.compute_mode else "",
+            gpus=list(c.uuids),
+            pinned_mem_limits={str(k): v for k, v in sorted(m.pinned_limits().items())},
+            jobs_uid=self.jobs_uid,
+            pid=os.getpid(),
+            updated_at=datetime.now(timezone.utc),
+        )
+        try:
+            write_json_atomic(self.health_path, health.wire())
+        except OSError as exc:
+            log.error("cannot write %s: %s", self.health_path, exc)
+        return health
+
+    def check(self) -> bool:
+        ok = self.manager.check()
+        self.publish()
+        return ok
+
+    def run(self, interval: float) -> None:
+        """Supervise until :meth:`stop`: probe, restart when gone, publish health every ``interval`` seconds."""
+        self._prepare_state_dir()
+        while not self._stop.is_set():
+            self.check()
+            self._stop.wait(interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def disable(self) -> list[str]:
+        """Quit the daemon and put every GPU's compute mode back to DEFAULT (by UUID); publish "disabled".
+        Returns the problems met (empty when all went well): each step is tried even if an earlier one failed."""
+        self._prepare_state_dir()
+        problems: list[str] = []
+        m = self.manager
+        if m.probe():
+            try:
+                m.control("quit")
+            except MPSError as exc:
+                problems.append(str(exc))
+            deadline = time.monotonic() + m.config.start_timeout
+            while m.probe() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        m.healthy, m.message = False, "disabled"
+        try:
+            m.set_compute_mode("default")
+            m.config.compute_mode = "default"
+        except MPSError as exc:
+            problems.append(str(exc))
+        self.publish(False, "disabled" + (f" with problems: {'; '.join(problems)}" if problems else ""))
+        return problems

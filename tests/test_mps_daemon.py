@@ -1,0 +1,159 @@
+"""``gnnsched mps-daemon`` against the fake ``nvidia-cuda-mps-control`` / ``nvidia-smi`` on PATH (the hardware
+boundary): compute mode by UUID, an uncaptured ``-d``, per-GPU default limits, directory ownership, the health file
+in the node state directory, ``--disable``; and the agent reading that health (``--mps external``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from gnnsched.node_agent.mps import MPSConfig, MPSManager
+from gnnsched.node_agent.mps_daemon import MPSDaemonService, health_file_path, pinned_limit_mib
+from gnnsched.node_agent.mps_external import ExternalMPS
+
+from gnnsched.contract import MPSDaemonHealth
+from gnnsched.node_status_file import write_json_atomic
+
+FAKES = Path(__file__).parent / "fakes"
+GNNSCHED = [sys.executable, "-c", "from gnnsched.cli import main; main()"]
+UUIDS = ["GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000001"]
+pytestmark = [pytest.mark.timeout(60)]
+
+
+def _kill_fake_daemon(pipe: Path) -> None:
+    pid_file = pipe / "fake-mps.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def service(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    cfg = MPSConfig(pipe_directory=tmp_path / "pipe", log_directory=tmp_path / "log", devices=[0, 1], uuids=UUIDS,
+                    compute_mode="exclusive", pinned_mem_limits={0: "80895M", 1: "80895M"}, owner_uid=os.getuid(),
+                    start_timeout=5, command_timeout=5)
+    svc = MPSDaemonService(MPSManager(cfg), tmp_path / "state", jobs_uid=os.getuid())
+    yield svc
+    _kill_fake_daemon(cfg.pipe_directory)
+
+
+def _commands(svc: MPSDaemonService) -> list[str]:
+    return (svc.manager.config.log_directory / "fake-commands.log").read_text().splitlines()
+
+
+def test_start_sets_mode_by_uuid_limits_and_publishes_health(service: MPSDaemonService) -> None:
+    t0 = time.monotonic()
+    assert service.check() is True
+    # The fake daemon keeps the caller's stdout/stderr open like the real one: a captured -d would block until the
+    # command timeout (5 s) and fail; discarded output returns at once.
+    assert time.monotonic() - t0 < 4
+    cmds = _commands(service)
+    assert cmds[:2] == [f"nvidia-smi -i {u} -c EXCLUSIVE_PROCESS" for u in UUIDS]
+    assert "set_default_device_pinned_mem_limit 0 80895M" in cmds
+    assert "set_default_device_pinned_mem_limit 1 80895M" in cmds
+    health = MPSDaemonHealth.model_validate(json.loads(service.health_path.read_text()))
+    assert health.healthy and health.compute_mode == "EXCLUSIVE_PROCESS" and health.gpus == UUIDS
+    assert health.pinned_mem_limits == {"0": "80895M", "1": "80895M"} and health.jobs_uid == os.getuid()
+    assert service.health_path.parent != service.manager.config.pipe_directory
+    assert oct(service.health_path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_disable_quits_and_resets_compute_mode(service: MPSDaemonService) -> None:
+    assert service.check()
+    assert service.disable() == []
+    cmds = _commands(service)
+    assert "quit" in cmds
+    assert cmds[-2:] == [f"nvidia-smi -i {UUIDS[0]} -c DEFAULT", f"nvidia-smi -i {UUIDS[1]} -c DEFAULT"]
+    health = MPSDaemonHealth.model_validate(json.loads(service.health_path.read_text()))
+    assert not health.healthy and health.message == "disabled" and health.compute_mode == "DEFAULT"
+    assert service.manager.probe() is False
+
+
+def test_directories_change_owner_to_the_jobs_uid(tmp_path, monkeypatch) -> None:
+    if os.getuid() != 0:
+        pytest.skip("chown to another UID needs root")
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    cfg = MPSConfig(pipe_directory=tmp_path / "pipe", log_directory=tmp_path / "log", devices=[0], uuids=UUIDS[:1],
+                    owner_uid=65532, start_timeout=5)
+    try:
+        assert MPSManager(cfg).check()
+        for d in (cfg.pipe_directory, cfg.log_directory):
+            assert d.stat().st_uid == 65532 and oct(d.stat().st_mode & 0o777) == "0o755"
+    finally:
+        _kill_fake_daemon(cfg.pipe_directory)
+
+
+def test_auto_limit_is_the_gpu_less_the_reserve() -> None:
+    assert pinned_limit_mib(80 * 2**30, 2**30) == "80896M"
+    assert pinned_limit_mib(2**20, 2**30) == "1M"
+
+
+def test_external_reader_follows_the_health_file(tmp_path) -> None:
+    path = health_file_path(tmp_path)
+    ext = ExternalMPS(path, max_age_s=30)
+    assert ext.check() is False and "is the gnnsched mps-daemon running" in ext.message
+    write_json_atomic(path, MPSDaemonHealth(healthy=True, message="running", restarts=2,
+                                            updated_at=datetime.now(timezone.utc)).wire())
+    assert ext.check() is True and ext.restarts == 2
+    old = datetime.now(timezone.utc) - timedelta(seconds=90)
+    write_json_atomic(path, MPSDaemonHealth(healthy=True, message="running", updated_at=old).wire())
+    assert ext.check() is False and "s old (limit 30 s)" in ext.message
+    path.write_text("{not json")
+    assert ext.check() is False and "is not JSON" in ext.message
+    write_json_atomic(path, {"healthy": "maybe"})
+    assert ext.check() is False and "healthy" in ext.message
+
+
+def test_cli_runs_publishes_and_leaves_the_daemon_on_sigterm_then_disable(tmp_path) -> None:
+    env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    args = ["mps-daemon", "--gpus", "fake:2x16Gi", "--mps-pipe-dir", str(tmp_path / "pipe"), "--mps-log-dir",
+            str(tmp_path / "log"), "--state-dir", str(tmp_path / "state"), "--jobs-uid", str(os.getuid()),
+            "--probe-interval", "0.2", "--reserve-bytes", "1Gi"]
+    proc = subprocess.Popen(GNNSCHED + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    health = health_file_path(tmp_path / "state")
+    try:
+        deadline = time.monotonic() + 30
+        while not (health.exists() and json.loads(health.read_text()).get("healthy")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "mps-daemon never published a healthy state"
+            time.sleep(0.05)
+        h = MPSDaemonHealth.model_validate(json.loads(health.read_text()))
+        assert h.pinned_mem_limits == {"0": "15360M", "1": "15360M"} and len(h.gpus) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        # The daemon outlives its supervisor: running jobs keep their MPS server through an upgrade.
+        assert (tmp_path / "pipe" / "fake-mps.pid").exists()
+        cp = subprocess.run(GNNSCHED + args + ["--disable"], env=env, capture_output=True, text=True, timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        assert not (tmp_path / "pipe" / "fake-mps.pid").exists()
+        log = (tmp_path / "log" / "fake-commands.log").read_text().splitlines()
+        assert log[-1].endswith("-c DEFAULT") and "quit" in log
+        assert json.loads(health.read_text())["message"] == "disabled"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _kill_fake_daemon(tmp_path / "pipe")
+
+
+@pytest.mark.parametrize("flag, needle", [
+    (["--compute-mode", "default"], "--compute-mode"),
+    (["--default-pinned-mem-limit", "lots"], "--default-pinned-mem-limit"),
+    (["--default-active-thread-percentage", "101"], "--default-active-thread-percentage"),
+    (["--jobs-uid", "-3"], "--jobs-uid"),
+])
+def test_cli_bad_flags_are_one_line(flag: list[str], needle: str) -> None:
+    cp = subprocess.run(GNNSCHED + ["mps-daemon", "--gpus", "fake:1x1Gi", *flag], capture_output=True, text=True,
+                        timeout=60)
+    assert cp.returncode == 2 and needle in cp.stderr and "Traceback" not in cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1, cp.stderr

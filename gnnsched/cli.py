@@ -8,6 +8,14 @@ import importlib
 import typer
 
 from gnnsched import __version__
+from gnnsched.contract import (
+    DEFAULT_JOB_RUNTIME_CLASS,
+    DEFAULT_JOBS_UID,
+    ENV_JOB_NODE_SELECTOR,
+    ENV_JOB_RUNTIME_CLASS,
+    ENV_JOB_TOLERATIONS,
+    ENV_JOBS_UID,
+)
 from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY
 
 app = typer.Typer(
@@ -71,6 +79,19 @@ def _operator(
     queue_priority_per_doubling: int = typer.Option(2, "--queue-priority-per-doubling",
                                                     help="Buckets per doubling of the predicted runtime, 1..8 "
                                                          "(chart: queuePriority.perDoubling)."),
+    run_as_user: int = typer.Option(DEFAULT_JOBS_UID, "--run-as-user", envvar=ENV_JOBS_UID, min=1,
+                                    help="UID every job pod runs as (runAsUser; MPS serves one user at a time, so it "
+                                         "must match the node side's; chart: jobs.runAsUser)."),
+    runtime_class_name: str = typer.Option(DEFAULT_JOB_RUNTIME_CLASS, "--runtime-class-name",
+                                           envvar=ENV_JOB_RUNTIME_CLASS,
+                                           help="RuntimeClass of job pods ('' = none; chart: jobs.runtimeClassName)."),
+    tolerations: str = typer.Option(None, "--tolerations", envvar=ENV_JOB_TOLERATIONS,
+                                    help="Tolerations of every job pod as a JSON list (default: tolerate the "
+                                         "nvidia.com/gpu NoSchedule taint; '[]' = none; chart: jobs.tolerations). "
+                                         "A GNNJob's spec.tolerations are added."),
+    node_selector: str = typer.Option(None, "--node-selector", envvar=ENV_JOB_NODE_SELECTOR,
+                                      help="nodeSelector of every job pod as a JSON object (default none; chart: "
+                                           "jobs.nodeSelector). A GNNJob's spec.nodeSelector is added."),
     kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."),
     context: str = typer.Option(None, "--context", help="Kubeconfig context."),
     watch_timeout: float = typer.Option(None, "--watch-timeout", min=0.1,
@@ -97,8 +118,13 @@ def _operator(
         fail(f"{flag}: {exc.message}")
     from gnnsched.operator.handlers import OperatorConfig
     from gnnsched.operator.main import run
+    from gnnsched.operator.podspec import job_pod_settings
 
-    fields = {"namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
+    try:
+        pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector)
+    except ValueError as exc:
+        fail(str(exc))
+    fields = {"pods": pods, "namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
               "scheduler_name": scheduler_name, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority,

@@ -75,6 +75,19 @@ line (``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes
 out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) there, so it reaches the pod status even when the job succeeds;
 ``gnnsched worker`` writes it there as well as printing it on stdout."""
 
+# The job pods' container and the settings the operator applies to every job pod (chart values ``jobs.*``).
+JOB_CONTAINER_NAME = "gnn"
+"""The container that runs ``gnnsched gate -- <workload>`` in a job pod. Its status is read by this name, never by
+position: admission webhooks (service meshes, log shippers) may inject containers ahead of it."""
+DEFAULT_JOB_RUNTIME_CLASS = "nvidia"
+"""RuntimeClass of job pods (the NVIDIA container runtime puts the driver and ``/dev/nvidia*`` into the container)."""
+ENV_JOB_RUNTIME_CLASS = "GNNSCHED_JOB_RUNTIME_CLASS"  # operator --runtime-class-name ("" = none)
+ENV_JOB_TOLERATIONS = "GNNSCHED_JOB_TOLERATIONS"  # operator --tolerations (JSON list of tolerations)
+ENV_JOB_NODE_SELECTOR = "GNNSCHED_JOB_NODE_SELECTOR"  # operator --node-selector (JSON object)
+GPU_TAINT_KEY = "nvidia.com/gpu"
+"""The taint GPU node pools carry (GKE, EKS and NVIDIA's GPU Operator guides use it); job pods tolerate it by
+default."""
+
 # Host paths shared by the node DaemonSet, the device plugin's Allocate mounts and the agent's defaults.
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_MPS_PIPE_DIR = "/var/run/gnnsched/mps"
@@ -98,7 +111,7 @@ MPS_DAEMON_HEALTH_FILE_NAME = "mps-daemon.json"
 DEFAULT_JOBS_UID = 65532
 """The one Linux UID every gated job process runs as. An MPS control daemon serves one user at a time: a client of a
 second UID waits until the first user's server exits, so the gate refuses any other UID."""
-ENV_JOBS_UID = "GNNSCHED_JOBS_UID"
+ENV_JOBS_UID = "GNNSCHED_JOBS_UID"  # read by the node side and by the operator (--run-as-user: the pods' runAsUser)
 OTHER_GPU_RESOURCE = "nvidia.com/gpu"
 """The resource NVIDIA's own device plugin advertises. On a node where gnnsched's plugin runs it means a second plugin
 hands out the same GPUs, outside the gate's books; the agent reports it."""
@@ -160,6 +173,8 @@ class MPSStatus(_CamelModel):
     healthy: bool = True
     restarts: int = Field(default=0, ge=0)
     message: str = ""
+    compute_mode: str | None = None  # as the MPS daemon set it ("EXCLUSIVE_PROCESS"); None: not known to the agent
+    shm_shared: bool | None = None  # the daemon's /dev/shm is the shared host tmpfs; None: not known to the agent
 
 
 class MPSDaemonHealth(_CamelModel):
@@ -172,6 +187,8 @@ class MPSDaemonHealth(_CamelModel):
     gpus: list[str] = Field(default_factory=list)  # UUIDs under this daemon
     pinned_mem_limits: dict[str, str] = Field(default_factory=dict)  # device index -> default limit ("78G")
     jobs_uid: int | None = None  # owner of the pipe and log directories
+    shm_shared: bool | None = None  # /dev/shm in the daemon's container is a bind of the shared tmpfs (None: unknown)
+    shm_detail: str = ""  # what /proc/self/mountinfo showed for /dev/shm
     pid: int | None = None  # of the ``gnnsched mps-daemon`` process
     updated_at: datetime | None = None
 

@@ -11,12 +11,21 @@ print one line and exit 2 and the operator can put the same line in a status con
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from gnnsched.contract import API_VERSION, GNNJOB_KIND
@@ -235,6 +244,53 @@ class ScalingSpec(_Spec):
     theta: float = Field(default=DEFAULT_THETA, gt=0.0, le=0.5)
 
 
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+"""A label key or taint key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63 characters."""
+LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
+
+
+class Toleration(_Spec):
+    """A pod toleration (``core/v1 Toleration``), checked by the API server's rules so a bad one is reported on the
+    GNNJob (or on the operator's flag) instead of as a pod the API server refuses to create."""
+
+    key: str | None = Field(default=None, max_length=316, pattern=LABEL_KEY)
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = Field(default=None, max_length=63, pattern=LABEL_VALUE)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = None
+    toleration_seconds: Int | None = None
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator: must be Exists when key is empty (it then tolerates every taint)")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value: must be empty when operator is Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds: applies only to effect NoExecute")
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The toleration as it goes into a pod spec (camelCase, unset fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+def _node_selector(value: Any) -> Any:
+    """``spec.nodeSelector``: label keys to label values, as the API server accepts them."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("must be a map of node label keys to values")
+    for key, item in value.items():
+        if not isinstance(key, str) or len(key) > 316 or not re.match(LABEL_KEY, key):
+            raise ValueError(f"{key!r} is not a valid label key")
+        if not isinstance(item, str) or len(item) > 63 or not re.match(LABEL_VALUE, item):
+            raise ValueError(f"{key}: {item!r} is not a valid label value")
+    return value
+
+
+NodeSelector = Annotated[dict[str, str], BeforeValidator(_node_selector)]
+
+
 class GNNJobSpec(_Spec):
     mode: Mode
     model: ModelSpec
@@ -254,6 +310,10 @@ class GNNJobSpec(_Spec):
     # A PriorityClass the user picks for the job's pods; wins over the operator's runtime-bucket class
     # (gnnsched.queue_order). It must exist: the API server rejects a pod that names a missing class.
     priority_class_name: str | None = Field(default=None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    # Scheduling constraints of the job's pods, added to the operator's own (``--tolerations``, ``--node-selector``):
+    # a job may narrow where it runs (a GPU model's node pool), never widen what the administrator set.
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32)
+    node_selector: NodeSelector | None = None
 
     @model_validator(mode="after")
     def _mode_fields(self) -> GNNJobSpec:
@@ -403,8 +463,7 @@ def _field_path(loc: tuple[Any, ...], message: str) -> tuple[str, str]:
 def _first_error(exc: ValidationError, root: str) -> SpecError:
     err = exc.errors(include_url=False)[0]
     message = err["msg"]
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
+    message = message.removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown field (check the spelling; fields are camelCase)"
     elif err["type"] == "missing":

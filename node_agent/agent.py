@@ -106,7 +106,10 @@ class NodeAgent:
     def _mps_status(self) -> MPSStatus:
         if self.mps is None:
             return MPSStatus(healthy=True, restarts=0, message="not managed by this agent (--mps off)")
-        return MPSStatus(healthy=self.mps.healthy, restarts=self.mps.restarts, message=self.mps.message[:500])
+        last = getattr(self.mps, "last", None)  # what `gnnsched mps-daemon` published (--mps external)
+        return MPSStatus(healthy=self.mps.healthy, restarts=self.mps.restarts, message=self.mps.message[:500],
+                         compute_mode=(last.compute_mode or None) if last is not None else None,
+                         shm_shared=last.shm_shared if last is not None else None)
 
     async def start(self) -> GateServer:
         books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check,

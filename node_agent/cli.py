@@ -15,6 +15,7 @@ from gnnsched.contract import (
     DEFAULT_JOBS_UID,
     DEFAULT_MPS_LOG_DIR,
     DEFAULT_MPS_PIPE_DIR,
+    DEFAULT_MPS_SHM_DIR,
     DEFAULT_NODE_STATE_DIR,
     ENV_JOBS_UID,
     MPS_MAX_CLIENTS_PER_GPU,
@@ -166,6 +167,8 @@ def node_agent(
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
+        # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
+        mps_probe_interval=2.0 if mps == "external" else 10.0,
     )
     agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr,
                       nodes=nodes)
@@ -202,6 +205,7 @@ def mps_daemon(
     mps_pipe_dir: Path = typer.Option(Path(DEFAULT_MPS_PIPE_DIR), "--mps-pipe-dir"),
     mps_log_dir: Path = typer.Option(Path(DEFAULT_MPS_LOG_DIR), "--mps-log-dir"),
     state_dir: Path = typer.Option(Path(DEFAULT_NODE_STATE_DIR), "--state-dir", help="Where the daemon's health is published (root-owned, not the pipe directory)."),
+    mps_shm_dir: str = typer.Option(DEFAULT_MPS_SHM_DIR, "--mps-shm-dir", help="Host tmpfs mounted at /dev/shm here and in every job; the health reports whether /dev/shm really is it ('none': not checked)."),
     jobs_uid: int = typer.Option(DEFAULT_JOBS_UID, "--jobs-uid", envvar=ENV_JOBS_UID, help="Owner of the pipe and log directories: the UID every gated pod runs as."),
     compute_mode: str = typer.Option("exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS by GPU UUID, as MPS wants) or keep."),
     pinned_mem_limit: str = typer.Option("auto", "--default-pinned-mem-limit", help="Default pinned device memory limit per GPU set through the control daemon: auto (GPU memory less --reserve-bytes), a quantity (e.g. 70Gi), or off."),
@@ -266,7 +270,7 @@ def mps_daemon(
         default_active_thread_percentage=active_thread_percentage or None, pinned_mem_limits=limits,
         owner_uid=jobs_uid, start_timeout=start_timeout,
     )
-    service = MPSDaemonService(MPSManager(cfg), state_dir, jobs_uid)
+    service = MPSDaemonService(MPSManager(cfg), state_dir, jobs_uid, None if mps_shm_dir == "none" else mps_shm_dir)
     if disable:
         problems = service.disable()
         if problems:

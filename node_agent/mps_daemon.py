@@ -45,6 +45,33 @@ def health_file_path(state_dir: str | os.PathLike[str]) -> Path:
     return Path(state_dir) / MPS_DAEMON_HEALTH_FILE_NAME
 
 
+def dev_shm_binding(shm_dir: str | os.PathLike[str], mountinfo: str | None = None) -> tuple[bool, str]:
+    """Whether this container's ``/dev/shm`` is the shared tmpfs (``shm_dir`` on the host), from mountinfo.
+
+    A container's private ``/dev/shm`` is a tmpfs mounted at its own root (mountinfo's root field ``/``); the shared
+    one arrives as a bind mount of a host directory, whose root field ends in that directory's name (the exact
+    prefix depends on which host file system holds it). Returns (shared?, what was seen)."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError as exc:
+            return False, f"cannot read /proc/self/mountinfo: {exc.strerror}"
+    last: list[str] | None = None
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[4] == "/dev/shm":
+            last = fields  # the last mount on a mount point is the visible one
+    if last is None:
+        return False, "/dev/shm is not a mount point"
+    root = last[3]
+    name = Path(shm_dir).name
+    fstype = last[last.index("-") + 1] if "-" in last else "?"
+    if root != "/" and root.rstrip("/").endswith("/" + name):
+        return True, f"/dev/shm is {root} ({fstype})"
+    return False, (f"/dev/shm is {root} ({fstype}), not the shared {shm_dir}: "
+                   "MPS clients in other containers cannot attach")
+
+
 def pinned_limit_mib(total_bytes: int, reserve_bytes: int) -> str:
     """The ``auto`` default limit for one GPU: its memory less the reserve no client may take, in whole MiB
     (``set_default_device_pinned_mem_limit`` takes M/G suffixes). Never above what the gate could ever admit, so it
@@ -60,6 +87,7 @@ class MPSDaemonService:
     manager: MPSManager
     state_dir: Path
     jobs_uid: int | None = None
+    shm_dir: str | None = None  # host path of the shared tmpfs, to check /dev/shm against (None: not checked)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -75,7 +103,10 @@ class MPSDaemonService:
     def publish(self, healthy: bool | None = None, message: str | None = None) -> MPSDaemonHealth:
         m = self.manager
         c = m.config
+        shared, detail = dev_shm_binding(self.shm_dir) if self.shm_dir else (None, "")
         health = MPSDaemonHealth(
+            shm_shared=shared,
+            shm_detail=detail,
             healthy=m.healthy if healthy is None else healthy,
             message=(m.message if message is None else message)[:500],
             restarts=m.restarts,

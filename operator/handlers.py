@@ -54,8 +54,16 @@ from .calibration import CalibrationStore
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
 from .planning import ClusterGPU, Plan, PlanError, Planner, gpus_from_gpunode
+from .podspec import (
+    LABEL_ATTEMPT,
+    JobPodSettings,
+    build_config_map,
+    build_pod,
+    config_map_name,
+    job_label,
+    pod_name,
+)
 from .resize import SUSPECT_EXCLUSIVE_AFTER, AttemptFacts, attempt_facts, decide
-from .podspec import LABEL_ATTEMPT, build_config_map, build_pod, config_map_name, job_label, pod_name
 from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
 
 log = logging.getLogger("gnnsched.operator")
@@ -82,6 +90,8 @@ class OperatorConfig(BaseModel):
     queue_priority_base: int = QUEUE_PRIORITY_BASE
     queue_priority_prefix: str = QUEUE_CLASS_PREFIX
     queue_priority_per_doubling: int = DEFAULT_PER_DOUBLING
+    # UID, RuntimeClass, tolerations and nodeSelector of every job pod (chart values jobs.*; podspec.JobPodSettings).
+    pods: JobPodSettings = Field(default_factory=JobPodSettings)
 
     @model_validator(mode="after")
     def _queue_order_valid(self) -> "OperatorConfig":
@@ -355,6 +365,7 @@ class Operator:
             ref = _job_ref(body)
             spec = parse_spec(body.get("spec"))
             extra_validation(ref, spec)
+            self.config.pods.node_selector_for(spec)  # a job's nodeSelector must not contradict the operator's
         except SpecError as exc:
             self._fail(body, status, "Failed", "Validated", "InvalidSpec", str(exc))
             return
@@ -411,7 +422,7 @@ class Operator:
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
         pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name,
-                                                priority_class), kind="Pod")
+                                                priority_class, settings=self.config.pods), kind="Pod")
         self._apply_pod(body, status, pod, deleted=False)
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
@@ -586,6 +597,8 @@ class Operator:
         # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
         plan = self._stored_plan(status, None, any_generation=True)
         facts = attempt_facts(pod) if pod is not None else AttemptFacts()
+        priority_class = _dict(_dict(pod).get("spec")).get("priorityClassName")
+        priority_class = priority_class if isinstance(priority_class, str) and priority_class else None
         if plan is not None and facts.outcome == "memory-exceeded":
             seen = max(facts.observed_peak_bytes or 0, facts.needed_bytes or 0)
             if seen:
@@ -599,7 +612,7 @@ class Operator:
                 message = f"{detail}; {decision.message}; requeued without using backoffLimit"
                 self._next_attempt(job, status, new, spec, plan, attempt, now,
                                    ("Requeued", "CoLocatedFault", message),
-                                   {"requeues": _count(status, "requeues") + 1})
+                                   {"requeues": _count(status, "requeues") + 1}, priority_class)
                 self.metrics.requeues.labels("CoLocatedFault").inc()
                 return
             if decision.kind == "resize":
@@ -611,7 +624,8 @@ class Operator:
                            f"{_count(status, 'resizes') + 1} of {spec.memory.max_resizes}")
                 self._next_attempt(job, status, new, spec, resized, attempt, now, ("Resized", "MemoryExceeded", message),
                                    {"resizes": _count(status, "resizes") + 1, "admitBytes": grown,
-                                    "reservationSource": "resized", "plan": resized.model_dump(mode="json")})
+                                    "reservationSource": "resized", "plan": resized.model_dump(mode="json")},
+                                   priority_class)
                 self.metrics.resizes.inc()
                 return
             if decision.kind in ("exceeds-largest", "resizes-exhausted"):
@@ -637,7 +651,7 @@ class Operator:
                     self._event(job, "Warning", "Exclusive", new["conditions"][-1]["message"])
                 self._next_attempt(job, status, new, spec, plan, attempt, now,
                                    ("Retrying", str(view.failure_reason), f"{detail}; retry {used + 1} of {limit}"),
-                                   {"retriesUsed": used + 1, **extra})
+                                   {"retriesUsed": used + 1, **extra}, priority_class)
                 self.metrics.retries.labels(str(view.failure_reason or "Error")).inc()
                 return
             new.update(extra)
@@ -656,8 +670,9 @@ class Operator:
 
     def _next_attempt(self, job: dict[str, Any], status: dict[str, Any], new: dict[str, Any], spec: GNNJobSpec,
                       plan: Plan, attempt: int, now: str, condition: tuple[str, str, str],
-                      updates: dict[str, Any]) -> None:
-        """Write the next attempt (name, counters, reservation) into the status, then create its pod."""
+                      updates: dict[str, Any], priority_class: str | None = None) -> None:
+        """Write the next attempt (name, counters, reservation) into the status, then create its pod (in the
+        PriorityClass the failed attempt had: the job keeps its place in the queue order)."""
         generation = _dict(job.get("metadata")).get("generation")
         ref = _job_ref(job)
         next_attempt = attempt + 1
@@ -675,7 +690,8 @@ class Operator:
                     f"creating pod {pod_name(ref.name, next_attempt)}")
         job_now = dict(job, status={**status})
         pod = self._ensure(ref, job_now, build_pod(job, spec, plan, next_attempt, self.config.image,
-                                                   self.config.scheduler_name), kind="Pod")
+                                                   self.config.scheduler_name, priority_class,
+                                                   settings=self.config.pods), kind="Pod")
         self._apply_pod(job, status, pod, deleted=False)
 
     def _calibration_table(self) -> CalibrationTable | None:

@@ -15,14 +15,27 @@ line there (``observed_peak_bytes``, ``seconds``, ``steps``) as well as to stdou
 FallbackToLogsOnError`` the kubelet puts that file (or, on an error exit with an empty file, the log's tail) into
 the container status; the operator takes the last line that parses as a JSON object; the agent's ``gnnsched.io/observed-peak-bytes`` annotation, when
 present, wins (it is measured on the GPU by NVML, the worker's number by the framework).
+
+Why every pod looks the same to the node (``JobPodSettings``): an MPS control daemon serves one Linux user at a time
+(clients of a second UID wait until the first user's server exits), so every job pod runs as the one configured UID
+(``runAsUser``, default 65532), whatever its image says. The same security context satisfies the Pod Security
+``restricted`` profile (https://kubernetes.io/docs/concepts/security/pod-security-standards/): ``runAsNonRoot``,
+``seccompProfile: RuntimeDefault`` at pod and container level, no privilege escalation, every capability dropped, and
+only configMap/downwardAPI volumes (the device plugin's ``Allocate`` adds the MPS pipe directory, ``/dev/shm`` and the
+gate socket at container creation, outside the pod spec). The GPU itself comes from the RuntimeClass (``nvidia`` by
+default) or the device plugin's CDI devices; the tolerations and nodeSelector let the pod land on tainted GPU node
+pools. A job's own tolerations and nodeSelector are added to the operator's; a job may narrow where it runs, never
+contradict the administrator's selector.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
@@ -33,28 +46,133 @@ from gnnsched.contract import (
     ANN_PMC_BYTES,
     ANN_PREDICTED_RUNTIME,
     API_VERSION,
+    DEFAULT_JOB_RUNTIME_CLASS,
+    DEFAULT_JOBS_UID,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
     ENV_RESULT_FILE,
     GNNJOB_KIND,
     GPU_SHARE_RESOURCE,
+    GPU_TAINT_KEY,
+    JOB_CONTAINER_NAME,
     LABEL_JOB_NAME,
     LABEL_MANAGED_BY,
     MANAGED_BY_VALUE,
     SCHEDULER_NAME,
 )
-from gnnsched.spec import GNNJobSpec
+from gnnsched.errors import FieldError
+from gnnsched.spec import DNS_SUBDOMAIN, GNNJobSpec, NodeSelector, SpecError, Toleration
 
 from .planning import Plan
 
 SPEC_DIR = "/etc/gnnsched"
 SPEC_FILE = "job.yaml"
-CONTAINER_NAME = "gnn"
+CONTAINER_NAME = JOB_CONTAINER_NAME
 LABEL_ATTEMPT = "gnnsched.io/attempt"
 TERMINATION_LOG = "/dev/termination-log"
 MAX_NAME = 253
 MAX_LABEL = 63
+
+
+def default_tolerations() -> list[Toleration]:
+    """Tolerate the ``nvidia.com/gpu`` taint that GPU node pools carry (any value, effect NoSchedule)."""
+    return [Toleration(key=GPU_TAINT_KEY, operator="Exists", effect="NoSchedule")]
+
+
+class JobPodSettings(BaseModel):
+    """What the administrator sets for every job pod (operator flags, chart values ``jobs.*``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_as_user: int = Field(default=DEFAULT_JOBS_UID, ge=1, le=2**31 - 1)  # restricted forbids 0
+    runtime_class_name: str = Field(default=DEFAULT_JOB_RUNTIME_CLASS, max_length=253)  # "" = none
+    tolerations: list[Toleration] = Field(default_factory=default_tolerations)
+    node_selector: NodeSelector = Field(default_factory=dict)
+
+    @field_validator("runtime_class_name")
+    @classmethod
+    def _runtime_class(cls, value: str) -> str:
+        if value and not re.match(DNS_SUBDOMAIN, value):
+            raise ValueError(f"{value!r} is not a RuntimeClass name (lower-case DNS subdomain)")
+        return value
+
+    def tolerations_for(self, spec: GNNJobSpec) -> list[dict[str, Any]]:
+        """The operator's tolerations, then the job's (duplicates dropped, order kept)."""
+        result: list[dict[str, Any]] = []
+        for toleration in [*self.tolerations, *(spec.tolerations or [])]:
+            wire = toleration.wire()
+            if wire not in result:
+                result.append(wire)
+        return result
+
+    def node_selector_for(self, spec: GNNJobSpec) -> dict[str, str]:
+        """The operator's nodeSelector plus the job's; a job may add labels but not contradict the operator's.
+
+        Raises ``SpecError`` on a contradiction: no node could carry both values, so the pod could never be scheduled.
+        """
+        merged = dict(self.node_selector)
+        for key, value in (spec.node_selector or {}).items():
+            if key in merged and merged[key] != value:
+                raise SpecError(f"spec.nodeSelector.{key}", f"is {value!r}, but the operator requires "
+                                f"{key}={merged[key]!r} on every job pod (--node-selector / jobs.nodeSelector)")
+            merged[key] = value
+        return merged
+
+    def pod_security_context(self) -> dict[str, Any]:
+        return {
+            "runAsNonRoot": True,
+            "runAsUser": self.run_as_user,
+            "runAsGroup": self.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
+    def container_security_context(self) -> dict[str, Any]:
+        """Repeated at container level: ``restricted`` accepts either level, and a container-level setting cannot be
+        undone by a mutating webhook that edits only the pod's."""
+        return {
+            "runAsNonRoot": True,
+            "runAsUser": self.run_as_user,
+            "runAsGroup": self.run_as_user,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
+
+def job_pod_settings(run_as_user: int = DEFAULT_JOBS_UID, runtime_class_name: str = DEFAULT_JOB_RUNTIME_CLASS,
+                     tolerations_json: str | None = None, node_selector_json: str | None = None) -> JobPodSettings:
+    """``JobPodSettings`` from the operator's flags (JSON for the list and the map, as the chart passes them).
+
+    Raises ``FieldError`` naming the flag and the problem, for a one-line CLI error."""
+    import json
+
+    from pydantic import ValidationError
+
+    fields: dict[str, Any] = {"run_as_user": run_as_user, "runtime_class_name": runtime_class_name or ""}
+    for flag, key, text, kind in (("--tolerations", "tolerations", tolerations_json, list),
+                                  ("--node-selector", "node_selector", node_selector_json, dict)):
+        if text is None or not text.strip():
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise FieldError(flag, f"not JSON: {exc}") from None
+        if value is None:
+            value = kind()
+        if not isinstance(value, kind):
+            raise FieldError(flag, f"must be a JSON {'list' if kind is list else 'object'}")
+        fields[key] = value
+    try:
+        return JobPodSettings(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(part) for part in err["loc"]]
+        flag = {"run_as_user": "--run-as-user", "runtime_class_name": "--runtime-class-name",
+                "tolerations": "--tolerations", "node_selector": "--node-selector"}.get(loc[0], loc[0]) if loc else ""
+        where = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise FieldError(flag + where, message) from None
 
 
 def _shorten(name: str, limit: int) -> str:
@@ -124,9 +242,14 @@ def container_command(spec: GNNJobSpec) -> list[str]:
 
 
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
-              scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None) -> dict[str, Any]:
+              scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
+              settings: JobPodSettings | None = None) -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
-    ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none."""
+    ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
+    ``settings``: UID, RuntimeClass, tolerations and nodeSelector (``JobPodSettings()`` defaults when None).
+    Raises ``SpecError`` when the job's nodeSelector contradicts the operator's."""
+    settings = settings if settings is not None else JobPodSettings()
+    node_selector = settings.node_selector_for(spec)
     meta = job["metadata"]
     requests: dict[str, str] = {GPU_SHARE_RESOURCE: "1"}
     limits: dict[str, str] = {GPU_SHARE_RESOURCE: "1"}  # extended resources: limit must equal request
@@ -152,7 +275,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": ENV_RESULT_FILE, "value": TERMINATION_LOG},
     ]
-    pod = {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -178,12 +301,21 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
                     "resources": {"requests": requests, "limits": limits},
                     "terminationMessagePath": TERMINATION_LOG,
                     "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "securityContext": settings.container_security_context(),
                     "volumeMounts": [{"name": "job-spec", "mountPath": SPEC_DIR, "readOnly": True}],
                 }
             ],
             "volumes": [{"name": "job-spec", "configMap": {"name": config_map_name(meta["name"])}}],
+            "securityContext": settings.pod_security_context(),
+            # The workload never talks to the API server; no token in the container is one secret less to leak.
+            "automountServiceAccountToken": False,
+            "tolerations": settings.tolerations_for(spec),
         },
     }
+    if node_selector:
+        pod["spec"]["nodeSelector"] = node_selector
+    if settings.runtime_class_name:
+        pod["spec"]["runtimeClassName"] = settings.runtime_class_name
     if priority_class_name is not None:
         # Only the name: the Priority admission plugin resolves it to spec.priority (a pod may not set that itself).
         pod["spec"]["priorityClassName"] = priority_class_name

@@ -30,6 +30,7 @@ from gnnsched.contract import (
     ANN_GROUP,
     ANN_OBSERVED_PEAK_BYTES,
     ANN_STARTED_AT,
+    JOB_CONTAINER_NAME,
 )
 
 TERMINAL = ("Succeeded", "Failed")
@@ -119,8 +120,10 @@ def view_pod(pod: Any) -> PodView:
     status = _dict(pod.get("status"))
     annotations = {str(k): str(v) for k, v in _dict(meta.get("annotations")).items()}
     pod_phase = status.get("phase") if isinstance(status.get("phase"), str) else "Pending"
-    statuses = [_dict(s) for s in _list(status.get("containerStatuses"))]
-    state = _dict(statuses[0].get("state")) if statuses else {}
+    # The job's container by name: an injected sidecar (service mesh, log shipper) may come first in the list.
+    container = next((_dict(c) for c in _list(status.get("containerStatuses"))
+                      if _dict(c).get("name") == JOB_CONTAINER_NAME), {})
+    state = _dict(container.get("state"))
     running = _dict(state.get("running"))
     terminated = _dict(state.get("terminated"))
     node = spec.get("nodeName") if isinstance(spec.get("nodeName"), str) and spec.get("nodeName") else None

@@ -225,11 +225,19 @@ async def test_agent_ready_only_with_mps_up_and_reports_other_plugin(tmp_path) -
         code, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/readyz")
         assert code == 503 and b"MPS is down" in body and b"mps-daemon" in body
         assert (await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/healthz"))[0] == 200  # alive, not ready
-        write_json_atomic(health, MPSDaemonHealth(healthy=True, message="running",
-                                                  updated_at=datetime.now(timezone.utc)).wire())
+        write_json_atomic(health, MPSDaemonHealth(healthy=True, message="running", compute_mode="EXCLUSIVE_PROCESS",
+                                                  shm_shared=True, updated_at=datetime.now(timezone.utc)).wire())
         await asyncio.to_thread(agent.mps.check)  # type: ignore[union-attr]
         assert await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/readyz") == (200, b"ready\n")
-        status = json.loads((tmp_path / "s.json").read_text())["status"]
+        agent._dirty.set()  # type: ignore[union-attr]
+        for _ in range(100):
+            status = json.loads((tmp_path / "s.json").read_text())["status"]
+            if status["mps"]["healthy"]:
+                break
+            await asyncio.sleep(0.05)
+        # What `gnnsched doctor` reads from the GPUNode: MPS up, compute mode, shm shared, the other plugin.
+        assert status["mps"] == {"healthy": True, "restarts": 0, "message": "running",
+                                 "computeMode": "EXCLUSIVE_PROCESS", "shmShared": True}
         assert [(c["type"], c["status"]) for c in status["conditions"]] == [("OtherGPUDevicePlugin", "True")]
         # NVIDIA's plugin removed: the next node check flips the condition and the status follows.
         data["nodes"] = [_node("node-a", None)]

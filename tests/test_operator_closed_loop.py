@@ -102,7 +102,10 @@ async def test_memory_exceeded_is_resized_once_then_succeeds(tmp_path: Path) -> 
             job = await cluster.get_job("gcn-cora")
             assert job is not None
             resized = condition(job, "Resized")
-            events = [e for e in await cluster.events() if e.get("reason") == "Resized"]
+
+            async def resized_events() -> Any:  # kopf posts events asynchronously
+                return [e for e in await cluster.events() if e.get("reason") == "Resized"]
+            events = await wait_for(resized_events, 20, what="the Resized event")
             await succeed(cluster, "gcn-cora-1", peak=held + requested)
             done = await job_in_phase(cluster, "gcn-cora", "Succeeded", "Failed")
             names = sorted(p["metadata"]["name"] for p in await cluster.pods())
@@ -175,7 +178,10 @@ async def test_fault_victim_is_requeued_without_using_backoff_limit(tmp_path: Pa
             second = await pod(cluster, "gcn-cora-1")
             job = await cluster.get_job("gcn-cora")
             assert job is not None
-            events = [e["reason"] for e in await cluster.events()]
+
+            async def requeued_events() -> Any:  # kopf posts events asynchronously
+                return [e["reason"] for e in await cluster.events() if e.get("reason") == "Requeued"]
+            events = await wait_for(requeued_events, 20, what="the Requeued event")
     requeued = condition(job, "Requeued")
     assert requeued["reason"] == "CoLocatedFault" and "GPU-a100-0" in requeued["message"]
     assert job["status"]["requeues"] == 1 and job["status"]["phase"] != "Failed"

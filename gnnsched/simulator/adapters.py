@@ -223,6 +223,8 @@ class Integrations:
             for g in node.gpus:
                 free = g.total - g.reserve - g.committed
                 slots = (cap if cap is not None else g.max_clients) - len(g.running)
+                if g.quarantine_until > sim.now:  # draining after a fatal fault: the agent admits nothing there
+                    slots = 0
                 if slots > 0 and free >= smallest:
                     fits = True
                 last = g.free_view
@@ -264,7 +266,8 @@ class Integrations:
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
-                            free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
+                            free_slots=0 if g.quarantine_until > sim.now
+                            else (cap if cap is not None else g.max_clients) - len(g.running),
                             capacity_bytes=g.total - g.reserve)
                 for g in node.gpus
             ]

@@ -42,14 +42,27 @@ def simulate(
                                          "default $GNNSCHED_DATA_DIR or ../shared/data."),
     list_workloads: bool = typer.Option(False, "--list", help="List built-in workloads and clusters and exit."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
+    estimate_error: str = typer.Option("none", "--estimate-error", help="Each job's true peak against its estimate: "
+                                       "none, or lognormal:SIGMA[:BIAS] (true = estimate x BIAS x exp(N(0, SIGMA)), "
+                                       "seeded by --seed). gnnsched policies retry larger and calibrate ('-calib' "
+                                       "turns calibration off); baselines fail as Kubernetes does."),
+    fault_rate: float = typer.Option(0.0, "--fault-rate", help="Fatal MPS faults per busy GPU-hour (Poisson, seeded "
+                                     "by --seed): a fault kills every client on the GPU, which then drains."),
 ) -> None:
     """Simulate a cluster of GPU nodes: arrivals, the operator's estimate, placement, node queues with grouping
     policies behind the memory-safety gate, MPS co-location with interference, completion. Prints a comparison."""
-    from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
-    from gnnsched.simulator.policyspec import PolicyError, parse_policies
+    from gnnsched.errors import FieldError
     from gnnsched.simulator.adapters import IntegrationMissing, Integrations
+    from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
+    from gnnsched.simulator.faults import parse_estimate_error, parse_fault_rate
+    from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, parse_policies
     from gnnsched.simulator.workloads import (
-        BUILTIN, DEFAULT_WORKLOAD, WorkloadError, default_cluster, is_file, resolve_workload,
+        BUILTIN,
+        DEFAULT_WORKLOAD,
+        WorkloadError,
+        default_cluster,
+        is_file,
+        resolve_workload,
     )
 
     if list_workloads:
@@ -68,7 +81,12 @@ def simulate(
             ix = Integrations()
             wl = resolve_workload(name, seed, data, fits=fits_on(cl, ix))
             specs = parse_policies(policies or ",".join(wl.policies))
-        except (ClusterError, PolicyError, WorkloadError) as exc:
+            error = parse_estimate_error(estimate_error)
+            rate = parse_fault_rate(fault_rate)
+            if (error.active or rate > 0) and any(p.base in PLACEMENT_ONLY for p in specs):
+                raise PolicyError("--estimate-error and --fault-rate need a simulated run, not the openb "
+                                  "placement replay (best-fit, fgd)")
+        except (ClusterError, PolicyError, WorkloadError, FieldError) as exc:
             raise UserError(str(exc)) from None
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
@@ -80,7 +98,7 @@ def simulate(
             if plots.exists() and not plots.is_dir():
                 raise UserError(f"--plots: {plots} exists and is not a directory")
             _writable_dir("--plots", plots)
-    _run(wl, cl, specs, seed, json_out, plots, progress, ix)
+    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, rate)
 
 
 def _writable_dir(flag: str, directory: Path) -> None:
@@ -108,7 +126,7 @@ def fits_on(cluster, ix):
     return fits
 
 
-def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix) -> None:
+def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix, error, fault_rate: float) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -128,7 +146,7 @@ def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix) -> None:
             bar.update(tasks[name], completed=done, total=total)
 
         try:
-            report = run(wl, cl, specs, seed, ix, progress=tick)
+            report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, fault_rate=fault_rate)
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
     typer.echo(render_table(report))

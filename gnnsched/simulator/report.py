@@ -22,6 +22,15 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sm_util", "SM", "{:.0%}"),
 )
 
+# the closed loop's columns, shown when the run has --estimate-error or --fault-rate
+LOOP_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("memory_exceeded", "mem-exc", "{}"),
+    ("resize_retries", "resized", "{}"),
+    ("fault_victims", "victims", "{}"),
+    ("jobs_lost", "lost", "{}"),
+    ("wasted_gpu_seconds", "wasted GPU s", "{:.0f}"),
+)
+
 JSON_KEYS = ("makespan_s", "jct_mean_s", "jct_p99_s", "queue_mean_s", "qos_violation_rate", "oom_kills", "completed",
              "deployed", "gpu_mem_util")
 
@@ -36,8 +45,9 @@ def _fmt(value: Any, fmt: str) -> str:
 
 
 def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    header = ["policy"] + [title for _, title, _ in TABLE_COLUMNS]
-    rows = [[name] + [_fmt(m.get(key), fmt) for key, _, fmt in TABLE_COLUMNS] for name, m in report.policies.items()]
+    columns = TABLE_COLUMNS + (LOOP_COLUMNS if report.closed_loop else ())
+    header = ["policy"] + [title for _, title, _ in columns]
+    rows = [[name] + [_fmt(m.get(key), fmt) for key, _, fmt in columns] for name, m in report.policies.items()]
     return header, rows
 
 

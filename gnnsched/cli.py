@@ -15,6 +15,7 @@ from gnnsched.contract import (
     ENV_JOB_RUNTIME_CLASS,
     ENV_JOB_TOLERATIONS,
     ENV_JOBS_UID,
+    SCHEDULER_NAME,
 )
 from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY
 
@@ -223,6 +224,11 @@ def extender_cmd(
     url_prefix: str = typer.Option(
         None, "--url-prefix", help="With --print-scheduler-config: the extender URL kube-scheduler calls."
     ),
+    scheduler_name: str = typer.Option(
+        SCHEDULER_NAME, "--scheduler-name",
+        help="With --print-scheduler-config: the profile's schedulerName (the operator's GNNSCHED_SCHEDULER_NAME) "
+             "and the leader-election lease name.",
+    ),
     scoring_strategy: str = typer.Option(
         DEFAULT_SCORING_STRATEGY, "--scoring-strategy",
         help="With --print-scheduler-config: NodeResourcesFit's scoring in the profile, LeastAllocated (spread, "
@@ -238,9 +244,11 @@ def extender_cmd(
         from gnnsched.scheduler_config import scheduler_config_yaml
 
         try:
-            typer.echo(scheduler_config_yaml(url_prefix, scoring_strategy=scoring_strategy), nl=False)
+            typer.echo(scheduler_config_yaml(url_prefix, scoring_strategy=scoring_strategy,
+                                             scheduler_name=scheduler_name), nl=False)
         except ValueError as exc:
-            flag = "--scoring-strategy" if str(exc).startswith("scoring_strategy") else "--url-prefix"
+            flag = {"scoring_strategy": "--scoring-strategy", "scheduler_name": "--scheduler-name"}.get(
+                str(exc).split(":", 1)[0], "--url-prefix")
             print(f"{flag}: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
         return

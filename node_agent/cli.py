@@ -96,12 +96,13 @@ def node_agent(
     if recovery_grace < 0 or status_interval <= 0:
         fail("--recovery-grace/--status-interval: must be >= 0 / > 0")
 
-    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
     from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
     from gnnsched.node_agent.mps_external import ExternalMPS
     from gnnsched.node_agent.status import FileStatusSink
+
+    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
 
     if peer_check == "cgroup" and not IS_LINUX:
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")
@@ -213,6 +214,8 @@ def mps_daemon(
     active_thread_percentage: int = typer.Option(0, "--default-active-thread-percentage", help="set_default_active_thread_percentage (1-100; 0: leave the daemon's default)."),
     probe_interval: float = typer.Option(10.0, "--probe-interval", help="Seconds between health probes (restart when gone, publish health)."),
     start_timeout: float = typer.Option(10.0, "--start-timeout", help="Seconds to wait for a started daemon to answer."),
+    mount_shm_only: bool = typer.Option(False, "--mount-shm", help="Make --mps-shm-dir a fresh tmpfs (privileged init container, Bidirectional mount propagation) and exit."),
+    shm_size: str = typer.Option("auto", "--shm-size", help="With --mount-shm: tmpfs size (auto: half the node's memory, as NVIDIA's mount-shm; or a quantity)."),
     disable: bool = typer.Option(False, "--disable", help="Quit the MPS daemon, put compute mode back to DEFAULT by UUID, publish 'disabled', exit."),
     reset_on_exit: bool = typer.Option(False, "--reset-on-exit", help="On SIGTERM also do what --disable does (default: leave the daemon to running jobs)."),
     log_level: str = typer.Option("info", "--log-level"),
@@ -246,8 +249,23 @@ def mps_daemon(
             fail("--default-pinned-mem-limit: must be at least 1Mi")
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
-    from gnnsched.node_agent.mps import MPSConfig, MPSManager
-    from gnnsched.node_agent.mps_daemon import MPSDaemonService, pinned_limit_mib
+    from gnnsched.node_agent.mps import MPSConfig, MPSError, MPSManager
+    from gnnsched.node_agent.mps_daemon import MPSDaemonService, mount_shm, pinned_limit_mib
+
+    if mount_shm_only:
+        if mps_shm_dir == "none" or not Path(mps_shm_dir).is_absolute():
+            fail(f"--mps-shm-dir: --mount-shm needs an absolute path, got {mps_shm_dir!r}")
+        size: str | None = None
+        if shm_size != "auto":
+            try:
+                size = f"{parse_bytes(shm_size) // 1024}k"
+            except QuantityError as exc:
+                fail(f"--shm-size: {exc} (or use auto)")
+        try:
+            mount_shm(mps_shm_dir, size)
+        except (MPSError, OSError) as exc:
+            fail(f"--mount-shm: {exc}", code=1)
+        return
 
     try:
         backend = open_backend(gpus)

@@ -23,7 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from gnnsched.contract import DEFAULT_GATE_SOCKET, ENV_GATE_SOCKET, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID
+from gnnsched.contract import (
+    DEFAULT_GATE_SOCKET,
+    ENV_GATE_SOCKET,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+)
 
 EXIT_USAGE = 2
 EXIT_REJECTED = 3

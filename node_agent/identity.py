@@ -188,6 +188,17 @@ def check_peer_uid(cred: PeerCred | None, jobs_uid: int | None) -> None:
 # --- pods ---------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerEnd:
+    """A container that has terminated, as the pod status shows it (``state.terminated``): the exit code and the
+    termination message (the result line, or the log tail under ``terminationMessagePolicy: FallbackToLogsOnError``)."""
+
+    name: str
+    exit_code: int | None
+    message: str | None
+    reason: str | None = None
+
+
 @dataclass(slots=True)
 class PodInfo:
     """The parts of a pod the gate needs, as read from the API server."""
@@ -199,6 +210,7 @@ class PodInfo:
     phase: str = "Running"
     annotations: dict[str, str] = field(default_factory=dict)
     owner_job: str | None = None  # "<ns>/<name>" of an owning GNNJob that exists with the referenced UID
+    ended: list[ContainerEnd] = field(default_factory=list)  # terminated containers (status.containerStatuses)
 
     @property
     def terminated(self) -> bool:
@@ -235,6 +247,16 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
         real = job_uid(ns, owner[0])
         if real is not None and real == owner[1]:
             owner_job = f"{ns}/{owner[0]}"
+    ended = []
+    for cs in status.get("containerStatuses") or []:
+        term = ((cs or {}).get("state") or {}).get("terminated") if isinstance(cs, dict) else None
+        if isinstance(term, dict):
+            code = term.get("exitCode")
+            ended.append(ContainerEnd(
+                name=str(cs.get("name", "")), exit_code=code if isinstance(code, int) else None,
+                message=str(term["message"]) if term.get("message") is not None else None,
+                reason=str(term["reason"]) if term.get("reason") is not None else None,
+            ))
     return PodInfo(
         uid=str(meta.get("uid", "")),
         namespace=ns,
@@ -243,6 +265,7 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
         phase=str(status.get("phase", "Running")),
         annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
         owner_job=owner_job,
+        ended=ended,
     )
 
 

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from gnnsched.gpu_backend import GPUInfo, GPUProcess
     from gnnsched.node_agent.books import Books, Entry
+
+    from gnnsched.gpu_backend import GPUInfo
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4)
@@ -44,6 +45,17 @@ class AgentMetrics:
         self.error_ratio = Histogram("gnnsched_job_prediction_error_ratio",
                                      "observed peak / predicted admit-bytes, per finished pod", buckets=RATIO_BUCKETS,
                                      registry=r)
+        self.draining = Gauge("gnnsched_gpu_draining", "1 while the GPU drains after a fatal MPS fault (admits nothing)",
+                              g, registry=r)
+        self.faults = Counter("gnnsched_gpu_faults", "Fatal MPS faults that put a GPU into quarantine, by what told",
+                              ("gpu", "reason"), registry=r)
+        self.fault_pods = Counter("gnnsched_fault_pods", "Pods annotated after a fatal MPS fault, by role",
+                                  ("role",), registry=r)
+        self.drain_seconds = Histogram("gnnsched_gpu_drain_seconds", "Time from a fatal fault to the GPU admitting again",
+                                       buckets=WAIT_BUCKETS, registry=r)
+        self.gate_outcomes = Counter("gnnsched_gate_attempt_outcomes",
+                                     "Failed custom containers the agent classified (attempt-result annotation)",
+                                     ("outcome",), registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
         self.mps_restarts = Gauge("gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r)
         self._lock = threading.Lock()
@@ -73,11 +85,13 @@ class AgentMetrics:
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
 
-    def job_finished(self, e: Entry) -> int | None:
-        """Close a pod's prediction record; returns its observed peak (None if never seen on a GPU)."""
+    def job_finished(self, e: Entry, peak: int | None = None) -> int | None:
+        """Close a pod's prediction record; returns its observed peak (None if never seen on a GPU). ``peak``: the
+        observer's figure, when it has one (it wins over the sampled one kept here)."""
         with self._lock:
-            peak = self._peaks.pop(e.key, None)
+            sampled = self._peaks.pop(e.key, None)
             lab = self._labels.pop(e.key, None)
+        peak = peak if peak is not None else sampled
         if lab is not None:
             for gauge in (self.predicted, self.observed):
                 try:
@@ -90,22 +104,19 @@ class AgentMetrics:
 
     # --- fed by the sampler -------------------------------------------------------------------------------------
 
-    def sample(self, devices: list[GPUInfo], processes: dict[int, list[GPUProcess]], books: Books,
-               pids: dict[str, int]) -> None:
-        """Driver view: used bytes and health per GPU, and per-pod peaks from the processes the gate admitted."""
+    def sample(self, devices: list[GPUInfo], books: Books, usage: dict[str, int],
+               draining: set[str] | None = None) -> None:
+        """Driver view: used bytes, health and drain state per GPU, and per-pod peaks of what the gated pods' processes
+        hold (``usage``: entry key → bytes this sample, from ``observe.attribute``)."""
         for d in devices:
             lab = (str(d.index), d.uuid)
             self.used.labels(*lab).set(d.used_bytes)
             self.healthy.labels(*lab).set(1 if d.healthy else 0)
-        by_pid: dict[int, int] = {}
-        for procs in processes.values():
-            for p in procs:
-                if p.used_bytes is not None:
-                    by_pid[p.pid] = by_pid.get(p.pid, 0) + p.used_bytes
+            self.draining.labels(*lab).set(1 if draining and d.uuid in draining else 0)
         with self._lock:
-            for key, pid in pids.items():
-                if key in books.running and pid in by_pid:
-                    self._peaks[key] = max(self._peaks.get(key, 0), by_pid[pid])
+            for key, used in usage.items():
+                if key in books.running:
+                    self._peaks[key] = max(self._peaks.get(key, 0), used)
                     lab = self._labels.get(key)
                     if lab is not None:
                         self.observed.labels(*lab).set(self._peaks[key])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, DEFAULT_WEIGHT, 
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gnnsched"
-K8S_VERSIONS = ["1.30", kubernetes_validate.latest_version()]
+#: The oldest version the chart supports, one in between, and the newest kubernetes-validate knows: each rendered
+#: with that version as the cluster's (.Capabilities.KubeVersion) and checked against that version's schemas.
+K8S_VERSIONS = ["1.30", "1.33", ".".join(kubernetes_validate.latest_version().split(".")[:2])]
+assert tuple(int(x) for x in K8S_VERSIONS[-1].split(".")) >= (1, 37)
 
 VALUE_SETS = {
     "default": {},
@@ -43,8 +47,20 @@ def chart():
     loaded.close()
 
 
-def render(chart, values: dict) -> list[dict]:
-    out = chart.render(values or None, name="gs", namespace="gnnsched", is_install=True)
+def render_files(chart, values: dict | None, kube_version: str | None = None) -> dict[str, str]:
+    """Helm's render with the cluster's version passed in: the SDK's ``helm_render`` takes ``kube_version`` (the
+    Python wrapper of helm-python-sdk 0.2 does not expose it yet, so the native call is made directly)."""
+    if kube_version is None:
+        return chart.render(values or None, name="gs", namespace="gnnsched", is_install=True)
+    from helm_python import _native
+
+    opts = {"name": "gs", "namespace": "gnnsched", "is_install": True, "kube_version": kube_version}
+    return json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values) if values else None,
+                                          json.dumps(opts)))
+
+
+def render(chart, values: dict, kube_version: str | None = None) -> list[dict]:
+    out = render_files(chart, values, kube_version)
     docs = []
     for filename, text in out.items():
         if filename.endswith(".yaml"):
@@ -72,26 +88,55 @@ def arg_value(container: dict, flag: str) -> str | None:
     return None
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("name", VALUE_SETS)
-def test_every_rendered_manifest_validates_against_kubernetes_schemas(chart, name):
-    docs = render(chart, VALUE_SETS[name])
+def test_every_rendered_manifest_validates_against_kubernetes_schemas(chart, name, version):
+    docs = render(chart, VALUE_SETS[name], kube_version=f"v{version}.2")
     assert docs
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             # Prometheus Operator CRD: not in the Kubernetes schemas; check the fields Prometheus relies on.
             assert doc["spec"]["selector"]["matchLabels"] and doc["spec"]["endpoints"][0]["port"] == "metrics"
             continue
-        for version in K8S_VERSIONS:
-            kubernetes_validate.validate(doc, version, strict=True)
+        kubernetes_validate.validate(doc, version, strict=True)
+    (scheduler,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-scheduler")] or [None]
+    if scheduler is not None and not VALUE_SETS[name].get("scheduler", {}).get("image", {}).get("tag"):
+        image = scheduler["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == f"registry.k8s.io/kube-scheduler:v{version}.2"  # kube-scheduler at the API server's version
 
 
-def test_crds_validate_and_match_the_repository_copies(chart):
-    for item in chart.crds:
-        source = ROOT / "crds" / Path(item["name"]).name
-        assert item["data"] == source.read_text(), f"{item['name']} differs from {source}"
-        for version in K8S_VERSIONS:
-            kubernetes_validate.validate(yaml.safe_load(item["data"]), version, strict=True)
-    assert {Path(i["name"]).name for i in chart.crds} == {p.name for p in (ROOT / "crds").glob("*.yaml")}
+@pytest.mark.parametrize(("cluster", "tag"), [("v1.31.4-gke.100", "v1.31.4"), ("v1.30.14-eks-931bdca", "v1.30.14"),
+                                              ("v1.33.1+k3s1", "v1.33.1"), ("v1.37.0", "v1.37.0")])
+def test_scheduler_tag_is_the_cluster_version_without_vendor_suffix(chart, cluster, tag):
+    docs = render(chart, {}, kube_version=cluster)
+    assert containers(docs)["kube-scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
+    pinned = render(chart, {"scheduler": {"image": {"tag": "v1.31.9"}}}, kube_version=cluster)
+    assert containers(pinned)["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.31.9"
+
+
+@pytest.mark.parametrize("cluster", ["v1.29.9", "v1.27.3-gke.100", "v1.21.0"])
+def test_render_below_the_minimum_version_fails_naming_it(chart, cluster):
+    with pytest.raises(helm_python.HelmRenderError, match=r"needs Kubernetes v1\.30\.0 or newer"):
+        render_files(chart, {}, kube_version=cluster)
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == ">=1.30.0-0"  # helm install's check
+
+
+def test_crds_are_templated_identical_to_the_repository_and_kept_on_uninstall(chart):
+    """Helm never upgrades crds/: the CRDs are templates, so `helm upgrade` applies a changed schema."""
+    assert not (CHART / "crds").exists() and not chart.crds
+    docs = by_kind(render(chart, {}), "CustomResourceDefinition")
+    sources = {yaml.safe_load(p.read_text())["metadata"]["name"]: p for p in (ROOT / "crds").glob("*.yaml")}
+    assert {d["metadata"]["name"] for d in docs} == set(sources)
+    for doc in docs:
+        assert doc["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        source = yaml.safe_load(sources[doc["metadata"]["name"]].read_text())
+        del doc["metadata"]["annotations"]
+        assert doc == source
+        assert (CHART / "files" / "crds" / sources[doc["metadata"]["name"]].name).read_text() == \
+            sources[doc["metadata"]["name"]].read_text()
+    unkept = by_kind(render(chart, {"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert len(unkept) == len(docs) and all("annotations" not in d["metadata"] for d in unkept)
+    assert not by_kind(render(chart, {"crds": {"enabled": False}}), "CustomResourceDefinition")
 
 
 @pytest.mark.parametrize("name", ["default", "servicemonitor-on", "custom-names"])
@@ -174,7 +219,9 @@ def test_scheduler_config_points_to_the_sidecar_and_manages_gpu_share(chart, nam
     assert extender["urlPrefix"] == f"http://127.0.0.1:{port}" and arg_value(sidecar, "--host") == "127.0.0.1"
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize", "bind")
     assert extender["nodeCacheCapable"] is True
-    assert {"name": contract.GPU_SHARE_RESOURCE, "ignoredByScheduler": True} in extender["managedResources"]
+    # kube-scheduler counts the slots against the kubelet's allocatable too (the extender's GPUNode cache may lag it)
+    assert {"name": contract.GPU_SHARE_RESOURCE, "ignoredByScheduler": False} in extender["managedResources"]
+    assert [p["percentageOfNodesToScore"] for p in config["profiles"]] == [100]  # every GPU node reaches the extender
     # the chart's configuration is the Python package's (its source of truth) with the same settings
     values = VALUE_SETS[name].get("scheduler", {})
     assert config == scheduler_config(
@@ -249,7 +296,7 @@ def test_metrics_off_renders_no_metrics_services(chart):
 
 def test_custom_names_apply_everywhere(chart):
     docs = render(chart, VALUE_SETS["custom-names"])
-    names = [d["metadata"]["name"] for d in docs]
+    names = [d["metadata"]["name"] for d in docs if d["kind"] != "CustomResourceDefinition"]  # API names are fixed
     assert all(n.startswith("acme-gpu-share") for n in names), names
     operator = containers(docs)["operator"]
     assert [a for a in operator["args"] if a.startswith("--namespace=")] == ["--namespace=ml-team-a", "--namespace=ml-team-b"]
@@ -284,3 +331,110 @@ def test_notes_tell_the_admin_how_to_verify_and_submit_a_job(chart):
     from gnnsched.spec import parse_job
 
     assert parse_job(job).spec.model.arch == "gcn"
+
+
+def test_scheduler_rbac_binds_the_upstream_roles_and_the_extender_binds_in_one_call(chart):
+    docs = render(chart, {})
+    bound = {d["roleRef"]["name"]: d["subjects"] for d in by_kind(docs, "ClusterRoleBinding")}
+    (sa,) = [d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")
+             if d["metadata"]["name"].endswith("-scheduler")]
+    for role in ("system:kube-scheduler", "system:volume-scheduler"):  # the upstream multiple-schedulers guide
+        assert bound[role] == [{"kind": "ServiceAccount", "name": sa, "namespace": "gnnsched"}]
+    (auth,) = [d for d in by_kind(docs, "RoleBinding")
+               if d["roleRef"]["name"] == "extension-apiserver-authentication-reader"]
+    assert auth["metadata"]["namespace"] == "kube-system"
+    scheduler = _permissions(docs, "scheduler")
+    # the reservation rides on the Binding: no pod patch, no pod update
+    assert ("", "pods/binding", "create") in scheduler and not {p for p in scheduler if p[1] == "pods" and
+                                                                 p[2] in ("patch", "update")}
+    assert ("gnnsched.io", "gnnjobs/finalizers", "update") in _permissions(docs, "operator")
+
+
+def test_scheduler_pod_settings(chart):
+    docs = render(chart, {})
+    (deploy,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-scheduler")]
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    kube_scheduler = containers(docs)["kube-scheduler"]
+    assert arg_value(kube_scheduler, "--profiling") == "false"
+    assert arg_value(kube_scheduler, "--bind-address") == "$(POD_IP)"  # not every address
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in kube_scheduler["env"]
+    assert kube_scheduler["livenessProbe"]["httpGet"]["port"] == int(arg_value(kube_scheduler, "--secure-port"))
+    other = render(chart, {"scheduler": {"priorityClassName": "gpu-control-plane"}})
+    (deploy,) = [d for d in by_kind(other, "Deployment") if d["metadata"]["name"].endswith("-scheduler")]
+    assert deploy["spec"]["template"]["spec"]["priorityClassName"] == "gpu-control-plane"
+    none = render(chart, {"scheduler": {"priorityClassName": ""}})
+    (deploy,) = [d for d in by_kind(none, "Deployment") if d["metadata"]["name"].endswith("-scheduler")]
+    assert "priorityClassName" not in deploy["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(("http_timeout", "bind_timeout"), [("5s", 4.0), ("1s", 0.8), ("2500ms", 2.0), ("1m", 48.0)])
+def test_bind_timeout_is_below_the_schedulers_http_timeout(chart, http_timeout, bind_timeout):
+    docs = render(chart, {"scheduler": {"extender": {"httpTimeout": http_timeout}}})
+    assert float(arg_value(containers(docs)["extender"], "--bind-timeout")) == pytest.approx(bind_timeout)
+    config_map = next(d for d in by_kind(docs, "ConfigMap") if "scheduler-config.yaml" in d.get("data", {}))
+    assert yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"][0]["httpTimeout"] == http_timeout
+
+
+def test_scheduler_name_reaches_every_consumer(chart):
+    docs = render(chart, {"scheduler": {"name": "acme-gnn"}})
+    config_map = next(d for d in by_kind(docs, "ConfigMap") if "scheduler-config.yaml" in d.get("data", {}))
+    config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
+    assert [p["schedulerName"] for p in config["profiles"]] == ["acme-gnn"]
+    assert config["leaderElection"]["resourceName"] == "acme-gnn"
+    env = {e["name"]: e.get("value") for e in containers(docs)["operator"]["env"]}
+    assert env["GNNSCHED_SCHEDULER_NAME"] == "acme-gnn"  # the operator's pods ask for this scheduler
+    leases = [r for d in by_kind(docs, "Role") for r in d["rules"] if r.get("resourceNames")]
+    assert leases and all(r["resourceNames"] == ["acme-gnn"] for r in leases)
+
+
+def test_jobs_values_reach_the_operator(chart):
+    # the operator reads these as the envvars of --run-as-user, --runtime-class-name, --tolerations, --node-selector
+    uid, runtime = contract.ENV_JOBS_UID, contract.ENV_JOB_RUNTIME_CLASS
+    tolerations, selector = contract.ENV_JOB_TOLERATIONS, contract.ENV_JOB_NODE_SELECTOR
+
+    def env(docs: list[dict]) -> dict[str, str]:
+        return {e["name"]: e.get("value") for e in containers(docs)["operator"]["env"]}
+
+    default = env(render(chart, {}))
+    assert default[uid] == str(contract.DEFAULT_JOBS_UID)
+    assert default[runtime] == contract.DEFAULT_JOB_RUNTIME_CLASS  # the node DaemonSet's
+    assert json.loads(default[tolerations]) == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert json.loads(default[selector]) == {}
+    custom = env(render(chart, {"jobs": {"runAsUser": 1000, "runtimeClassName": "nvidia-cdi", "tolerations": [],
+                                         "nodeSelector": {"pool": "a100"}}, "node": {"runtimeClassName": "x"}}))
+    assert custom[uid] == "1000" and custom[runtime] == "nvidia-cdi"
+    assert json.loads(custom[tolerations]) == []
+    assert json.loads(custom[selector]) == {"pool": "a100"}
+    # the operator's own parser takes what the chart renders
+    from gnnsched.operator.podspec import job_pod_settings
+
+    settings = job_pod_settings(int(custom[uid]), custom[runtime], custom[tolerations], custom[selector])
+    assert (settings.run_as_user, settings.runtime_class_name, settings.node_selector) == (1000, "nvidia-cdi",
+                                                                                          {"pool": "a100"})
+    assert job_pod_settings(int(default[uid]), default[runtime], default[tolerations], default[selector]).tolerations
+    follows = env(render(chart, {"node": {"runtimeClassName": "nvidia-legacy"}}))
+    assert follows[runtime] == "nvidia-legacy"
+    for bad in ({"jobs": {"runAsUser": 0}}, {"jobs": {"tolerations": [{"operator": "Maybe"}]}},
+                {"jobs": {"nodeSelector": {"a": 1}}}, {"jobs": {"runtimeClassName": "Not A Name"}}):
+        with pytest.raises(helm_python.HelmValuesError):
+            chart.validate_schema(bad)
+
+
+def test_network_policies_admit_only_metrics_and_health_ports(chart):
+    assert not by_kind(render(chart, {}), "NetworkPolicy")
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    docs = render(chart, {"networkPolicy": {"enabled": True, "metricsFrom": peers}})
+    policies = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in by_kind(docs, "NetworkPolicy")}
+    assert set(policies) == {"operator", "scheduler", "node"}
+    for component, policy in policies.items():
+        workload = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+                        and d["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+        assert policy["spec"]["podSelector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+        (rule,) = policy["spec"]["ingress"]
+        assert rule["from"] == peers
+        declared = {p["containerPort"] for c in workload["spec"]["template"]["spec"]["containers"]
+                    for p in c.get("ports", [])}
+        assert {p["port"] for p in rule["ports"]} <= declared, component
+    assert {p["port"] for p in policies["scheduler"]["spec"]["ingress"][0]["ports"]} == {8889}  # never the verbs'

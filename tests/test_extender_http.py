@@ -285,7 +285,9 @@ def test_cli_prints_scheduler_config() -> None:
                                                                                      {"name": "memory", "weight": 1}]}
     (ext,) = cfg["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["bindVerb"] == "bind" and ext["filterVerb"] == "filter"
-    assert ext["managedResources"] == [{"name": "gnnsched.io/gpu-share", "ignoredByScheduler": True}]
+    # kube-scheduler also counts the slots against allocatable (a lagging GPUNode cannot overbook a node)
+    assert ext["managedResources"] == [{"name": "gnnsched.io/gpu-share", "ignoredByScheduler": False}]
+    assert profile["percentageOfNodesToScore"] == 100
     assert ext["weight"] >= 1 and ext["httpTimeout"].endswith("s")
     with pytest.raises(ValueError, match="weight"):
         scheduler_config(weight=0)
@@ -299,6 +301,12 @@ def test_cli_prints_scheduler_config() -> None:
     wrong = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
                             "--scoring-strategy", "Balanced"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and wrong.stderr.startswith("--scoring-strategy:") and "Balanced" in wrong.stderr
+    named = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
+                            "--scheduler-name", "acme-gnn"], capture_output=True, text=True, timeout=60)
+    assert yaml.safe_load(named.stdout) == scheduler_config(scheduler_name="acme-gnn")
+    bad_name = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
+                               "--scheduler-name", "Acme_GNN"], capture_output=True, text=True, timeout=60)
+    assert bad_name.returncode == 2 and bad_name.stderr.startswith("--scheduler-name:")
 
 
 _ = NOW

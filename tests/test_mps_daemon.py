@@ -254,3 +254,39 @@ def test_agent_restart_leaves_the_mps_daemon_and_readiness_follows_it(tmp_path) 
                 p.kill()
                 p.wait()
         _kill_fake_daemon(pipe)
+
+
+MEMINFO = "MemTotal:       131072000 kB\nMemFree:        1000 kB\n"
+
+
+def test_mount_shm_remounts_a_fresh_tmpfs(tmp_path, monkeypatch) -> None:
+    from gnnsched.node_agent.mps import MPSError
+    from gnnsched.node_agent.mps_daemon import mount_shm, shm_size_from_meminfo
+
+    assert shm_size_from_meminfo(MEMINFO) == "65536000k" and shm_size_from_meminfo("") == "65536k"
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MOUNT_LOG", str(tmp_path / "mount.log"))
+    shm = tmp_path / "mps-shm"
+    stale = f"41 25 0:24 / {shm} rw - tmpfs shm rw\n"
+    assert mount_shm(shm, "1024k", mountinfo=stale)[0] == ["umount", str(shm)]
+    assert shm.is_dir()
+    assert (tmp_path / "mount.log").read_text().splitlines() == [
+        f"umount {shm}", f"mount -t tmpfs -o rw,nosuid,nodev,noexec,relatime,size=1024k shm {shm}"]
+    assert len(mount_shm(shm, "1024k", mountinfo="")) == 1  # nothing stale: mount only
+    monkeypatch.setenv("FAKE_MOUNT_FAIL", "1")
+    with pytest.raises(MPSError, match=r"mount -t tmpfs .*: exit 32: mount: .*permission denied"):
+        mount_shm(shm, "1024k", mountinfo="")
+
+
+def test_cli_mount_shm(tmp_path) -> None:
+    env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}", FAKE_MOUNT_LOG=str(tmp_path / "m.log"))
+    shm = tmp_path / "shm"
+    cp = subprocess.run(GNNSCHED + ["mps-daemon", "--mount-shm", "--mps-shm-dir", str(shm), "--shm-size", "1Gi"],
+                        env=env, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert (tmp_path / "m.log").read_text().strip().endswith(f"size=1048576k shm {shm}")
+    env["FAKE_MOUNT_FAIL"] = "1"
+    cp = subprocess.run(GNNSCHED + ["mps-daemon", "--mount-shm", "--mps-shm-dir", str(shm)], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 1 and cp.stderr.startswith("error: --mount-shm: mount -t tmpfs")
+    assert len(cp.stderr.strip().splitlines()) == 1

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from gate_helpers import GiB, add_pods, job_pod, write_pods
-
-from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES, GPUNodeStatus
-from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
 from gnnsched.node_agent.status import FileStatusSink
+
+from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES, GPUNodeStatus
+from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_status_file import read_status_file, status_file_path
 
 FAKES = Path(__file__).parent / "fakes"
@@ -71,6 +71,14 @@ async def _admit(a: NodeAgent, pod: dict) -> tuple[dict, asyncio.StreamWriter]:
             return msg, w
 
 
+async def _until(cond, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
 def _status(h: Harness) -> GPUNodeStatus:
     return GPUNodeStatus.model_validate(json.loads((h.tmp / "status.json").read_text())["status"])
 
@@ -118,13 +126,11 @@ async def test_status_metrics_health_and_observed_peak(agent: Harness) -> None:
     port = agent.metrics_server.server_port  # type: ignore[union-attr]
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read() == b"ok\n"
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).read() == b"ready\n"
-    w0.close()
-    for _ in range(200):
-        ann = json.loads(h.pods.read_text())["pods"][0]["metadata"]["annotations"]
-        if ANN_OBSERVED_PEAK_BYTES in ann:
-            break
-        await asyncio.sleep(0.01)
+    # The observed peak is on the pod while it runs (written by the sampler, never lowered).
+    ann = json.loads(h.pods.read_text())["pods"][0]["metadata"]["annotations"]
     assert ann[ANN_OBSERVED_PEAK_BYTES] == str(17 * GiB)
+    w0.close()
+    await _until(lambda: agent.gate is not None and len(agent.gate.books.running) == 1)
     text = _metrics(agent)
     assert "gnnsched_job_prediction_error_ratio_count 1.0" in text
     assert "gnnsched_job_prediction_error_ratio_bucket{le=\"0.9\"} 1.0" in text  # 17/20 = 0.85

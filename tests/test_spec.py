@@ -5,14 +5,15 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import yaml
+from crd_schema import ROOT, load_crd, structural_problems, validate, version_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crd_schema import ROOT, load_crd, structural_problems, validate, version_schema
 from gnnsched.contract import GPUJob, GPUNodeStatus, GPUStatus, MPSStatus
 from gnnsched.datasets import dataset_names, get_dataset
 from gnnsched.spec import LIMITS, SpecError, load_job, parse_job
@@ -161,12 +162,17 @@ def test_gpunode_status_model_validates_against_its_crd():
             GPUStatus(
                 index=0, uuid="GPU-1", model="A100-80GB", total_bytes=80 << 30, reserve_bytes=1 << 30,
                 committed_bytes=3 << 30, running=[GPUJob(pod_uid="u", bytes=3 << 30, intensity="memory")],
-            )
+            ),
+            GPUStatus(  # draining after a fatal MPS fault (node agent quarantine)
+                index=1, uuid="GPU-2", model="A100-80GB", total_bytes=80 << 30, mps_healthy=False, draining=True,
+                draining_reason="Xid", draining_xid=43,
+                draining_since=datetime(2026, 1, 1, tzinfo=timezone.utc),
+            ),
         ],
     )
     obj = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "n1"}, "status": status.wire()}
     assert validate(GPUNODE_CRD, obj) == []
-    assert obj["status"]["gpuCount"] == 1
+    assert obj["status"]["gpuCount"] == 2 and obj["status"]["gpus"][1]["drainingXid"] == 43
     assert GPUNodeStatus.model_validate(obj["status"]) == status
 
 

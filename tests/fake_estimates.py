@@ -1,7 +1,7 @@
 """A planner whose estimate is a fixed peak, for jobs too large to trace on this machine (a 77 GiB GCN).
 
 Only the trace is replaced: the device overheads come from the GPU model's catalogue constants and the admit bytes
-follow the estimator's formula (``ceil(peak × factor) + overhead``), so the operator's planning runs unchanged.
+follow the estimator's formula on CUDA (``ceil((peak + overhead) × factor)``), so the operator's planning runs unchanged.
 """
 
 from __future__ import annotations
@@ -26,4 +26,4 @@ class FixedPeakPlanner(Planner):
         overhead = model.context_bytes + model.cublas_workspace_bytes + model.mps_client_bytes
         factor = DEFAULT_SAFETY_FACTOR_CUDA if safety_factor is None else safety_factor
         return Estimate(pmc_bytes=self.pmc_bytes, breakdown={}, device_overhead_bytes=overhead, safety_factor=factor,
-                        admit_bytes=math.ceil(self.pmc_bytes * factor) + overhead, seconds=0.0)
+                        admit_bytes=math.ceil((self.pmc_bytes + overhead) * factor), seconds=0.0)

@@ -229,7 +229,8 @@ def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
         assert [g["totalBytes"] for g in status["status"]["gpus"]] == [80 * GiB, 80 * GiB]
         assert all(g["reserveBytes"] == 2 * GiB and g["committedBytes"] <= CAPACITY for g in status["status"]["gpus"])
         mps_cmds = (tmp_path / "mps-log" / "fake-commands.log").read_text().splitlines()
-        assert "-d" in mps_cmds and "nvidia-smi -i 1 -c EXCLUSIVE_PROCESS" in mps_cmds
+        gpu1 = status["status"]["gpus"][1]["uuid"]
+        assert "-d" in mps_cmds and f"nvidia-smi -i {gpu1} -c EXCLUSIVE_PROCESS" in mps_cmds  # by UUID
     finally:
         _kill_all(procs)
         agent.stop()

@@ -8,6 +8,7 @@ gnnsched requeues the victims; and without errors or faults nothing moves.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -20,8 +21,10 @@ from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.faults import (
     NO_ERROR,
+    QUARANTINE_S,
     EstimateError,
     FaultClock,
+    LoopBooks,
     parse_estimate_error,
     parse_fault_rate,
     true_multipliers,
@@ -207,3 +210,65 @@ def test_cli_flags_and_bad_values(tmp_path) -> None:
     assert bad.output.strip().count("\n") == 0 and "--estimate-error" in bad.output
     bad = runner.invoke(app, ["simulate", "--fault-rate", "-2", "--no-progress"])
     assert bad.exit_code == 2 and "--fault-rate" in bad.output
+
+
+def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:
+    """After a fault the GPU takes no admission for QUARANTINE_S (its clients exit, the MPS probe answers), under
+    gnnsched's gate and under the baselines alike; other GPUs keep admitting."""
+    wl = _workload(16, gap=1.0, epochs=40000, backoff=3)
+    rep = _run(ix, wl, "lmcf,mps-naive", NO_ERROR, rate=150.0, seed=5)
+    for name, res in rep.results.items():
+        faults = res.extra["fault_log"]
+        assert faults, name
+        for t, gid in faults:
+            during = [g for g in res.groups if g.gpu == gid and t <= g.t < t + QUARANTINE_S]
+            assert not during, (name, t, gid, during[:3])
+        assert any(t < g.t for t, _ in faults for g in res.groups), name  # work goes on after faults
+
+
+def test_loop_books_calibrated_and_exclusive_reservations(ix: Integrations) -> None:
+    """A class with min_samples recorded ratios uses their high quantile on the predicted need; -calib keeps the
+    static 1.1; a job suspected twice books the GPU's whole capacity."""
+    wl = _workload(2)
+    cl = parse_cluster(CLUSTER, None)
+    job = materialise(wl, cl, ix, scaling=False)[0]
+    model = "V100-32GB"
+    need = job.profile(model).peak_bytes
+    cap = 32 * 2**30
+    books = LoopBooks(error=NO_ERROR, fault_rate=0.0, seed=0, mode="gnnsched", largest_bytes=cap,
+                      capacity={model: cap})
+    static = LoopBooks(error=NO_ERROR, fault_rate=0.0, seed=0, mode="calib-off", largest_bytes=cap,
+                       capacity={model: cap})
+    first = books.attempt(job)
+    assert first.profile(model).admit_bytes == math.ceil(need * 1.1)  # too few samples: the static factor
+    for ratio in (1.2, 1.25, 1.3, 1.22, 1.28):
+        books.table = books.table.record(books._class(job, model), ratio)
+        static.table = static.table.record(static._class(job, model), ratio)
+    assert books.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.3)
+    assert static.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.1)
+    books.suspected[job.id] = 2
+    assert books.attempt(job).profile(model).admit_bytes == cap
+
+
+def test_cli_json_keys_and_columns(tmp_path) -> None:
+    """--estimate-error / --fault-rate on the CLI: the new keys per policy, the closed_loop block, the new columns."""
+    wl = tmp_path / "jobs.yaml"
+    wl.write_text("\n".join(
+        f"- {{apiVersion: gnnsched.io/v1alpha1, kind: GNNJob, metadata: {{name: j{i}}}, spec: {{mode: train, "
+        f"model: {{arch: gcn, layers: 3, hidden: 64}}, graph: {{dataset: cora}}, epochs: 2000, backoffLimit: 1}}, "
+        f"arrival: {i}}}" for i in range(4)) + "\n")
+    out = tmp_path / "out.json"
+    done = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf,lmcf-calib,mps-naive",
+                                    "--estimate-error", "lognormal:0.3:1.2", "--fault-rate", "5", "--json",
+                                    str(out), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    for column in ("mem-exc", "resized", "victims", "lost", "wasted GPU s"):
+        assert column in done.output
+    doc = json.loads(out.read_text())
+    assert doc["closed_loop"] == {"estimate_error": "lognormal:0.3:1.2", "fault_rate": 5.0}
+    for m in doc["policies"].values():
+        for key in ("memory_exceeded", "resize_retries", "fault_victims", "jobs_lost", "wasted_gpu_seconds"):
+            assert key in m
+    assert doc["policies"]["lmcf"]["oom_kills"] == 0
+    plain = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf", "--no-progress"])
+    assert plain.exit_code == 0 and "mem-exc" not in plain.output

@@ -838,6 +838,7 @@ class Simulation:
         suspect = clock.pick(len(runs)) if runs else -1
         clock.fired()
         loop.faults += 1
+        loop.fault_log.append((self.now, gpu.gid))
         loop.fault_victims += max(0, len(runs) - 1)
         for run in runs:
             self._end_attempt(run)

@@ -177,7 +177,7 @@ class LoopBooks:
     resize_retries: int = 0
     fault_victims: int = 0
     faults: int = 0
-    wasted_gpu_seconds: float = 0.0
+    fault_log: list[tuple[float, int]] = field(default_factory=list)  # (time, GPU gid) of every fault
 
     @property
     def gnnsched(self) -> bool:
@@ -271,7 +271,6 @@ class LoopBooks:
 
     def summary(self) -> dict[str, Any]:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
-                "fault_victims": self.fault_victims, "faults": self.faults,
-                "wasted_gpu_seconds": self.wasted_gpu_seconds,
+                "fault_victims": self.fault_victims, "faults": self.faults, "fault_log": list(self.fault_log),
                 "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
                                 for k in sorted(self.table.ratios)}}

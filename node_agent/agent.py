@@ -92,6 +92,7 @@ class AgentOptions:
     end_wait: float = 30.0  # seconds to wait for a pod's container status after its gated process exited
     fault_window: float = 30.0  # a client that exited this recently on a GPU shares a fault found after it exited
     peak_write_growth: float = 0.01  # rewrite a pod's observed peak once it grew by this fraction (and at its end)
+    workload_env: dict[str, str] = field(default_factory=dict)  # extra env for admitted workloads (fake GPU only)
     #: Node state directory for the device plugin's copy of the status (None: no local copy). Not the pipe dir.
     state_dir: str | None = None
     jobs_uid: int | None = None  # the one UID the gate admits (None: any)
@@ -168,6 +169,7 @@ class NodeAgent:
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,
             active_thread_percentage=self.opts.active_thread_percentage, recovery_grace=self.opts.recovery_grace,
             reconcile_seconds=self.opts.reconcile_interval, jobs_uid=self.opts.jobs_uid,
+            workload_env=dict(self.opts.workload_env),
         )
         self.gate = GateServer(books, cfg, pods=self.pods, verifier=self.verifier, metrics=self.metrics,
                                event_log=self.opts.event_log, on_change=self._dirty.set,

@@ -53,6 +53,7 @@ def node_agent(
     status_interval: float = typer.Option(5.0, "--status-interval", help="Seconds between GPUNode status writes (also written on change)."),
     event_log: Optional[Path] = typer.Option(None, "--event-log", help="Append gate events (queued/admitted/released) as JSON lines."),
     log_level: str = typer.Option("info", "--log-level"),
+    fake_gpu_memory: str = typer.Option("", "--fake-gpu-memory", help="With --gpus fake: enforce[:FACTOR] makes every admitted gnnsched worker enforce its MPS memory limit as a real GPU would (GNNSCHED_FAKE_GPU_MEMORY; development and tests)."),
 ) -> None:
     """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics."""
     import asyncio
@@ -95,6 +96,18 @@ def node_agent(
         fail("--bypass-limit: must be >= 0 (0: strict prefix of the policy's order)")
     if recovery_grace < 0 or status_interval <= 0:
         fail("--recovery-grace/--status-interval: must be >= 0 / > 0")
+    workload_env: dict[str, str] = {}
+    if fake_gpu_memory:
+        from gnnsched.contract import ENV_FAKE_GPU_MEMORY
+        from gnnsched.fake_gpu_memory import parse_fake_gpu_memory
+
+        if not gpus.strip().startswith("fake:"):
+            fail("--fake-gpu-memory: only with --gpus fake:NxSIZE (a real GPU enforces its own limit)")
+        try:
+            parse_fake_gpu_memory(fake_gpu_memory)
+        except ValueError as exc:
+            fail(f"--fake-gpu-memory: {exc}")
+        workload_env[ENV_FAKE_GPU_MEMORY] = fake_gpu_memory.strip()
 
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
     from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier
@@ -168,6 +181,7 @@ def node_agent(
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
+        workload_env=workload_env,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
         mps_probe_interval=2.0 if mps == "external" else 10.0,
     )
@@ -248,9 +262,14 @@ def mps_daemon(
         if fixed < (1 << 20):
             fail("--default-pinned-mem-limit: must be at least 1Mi")
 
-    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.mps import MPSConfig, MPSError, MPSManager
-    from gnnsched.node_agent.mps_daemon import MPSDaemonService, mount_shm, pinned_limit_mib
+    from gnnsched.node_agent.mps_daemon import (
+        MPSDaemonService,
+        mount_shm,
+        pinned_limit_mib,
+    )
+
+    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
 
     if mount_shm_only:
         if mps_shm_dir == "none" or not Path(mps_shm_dir).is_absolute():

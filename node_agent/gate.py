@@ -76,6 +76,9 @@ class GateConfig:
     first_message_timeout: float = 10.0
     reconcile_seconds: float = 5.0
     jobs_uid: int | None = None  # the one UID an MPS client may run as (None: any); see identity.check_peer_uid
+    # Extra environment for every admitted workload; only ``--fake-gpu-memory`` sets it (the fake GPU's limit
+    # enforcement, gnnsched.fake_gpu_memory): on a real GPU the MPS server enforces the limit by itself.
+    workload_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -371,7 +374,7 @@ class GateServer:
                 await self._send(writer, Admitted(
                     gpu_uuid=d.gpu.uuid, gpu_index=d.gpu.index, bytes=e.bytes, mem_limit=mem_limit_value(e.bytes),
                     active_thread_percentage=pct, pipe_directory=self.config.pipe_directory, group=d.group,
-                    admitted_at=rfc3339(at),
+                    admitted_at=rfc3339(at), env=dict(self.config.workload_env) or None,
                 ))
                 await eof
         except (ConnectionError, asyncio.IncompleteReadError):

@@ -156,6 +156,9 @@ def workload_env(base: dict[str, str], admitted: dict) -> dict[str, str]:
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(admitted["pipeDirectory"])
     env["GNNSCHED_ADMITTED_BYTES"] = str(admitted["bytes"])
     env["GNNSCHED_GROUP"] = str(admitted["group"])
+    extra = admitted.get("env")
+    if isinstance(extra, dict):  # the agent's extra environment (a fake GPU's limit enforcement, --fake-gpu-memory)
+        env.update({str(k): str(v) for k, v in extra.items()})
     return env
 
 

@@ -33,7 +33,7 @@ from gnnsched.closed_loop import (
     failed_request_bytes,
     next_reservation,
 )
-from gnnsched.contract import ANN_FAULT, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.contract import ANN_FAULT, ANN_OBSERVED_PEAK_BYTES, JOB_CONTAINER_NAME
 
 from .status import last_json_object
 
@@ -62,10 +62,12 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
+    """The job container's ``state.terminated``, found by name (an injected sidecar may come first)."""
     statuses = _dict(pod.get("status")).get("containerStatuses")
-    if not isinstance(statuses, list) or not statuses:
+    if not isinstance(statuses, list):
         return {}
-    return _dict(_dict(_dict(statuses[0]).get("state")).get("terminated"))
+    container = next((_dict(c) for c in statuses if _dict(c).get("name") == JOB_CONTAINER_NAME), {})
+    return _dict(_dict(container.get("state")).get("terminated"))
 
 
 def attempt_facts(pod: Any) -> AttemptFacts:

@@ -104,6 +104,9 @@ DEFAULT_MPS_SHM_DIR = "/var/run/gnnsched/mps-shm"
 """The tmpfs the MPS control daemon's container mounts at ``/dev/shm`` (NVIDIA's ``<mps root>/shm``); the device
 plugin's ``Allocate`` mounts the same host directory at ``/dev/shm`` in every gated container, because MPS clients
 and the server exchange POSIX shared memory as well as the pipes."""
+MPS_SHM_SOURCE = "gnnsched-mps-shm"
+"""The mount source (device) name of the tmpfs the chart mounts at the MPS shm directory. A container's private
+``/dev/shm`` is a tmpfs too, bind-mounted at its root; the name is what tells the shared one apart in mountinfo."""
 CONTAINER_SHM_DIR = "/dev/shm"
 DEFAULT_NODE_STATE_DIR = "/var/lib/gnnsched/node-state"
 """Host directory written only by the node agent and the MPS daemon (root, mode 0755) and read by the device plugin:

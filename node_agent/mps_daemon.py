@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gnnsched.contract import MPS_DAEMON_HEALTH_FILE_NAME, MPSDaemonHealth
+from gnnsched.contract import MPS_DAEMON_HEALTH_FILE_NAME, MPS_SHM_SOURCE, MPSDaemonHealth
 from gnnsched.node_agent.mps import COMPUTE_MODES, MPSError, MPSManager
 from gnnsched.node_status_file import write_json_atomic
 
@@ -71,8 +71,12 @@ def dev_shm_binding(shm_dir: str | os.PathLike[str], mountinfo: str | None = Non
     root = last[3]
     name = Path(shm_dir).name
     fstype = last[last.index("-") + 1] if "-" in last else "?"
+    source = last[last.index("-") + 2] if "-" in last and len(last) > last.index("-") + 2 else "?"
     if root != "/" and root.rstrip("/").endswith("/" + name):
         return True, f"/dev/shm is {root} ({fstype})"
+    if fstype == "tmpfs" and source == MPS_SHM_SOURCE:
+        # the chart's own tmpfs at the shm directory (NVIDIA's layout): its root is "/", named by its source
+        return True, f"/dev/shm is the {MPS_SHM_SOURCE} tmpfs"
     return False, (f"/dev/shm is {root} ({fstype}), not the shared {shm_dir}: "
                    "MPS clients in other containers cannot attach")
 
@@ -118,7 +122,10 @@ def mount_shm(shm_dir: str | os.PathLike[str], size: str | None = None, mountinf
     commands: list[list[str]] = []
     if _is_mount_point(path, mountinfo):
         commands.append(["umount", str(path)])
-    commands.append(["mount", "-t", "tmpfs", "-o", f"rw,nosuid,nodev,noexec,relatime,size={size}", "shm", str(path)])
+    # named, not "shm" as NVIDIA's: a container's private /dev/shm is also a tmpfs called "shm", and the name is how
+    # dev_shm_binding tells the shared one apart once it is bind-mounted (root "/") into the daemon's container
+    commands.append(["mount", "-t", "tmpfs", "-o", f"rw,nosuid,nodev,noexec,relatime,size={size}", MPS_SHM_SOURCE,
+                     str(path)])
     path.mkdir(parents=True, exist_ok=True)
     for argv in commands:
         exe = shutil.which(argv[0])

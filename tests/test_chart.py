@@ -81,6 +81,12 @@ def containers(docs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def node_daemonset(docs: list[dict], component: str = "node") -> dict:
+    (daemonset,) = [d for d in by_kind(docs, "DaemonSet") if d["metadata"]["labels"]["app.kubernetes.io/component"]
+                    == component]
+    return daemonset
+
+
 def arg_value(container: dict, flag: str) -> str | None:
     for arg in container.get("args", []) + container.get("command", []):
         if arg.startswith(flag + "="):
@@ -236,7 +242,7 @@ def test_scheduler_config_points_to_the_sidecar_and_manages_gpu_share(chart, nam
 
 def test_daemonset_mounts_match_the_components_defaults(chart):
     docs = render(chart, {})
-    (daemonset,) = by_kind(docs, "DaemonSet")
+    daemonset = node_daemonset(docs)
     pod = daemonset["spec"]["template"]["spec"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths["device-plugins"] == contract.DEFAULT_DEVICE_PLUGIN_DIR
@@ -252,7 +258,15 @@ def test_daemonset_mounts_match_the_components_defaults(chart):
     assert arg_value(agent, "--metrics-port") == str(contract.DEFAULT_AGENT_METRICS_PORT)
     # paths a container opens itself are mounted at the same place as on the host (the device plugin's
     # --gate-socket and --mps-pipe-dir are host paths it hands to kubelet in Allocate, so only its plugin dir counts)
-    for container, flags in ((agent, ("--gate-socket", "--mps-pipe-dir", "--mps-log-dir")), (plugin, ("--plugin-dir",))):
+    assert host_paths["state"] == contract.DEFAULT_NODE_STATE_DIR
+    assert arg_value(agent, "--state-dir") == arg_value(plugin, "--state-dir") == contract.DEFAULT_NODE_STATE_DIR
+    assert arg_value(agent, "--mps") == "external"  # MPS lives in its own DaemonSet
+    assert arg_value(plugin, "--mps-shm-dir") == contract.DEFAULT_MPS_SHM_DIR
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {"name": contract.ENV_JOBS_UID, "value": str(contract.DEFAULT_JOBS_UID)} in agent["env"]
+    for container, flags in ((agent, ("--gate-socket", "--mps-pipe-dir", "--mps-log-dir", "--state-dir")),
+                             (plugin, ("--plugin-dir", "--state-dir"))):
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         for flag in flags:
             value = arg_value(container, flag)
@@ -262,7 +276,7 @@ def test_daemonset_mounts_match_the_components_defaults(chart):
 
 def test_extra_node_selectors_are_merged(chart):
     docs = render(chart, VALUE_SETS["extra-node-selectors"])
-    (daemonset,) = by_kind(docs, "DaemonSet")
+    daemonset = node_daemonset(docs)
     selector = daemonset["spec"]["template"]["spec"]["nodeSelector"]
     assert selector == {"nvidia.com/gpu.present": "true", "pool": "a100", "topology.kubernetes.io/zone": "zone-a"}
     assert arg_value(containers(docs)["agent"], "--policy") == "lmcf"
@@ -273,6 +287,8 @@ def test_security_contexts(chart):
     docs = render(chart, {})
     for name, container in containers(docs).items():
         security = container["securityContext"]
+        if name == "mps-daemon":  # privileged by design: see test_mps_daemon_runs_apart_privileged_with_shared_shm
+            continue
         assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True, name
         assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"], name
         assert security.get("privileged", False) is False, name
@@ -438,3 +454,84 @@ def test_network_policies_admit_only_metrics_and_health_ports(chart):
                     for p in c.get("ports", [])}
         assert {p["port"] for p in rule["ports"]} <= declared, component
     assert {p["port"] for p in policies["scheduler"]["spec"]["ingress"][0]["ports"]} == {8889}  # never the verbs'
+
+
+def test_mps_daemon_runs_apart_privileged_with_shared_shm(chart):
+    """NVIDIA's MPS layout: its own privileged DaemonSet (OnDelete), a tmpfs at the shm directory mounted at /dev/shm,
+    the same directories and the jobs' UID as the agent and the device plugin."""
+    docs = render(chart, {"jobs": {"runAsUser": 1234}})
+    mps = node_daemonset(docs, "mps")
+    assert mps["spec"]["updateStrategy"] == {"type": "OnDelete"}  # an upgrade never restarts it under running jobs
+    assert node_daemonset(docs)["spec"]["updateStrategy"]["type"] == "RollingUpdate"  # the agent rolls freely
+    pod = mps["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == node_daemonset(docs)["spec"]["template"]["spec"]["nodeSelector"]
+    (daemon,) = pod["containers"]
+    assert daemon["securityContext"]["privileged"] is True and daemon["args"][0] == "mps-daemon"
+    assert {"name": contract.ENV_JOBS_UID, "value": "1234"} in daemon["env"]  # owner of the pipe and log dirs
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in daemon["volumeMounts"]}
+    shm = arg_value(daemon, "--mps-shm-dir")
+    assert shm == contract.DEFAULT_MPS_SHM_DIR and volumes[mounts["/dev/shm"]]["hostPath"]["path"] == shm
+    node = containers(docs)
+    assert arg_value(node["device-plugin"], "--mps-shm-dir") == shm  # Allocate mounts the same tmpfs in every job
+    for flag in ("--mps-pipe-dir", "--mps-log-dir", "--state-dir"):
+        assert arg_value(daemon, flag) == arg_value(node["agent"], flag), flag
+        assert volumes[mounts[arg_value(daemon, flag)]]["hostPath"]["path"] == arg_value(daemon, flag)
+    # the init container (mps-daemon --mount-shm, NVIDIA's mount-shm) mounts the tmpfs where the host sees it
+    (init,) = pod["initContainers"]
+    assert init["securityContext"]["privileged"] is True
+    assert init["args"][:2] == ["mps-daemon", "--mount-shm"] and arg_value(init, "--mps-shm-dir") == shm
+    (parent,) = init["volumeMounts"]
+    assert parent["mountPropagation"] == "Bidirectional" and parent["mountPath"] == str(Path(shm).parent)
+    assert volumes[parent["name"]]["hostPath"]["path"] == str(Path(shm).parent)
+    # what mps-daemon then sees in its mountinfo counts as the shared tmpfs, a private /dev/shm does not
+    from gnnsched.node_agent.mps_daemon import dev_shm_binding
+
+    seen = f"812 790 0:97 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs {contract.MPS_SHM_SOURCE} rw,size=65536k\n"
+    private = "813 790 0:98 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k\n"
+    assert dev_shm_binding(shm, seen)[0] is True and dev_shm_binding(shm, private)[0] is False
+    # off: no daemon, the agent does not wait for one, jobs get no shm mount
+    off = render(chart, {"node": {"mps": {"enabled": False}}})
+    assert not [d for d in by_kind(off, "DaemonSet") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "mps"]
+    assert arg_value(containers(off)["agent"], "--mps") == "off"
+    assert arg_value(containers(off)["device-plugin"], "--mps-shm-dir") == "none"
+
+
+def test_device_plugin_strategy_values(chart):
+    plugin = containers(render(chart, {}))["device-plugin"]
+    assert (arg_value(plugin, "--device-list-strategy"), arg_value(plugin, "--device-id-strategy")) == ("envvar", "uuid")
+    cdi = containers(render(chart, {"node": {"devicePlugin": {"deviceListStrategy": "cdi-cri"}}}))["device-plugin"]
+    assert arg_value(cdi, "--device-list-strategy") == "cdi-cri"
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"node": {"devicePlugin": {"deviceListStrategy": "volume-mounts"}}})
+
+
+@pytest.mark.parametrize("name", [*VALUE_SETS, "mps-reset"])
+def test_every_gnnsched_container_command_line_parses_with_the_cli(chart, name):
+    """Each flag the chart passes exists in the component's CLI with a value of its type (click parses it as
+    at start-up, without running the command), so the chart cannot drift from the code."""
+    import typer
+
+    from gnnsched.cli import app
+
+    values = VALUE_SETS.get(name) or {"node": {"mps": {"resetOnExit": True}}}
+    cli = typer.main.get_command(app)
+    checked = 0
+    for doc in render(chart, values):
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            if not container["image"].startswith("ghcr.io/gnnsched/"):
+                continue
+            args = list(container["args"])
+            command = cli
+            with cli.make_context("gnnsched", list(args), resilient_parsing=False) as ctx:
+                while hasattr(command, "commands") and args and args[0] in command.commands:
+                    command = command.commands[args.pop(0)]
+                    if not hasattr(command, "commands") or not args or args[0] not in command.commands:
+                        command.make_context(command.name, list(args), parent=ctx)
+                        break
+            checked += 1
+    assert checked >= (0 if name == "components-off" else 4)

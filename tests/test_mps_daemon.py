@@ -19,7 +19,7 @@ from gnnsched.node_agent.mps import MPSConfig, MPSManager
 from gnnsched.node_agent.mps_daemon import MPSDaemonService, dev_shm_binding, health_file_path, pinned_limit_mib
 from gnnsched.node_agent.mps_external import ExternalMPS
 
-from gnnsched.contract import MPSDaemonHealth
+from gnnsched.contract import MPS_SHM_SOURCE, MPSDaemonHealth
 from gnnsched.node_status_file import write_json_atomic
 
 FAKES = Path(__file__).parent / "fakes"
@@ -164,6 +164,9 @@ SHARED = ("30 25 0:27 / /dev/shm rw,relatime - tmpfs shm rw,size=65536k\n"
 
 
 def test_dev_shm_binding_tells_the_shared_tmpfs_from_a_private_one() -> None:
+    # the chart's layout (NVIDIA's): a tmpfs of its own at the shm dir, bind-mounted whole, so its root is "/"
+    own = f"42 25 0:25 / /dev/shm rw,nosuid,nodev,noexec - tmpfs {MPS_SHM_SOURCE} rw,size=65536k\n"
+    assert dev_shm_binding("/var/run/gnnsched/mps-shm", own)[0] is True
     assert dev_shm_binding("/var/run/gnnsched/mps-shm", SHARED) == (True, "/dev/shm is /gnnsched/mps-shm (tmpfs)")
     shared, why = dev_shm_binding("/var/run/gnnsched/mps-shm", PRIVATE)
     assert not shared and "cannot attach" in why
@@ -271,7 +274,7 @@ def test_mount_shm_remounts_a_fresh_tmpfs(tmp_path, monkeypatch) -> None:
     assert mount_shm(shm, "1024k", mountinfo=stale)[0] == ["umount", str(shm)]
     assert shm.is_dir()
     assert (tmp_path / "mount.log").read_text().splitlines() == [
-        f"umount {shm}", f"mount -t tmpfs -o rw,nosuid,nodev,noexec,relatime,size=1024k shm {shm}"]
+        f"umount {shm}", f"mount -t tmpfs -o rw,nosuid,nodev,noexec,relatime,size=1024k {MPS_SHM_SOURCE} {shm}"]
     assert len(mount_shm(shm, "1024k", mountinfo="")) == 1  # nothing stale: mount only
     monkeypatch.setenv("FAKE_MOUNT_FAIL", "1")
     with pytest.raises(MPSError, match=r"mount -t tmpfs .*: exit 32: mount: .*permission denied"):
@@ -284,7 +287,7 @@ def test_cli_mount_shm(tmp_path) -> None:
     cp = subprocess.run(GNNSCHED + ["mps-daemon", "--mount-shm", "--mps-shm-dir", str(shm), "--shm-size", "1Gi"],
                         env=env, capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
-    assert (tmp_path / "m.log").read_text().strip().endswith(f"size=1048576k shm {shm}")
+    assert (tmp_path / "m.log").read_text().strip().endswith(f"size=1048576k {MPS_SHM_SOURCE} {shm}")
     env["FAKE_MOUNT_FAIL"] = "1"
     cp = subprocess.run(GNNSCHED + ["mps-daemon", "--mount-shm", "--mps-shm-dir", str(shm)], env=env,
                         capture_output=True, text=True, timeout=60)

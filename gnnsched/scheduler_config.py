@@ -87,6 +87,8 @@ def scheduler_config(
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
+        # no pprof endpoints; with --config the --profiling flag is ignored, so the file is where it takes effect
+        "enableProfiling": False,
         "leaderElection": {
             "leaderElect": leader_elect,
             "resourceLock": "leases",

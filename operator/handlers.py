@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -77,6 +77,8 @@ class OperatorConfig(BaseModel):
     watch_client_timeout: float | None = None  # seconds; short in tests so the first event is not delayed
     finalizer: str = "gnnsched.io/cleanup"
     scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
+    # Device of the built-in worker: cuda on GPU nodes, cpu where the agents' GPUs are fake (no CUDA behind them).
+    worker_device: Literal["cuda", "cpu"] = "cuda"
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)
     # Shortest-predicted-first queue order (gnnsched.queue_order): give each pod the PriorityClass of its predicted
@@ -389,7 +391,8 @@ class Operator:
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
         pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name,
-                                                priority_class, settings=self.config.pods), kind="Pod")
+                                                priority_class, settings=self.config.pods,
+                                                worker_device=self.config.worker_device), kind="Pod")
         self._apply_pod(body, status, pod, deleted=False)
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
@@ -564,7 +567,8 @@ class Operator:
             self.metrics.retries.labels(str(view.failure_reason or "Error")).inc()
             self._event(job, "Normal", "Retrying", f"creating pod {pod_name(ref.name, next_attempt)}")
             pod = self._ensure(ref, job, build_pod(job, spec, plan, next_attempt, self.config.image, self.config.scheduler_name,
-                                              settings=self.config.pods), kind="Pod")
+                                              settings=self.config.pods, worker_device=self.config.worker_device),
+                               kind="Pod")
             self._apply_pod(job, status, pod, deleted=False)
             return
         new["phase"] = "Failed"

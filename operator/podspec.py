@@ -229,22 +229,30 @@ def build_config_map(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def container_command(spec: GNNJobSpec) -> list[str]:
-    """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker."""
+WORKER_DEVICES = ("cuda", "cpu")
+
+
+def container_command(spec: GNNJobSpec, worker_device: str = "cuda") -> list[str]:
+    """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker.
+
+    ``worker_device``: where the built-in worker runs its model, ``cuda`` on GPU nodes; ``cpu`` for clusters whose
+    nodes have no CUDA device behind the (fake) GPUs the agents manage, such as the local cluster of ``tests/e2e``.
+    The gate still admits the job's predicted GPU bytes either way."""
     if spec.command:
         workload = [*spec.command, *(spec.args or [])]
     else:
-        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", "cuda", "--no-progress",
+        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", worker_device, "--no-progress",
                     *(spec.args or [])]
     return ["gnnsched", "gate", "--", *workload]
 
 
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
               scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
-              settings: JobPodSettings | None = None) -> dict[str, Any]:
+              settings: JobPodSettings | None = None, worker_device: str = "cuda") -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
     ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
     ``settings``: UID, RuntimeClass, tolerations and nodeSelector (``JobPodSettings()`` defaults when None).
+    ``worker_device``: see ``container_command``.
     Raises ``SpecError`` when the job's nodeSelector contradicts the operator's."""
     settings = settings if settings is not None else JobPodSettings()
     node_selector = settings.node_selector_for(spec)
@@ -291,7 +299,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
                 {
                     "name": CONTAINER_NAME,
                     "image": spec.image or image,
-                    "command": container_command(spec),
+                    "command": container_command(spec, worker_device),
                     "env": env,
                     "resources": {"requests": requests, "limits": limits},
                     "terminationMessagePath": TERMINATION_LOG,

@@ -373,6 +373,8 @@ def test_scheduler_pod_settings(chart):
     assert pod["priorityClassName"] == "system-cluster-critical"
     kube_scheduler = containers(docs)["kube-scheduler"]
     assert arg_value(kube_scheduler, "--profiling") == "false"
+    config_map = next(d for d in by_kind(docs, "ConfigMap") if "scheduler-config.yaml" in d.get("data", {}))
+    assert yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["enableProfiling"] is False  # what applies
     assert arg_value(kube_scheduler, "--bind-address") == "$(POD_IP)"  # not every address
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in kube_scheduler["env"]
     assert kube_scheduler["livenessProbe"]["httpGet"]["port"] == int(arg_value(kube_scheduler, "--secure-port"))

@@ -5,7 +5,7 @@ For each workload and seed it runs the same jobs three times: without errors or 
 it prints per policy the mean JCT with and without errors and their ratio, OOM kills, memory-exceeded attempts,
 fault victims and lost jobs, then the resize retries with and without calibration.
 
-    python bench/closed_loop.py [--workloads cognn-mix,gnnsched-mix-high] [--seeds 0,1,2,3,4]
+    python bench/closed_loop.py [--workloads cognn-mix,gnnsched-mix-high] [--seeds 0,1,2,3,4] [--backoff-limit N]
 """
 
 from __future__ import annotations
@@ -30,14 +30,16 @@ def main() -> None:
     ap.add_argument("--workloads", default="cognn-mix,gnnsched-mix-high")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--fault-rate", type=float, default=1.0)
+    ap.add_argument("--backoff-limit", type=int, default=None, help="every job's (default: the workload's, 3)")
     args = ap.parse_args()
     ix = Integrations()
     data = default_data_dir()
     cl = parse_cluster(CLUSTER, data)
     noisy = parse_estimate_error("lognormal:0.2")
     biased = parse_estimate_error("lognormal:0.05:1.3")
+    limit = "the workload's" if args.backoff_limit is None else str(args.backoff_limit)
     print(f"cluster {CLUSTER}; errors lognormal:0.2 with --fault-rate {args.fault_rate:g}; "
-          "calibration with lognormal:0.05:1.3")
+          f"calibration with lognormal:0.05:1.3; backoffLimit {limit}")
     print(f"{'workload':18s} {'seed':>4s} {'policy':10s} {'JCT s':>7s} {'errors':>7s} {'ratio':>6s} {'OOM':>4s} "
           f"{'mem-exc':>7s} {'faults':>6s} {'victims':>7s} {'lost':>4s}")
     calib_rows = []
@@ -45,16 +47,17 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             wl = resolve_workload(name, seed, data, fits=fits_on(cl, ix))
             jobs = materialise(wl, cl, ix, scaling=False)
-            plain = run(wl, cl, parse_policies(POLICIES), seed, ix, jobs=jobs)
+            plain = run(wl, cl, parse_policies(POLICIES), seed, ix, jobs=jobs, backoff_limit=args.backoff_limit)
             loop = run(wl, cl, parse_policies(POLICIES), seed, ix, jobs=jobs, estimate_error=noisy,
-                       fault_rate=args.fault_rate)
+                       fault_rate=args.fault_rate, backoff_limit=args.backoff_limit)
             for policy, m in loop.policies.items():
                 base = plain.policies[policy]["jct_mean_s"]
                 ratio = m["jct_mean_s"] / base if m["jct_mean_s"] and base else float("nan")
                 print(f"{name:18s} {seed:4d} {policy:10s} {base:7.1f} {m['jct_mean_s']:7.1f} {ratio:6.2f} "
                       f"{m['oom_kills']:4d} {m['memory_exceeded']:7d} {m['faults']:6d} {m['fault_victims']:7d} "
                       f"{m['jobs_lost']:4d}")
-            cal = run(wl, cl, parse_policies(CALIB), seed, ix, jobs=jobs, estimate_error=biased)
+            cal = run(wl, cl, parse_policies(CALIB), seed, ix, jobs=jobs, estimate_error=biased,
+                      backoff_limit=args.backoff_limit)
             calib_rows.append((name, seed, {p: m["resize_retries"] for p, m in cal.policies.items()}))
     print()
     print("resize_retries with lognormal:0.05:1.3 (calibrated vs -calib)")

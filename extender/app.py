@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .binder import Binder, BindFailed
 from .cache import BindError, ClusterCache
 from .metrics import ExtenderMetrics
-from .pods import PodDemand, PodError, parse_pod
+from .pods import PodDemand, PodError, parse_pod, whole_gpu
 from .wire import (
     ErrorReply,
     ExtenderArgs,
@@ -218,7 +218,7 @@ class ExtenderService:
             raise _RequestError("Pod: missing (ExtenderArgs.Pod is required)")
         cands = _Candidates(args)
         try:
-            demand = parse_pod(pod)
+            demand = whole_gpu(parse_pod(pod), self.cache.max_capacity())
         except PodError as exc:
             meta = pod.get("metadata") if isinstance(pod, dict) else None
             if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
@@ -333,7 +333,7 @@ class ExtenderService:
         if pod is None:
             raise _RequestError(f"pod {key}: not found (the extender has not seen it in filter and cannot read it)")
         try:
-            return parse_pod(pod), pod
+            return whole_gpu(parse_pod(pod), self.cache.max_capacity()), pod
         except PodError as exc:
             raise _RequestError(str(exc)) from None
 

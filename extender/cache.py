@@ -426,6 +426,10 @@ class ClusterCache:
 
     def max_capacity(self) -> float:
         """Largest capacity after reserve over every GPU the cluster has (healthy or not); cached per version."""
+        with self.lock:
+            return self._max_capacity()
+
+    def _max_capacity(self) -> float:
         if self._max_cap[0] != self.version:
             a = self._a
             caps = np.where(a["valid"], a["cap"], 0)
@@ -462,7 +466,7 @@ class ClusterCache:
             if cpu_free_override is not None:
                 ok &= (cpu_free_override >= demand.cpu_millis) & (mem_free_override >= demand.memory_bytes)
             failed = np.flatnonzero(~ok)
-            cluster_max = self.max_capacity()
+            cluster_max = self._max_capacity()
             unresolvable = cluster_max < b
             reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max)
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)

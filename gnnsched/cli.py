@@ -63,6 +63,9 @@ def _operator(
     metrics_port: int = typer.Option(9402, "--metrics-port", min=0, max=65535,
                                      help="Port of the Prometheus metrics (GET /metrics, gnnsched_operator_*); "
                                           "0 turns them off."),
+    worker_device: str = typer.Option("cuda", "--worker-device",
+                                      help="Device of the built-in worker in job pods: cuda (GPU nodes) or cpu "
+                                           "(nodes whose GPUs are fake, e.g. tests/e2e/local_cluster.py)."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
@@ -108,6 +111,14 @@ def _operator(
 
     if namespace and all_namespaces:
         fail("--namespace and --all-namespaces are mutually exclusive")
+    if worker_device not in ("cuda", "cpu"):
+        fail(f"--worker-device: must be cuda or cpu, got {worker_device!r}")
+    from gnnsched.gpus import get_gpu_model
+
+    try:
+        get_gpu_model(default_gpu_model)
+    except KeyError as exc:  # else every job would fail later with EstimationFailed
+        fail(f"--default-gpu-model: {exc.args[0]}")
     setup_logging(log_level)
     from gnnsched.queue_order import QueueOrder, QueueOrderError
 
@@ -127,7 +138,7 @@ def _operator(
         fail(str(exc))
     fields = {"pods": pods, "namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
-              "scheduler_name": scheduler_name, "health_port": health_port or None,
+              "scheduler_name": scheduler_name, "worker_device": worker_device, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority,
               "queue_priority_base": queue_priority_base, "queue_priority_prefix": queue_priority_prefix,
               "queue_priority_per_doubling": queue_priority_per_doubling}

@@ -340,3 +340,13 @@ def test_a_spliced_trace_reserves_what_the_full_trace_reserves(arch: str, mode: 
     assert spliced.traced_layers is not None and full.traced_layers is None
     workspace = 8 * MiB + 128 * KiB
     assert replay(cuda_allocation_events(spliced, 1, workspace)) == replay(cuda_allocation_events(full, 1, workspace))
+
+
+def test_table_output_shows_reserved_and_the_calibrated_factor(tmp_path: Path) -> None:
+    table = tmp_path / "calib.json"
+    table.write_text(json.dumps({"ratios": {"T4.gcn.train.builtin": [1.2] * 5}}))
+    result = runner.invoke(app, ["estimate", str(ROOT / "examples" / "gcn-train-cora.yaml"), "--device", "cuda",
+                                 "--gpu-model", "T4", "--calibration", str(table)])
+    assert result.exit_code == 0, result.output
+    assert "cuda reserved:" in result.stdout and "unverified on a GPU" in result.stdout
+    assert "safety factor:    1.2 (T4.gcn.train.builtin, 5 samples, calibrated)" in result.stdout

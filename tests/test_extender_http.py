@@ -377,3 +377,39 @@ def test_chart_renders_exactly_the_generated_scheduler_config(values: dict) -> N
         scheduler_name=sched.get("name", "gnnsched-scheduler"), ignorable=ext.get("ignorable", False),
     )
     assert rendered == expected
+
+
+def test_exclusive_pod_passes_only_nodes_with_an_empty_gpu_and_books_the_whole_gpu() -> None:
+    """An exclusive pod (gnnsched.io/exclusive: "true") whose admit bytes exceed a GPU's shareable capacity is not
+    unresolvable: it needs one empty GPU, as the node agent's gate admits it, and its reservation is the whole GPU."""
+    from test_extender_cache import job
+
+    from gnnsched.contract import ANN_EXCLUSIVE
+
+    binder = FakeBinder()
+    cache = ClusterCache(load_default())
+    now = datetime.now(tz=timezone.utc).timestamp()
+    for st in (status("busy", gpu(0, running=[job("x", 1, 100)])), status("empty", gpu(0), gpu(1))):
+        st.updated_at = datetime.fromtimestamp(now, tz=timezone.utc)
+        cache.upsert_gpunode(st)
+    app = create_app(cache, binder)
+    pod = make_pod("alone", 85.2, annotations={ANN_EXCLUSIVE: "true"})  # > 79 GiB shareable on an A100-80GB
+    with LoopbackServer(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as c:
+        f = c.post("/filter", json={"Pod": pod, "NodeNames": ["busy", "empty"]}).json()
+        # Both nodes can hold it once a GPU is empty (the filter asks "ever", the gate waits), none is unresolvable
+        assert f["Error"] == "" and f["NodeNames"] == ["busy", "empty"] and not f["FailedAndUnresolvableNodes"], f
+        scores = {x["Host"]: x["Score"] for x in c.post("/prioritize", json={"Pod": pod,
+                                                                             "NodeNames": ["busy", "empty"]}).json()}
+        assert scores["empty"] > scores["busy"], scores  # only there does it start now
+        b = c.post("/bind", json={"PodName": "alone", "PodNamespace": "ns", "PodUID": "uid-alone",
+                                  "Node": "empty"}).json()
+        assert b["Error"] == "", b
+        bound = next(p for p in binder.pods() if p["metadata"]["name"] == "alone")
+        assert json.loads(bound["metadata"]["annotations"][ANN_RESERVATION])["bytes"] == 79 * GiB
+        # Without the annotation the same bytes fit no GPU anywhere: unresolvable, as before.
+        shared = make_pod("shared", 85.2)
+        f2 = c.post("/filter", json={"Pod": shared, "NodeNames": ["busy", "empty"]}).json()
+        assert f2["NodeNames"] == [] and set(f2["FailedAndUnresolvableNodes"]) == {"busy", "empty"}, f2
+        bad = make_pod("bad", 1, annotations={ANN_EXCLUSIVE: "yes"})
+        f3 = c.post("/filter", json={"Pod": bad, "NodeNames": ["empty"]}).json()
+        assert "exclusive" in (f3["Error"] + json.dumps(f3["FailedAndUnresolvableNodes"])), f3

@@ -210,6 +210,21 @@ def test_cli_flags_and_bad_values(tmp_path) -> None:
     assert bad.output.strip().count("\n") == 0 and "--estimate-error" in bad.output
     bad = runner.invoke(app, ["simulate", "--fault-rate", "-2", "--no-progress"])
     assert bad.exit_code == 2 and "--fault-rate" in bad.output
+    bad = runner.invoke(app, ["simulate", "--backoff-limit", "11", "--no-progress"])
+    assert bad.exit_code == 2 and "--backoff-limit" in bad.output
+
+
+def test_backoff_limit_override(ix: Integrations) -> None:
+    """--backoff-limit replaces every job's: the same overrunning naive-MPS jobs survive their OOM kills with 3
+    retries and are lost with 0."""
+    wl = _workload(12, epochs=20000, backoff=3)
+    cl = parse_cluster(CLUSTER, None)
+    jobs = materialise(wl, cl, ix, scaling=False)
+    err = EstimateError("lognormal", 0.05, 30.0)
+    kept = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs, estimate_error=err)
+    strict = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs, estimate_error=err, backoff_limit=0)
+    assert strict.policies["mps-naive"]["jobs_lost"] > kept.policies["mps-naive"]["jobs_lost"]
+    assert all(o.job.backoff_limit == 0 for o in strict.results["mps-naive"].outcomes)
 
 
 def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:

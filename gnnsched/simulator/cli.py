@@ -48,6 +48,9 @@ def simulate(
                                        "turns calibration off); baselines fail as Kubernetes does."),
     fault_rate: float = typer.Option(0.0, "--fault-rate", help="Fatal MPS faults per busy GPU-hour (Poisson, seeded "
                                      "by --seed): a fault kills every client on the GPU, which then drains."),
+    backoff_limit: int | None = typer.Option(None, "--backoff-limit", help="Every job's backoffLimit (0-10: failed "
+                                             "pods a job survives) in place of the workload's (3 in the built-in "
+                                             "generators; a workload file's spec.backoffLimit, default 0)."),
 ) -> None:
     """Simulate a cluster of GPU nodes: arrivals, the operator's estimate, placement, node queues with grouping
     policies behind the memory-safety gate, MPS co-location with interference, completion. Prints a comparison."""
@@ -83,6 +86,8 @@ def simulate(
             specs = parse_policies(policies or ",".join(wl.policies))
             error = parse_estimate_error(estimate_error)
             rate = parse_fault_rate(fault_rate)
+            if backoff_limit is not None and not 0 <= backoff_limit <= 10:
+                raise FieldError("--backoff-limit", f"{backoff_limit}: must be between 0 and 10")
             if (error.active or rate > 0) and any(p.base in PLACEMENT_ONLY for p in specs):
                 raise PolicyError("--estimate-error and --fault-rate need a simulated run, not the openb "
                                   "placement replay (best-fit, fgd)")
@@ -98,7 +103,7 @@ def simulate(
             if plots.exists() and not plots.is_dir():
                 raise UserError(f"--plots: {plots} exists and is not a directory")
             _writable_dir("--plots", plots)
-    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, rate)
+    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, rate, backoff_limit)
 
 
 def _writable_dir(flag: str, directory: Path) -> None:
@@ -126,7 +131,8 @@ def fits_on(cluster, ix):
     return fits
 
 
-def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix, error, fault_rate: float) -> None:
+def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix, error, fault_rate: float,
+         backoff_limit: int | None) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -146,7 +152,8 @@ def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix, error, f
             bar.update(tasks[name], completed=done, total=total)
 
         try:
-            report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, fault_rate=fault_rate)
+            report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, fault_rate=fault_rate,
+                         backoff_limit=backoff_limit)
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
     typer.echo(render_table(report))

@@ -208,7 +208,7 @@ class LoopBooks:
         """The admit bytes a new (not resized) attempt gets on ``model``: the predicted need (peak plus device
         overhead) times the class's factor, the static factor until the class has enough samples
         (``CalibrationTable.factor``) and always with ``-calib``. The factor multiplies the whole need, context and
-        workspaces included, as ``admit_bytes`` is built on the predicted reserved peak (issue 15, item 1)."""
+        workspaces included; with the static factor this is the estimator's ``admit_bytes`` itself."""
         if self.suspected.get(job.id, 0) >= 2:
             return self.capacity[model]  # runs alone: books the GPU's whole capacity
         factor = self.calibration_policy.static_factor

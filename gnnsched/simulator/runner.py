@@ -126,7 +126,8 @@ def _trace_job(i: int, t: Any, models: list[str]) -> SimJob:
 def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], seed: int, ix: Integrations,
         *, startup_s: float = STARTUP_S, record_timeline: bool = True,
         progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None,
-        estimate_error: EstimateError = NO_ERROR, fault_rate: float = 0.0) -> Report:
+        estimate_error: EstimateError = NO_ERROR, fault_rate: float = 0.0,
+        backoff_limit: int | None = None) -> Report:
     """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``fault_rate``, the
     closed loop of :mod:`gnnsched.simulator.faults`: the same true peaks and fault streams for every policy)."""
     placement_only = [p for p in policies if p.base in PLACEMENT_ONLY]
@@ -135,6 +136,8 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
     if jobs is None:
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in policies), startup_s=startup_s,
                            progress=(lambda d, t: progress("costing jobs", d, t)) if progress else None)
+    if backoff_limit is not None:  # --backoff-limit: every job's, in place of the workload's
+        jobs = [replace(j, backoff_limit=backoff_limit) for j in jobs]
     report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={},
                     notes=list(workload.notes))
     if estimate_error.active or fault_rate > 0:

@@ -625,7 +625,8 @@ class Operator:
                 message = (f"attempt {attempt + 1} ran out of GPU memory ({facts.detail}); reservation "
                            f"{format_bytes(old)} ({old} bytes) -> {format_bytes(grown)} ({grown} bytes), resize "
                            f"{_count(status, 'resizes') + 1} of {spec.memory.max_resizes}")
-                self._next_attempt(job, status, new, spec, resized, attempt, now, ("Resized", "MemoryExceeded", message),
+                self._next_attempt(job, status, new, spec, resized, attempt, now,
+                                   ("Resized", "MemoryExceeded", message),
                                    {"resizes": _count(status, "resizes") + 1, "admitBytes": grown,
                                     "reservationSource": "resized", "plan": resized.model_dump(mode="json")},
                                    priority_class)

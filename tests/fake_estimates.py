@@ -1,7 +1,8 @@
 """A planner whose estimate is a fixed peak, for jobs too large to trace on this machine (a 77 GiB GCN).
 
 Only the trace is replaced: the device overheads come from the GPU model's catalogue constants and the admit bytes
-follow the estimator's formula on CUDA (``ceil((peak + overhead) × factor)``), so the operator's planning runs unchanged.
+follow the estimator's formula on CUDA (``ceil((peak + overhead) × factor)``), so the operator's planning runs
+unchanged.
 """
 
 from __future__ import annotations

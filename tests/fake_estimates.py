@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gnnsched.operator.planning import Planner
-
 from gnnsched.estimator import DEFAULT_SAFETY_FACTOR_CUDA, Estimate
 from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.operator.planning import Planner
 from gnnsched.spec import GNNJobSpec
 
 

@@ -52,6 +52,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "spec.batching.batchSize": (1, 10_000_000),
     "spec.batching.fanouts[]": (1, 1000),
     "spec.backoffLimit": (0, 10),
+    "spec.memory.maxResizes": (0, 10),  # gnnsched.closed_loop.MAX_RESIZES_LIMIT
 }
 DEFAULT_EPOCHS = 200
 DEFAULT_REQUESTS = 100
@@ -199,8 +200,11 @@ class ResourcesSpec(_Spec):
 
     cpu: str | None = Field(default=None, max_length=64)
     memory: str | None = Field(default=None, max_length=64)
+    gpu_memory: str | None = Field(default=None, max_length=64)
+    """GPU memory the job reserves on one GPU, replacing the prediction (the estimate is still made and recorded).
+    For a custom script the estimator cannot see into, or to pin a reservation the user has measured."""
 
-    @field_validator("cpu", "memory", mode="before")
+    @field_validator("cpu", "memory", "gpu_memory", mode="before")
     @classmethod
     def _quantity(cls, value: Any) -> str | None:
         if value is None:
@@ -221,6 +225,16 @@ class ResourcesSpec(_Spec):
 
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_bytes(self.memory)
+
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory is None else parse_bytes(self.gpu_memory)
+
+
+class MemorySpec(_Spec):
+    """The closed memory loop's per-job bound (``gnnsched.closed_loop``): how many times an attempt that ran out of
+    its GPU memory reservation is retried larger. Resizes do not use ``backoffLimit``."""
+
+    max_resizes: Int = _bounded("spec.memory.maxResizes", default=3)
 
 
 class ScalingSpec(_Spec):
@@ -288,6 +302,7 @@ class GNNJobSpec(_Spec):
     parallelism: Int = _bounded("spec.parallelism", default=1)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
     image: str | None = Field(default=None, min_length=1, max_length=512)
     command: list[str] | None = None
     args: list[str] | None = None
@@ -389,6 +404,19 @@ class GNNJobStatus(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     observed_peak_bytes: int | None = Field(default=None, ge=0)
+    predicted_peak_bytes: int | None = Field(default=None, ge=0)
+    """What the estimate says the GPU will count for the job (PMC plus device overheads, no safety factor)."""
+    observed_peak_ratio: float | None = Field(default=None, ge=0)
+    """observedPeakBytes / predictedPeakBytes of the latest attempt that reported a peak."""
+    estimate_admit_bytes: int | None = Field(default=None, ge=0)
+    """The estimate's own admit bytes, kept when ``spec.resources.gpuMemory`` or a resize replaced them."""
+    reservation_source: str | None = None
+    safety_factor: float | None = Field(default=None, ge=0)
+    exclusive: bool | None = None
+    resizes: int | None = Field(default=None, ge=0)
+    requeues: int | None = Field(default=None, ge=0)
+    retries_used: int | None = Field(default=None, ge=0)
+    suspected: int | None = Field(default=None, ge=0)
     observed_runtime_seconds: float | None = Field(default=None, ge=0)
     observed_generation: int | None = None
     message: str | None = None

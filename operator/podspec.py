@@ -39,6 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
+    ANN_ATTEMPT,
+    ANN_EXCLUSIVE,
     ANN_INTENSITY,
     ANN_JOB,
     ANN_PMC_BYTES,
@@ -268,6 +270,9 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         ANN_ADMIT_BYTES: str(plan.admit_bytes),
         ANN_PMC_BYTES: str(plan.pmc_bytes),
     }
+    annotations[ANN_ATTEMPT] = str(attempt + 1)  # 1-based: resizes and requeues count as attempts too
+    if plan.exclusive:
+        annotations[ANN_EXCLUSIVE] = "true"
     if plan.predicted_runtime_seconds is not None:
         annotations[ANN_PREDICTED_RUNTIME] = f"{plan.predicted_runtime_seconds:.3f}"
     if plan.intensity is not None:

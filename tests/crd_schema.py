@@ -88,7 +88,10 @@ def _to_json_schema(schema: dict, strict: bool) -> dict:
             out[key] = val
     if schema.get("x-kubernetes-int-or-string"):
         out.pop("pattern", None)
-        out = {"anyOf": [{"type": "integer"}, {"type": "string", **({"pattern": schema["pattern"]} if "pattern" in schema else {})}]}
+        # The API server applies numeric bounds to the integer form and the pattern to the string form.
+        bounds = {k: schema[k] for k in ("minimum", "maximum") if k in schema}
+        out = {"anyOf": [{"type": "integer", **bounds},
+                         {"type": "string", **({"pattern": schema["pattern"]} if "pattern" in schema else {})}]}
     if schema.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
     if (

@@ -321,7 +321,7 @@ def declare_resources(k8s: StrictKubernetes) -> None:
                                                         shortnames={"cm"}, verbs={"list", "get", "create", "delete"})
     k8s.resources["v1/events"] = kmock.ResourceInfo(kind="Event", singular="event", namespaced=True,
                                                     shortnames={"ev"}, verbs={"list", "watch", "get", "create"})
-    for crd_file in ("gnnjob.yaml", "gpunode.yaml"):
+    for crd_file in ("gnnjob.yaml", "gpunode.yaml", "gnncalibration.yaml"):
         crd = yaml.safe_load((REPO / "crds" / crd_file).read_text())
         spec = crd["spec"]
         version = next(v for v in spec["versions"] if v.get("storage"))

@@ -92,6 +92,12 @@ BAD = [
     ("typo field", "spec.epoch", 3, "epoch"),
     ("parallelism on train", "spec.parallelism", 2, "parallelism"),
     ("negative backoff", "spec.backoffLimit", -1, "backoffLimit"),
+    ("negative gpuMemory", "spec.resources", {"gpuMemory": "-1Gi"}, "gpuMemory"),
+    ("zero gpuMemory", "spec.resources", {"gpuMemory": "0"}, "gpuMemory"),
+    ("zero int gpuMemory", "spec.resources", {"gpuMemory": 0}, "gpuMemory"),
+    ("bad gpuMemory", "spec.resources", {"gpuMemory": "lots"}, "gpuMemory"),
+    ("maxResizes too large", "spec.memory", {"maxResizes": 11}, "maxResizes"),
+    ("negative maxResizes", "spec.memory", {"maxResizes": -1}, "maxResizes"),
 ]
 
 
@@ -142,6 +148,8 @@ def test_printer_columns():
         "PMC": ".status.pmc",
         "Node": ".status.node",
         "GPU": ".status.gpu",
+        "Attempts": ".status.attempts",
+        "Resizes": ".status.resizes",
         "Age": ".metadata.creationTimestamp",
     }
 
@@ -220,8 +228,10 @@ _spec_parts = st.fixed_dictionaries(
                           "fanouts": st.lists(st.integers(-1, 1200), max_size=5)}
         ),
         "resources": st.fixed_dictionaries(
-            {}, optional={"cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]), "memory": st.sampled_from(["1Gi", "1Gb"])}
+            {}, optional={"cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]), "memory": st.sampled_from(["1Gi", "1Gb"]),
+                          "gpuMemory": st.sampled_from(["20Gi", "0", "0.0", "-1Gi", 0, 5, "1.5Gi", ".5Gi", "x"])}
         ),
+        "memory": st.fixed_dictionaries({}, optional={"maxResizes": _ints}),
         "qosTargetSeconds": st.floats(-1, 10),
         "backoffLimit": _ints,
     },
@@ -244,3 +254,14 @@ def test_pydantic_and_crd_agree_on_random_specs(spec):
 def test_cli_help_lists_subcommands():
     out = subprocess.run([sys.executable, "-m", "gnnsched.cli", "--help"], capture_output=True, text=True, check=True)
     assert "Usage" in out.stdout
+
+
+def test_gpu_memory_and_max_resizes_parse():
+    from gnnsched.spec import parse_spec
+
+    obj = _mutated("spec.resources", {"gpuMemory": "20Gi"})
+    obj["spec"]["memory"] = {"maxResizes": 0}
+    spec = parse_spec(obj["spec"])
+    assert spec.resources.gpu_memory_bytes() == 20 * 2**30 and spec.memory.max_resizes == 0
+    assert parse_spec(_mutated("spec.epochs", 3)["spec"]).memory.max_resizes == 3  # the default
+    assert validate(GNNJOB_CRD, obj) == []

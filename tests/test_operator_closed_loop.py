@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,18 @@ async def succeed(cluster: Cluster, name: str, peak: int, gpu: str = "GPU-a100-0
     await cluster.patch_pod(name, {"metadata": {"annotations": {ANN_GPU: gpu, ANN_OBSERVED_PEAK_BYTES: str(peak)}}})
     await cluster.patch_pod(name, ended("Succeeded", json.dumps({"outcome": "succeeded", "observed_peak_bytes": peak,
                                                                  "seconds": 9.0}), "Completed", 0))
+
+
+async def kubectl(cluster: Cluster, *args: str) -> str | None:
+    """The real kubectl against the emulator (None when it is not installed)."""
+    binary = shutil.which("kubectl")
+    if binary is None:
+        return None
+    proc = await asyncio.create_subprocess_exec(binary, "--kubeconfig", str(cluster.kubeconfig), *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
+    return out.decode()
 
 
 async def test_memory_exceeded_is_resized_once_then_succeeds(tmp_path: Path) -> None:
@@ -229,6 +242,7 @@ async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
                 await job_in_phase(cluster, name, "Succeeded")
         code, stored = await cluster.request("GET", CALIBRATION)
         assert code == 200, stored
+        columns = await kubectl(cluster, "get", "gnncalibrations")
         async with running_operator(cluster, planner=Planner(default_gpu_model="A100-40GB",
                                                              calibration_policy=policy)):
             await cluster.create_job(manifest("cal-c"))
@@ -239,6 +253,10 @@ async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
                                                                  stored["status"]["ratios"][key])
     assert stored["status"]["factors"][key]["calibrated"] is True and key in stored["status"]["summary"]
     assert len(stored["status"]["recorded"]) == 2
+    if columns is not None:  # what an SRE sees: the class and its factor as printer columns
+        header, row = columns.splitlines()[:2]
+        assert header.split()[:4] == ["NAME", "CLASSES", "CALIBRATED", "FACTORS"]
+        assert row.split()[:3] == ["default", "1", "1"] and f"{key}=1.3" in row
     status = job["status"]
     assert status["reservationSource"] == "calibrated"
     factor = stored["status"]["factors"][key]["factor"]

@@ -53,9 +53,10 @@ def metrics(port: int) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # 2 GiB GPUs with 1 GiB reserved: about two small jobs (~430 MiB admit each, mostly CUDA overheads) per GPU,
-    # so a dozen jobs queue at the gates.
-    opts = ClusterOptions(nodes=2, gpus="fake:2x2Gi", policy="lmcf", timeout=420, keep=tmp_path_factory.mktemp("lc"))
+    # 1.5 GiB GPUs with 256 MiB reserved: two small jobs (~490 MiB admit each, mostly CUDA overheads) per GPU, and
+    # room for the GAT example (~1.07 GiB admit) alone, so ten jobs queue at the gates.
+    opts = ClusterOptions(nodes=2, gpus="fake:2x1536Mi", reserve="256Mi", policy="lmcf", timeout=420,
+                          keep=tmp_path_factory.mktemp("lc"))
     with LocalCluster(opts) as c:
         c.start()
         yield c
@@ -70,6 +71,9 @@ def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
 
     def tick(c: LocalCluster) -> None:
         assert c.api is not None
+        for j in c.jobs():  # fail now, not at the timeout, when the job sizes no longer fit these GPUs
+            reasons = {cond.get("reason") for cond in (j.get("status") or {}).get("conditions") or []}
+            assert "PredictedPeakExceedsGPU" not in reasons, j["status"]
         for g in c.api.items("/apis/gnnsched.io/v1alpha1/gpunodes"):
             for gpu in (g.get("status") or {}).get("gpus") or []:
                 if gpu.get("running"):
@@ -142,6 +146,33 @@ def test_unschedulable_job_says_why(cluster: LocalCluster) -> None:
     events = [e for e in cluster.api.items("/api/v1/namespaces/default/events")
               if (e.get("involvedObject") or {}).get("name") == "too-big"]
     assert any("exceeds the largest GPU" in (e.get("message") or "") for e in events), events
+
+
+def test_pod_no_node_fits_gets_the_schedulers_reason(cluster: LocalCluster) -> None:
+    """A job that fits a GPU but asks more CPU than any node has: kube-scheduler's own filter rejects every node;
+    the FailedScheduling event and the pod's condition say why, and the operator carries it into the GNNJob."""
+    assert cluster.api is not None
+    doc = small_job("too-many-cores")
+    doc["spec"]["resources"] = {"cpu": "64", "memory": "1Gi"}
+    doc["spec"]["scaling"] = {"enabled": False}
+    cluster.submit([doc])
+    expected = "0/2 nodes are available: 2 Insufficient cpu."
+    deadline = time.monotonic() + 120
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        job = cluster.api.get("/apis/gnnsched.io/v1alpha1/namespaces/default/gnnjobs/too-many-cores")
+        if (job.get("status") or {}).get("phase") == "Unschedulable":
+            break
+        time.sleep(0.5)
+    st = job.get("status") or {}
+    assert st.get("phase") == "Unschedulable", st
+    cond = next(c for c in st["conditions"] if c["type"] == "Schedulable")
+    assert cond["status"] == "False" and cond["message"] == expected, cond
+    events = [e for e in cluster.api.items("/api/v1/namespaces/default/events")
+              if (e.get("involvedObject") or {}).get("name") == "too-many-cores-0"]
+    assert any(e["reason"] == "FailedScheduling" and e["message"] == expected and e["type"] == "Warning"
+               for e in events), events
+    cluster.api.delete("/apis/gnnsched.io/v1alpha1/namespaces/default/gnnjobs/too-many-cores")
 
 
 def test_restarts_lose_nothing_and_run_nothing_twice(cluster: LocalCluster) -> None:

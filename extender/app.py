@@ -135,11 +135,11 @@ class _RecentNames:
 
     def lookup(self, cache: ClusterCache, names: list) -> tuple[np.ndarray, dict]:
         n_nodes = cache.node_count
-        for i, (count, cached, rows, extra) in enumerate(self._entries):
+        for i, (count, cached, cached_rows, cached_extra) in enumerate(self._entries):
             if count == n_nodes and len(cached) == len(names) and cached == names:
                 if i:
                     self._entries.insert(0, self._entries.pop(i))
-                return rows, extra
+                return cached_rows, cached_extra
         rows = _rows(cache, names)
         extra: dict = {}
         self._entries.insert(0, (n_nodes, names, rows, extra))
@@ -408,7 +408,7 @@ class HotPathMiddleware:
     Any unexpected exception becomes an ``Error`` reply, never a 5xx: kube-scheduler must get an answer.
     """
 
-    def __init__(self, app: Any, service: "ExtenderService") -> None:
+    def __init__(self, app: Any, service: ExtenderService) -> None:
         self.app = app
         self.service = service
 
@@ -444,7 +444,7 @@ class HotPathMiddleware:
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_ops_app(service: "ExtenderService") -> FastAPI:
+def create_ops_app(service: ExtenderService) -> FastAPI:
     """Health, readiness and metrics on their own port (``--metrics-port``): probes and Prometheus reach them
     from the cluster network while the scheduler verbs stay on loopback."""
     ops = FastAPI(title="gnnsched extender (ops)", docs_url=None, redoc_url=None, openapi_url=None)
@@ -452,7 +452,7 @@ def create_ops_app(service: "ExtenderService") -> FastAPI:
     return ops
 
 
-def _add_ops_routes(app: FastAPI, service: "ExtenderService") -> None:
+def _add_ops_routes(app: FastAPI, service: ExtenderService) -> None:
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

@@ -219,7 +219,7 @@ class CalibrationClass(BaseModel):
         gpu_model, arch, mode, container = parts
         if container not in ("builtin", "custom"):
             raise ValueError(f"calibration class {key!r}: container must be builtin or custom, not {container!r}")
-        return cls(gpu_model=gpu_model, arch=arch, mode=mode, container=container)  # type: ignore[arg-type]
+        return cls(gpu_model=gpu_model, arch=arch, mode=mode, container=container)
 
 
 class CalibrationPolicy(BaseModel):

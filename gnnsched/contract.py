@@ -8,15 +8,15 @@ cannot drift apart. Components import this module; none of them defines its own 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 from pydantic.alias_generators import to_camel
 
 GROUP = "gnnsched.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-GNNJOB_KIND = "GNNJob"
+API_VERSION: Final = "gnnsched.io/v1alpha1"  # f"{GROUP}/{VERSION}", spelled out so type checkers see the literal
+GNNJOB_KIND: Final = "GNNJob"
 GNNJOB_PLURAL = "gnnjobs"
 GPUNODE_KIND = "GPUNode"
 GPUNODE_PLURAL = "gpunodes"
@@ -78,12 +78,14 @@ ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<bytes>": the pe
 ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 """``enforce`` or ``enforce:FACTOR``: the worker runs on a fake GPU that enforces ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
 (``gnnsched.fake_gpu_memory``): it raises PyTorch's CUDA out-of-memory error once its device bytes (live tensor bytes
-times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to the
+times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
+the
 gated workload; tests set it directly."""
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 """Set by the operator to the container's termination-message path. The worker is meant to write its final JSON result
 line (``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes``, ``seconds``, ``steps``, and for an
-out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) there, so it reaches the pod status even when the job succeeds;
+out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) there, so it reaches the pod status even
+when the job succeeds;
 ``gnnsched worker`` writes it there as well as printing it on stdout."""
 
 # The job pods' container and the settings the operator applies to every job pod (chart values ``jobs.*``).

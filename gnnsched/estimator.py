@@ -65,9 +65,10 @@ import bisect
 import math
 import time
 import weakref
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -249,6 +250,10 @@ class _LivenessMode(TorchDispatchMode):
 
     # --- bookkeeping -------------------------------------------------------------------------------------------
 
+    def _storage_died(self, idx: int, key: int, _ref: object) -> None:
+        """The weakref callback: the storage's last reference went away."""
+        self._freed(idx, key)
+
     def _freed(self, idx: int, key: int) -> None:
         self.records[idx].free_at = len(self.events)
         self.events.append((-1, idx))
@@ -276,11 +281,15 @@ class _LivenessMode(TorchDispatchMode):
             self.labels.append(self.block)
             self.owners.append(self.block)
         self._by_storage[key] = idx
-        self._refs[idx] = weakref.ref(storage, lambda _ref, idx=idx, key=key: self._freed(idx, key))
+        self._refs[idx] = weakref.ref(storage, partial(self._storage_died, idx, key))
         return idx
 
     def record_of(self, tensor: torch.Tensor) -> int | None:
         return self._by_storage.get(id(tensor.untyped_storage()))
+
+    def records_of(self, tensors: Iterable[torch.Tensor]) -> set[int]:
+        """The records of the tensors' storages (a storage allocated before tracing began has none)."""
+        return {r for t in tensors if (r := self.record_of(t)) is not None}
 
     def finish(self) -> None:
         """Apply the in-place correction to the last operator of the trace."""
@@ -611,29 +620,28 @@ def trace_step(
             for p in model.parameters():
                 p.grad = torch.zeros_like(p)
             optimizer.step()
-        weights = {tracker.record_of(t) for t in list(model.parameters()) + list(model.buffers())}
-        state = {
-            tracker.record_of(v)
-            for s in (optimizer.state.values() if optimizer is not None else ())
-            for v in s.values()
+        weights = tracker.records_of([*model.parameters(), *model.buffers()])
+        state = tracker.records_of(
+            v for s in (optimizer.state.values() if optimizer is not None else ()) for v in s.values()
             if isinstance(v, torch.Tensor)
-        }
+        )
         hooks = _label_layers(tracker, model) if splicing else []
         window_start = len(tracker.events)
         tracker.phase = "forward"
         run_step(model, graph, spec.mode)
         tracker.finish()
-        grads = {tracker.record_of(p.grad) for p in model.parameters() if p.grad is not None}
+        grads = tracker.records_of(p.grad for p in model.parameters() if p.grad is not None)
         for hook in hooks:
             hook.remove()
-        trace = Trace(records=tracker.records, events=list(tracker.events), window_start=window_start)
+        whole = Trace(records=tracker.records, events=list(tracker.events), window_start=window_start)
+        trace: Trace | None = whole
         if splicing:
             try:
                 trace, (weights, state, grads) = _splice(
-                    trace, tracker.labels, tracker.owners, model_from, layers, (weights, state, grads)
+                    whole, tracker.labels, tracker.owners, model_from, layers, (weights, state, grads)
                 )
             except _SpliceMismatch:
-                trace = None  # type: ignore[assignment]
+                trace = None
         if trace is not None:
             peak, at = trace.peak()
             breakdown = _categorise(trace, at, weights, state, grads)
@@ -742,9 +750,9 @@ def _splice(
         for i in range(g0, g1):
             group_at[i] = gi
     for r in range(len(records)):
-        gi = group_at.get(records[r].alloc_at)
-        if gi is not None:
-            allocated.setdefault(gi, []).append(r)
+        owner = group_at.get(records[r].alloc_at)
+        if owner is not None:
+            allocated.setdefault(owner, []).append(r)
     weights, state, grads = sets
 
     def kind(r: int) -> tuple:
@@ -758,9 +766,9 @@ def _splice(
             by_layer[layer] = allocated.get(groups.index(g), [])
         for layer in (2, 4):
             a, b = by_layer[layer], by_layer[3]
-            if len(a) != len(b) or any(kind(x) != kind(y) for x, y in zip(a, b)):
+            if len(a) != len(b) or any(kind(x) != kind(y) for x, y in zip(a, b, strict=True)):
                 raise _SpliceMismatch(f"hidden layers {layer} and 3 allocate differently")
-            corr[layer].update(zip(a, b))
+            corr[layer].update(zip(a, b, strict=True))
 
     out_records: list[_Record] = []
     out_events: list[tuple[int, int] | None] = []

@@ -33,6 +33,8 @@ assumptions (``assumed=True``) sized from the nodes that carry them, and every f
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 MiB = 2**20
@@ -60,7 +62,7 @@ class GPUModel(BaseModel):
     source: str = ""
 
 
-def _model(**kwargs) -> GPUModel:
+def _model(**kwargs: Any) -> GPUModel:
     return GPUModel(**kwargs)
 
 

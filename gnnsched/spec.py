@@ -11,6 +11,7 @@ print one line and exit 2 and the operator can put the same line in a status con
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import datetime
 from pathlib import Path
@@ -147,7 +148,9 @@ class GraphSpec(_Spec):
         dims = {"nodes": self.nodes, "edges": self.edges, "features": self.features, "classes": self.classes}
         given = [k for k, v in dims.items() if v is not None]
         if self.dataset is not None and given:
-            raise ValueError(f"give either dataset or nodes/edges/features/classes, not both (also got {', '.join(given)})")
+            raise ValueError(
+                f"give either dataset or nodes/edges/features/classes, not both (also got {', '.join(given)})"
+            )
         if self.dataset is None:
             missing = [k for k, v in dims.items() if v is None]
             if missing:
@@ -165,7 +168,7 @@ class GraphSpec(_Spec):
         if self.dataset is not None:
             d = get_dataset(self.dataset)
             return GraphDims(nodes=d.nodes, edges=d.edges, features=d.features, classes=d.classes, dataset=d.name)
-        return GraphDims(nodes=self.nodes, edges=self.edges, features=self.features, classes=self.classes)  # type: ignore[arg-type]
+        return GraphDims(nodes=self.nodes, edges=self.edges, features=self.features, classes=self.classes)
 
 
 class BatchingSpec(_Spec):
@@ -244,7 +247,9 @@ class ScalingSpec(_Spec):
     theta: float = Field(default=DEFAULT_THETA, gt=0.0, le=0.5)
 
 
-LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 """A label key or taint key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63 characters."""
 LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
 
@@ -504,10 +509,9 @@ def parse_job(obj: Any) -> GNNJob:
         raise _first_error(exc, "") from None
     status = obj.get("status")
     if isinstance(status, dict):
-        try:
+        # a status we cannot read is the operator's to rewrite, never a reason to reject the spec
+        with contextlib.suppress(ValidationError):
             job = job.model_copy(update={"status": GNNJobStatus.model_validate(status)})
-        except ValidationError:
-            pass  # a status we cannot read is the operator's to rewrite, never a reason to reject the spec
     return job
 
 

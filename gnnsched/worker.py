@@ -147,12 +147,14 @@ def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | No
                 meter = ConcurrentMeter(_resident_tensors(model, batch))
                 barrier = threading.Barrier(workers)
 
-                def one() -> None:
+                def one(step_batch: Graph) -> None:
                     with meter.thread_mode():
                         barrier.wait()
-                        run_step(model, batch, spec.mode)
+                        run_step(model, step_batch, spec.mode)
 
-                threads = [threading.Thread(target=one) for _ in range(workers)]
+                # the batch goes in as an argument, not a closure: ``del batch`` below must drop the last reference
+                # (a Thread releases its args when it finishes) so its free is recorded inside the profile
+                threads = [threading.Thread(target=one, args=(batch,)) for _ in range(workers)]
                 for t in threads:
                     t.start()
                 for t in threads:

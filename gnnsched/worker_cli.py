@@ -58,7 +58,9 @@ def worker_command(
             from gnnsched.fake_gpu_memory import FakeGPUMemory, parse_fake_gpu_memory
 
             if device != "cpu":
-                raise UserError(f"{ENV_FAKE_GPU_MEMORY}: a fake GPU runs the job on the CPU; not with --device {device}")
+                raise UserError(
+                    f"{ENV_FAKE_GPU_MEMORY}: a fake GPU runs the job on the CPU; not with --device {device}"
+                )
             try:
                 footprint = parse_fake_gpu_memory(raw_fake)
             except ValueError as exc:

@@ -23,12 +23,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
+from gnnsched.contract import (
+    ANN_ATTEMPT_RESULT,
+    ANN_FAULT,
+    MPS_MAX_CLIENTS_PER_GPU,
+    MPSStatus,
+)
+from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
+from gnnsched.gpus import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.mps import MPSManager
+from gnnsched.node_agent.mps_external import ExternalMPS
+from gnnsched.node_agent.node_conflicts import NodeReader, OtherPluginWatch
 from gnnsched.node_agent.observe import (
     Client,
     Observer,
@@ -46,18 +57,7 @@ from gnnsched.node_agent.quarantine import (
     Quarantine,
     is_critical_xid,
 )
-from gnnsched.node_agent.mps_external import ExternalMPS
-from gnnsched.node_agent.node_conflicts import NodeReader, OtherPluginWatch
 from gnnsched.node_agent.status import StatusSink, build_status
-
-from gnnsched.contract import (
-    ANN_ATTEMPT_RESULT,
-    ANN_FAULT,
-    MPS_MAX_CLIENTS_PER_GPU,
-    MPSStatus,
-)
-from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
-from gnnsched.gpus import match_device_name
 from gnnsched.node_status_file import (
     StatusFileError,
     read_status_file,
@@ -124,7 +124,7 @@ class NodeAgent:
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     other_plugin: OtherPluginWatch | None = None
     gate: GateServer | None = None
-    metrics_server: object | None = None
+    metrics_server: WSGIServer | None = None
     _dirty: asyncio.Event | None = None
     _stop_threads: threading.Event = field(default_factory=threading.Event)
     _heartbeat: float = field(default_factory=time.monotonic)
@@ -328,7 +328,7 @@ class NodeAgent:
             delay = min(4.0, delay * 2)
         client_end = ClientEnd(end.exit_code, end.message) if end is not None else ClientEnd(None, None)
         if e.key in self._recent:
-            self._recent[e.key] = (*self._recent[e.key][:4], client_end)  # type: ignore[assignment]
+            self._recent[e.key] = (*self._recent[e.key][:4], client_end)
         if end is not None:
             result = gate_attempt_result(end, peak, e.bytes)
             if result is not None:
@@ -482,8 +482,8 @@ class NodeAgent:
         if self.gate is not None:
             await self.gate.close()
         if self.metrics_server is not None:
-            self.metrics_server.shutdown()  # type: ignore[attr-defined]
-            self.metrics_server.server_close()  # type: ignore[attr-defined]
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
             self.metrics_server = None
         with contextlib.suppress(Exception):
             self.backend.close()

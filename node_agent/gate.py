@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
 from gnnsched.node_agent.books import Books, Decision, Entry, Rejected
 from gnnsched.node_agent.identity import (
     Demand,
@@ -48,8 +49,6 @@ from gnnsched.node_agent.protocol import (
 from gnnsched.node_agent.protocol import (
     Rejected as RejectedReply,
 )
-
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
 
 log = logging.getLogger("gnnsched.node_agent.gate")
 
@@ -179,7 +178,8 @@ class GateServer:
             self._annotations.put_nowait((namespace, name, values))
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Append one event to ``--event-log`` (the agent's record of what it did; it has no Kubernetes Event writer)."""
+        """Append one event to ``--event-log`` (the agent's record of what it did; it has no Kubernetes Event
+        writer)."""
         self._event(kind, **fields)
 
     def _annotate(self, e: Entry, values: dict[str, str | None]) -> None:
@@ -270,7 +270,9 @@ class GateServer:
                 line = await asyncio.wait_for(reader.readline(), self.config.first_message_timeout)
             except (asyncio.LimitOverrunError, ValueError):
                 self._reject("malformed")
-                await self._send(writer, RejectedReply(reason="malformed", message=f"request line longer than {MAX_LINE} bytes"))
+                await self._send(
+                    writer, RejectedReply(reason="malformed", message=f"request line longer than {MAX_LINE} bytes")
+                )
                 return
             except asyncio.TimeoutError:
                 self._reject("timeout")
@@ -364,7 +366,8 @@ class GateServer:
             self.decide()
             if not conn.admitted.done():
                 await self._send(writer, Queued(position=len(self.books.queued)))
-            done, _ = await asyncio.wait({conn.admitted, eof}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {conn.admitted, eof}
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if conn.admitted.done():
                 d = conn.admitted.result()
                 admitted = True

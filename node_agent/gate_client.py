@@ -165,7 +165,7 @@ def workload_env(base: dict[str, str], admitted: dict) -> dict[str, str]:
 def _parent_gone_waiter(ppid: int) -> tuple[int | None, bool]:
     """A pidfd on the workload (readable when it exits), or (None, gone?) where pidfds are unavailable."""
     try:
-        return os.pidfd_open(ppid), False  # type: ignore[attr-defined]
+        return os.pidfd_open(ppid), False
     except ProcessLookupError:
         return None, True
     except (AttributeError, OSError):

@@ -293,7 +293,9 @@ class FilePodLookup:
             for j in data.get("gnnjobs") or []
             if isinstance(j, dict)
         }
-        return [pod_from_object(p, lambda ns, n: jobs.get((ns, n))) for p in data.get("pods") or [] if isinstance(p, dict)]
+        return [
+            pod_from_object(p, lambda ns, n: jobs.get((ns, n))) for p in data.get("pods") or [] if isinstance(p, dict)
+        ]
 
     def get(self, namespace: str, name: str) -> PodInfo | None:
         return next((p for p in self._infos() if p.namespace == namespace and p.name == name), None)
@@ -334,7 +336,8 @@ class KubePodLookup:
     """The in-cluster lookup (kubernetes client); tested against kmock's in-memory API server."""
 
     def __init__(self, api_client: Any = None) -> None:
-        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else kubeconfig."""
+        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else
+        kubeconfig."""
         from kubernetes import client
 
         from gnnsched.kubeclient import api_client as _default_api_client
@@ -351,7 +354,10 @@ class KubePodLookup:
             obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, GNNJOB_PLURAL, name)
         except ApiException:
             return None
-        return str(obj.get("metadata", {}).get("uid", "")) or None
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict):
+            return None
+        return str(meta.get("uid", "")) or None
 
     def _info(self, pod: Any) -> PodInfo:
         obj = self._core.api_client.sanitize_for_serialization(pod)
@@ -378,7 +384,8 @@ class KubePodLookup:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What the gate books for a pod, and where the number came from (``admit-bytes``, ``gpu-memory``, ``whole-gpu``)."""
+    """What the gate books for a pod, and where the number came from (``admit-bytes``, ``gpu-memory``,
+    ``whole-gpu``)."""
 
     bytes: int
     source: str

@@ -7,6 +7,7 @@ sees it), the queue, admissions and rejections by reason, how long pods wait, ho
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from gnnsched.node_agent.books import Books, Entry
+    from wsgiref.simple_server import WSGIServer
 
     from gnnsched.gpu_backend import GPUInfo
+    from gnnsched.node_agent.books import Books, Entry
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
 RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4)
@@ -29,7 +31,9 @@ class AgentMetrics:
         g = ("gpu", "uuid")
         self.total = Gauge("gnnsched_gpu_memory_total_bytes", "GPU memory size", g, registry=r)
         self.reserved = Gauge("gnnsched_gpu_memory_reserved_bytes", "Memory the gate never commits", g, registry=r)
-        self.committed = Gauge("gnnsched_gpu_memory_committed_bytes", "Sum of admit-bytes of running clients", g, registry=r)
+        self.committed = Gauge(
+            "gnnsched_gpu_memory_committed_bytes", "Sum of admit-bytes of running clients", g, registry=r
+        )
         self.used = Gauge("gnnsched_gpu_memory_used_bytes", "Memory in use as the driver reports it", g, registry=r)
         self.healthy = Gauge("gnnsched_gpu_healthy", "1 if the GPU is healthy", g, registry=r)
         self.clients = Gauge("gnnsched_mps_clients", "Gated (MPS client) processes running per GPU", g, registry=r)
@@ -45,19 +49,26 @@ class AgentMetrics:
         self.error_ratio = Histogram("gnnsched_job_prediction_error_ratio",
                                      "observed peak / predicted admit-bytes, per finished pod", buckets=RATIO_BUCKETS,
                                      registry=r)
-        self.draining = Gauge("gnnsched_gpu_draining", "1 while the GPU drains after a fatal MPS fault (admits nothing)",
-                              g, registry=r)
+        self.draining = Gauge(
+            "gnnsched_gpu_draining", "1 while the GPU drains after a fatal MPS fault (admits nothing)", g, registry=r
+        )
         self.faults = Counter("gnnsched_gpu_faults", "Fatal MPS faults that put a GPU into quarantine, by what told",
                               ("gpu", "reason"), registry=r)
         self.fault_pods = Counter("gnnsched_fault_pods", "Pods annotated after a fatal MPS fault, by role",
                                   ("role",), registry=r)
-        self.drain_seconds = Histogram("gnnsched_gpu_drain_seconds", "Time from a fatal fault to the GPU admitting again",
-                                       buckets=WAIT_BUCKETS, registry=r)
+        self.drain_seconds = Histogram(
+            "gnnsched_gpu_drain_seconds",
+            "Time from a fatal fault to the GPU admitting again",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         self.gate_outcomes = Counter("gnnsched_gate_attempt_outcomes",
                                      "Failed custom containers the agent classified (attempt-result annotation)",
                                      ("outcome",), registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
-        self.mps_restarts = Gauge("gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r)
+        self.mps_restarts = Gauge(
+            "gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r
+        )
         self._lock = threading.Lock()
         self._peaks: dict[str, int] = {}
         self._labels: dict[str, tuple[str, str]] = {}
@@ -94,10 +105,8 @@ class AgentMetrics:
         peak = peak if peak is not None else sampled
         if lab is not None:
             for gauge in (self.predicted, self.observed):
-                try:
+                with contextlib.suppress(KeyError):
                     gauge.remove(*lab)
-                except KeyError:
-                    pass
         if peak:
             self.error_ratio.observe(peak / e.bytes)
         return peak
@@ -117,16 +126,16 @@ class AgentMetrics:
             for key, used in usage.items():
                 if key in books.running:
                     self._peaks[key] = max(self._peaks.get(key, 0), used)
-                    lab = self._labels.get(key)
-                    if lab is not None:
-                        self.observed.labels(*lab).set(self._peaks[key])
+                    pod_labels = self._labels.get(key)
+                    if pod_labels is not None:
+                        self.observed.labels(*pod_labels).set(self._peaks[key])
 
     def mps(self, up: bool, restarts: int) -> None:
         self.mps_up.set(1 if up else 0)
         self.mps_restarts.set(restarts)
 
     def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True,
-              ready: Callable[[], tuple[bool, str]] | None = None) -> object:
+              ready: Callable[[], tuple[bool, str]] | None = None) -> WSGIServer:
         """Expose ``/metrics``, ``/healthz`` (the DaemonSet's liveness probe: 503 when ``healthy()`` is false) and
         ``/readyz`` (the readiness probe: 503 with the reason until the gate serves and MPS is up)."""
         from gnnsched.metrics_http import serve_metrics

@@ -25,16 +25,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
+from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES
+from gnnsched.gpu_backend import GPUProcess
 from gnnsched.node_agent.identity import (
     ContainerEnd,
     PodLookup,
     pod_uids_in_cgroup,
     read_proc_cgroup,
 )
-
-from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
-from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES
-from gnnsched.gpu_backend import GPUProcess
 
 AT_LIMIT_FRACTION = 0.95
 """A failed container whose sampled device memory reached this fraction of its MPS limit is taken to have run out of
@@ -44,7 +43,8 @@ MAX_ANCESTRY = 64  # /proc parent links followed at most (a loop-safe bound; rea
 
 
 def read_proc_ppid(pid: int, proc_root: Path = Path("/proc")) -> int | None:
-    """The parent pid from ``/proc/<pid>/stat`` (the field after the state, past the ``(comm)`` that may hold spaces)."""
+    """The parent pid from ``/proc/<pid>/stat`` (the field after the state, past the ``(comm)`` that may hold
+    spaces)."""
     try:
         text = (proc_root / str(pid) / "stat").read_text()
     except OSError:

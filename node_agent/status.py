@@ -14,9 +14,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from gnnsched.node_agent.books import Books, Entry
-from gnnsched.node_agent.quarantine import Drain
-
 from gnnsched.contract import (
     API_VERSION,
     GPUNODE_KIND,
@@ -30,6 +27,8 @@ from gnnsched.contract import (
 )
 from gnnsched.gpu_backend import GPUInfo
 from gnnsched.gpus import match_device_name
+from gnnsched.node_agent.books import Books, Entry
+from gnnsched.node_agent.quarantine import Drain
 
 log = logging.getLogger("gnnsched.node_agent.status")
 
@@ -41,7 +40,7 @@ def _job(e: Entry, now: float) -> GPUJob:
         remaining = max(0.0, e.qt_seconds - max(0.0, now - started))
     intensity = e.intensity if e.intensity in ("memory", "compute") else None
     return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
-                  predicted_remaining_seconds=remaining, intensity=intensity)  # type: ignore[arg-type]
+                  predicted_remaining_seconds=remaining, intensity=intensity)
 
 
 def build_status(
@@ -74,7 +73,9 @@ def build_status(
                             else None),
             queued=[_job(e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
-    return GPUNodeStatus(node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus)
+    return GPUNodeStatus(
+        node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus
+    )
 
 
 class StatusSink(Protocol):

@@ -1,4 +1,5 @@
-"""The cluster's calibration object: observed ÷ predicted peak ratios per calibration class, kept in a ``GNNCalibration``.
+"""The cluster's calibration object: observed ÷ predicted peak ratios per calibration class, kept in a
+``GNNCalibration``.
 
 Why a custom resource and not a ConfigMap: a ConfigMap's ``data`` holds strings only, so the ratios would be a JSON
 string nobody can read in ``kubectl get``, no schema would check what an SRE edits by hand, and the factors could not
@@ -95,7 +96,9 @@ class CalibrationStore:
 
     def _publish(self, table: CalibrationTable) -> None:
         for key in table.ratios:
-            self.metrics.calibration_factor.labels(key).set(table.factor(CalibrationClass.parse(key), self.policy).factor)
+            self.metrics.calibration_factor.labels(key).set(
+                table.factor(CalibrationClass.parse(key), self.policy).factor
+            )
 
     def table(self) -> CalibrationTable:
         """The current table (empty when the object does not exist or cannot be read as one)."""

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
+from gnnsched.closed_loop import CalibrationClass, CalibrationTable
 from gnnsched.contract import (
     ANN_EXCLUSIVE,
     ANN_GPU,
     ANN_JOB,
+    API_VERSION,
     GNNJOB_KIND,
     GNNJOB_PLURAL,
     GROUP,
@@ -43,9 +45,7 @@ from gnnsched.contract import (
     QUEUE_PRIORITY_BASE,
     SCHEDULER_NAME,
     VERSION,
-    API_VERSION,
 )
-from gnnsched.closed_loop import CalibrationClass, CalibrationTable
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
@@ -96,7 +96,7 @@ class OperatorConfig(BaseModel):
     pods: JobPodSettings = Field(default_factory=JobPodSettings)
 
     @model_validator(mode="after")
-    def _queue_order_valid(self) -> "OperatorConfig":
+    def _queue_order_valid(self) -> OperatorConfig:
         self.queue_order()  # QueueOrderError (a ValueError) names the field
         return self
 
@@ -198,7 +198,8 @@ class Operator:
         import kopf
 
         try:
-            kopf.event(_event_target(body), type=type_, reason=reason, message=message[:1000])
+            target = kopf.Body(cast(kopf.RawBody, _event_target(body)))
+            kopf.event(target, type=type_, reason=reason, message=message[:1000])
         except Exception:  # noqa: BLE001 - an event is informative; failing to post must not fail the handler
             log.warning("could not post event %s for %s", reason, _dict(body.get("metadata")).get("name"))
 
@@ -237,7 +238,7 @@ class Operator:
 
     # ------------------------------------------------------------------ handlers (kopf entry points)
 
-    def on_job(self, body: Any, logger: logging.Logger | None = None, **_: Any) -> None:
+    def on_job(self, body: Any, logger: logging.Logger | logging.LoggerAdapter[Any] | None = None, **_: Any) -> None:
         """Create/resume: plan and ensure the pod. Transient API errors are retried by kopf; others are reported."""
         import kopf
 
@@ -423,9 +424,22 @@ class Operator:
         self._write(body, status, new, message=_estimated_message(plan))
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
-        pod = self._ensure(ref, body, build_pod(body, spec, plan, attempt, self.config.image, self.config.scheduler_name,
-                                                priority_class, settings=self.config.pods,
-                                                worker_device=self.config.worker_device), kind="Pod")
+        pod = self._ensure(
+            ref,
+            body,
+            build_pod(
+                body,
+                spec,
+                plan,
+                attempt,
+                self.config.image,
+                self.config.scheduler_name,
+                priority_class,
+                settings=self.config.pods,
+                worker_device=self.config.worker_device,
+            ),
+            kind="Pod",
+        )
         self._apply_pod(body, status, pod, deleted=False)
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
@@ -625,10 +639,23 @@ class Operator:
                 message = (f"attempt {attempt + 1} ran out of GPU memory ({facts.detail}); reservation "
                            f"{format_bytes(old)} ({old} bytes) -> {format_bytes(grown)} ({grown} bytes), resize "
                            f"{_count(status, 'resizes') + 1} of {spec.memory.max_resizes}")
-                self._next_attempt(job, status, new, spec, resized, attempt, now, ("Resized", "MemoryExceeded", message),
-                                   {"resizes": _count(status, "resizes") + 1, "admitBytes": grown,
-                                    "reservationSource": "resized", "plan": resized.model_dump(mode="json")},
-                                   priority_class)
+                self._next_attempt(
+                    job,
+                    status,
+                    new,
+                    spec,
+                    resized,
+                    attempt,
+                    now,
+                    ("Resized", "MemoryExceeded", message),
+                    {
+                        "resizes": _count(status, "resizes") + 1,
+                        "admitBytes": grown,
+                        "reservationSource": "resized",
+                        "plan": resized.model_dump(mode="json"),
+                    },
+                    priority_class,
+                )
                 self.metrics.resizes.inc()
                 return
             if decision.kind in ("exceeds-largest", "resizes-exhausted"):
@@ -742,7 +769,8 @@ class Operator:
                  self.kube.list_pods(namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},"
                                                 f"{LABEL_JOB_NAME}={job_label(name)}")
                  if isinstance(p.get("metadata"), dict)}
-        attempts = status.get("attempts") if isinstance(status.get("attempts"), int) else 1
+        raw_attempts = status.get("attempts")
+        attempts = raw_attempts if isinstance(raw_attempts, int) else 1
         names |= {pod_name(name, a) for a in range(max(attempts, 1))}
         deleted = [pod for pod in sorted(names) if self.kube.delete_pod(namespace, pod)]
         self.kube.delete_config_map(namespace, config_map_name(name))
@@ -795,7 +823,7 @@ def build_registry(op: Operator) -> Any:
 
         return connection_info(op.kube.configuration)
 
-    jobs = dict(group=GROUP, version=VERSION, plural=GNNJOB_PLURAL, registry=registry)
+    jobs: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=GNNJOB_PLURAL, registry=registry)
     kopf.on.create(**jobs, id="reconcile-create")(op.on_job)
     kopf.on.resume(**jobs, id="reconcile-resume")(op.on_job)
     kopf.on.delete(**jobs, id="cleanup")(op.on_delete)

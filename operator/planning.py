@@ -123,7 +123,7 @@ class EstimateCache:
 class Planner:
     """Runs the core models for one job. ``default_gpu_model`` is used for the runtime when no GPU has reported."""
 
-    def __init__(self, default_gpu_model: str = "A100-40GB", estimate_device: str = "cuda",
+    def __init__(self, default_gpu_model: str = "A100-40GB", estimate_device: Literal["cpu", "cuda"] = "cuda",
                  calibration_policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> None:
         self.default_gpu_model = default_gpu_model
         self.calibration_policy = calibration_policy
@@ -196,7 +196,7 @@ class Planner:
             value = runtime_prior.intensity_class(spec, gpu_model)
         except Exception:  # noqa: BLE001 - the class is a scheduling hint; without it the extender pairs blindly
             return None
-        return value if value in ("memory", "compute") else None
+        return value
 
     def _resources(self, spec: GNNJobSpec, runtime_gpu: Any) -> tuple[float, int, float, int, float | None, str]:
         """(requested cpu, requested memory, scaled cpu, scaled memory, runtime after scaling or None, note).
@@ -311,9 +311,12 @@ class Planner:
             try:
                 runtime_gpu = get_gpu_model(self.default_gpu_model)
             except KeyError:
-                raise PlanError("InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}") from None
+                raise PlanError(
+                    "InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}"
+                ) from None
 
         req_cpu, req_memory, cpu, memory, scaled_runtime, note = self._resources(spec, runtime_gpu)
+        seconds: float | None
         if scaled_runtime is not None and scaled_runtime > 0:
             seconds, source = scaled_runtime, "gnn-predictor"
         else:

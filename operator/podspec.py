@@ -13,7 +13,8 @@ How the worker's measurement flows back: the operator sets ``GNNSCHED_RESULT_FIL
 (``contract.ENV_RESULT_FILE``), the container's termination-message path; the worker writes its final JSON result
 line there (``observed_peak_bytes``, ``seconds``, ``steps``) as well as to stdout. With ``terminationMessagePolicy:
 FallbackToLogsOnError`` the kubelet puts that file (or, on an error exit with an empty file, the log's tail) into
-the container status; the operator takes the last line that parses as a JSON object; the agent's ``gnnsched.io/observed-peak-bytes`` annotation, when
+the container status; the operator takes the last line that parses as a JSON object; the agent's
+``gnnsched.io/observed-peak-bytes`` annotation, when
 present, wins (it is measured on the GPU by NVML, the worker's number by the framework).
 
 Why every pod looks the same to the node (``JobPodSettings``): an MPS control daemon serves one Linux user at a time

@@ -80,9 +80,9 @@ def _to_json_schema(schema: dict, strict: bool) -> dict:
             out["exclusiveMinimum"] = schema["minimum"]
         elif key == "exclusiveMaximum" and val is True:
             out["exclusiveMaximum"] = schema["maximum"]
-        elif key == "minimum" and schema.get("exclusiveMinimum") is True:
-            continue
-        elif key == "maximum" and schema.get("exclusiveMaximum") is True:
+        elif (key == "minimum" and schema.get("exclusiveMinimum") is True) or (
+            key == "maximum" and schema.get("exclusiveMaximum") is True
+        ):
             continue
         else:
             out[key] = val

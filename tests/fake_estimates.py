@@ -1,7 +1,8 @@
 """A planner whose estimate is a fixed peak, for jobs too large to trace on this machine (a 77 GiB GCN).
 
 Only the trace is replaced: the device overheads come from the GPU model's catalogue constants and the admit bytes
-follow the estimator's formula on CUDA (``ceil((peak + overhead) × factor)``), so the operator's planning runs unchanged.
+follow the estimator's formula on CUDA (``ceil((peak + overhead) × factor)``), so the operator's planning runs
+unchanged.
 """
 
 from __future__ import annotations
@@ -9,10 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gnnsched.operator.planning import Planner
-
 from gnnsched.estimator import DEFAULT_SAFETY_FACTOR_CUDA, Estimate
 from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.operator.planning import Planner
 from gnnsched.spec import GNNJobSpec
 
 

@@ -43,7 +43,7 @@ _CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emu
 
 
 def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _jsonpath(obj: Any, path: str) -> Any:
@@ -131,7 +131,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                 status=422, reason="Invalid", message="Binding is invalid: target.name: Required value"))
         key = (request.resource, request.namespace, request.name)
         async with self._write_lock, self._lock:  # the same order as other writes (kmock's lock inside ours)
-            stored = self._objects[key] if key in self._objects else None
+            stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 - ObjectsArray has no get()
             if stored is None or stored.deleted:
                 return await self._render_error(kmock.KubernetesObjectNotFoundError())
             pod = stored.raw
@@ -178,7 +178,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             meta["generation"] = 1
             return
         key = (request.resource, request.namespace, request.name)
-        stored = self._objects[key] if key in self._objects else None
+        stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 - kmock's ObjectsArray has no get()
         if stored is None or stored.deleted:
             return  # kmock answers 404 itself
         if request.action == enums.action.UPDATE:
@@ -231,7 +231,9 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                     break
                 yield item
         finally:
-            await stream.aclose()
+            close = getattr(stream, "aclose", None)  # kmock's stream is an async generator; close it with this one
+            if close is not None:
+                await close()
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)

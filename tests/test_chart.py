@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import helm_python
 import kubernetes_validate
@@ -22,7 +23,7 @@ CHART = ROOT / "charts" / "gnnsched"
 K8S_VERSIONS = ["1.30", "1.33", ".".join(kubernetes_validate.latest_version().split(".")[:2])]
 assert tuple(int(x) for x in K8S_VERSIONS[-1].split(".")) >= (1, 37)
 
-VALUE_SETS = {
+VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
     "metrics-off": {"metrics": {"enabled": False}, "dashboard": {"enabled": False}},
     "servicemonitor-on": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
@@ -61,7 +62,7 @@ def render_files(chart, values: dict | None, kube_version: str | None = None) ->
 
 def render(chart, values: dict, kube_version: str | None = None) -> list[dict]:
     out = render_files(chart, values, kube_version)
-    docs = []
+    docs: list[dict] = []
     for filename, text in out.items():
         if filename.endswith(".yaml"):
             docs.extend(d for d in yaml.safe_load_all(text) if d)
@@ -178,7 +179,10 @@ def test_rbac_has_no_wildcards(chart, name):
 def _permissions(docs: list[dict], component: str) -> set[tuple[str, str, str]]:
     perms = set()
     for doc in docs:
-        if doc["kind"] in ("Role", "ClusterRole") and doc["metadata"]["labels"]["app.kubernetes.io/component"] == component:
+        if (
+            doc["kind"] in ("Role", "ClusterRole")
+            and doc["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        ):
             for rule in doc["rules"]:
                 for group in rule["apiGroups"]:
                     for resource in rule["resources"]:
@@ -192,7 +196,12 @@ def test_each_component_gets_only_what_it_uses(chart):
     operator, scheduler, node = (_permissions(docs, c) for c in ("operator", "scheduler", "node"))
     # the operator creates pods and writes GNNJob status, and never binds or touches GPUNodes
     assert ("", "pods", "create") in operator and ("gnnsched.io", "gnnjobs/status", "patch") in operator
-    assert not {p for p in operator if p[1] in ("pods/binding", "bindings") or (p[1] == "gpunodes" and p[2] != "get" and p[2] not in ("list", "watch"))}
+    assert not {
+        p
+        for p in operator
+        if p[1] in ("pods/binding", "bindings")
+        or (p[1] == "gpunodes" and p[2] != "get" and p[2] not in ("list", "watch"))
+    }
     # the scheduler + extender bind and read GPUNodes, never write them or create pods
     assert ("", "pods/binding", "create") in scheduler and ("gnnsched.io", "gpunodes", "watch") in scheduler
     assert not {p for p in scheduler if p[0] == "gnnsched.io" and p[2] not in ("get", "list", "watch")}
@@ -203,7 +212,11 @@ def test_each_component_gets_only_what_it_uses(chart):
     assert not {p for p in node if p[1] == "gnnjobs" and p[2] != "get"}
     # only the scheduler's leader-election Role touches leases, and only its own by name for updates
     lease_rules = [
-        r for d in docs if d["kind"] == "Role" for r in d["rules"] if "leases" in r["resources"] and "update" in r["verbs"]
+        r
+        for d in docs
+        if d["kind"] == "Role"
+        for r in d["rules"]
+        if "leases" in r["resources"] and "update" in r["verbs"]
     ]
     assert lease_rules and all(r.get("resourceNames") == ["gnnsched-scheduler"] for r in lease_rules)
 
@@ -223,7 +236,11 @@ def test_scheduler_config_points_to_the_sidecar_and_manages_gpu_share(chart, nam
     sidecar = containers(docs)["extender"]
     port = arg_value(sidecar, "--port")
     assert extender["urlPrefix"] == f"http://127.0.0.1:{port}" and arg_value(sidecar, "--host") == "127.0.0.1"
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+        "filter",
+        "prioritize",
+        "bind",
+    )
     assert extender["nodeCacheCapable"] is True
     # kube-scheduler counts the slots against the kubelet's allocatable too (the extender's GPUNode cache may lag it)
     assert {"name": contract.GPU_SHARE_RESOURCE, "ignoredByScheduler": False} in extender["managedResources"]
@@ -301,8 +318,13 @@ def test_metrics_off_renders_no_metrics_services(chart):
     assert not [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics")]
     assert arg_value(containers(docs)["operator"], "--metrics-port") == "0"
     operator = containers(render(chart, {}))["operator"]
-    assert arg_value(operator, "--metrics-port") == "9402" and {"name": "metrics", "containerPort": 9402} in operator["ports"]
-    assert not by_kind(docs, "ServiceMonitor") and not [d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]]
+    assert (
+        arg_value(operator, "--metrics-port") == "9402"
+        and {"name": "metrics", "containerPort": 9402} in operator["ports"]
+    )
+    assert not by_kind(docs, "ServiceMonitor") and not [
+        d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]
+    ]
     docs = render(chart, VALUE_SETS["servicemonitor-on"])
     monitors = by_kind(docs, "ServiceMonitor")
     assert len(monitors) == 3 and all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
@@ -315,7 +337,10 @@ def test_custom_names_apply_everywhere(chart):
     names = [d["metadata"]["name"] for d in docs if d["kind"] != "CustomResourceDefinition"]  # API names are fixed
     assert all(n.startswith("acme-gpu-share") for n in names), names
     operator = containers(docs)["operator"]
-    assert [a for a in operator["args"] if a.startswith("--namespace=")] == ["--namespace=ml-team-a", "--namespace=ml-team-b"]
+    assert [a for a in operator["args"] if a.startswith("--namespace=")] == [
+        "--namespace=ml-team-a",
+        "--namespace=ml-team-b",
+    ]
     env = {e["name"]: e.get("value") for e in operator["env"]}
     assert env["GNNSCHED_SCHEDULER_NAME"] == "acme-gnn-scheduler"
 
@@ -333,9 +358,16 @@ def test_dashboard_is_labelled_for_the_grafana_sidecar_and_uses_real_metrics(cha
     for source in [p for c in ("node_agent", "extender", "operator") for p in (ROOT / c).rglob("*.py")]:
         defined |= set(re.findall(r'"(gnnsched_[a-z_]+)"', source.read_text()))
     assert used and used <= defined, f"dashboard queries metrics no component exports: {used - defined}"
-    for needed in ("gnnsched_gpu_memory_committed_bytes", "gnnsched_gpu_memory_used_bytes", "gnnsched_gate_queue_length",
-                   "gnnsched_gate_admission_wait_seconds", "gnnsched_job_prediction_error_ratio", "gnnsched_mps_daemon_up",
-                   "gnnsched_operator_jobs", "gnnsched_operator_runtime_prediction_ratio"):
+    for needed in (
+        "gnnsched_gpu_memory_committed_bytes",
+        "gnnsched_gpu_memory_used_bytes",
+        "gnnsched_gate_queue_length",
+        "gnnsched_gate_admission_wait_seconds",
+        "gnnsched_job_prediction_error_ratio",
+        "gnnsched_mps_daemon_up",
+        "gnnsched_operator_jobs",
+        "gnnsched_operator_runtime_prediction_ratio",
+    ):
         assert needed in used
 
 
@@ -502,7 +534,10 @@ def test_mps_daemon_runs_apart_privileged_with_shared_shm(chart):
 
 def test_device_plugin_strategy_values(chart):
     plugin = containers(render(chart, {}))["device-plugin"]
-    assert (arg_value(plugin, "--device-list-strategy"), arg_value(plugin, "--device-id-strategy")) == ("envvar", "uuid")
+    assert (arg_value(plugin, "--device-list-strategy"), arg_value(plugin, "--device-id-strategy")) == (
+        "envvar",
+        "uuid",
+    )
     cdi = containers(render(chart, {"node": {"devicePlugin": {"deviceListStrategy": "cdi-cri"}}}))["device-plugin"]
     assert arg_value(cdi, "--device-list-strategy") == "cdi-cri"
     with pytest.raises(helm_python.HelmValuesError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -41,7 +42,10 @@ TORCH_OOM = (
     ("text", "outcome"),
     [
         (TORCH_OOM, "memory-exceeded"),
-        ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", "memory-exceeded"),
+        (
+            "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",
+            "memory-exceeded",
+        ),
         ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "memory-exceeded"),
         ("RuntimeError: CUDA error: an illegal memory access was encountered", "fault"),
         ("cudaErrorMpsClientTerminated: the MPS client has been terminated by the server", "fault"),
@@ -155,7 +159,7 @@ def test_calibration_class_key_round_trips() -> None:
         CalibrationClass.parse("V100.gcn.train.other")
 
 
-def test_load_calibration_file_forms_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_load_calibration_file_forms_and_errors(tmp_path: Path) -> None:
     key = "V100-32GB.gcn.train.builtin"
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"ratios": {key: [1.1, 1.2]}}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Hashable
 from pathlib import Path
 
 import pytest
@@ -184,7 +185,9 @@ def test_replay_rejects_a_free_of_something_not_allocated() -> None:
 
 def test_a_reused_buffer_free_frees_the_last_never_freed_storage_of_its_size() -> None:
     # "out" was counted in "in"'s buffer (its allocation cancelled, "in"'s free cancelled): out's free frees "in".
-    events = [(1, "x", 4 * MiB), (1, "in", 4 * MiB), (1, "y", 8 * MiB), (-1, "y", 0), (-1, "out", 4 * MiB)]
+    events: list[tuple[int, Hashable, int]] = [
+        (1, "x", 4 * MiB), (1, "in", 4 * MiB), (1, "y", 8 * MiB), (-1, "y", 0), (-1, "out", 4 * MiB),
+    ]
     assert _pair_reused_frees(events)[-1] == (-1, "in", 4 * MiB)
     # No never-freed storage of that size: the free is dropped (a dropped free can only raise the replayed use).
     assert _pair_reused_frees([(1, "x", 512), (-1, "x", 0), (-1, "out", 512)]) == [(1, "x", 512), (-1, "x", 0)]

@@ -101,9 +101,9 @@ def test_self_loops_are_sized_from_the_layout():
     layout = GraphLayout(nodes=500, edges=4_000, features=8, classes=3, labelled=500, self_loops=loops,
                          source="test")
 
-    from torch.profiler import ProfilerActivity, profile
-
     import gc
+
+    from torch.profiler import ProfilerActivity, profile
 
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

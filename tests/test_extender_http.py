@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from test_extender_cache import NOW, gpu, make_pod, status
 
 from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU_MEMORY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION
 from gnnsched.extender import create_app
@@ -23,8 +24,6 @@ from gnnsched.gpus import GiB
 from gnnsched.interference import load_default
 from gnnsched.scheduler_config import scheduler_config
 
-from test_extender_cache import NOW, gpu, make_pod, status
-
 NODES = [f"node-{i}" for i in range(40)]
 
 
@@ -32,9 +31,8 @@ NODES = [f"node-{i}" for i in range(40)]
 def server(tmp_path_factory):
     state = tmp_path_factory.mktemp("fake") / "state.json"
     app = build_app(ExtenderOptions(fake_cluster="40x4", fake_state=state))
-    with LoopbackServer(app) as srv:
-        with httpx.Client(base_url=srv.url, timeout=10) as client:
-            yield client
+    with LoopbackServer(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        yield client
 
 
 def node_obj(name: str) -> dict:

@@ -6,6 +6,7 @@ its termination file. The same job admitted 1.5x larger (the operator's default 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -88,10 +89,8 @@ def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succe
                 agent.kill()
             pid_file = pipe / "fake-mps.pid"
             if pid_file.exists():
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
     code, small_result, stderr = results["small"]
     mib = 2**20
     assert code == 1 and small_result.outcome == "memory-exceeded", stderr
@@ -105,11 +104,23 @@ def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succe
 
 
 def test_fake_gpu_memory_flag_needs_fake_gpus(tmp_path):
-    run = subprocess.run(_gnnsched() + ["node-agent", "--gpus", "nvml", "--fake-gpu-memory", "enforce",
-                                        "--gate-socket", str(tmp_path / "s")], capture_output=True, text=True, timeout=60, check=False)
+    run = subprocess.run(
+        _gnnsched()
+        + ["node-agent", "--gpus", "nvml", "--fake-gpu-memory", "enforce", "--gate-socket", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 2
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--fake-gpu-memory" in lines[0], run.stderr
-    run = subprocess.run(_gnnsched() + ["node-agent", "--gpus", "fake:1x8Gi", "--fake-gpu-memory", "always",
-                                        "--gate-socket", str(tmp_path / "s")], capture_output=True, text=True, timeout=60, check=False)
+    run = subprocess.run(
+        _gnnsched()
+        + ["node-agent", "--gpus", "fake:1x8Gi", "--fake-gpu-memory", "always", "--gate-socket", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 2 and "--fake-gpu-memory" in run.stderr and "enforce" in run.stderr

@@ -11,6 +11,7 @@ fourth pod is not admitted until the clients are gone *and* MPS answers its prob
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import pytest
 from gate_helpers import GiB, job_pod, write_pods
-from gnnsched.node_agent.identity import FilePodLookup
 
 from gnnsched.closed_loop import FaultRecord
 from gnnsched.contract import (
@@ -34,6 +34,7 @@ from gnnsched.contract import (
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
 )
+from gnnsched.node_agent.identity import FilePodLookup
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux pidfd")]
 
@@ -103,13 +104,51 @@ def test_fatal_fault_two_victims_one_suspect_nothing_admitted_until_clients_gone
     events = tmp_path / "events.jsonl"
     logs = []  # stderr files of the processes started here, closed at the end
     logs.append((tmp_path / "agent.log").open("w"))
-    agent = subprocess.Popen(_gnnsched() + [
-        "node-agent", "--gpus", "nvml", "--node-name", "node-a", "--gate-socket", str(sock), "--pods-file",
-        str(pods_file), "--status-file", str(tmp_path / "status.json"), "--state-dir", str(tmp_path / "state"),
-        "--event-log", str(events), "--jobs-uid", str(os.getuid()), "--reserve-bytes", "2Gi", "--mps", "on", "--mps-pipe-dir", str(pipe),
-        "--mps-log-dir", str(tmp_path / "mps-log"), "--peer-check", "off", "--recovery-grace", "0",
-        "--status-interval", "0.3", "--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--log-level", "warning",
-    ], env=env, cwd=tmp_path, stderr=logs[0])
+    agent = subprocess.Popen(
+        _gnnsched()
+        + [
+            "node-agent",
+            "--gpus",
+            "nvml",
+            "--node-name",
+            "node-a",
+            "--gate-socket",
+            str(sock),
+            "--pods-file",
+            str(pods_file),
+            "--status-file",
+            str(tmp_path / "status.json"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--event-log",
+            str(events),
+            "--jobs-uid",
+            str(os.getuid()),
+            "--reserve-bytes",
+            "2Gi",
+            "--mps",
+            "on",
+            "--mps-pipe-dir",
+            str(pipe),
+            "--mps-log-dir",
+            str(tmp_path / "mps-log"),
+            "--peer-check",
+            "off",
+            "--recovery-grace",
+            "0",
+            "--status-interval",
+            "0.3",
+            "--metrics-port",
+            str(port),
+            "--metrics-addr",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stderr=logs[0],
+    )
     workloads: dict[str, subprocess.Popen] = {}
 
     def launch(name: str) -> subprocess.Popen:
@@ -213,9 +252,7 @@ def test_fatal_fault_two_victims_one_suspect_nothing_admitted_until_clients_gone
                 agent.kill()
         pid_file = pipe / "fake-mps.pid"
         if pid_file.exists():
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
         for handle in logs:
             handle.close()

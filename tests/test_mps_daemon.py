@@ -15,11 +15,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+
+from gnnsched.contract import MPS_SHM_SOURCE, MPSDaemonHealth
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
 from gnnsched.node_agent.mps_daemon import MPSDaemonService, dev_shm_binding, health_file_path, pinned_limit_mib
 from gnnsched.node_agent.mps_external import ExternalMPS
-
-from gnnsched.contract import MPS_SHM_SOURCE, MPSDaemonHealth
 from gnnsched.node_status_file import write_json_atomic
 
 FAKES = Path(__file__).parent / "fakes"

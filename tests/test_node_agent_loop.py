@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,10 @@ from pathlib import Path
 
 import pytest
 from gate_helpers import GiB, add_pods, job_pod, write_pods
+
+from gnnsched.closed_loop import AttemptResult, FaultRecord
+from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.gpu_backend import FakeGPUBackend, GPUProcess
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import ContainerEnd, FilePodLookup, PeerVerifier
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
@@ -29,10 +34,6 @@ from gnnsched.node_agent.observe import (
 )
 from gnnsched.node_agent.quarantine import ClientEnd, Quarantine
 from gnnsched.node_agent.status import FileStatusSink
-
-from gnnsched.closed_loop import AttemptResult, FaultRecord
-from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_OBSERVED_PEAK_BYTES
-from gnnsched.gpu_backend import FakeGPUBackend, GPUProcess
 from gnnsched.node_status_file import read_status_file, status_file_path
 
 FAKES = Path(__file__).parent / "fakes"
@@ -167,10 +168,8 @@ def node(tmp_path, monkeypatch):
     yield n
     pid_file = tmp_path / "mps" / "fake-mps.pid"
     if pid_file.exists():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 async def _request(agent: NodeAgent, pod: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

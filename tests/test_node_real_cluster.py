@@ -12,9 +12,13 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gate_helpers import GiB, add_pods, job_pod, write_pods
+
+from gnnsched.contract import DEFAULT_JOBS_UID, MPSDaemonHealth
+from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
@@ -30,9 +34,6 @@ from gnnsched.node_agent.mps_daemon import health_file_path
 from gnnsched.node_agent.mps_external import ExternalMPS
 from gnnsched.node_agent.node_conflicts import FileNodeReader, KubeNodeReader, OtherPluginWatch
 from gnnsched.node_agent.status import FileStatusSink
-
-from gnnsched.contract import DEFAULT_JOBS_UID, MPSDaemonHealth
-from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_status_file import write_json_atomic
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -245,8 +246,9 @@ async def test_node_read_through_the_api(kmock) -> None:
     cfg = client.Configuration()
     cfg.host = str(kmock.url).rstrip("/")
     api = client.ApiClient(cfg)
-    await asyncio.to_thread(client.CoreV1Api(api).create_node, _node("gpu-1", "4"))
-    await asyncio.to_thread(client.CoreV1Api(api).create_node, _node("gpu-2", None))
+    nodes: list[Any] = [_node("gpu-1", "4"), _node("gpu-2", None)]  # the client sends a plain dict as it is
+    for node in nodes:
+        await asyncio.to_thread(client.CoreV1Api(api).create_node, node)
     reader = KubeNodeReader(api)
     from prometheus_client import CollectorRegistry
 

@@ -11,6 +11,7 @@ what the CPU counts: so the first reservation is really too small by about 1.3 /
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -132,10 +133,8 @@ async def test_a_job_at_1_3x_its_estimate_succeeds_after_exactly_one_resize(tmp_
                         agent.kill()
                     pid_file = pipe / "fake-mps.pid"
                     if pid_file.exists():
-                        try:
+                        with contextlib.suppress(ProcessLookupError, ValueError):
                             os.kill(int(pid_file.read_text()), signal.SIGKILL)
-                        except (ProcessLookupError, ValueError):
-                            pass
     first_result = AttemptResult.model_validate_json(first_message.strip().splitlines()[-1])
     second_result = AttemptResult.model_validate_json(second_message.strip().splitlines()[-1])
     assert first_result.outcome == "memory-exceeded", first_message
@@ -143,6 +142,8 @@ async def test_a_job_at_1_3x_its_estimate_succeeds_after_exactly_one_resize(tmp_
     status = done["status"]
     assert status["phase"] == "Succeeded" and status["resizes"] == 1 and status["attempts"] == 2, status
     assert names == ["j-0", "j-1"]
-    assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) > int(first["metadata"]["annotations"][ANN_ADMIT_BYTES])
+    assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) > int(
+        first["metadata"]["annotations"][ANN_ADMIT_BYTES]
+    )
     # the observed peak is the fake GPU's 1.3x of the CPU-exact estimate
     assert status["observedPeakRatio"] == pytest.approx(1.3, rel=0.02), json.dumps(status)

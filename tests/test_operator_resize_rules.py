@@ -7,9 +7,6 @@ import json
 import math
 from typing import Any
 
-from gnnsched.operator.calibration import derived_fields
-from gnnsched.operator.resize import MAX_REQUEUES, attempt_facts, decide
-
 from gnnsched.closed_loop import (
     AttemptResult,
     CalibrationClass,
@@ -17,6 +14,8 @@ from gnnsched.closed_loop import (
     CalibrationTable,
 )
 from gnnsched.contract import ANN_FAULT, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.operator.calibration import derived_fields
+from gnnsched.operator.resize import MAX_REQUEUES, attempt_facts, decide
 
 MiB = 2**20
 GiB = 2**30

@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import typer
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # 3.10: the dev extra's tomli
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]

@@ -75,9 +75,9 @@ def test_estimate_error_parsing() -> None:
             parse_estimate_error(bad)
         assert exc.value.field == "--estimate-error"
     assert parse_fault_rate(1) == 1.0
-    for bad in (-1.0, math.inf, math.nan):
+    for rate in (-1.0, math.inf, math.nan):
         with pytest.raises(FieldError) as exc:
-            parse_fault_rate(bad)
+            parse_fault_rate(rate)
         assert exc.value.field == "--fault-rate"
 
 

@@ -9,6 +9,7 @@ are run beside them so the guarantee is not vacuous: on GNNSched's high-load que
 from __future__ import annotations
 
 import pytest
+from shared_data import DATA
 
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import fits_on
@@ -16,7 +17,6 @@ from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.policyspec import parse_policies, parse_policy
 from gnnsched.simulator.runner import run
 from gnnsched.simulator.workloads import BUILTIN, builtin_workload, default_cluster
-from shared_data import DATA
 
 VARIANTS = ("base", "lmcf", "bmc", "sqtf", "bqt", "bqt+scaling", "sqtf+bypass0", "bmc-interference",
             "lmcf+scaling+sjf+pack")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -39,7 +40,7 @@ def _mutated(path: str, value: object) -> dict:
     """BASE with one field set (``value`` is ``...`` to delete it)."""
     obj = copy.deepcopy(BASE)
     *parents, leaf = path.split(".")
-    node = obj
+    node: dict[str, Any] = obj
     for part in parents:
         node = node.setdefault(part, {})
     if value is ...:
@@ -121,10 +122,7 @@ def test_limits_match_the_crd():
     for path, (low, high) in LIMITS.items():
         node = spec
         for part in path.removeprefix("spec.").split("."):
-            if part.endswith("[]"):
-                node = node["properties"][part[:-2]]["items"]
-            else:
-                node = node["properties"][part]
+            node = node["properties"][part[:-2]]["items"] if part.endswith("[]") else node["properties"][part]
         assert (node["minimum"], node["maximum"]) == (low, high), path
 
 
@@ -215,7 +213,14 @@ _spec_parts = st.fixed_dictionaries(
         "graph": st.one_of(
             st.fixed_dictionaries({"dataset": st.sampled_from(["cora", "pubmed", "Cora", "nope"])}),
             st.fixed_dictionaries(
-                {}, optional={"nodes": _ints, "edges": _ints, "features": _ints, "classes": _ints, "dataset": st.just("dd")}
+                {},
+                optional={
+                    "nodes": _ints,
+                    "edges": _ints,
+                    "features": _ints,
+                    "classes": _ints,
+                    "dataset": st.just("dd"),
+                },
             ),
         ),
     },
@@ -224,12 +229,20 @@ _spec_parts = st.fixed_dictionaries(
         "requests": _ints,
         "parallelism": _ints,
         "batching": st.fixed_dictionaries(
-            {}, optional={"mode": st.sampled_from(["full", "minibatch"]), "batchSize": _ints,
-                          "fanouts": st.lists(st.integers(-1, 1200), max_size=5)}
+            {},
+            optional={
+                "mode": st.sampled_from(["full", "minibatch"]),
+                "batchSize": _ints,
+                "fanouts": st.lists(st.integers(-1, 1200), max_size=5),
+            },
         ),
         "resources": st.fixed_dictionaries(
-            {}, optional={"cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]), "memory": st.sampled_from(["1Gi", "1Gb"]),
-                          "gpuMemory": st.sampled_from(["20Gi", "0", "0.0", "-1Gi", 0, 5, "1.5Gi", ".5Gi", "x"])}
+            {},
+            optional={
+                "cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]),
+                "memory": st.sampled_from(["1Gi", "1Gb"]),
+                "gpuMemory": st.sampled_from(["20Gi", "0", "0.0", "-1Gi", 0, 5, "1.5Gi", ".5Gi", "x"]),
+            },
         ),
         "memory": st.fixed_dictionaries({}, optional={"maxResizes": _ints}),
         "qosTargetSeconds": st.floats(-1, 10),

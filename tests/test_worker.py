@@ -6,6 +6,7 @@ import json
 import math
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def _job(tmp_path: Path, body: str) -> Path:
 
 def test_training_run_reports_steps_time_and_the_peak_the_estimator_predicts():
     spec = _spec(epochs=3)
-    calls = []
+    calls: list[Any] = []
     result = run_job(spec, progress=calls.append, on_start=lambda total: calls.append(("total", total)))
     assert result.steps == 3 and calls == [("total", 3), 1, 1, 1]
     assert result.seconds > 0

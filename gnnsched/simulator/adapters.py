@@ -466,10 +466,11 @@ class PlacementView:
             return
         for idx, index in changed:
             self.refresh_gpu(sim.nodes[idx], index)
-        rows = sorted({r for r, _ in changed})
+        changed_rows = sorted({r for r, _ in changed})
         changed.clear()
-        self.row_ver[rows] += 1
-        pl.derive(self.state, np.fromiter(rows, dtype=np.int64, count=len(rows)), self.above, self.interference)
+        self.row_ver[changed_rows] += 1
+        pl.derive(self.state, np.fromiter(changed_rows, dtype=np.int64, count=len(changed_rows)), self.above,
+                  self.interference)
 
     #: (bytes, intensity) classes kept in fit_cache (the oldest is dropped beyond this).
     FIT_CACHE_CLASSES = 64

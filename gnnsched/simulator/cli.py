@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from gnnsched.cliutil import UserError, fail, user_errors
+
+if TYPE_CHECKING:  # the simulator's modules load on first use (the CLI starts without numpy's import cost)
+    from gnnsched.simulator.adapters import Integrations
+    from gnnsched.simulator.cluster import ClusterSpec
+    from gnnsched.simulator.faults import EstimateError
+    from gnnsched.simulator.policyspec import PolicySpec
+    from gnnsched.simulator.workloads import Fits, Workload
 
 
 def default_data_dir() -> Path:
@@ -116,25 +124,28 @@ def _writable_dir(flag: str, directory: Path) -> None:
         raise UserError(f"{flag}: {directory} is not writable")
 
 
-def fits_on(cluster, ix):
+def fits_on(cluster: ClusterSpec, ix: Integrations) -> Fits | None:
     """Predicate for generators: the job's admit bytes fit the cluster's smallest GPU (it could run alone)."""
     from gnnsched.gpus import get_gpu_model
+    from gnnsched.spec import GNNJobSpec
 
     models = sorted({n.gpu_model for n in cluster.nodes if n.gpus}, key=lambda m: get_gpu_model(m).memory_bytes)
     if not models:
         return None
     smallest = get_gpu_model(models[0])
 
-    def fits(spec, share: float = 1.0) -> bool:
+    def fits(spec: GNNJobSpec, share: float = 1.0) -> bool:
         return ix.profile(spec, smallest.name).admit_bytes <= share * smallest.memory_bytes
 
     return fits
 
 
-def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix, error, fault_rate: float,
-         backoff_limit: int | None) -> None:
+def _run(
+    wl: Workload, cl: ClusterSpec, specs: list[PolicySpec], seed: int, json_out: Path | None, plots: Path | None,
+    show_progress: bool, ix: Integrations, error: EstimateError, fault_rate: float, backoff_limit: int | None,
+) -> None:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from gnnsched.simulator.adapters import IntegrationMissing
     from gnnsched.simulator.report import render_table, write_json, write_plots
@@ -144,7 +155,7 @@ def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix, error, f
     err.print(f"workload {wl.name}: {wl.description}; cluster {cl.describe()}")
     with Progress(TextColumn("{task.description:>22}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, disable=not show_progress, transient=True) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def tick(name: str, done: int, total: int) -> None:
             if name not in tasks:

@@ -17,10 +17,11 @@ agent's grouping policy and the gate invariant); the engine only keeps the books
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from gnnsched import queue_order
 from gnnsched.gpus import get_gpu_model
@@ -30,6 +31,9 @@ from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
 from gnnsched.simulator.faults import QUARANTINE_S, FaultClock, LoopBooks
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
+
+if TYPE_CHECKING:  # adapters imports this module's state classes at run time
+    from gnnsched.simulator.adapters import Integrations
 
 ARRIVE, FINISH, RETRY, STARTED = 0, 1, 2, 3
 # the closed loop's events (gnnsched.simulator.faults): a fatal fault on a GPU, an attempt's first step passing its
@@ -48,7 +52,7 @@ class GpuState:
                  "sm_now", "mem_now", "bandwidth", "link", "max_clients", "free_view", "quarantine_until",
                  "fault_clock")
 
-    def __init__(self, gid: int, node: "NodeState", index: int, model: str, reserve: int) -> None:
+    def __init__(self, gid: int, node: NodeState, index: int, model: str, reserve: int) -> None:
         gm = get_gpu_model(model)
         self.gid = gid
         self.node = node
@@ -98,7 +102,7 @@ class Run:
                  "out", "sm_util", "intensity", "admit_bytes", "killed")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
-                 out: JobOutcome | None = None) -> None:
+                 out: JobOutcome) -> None:
         self.job = job
         self.out = out  # the job's outcome record (read at every re-rating)
         prof = job.profile(gpu.model)
@@ -163,7 +167,7 @@ def feasible_nodes_to_find(n: int) -> int:
 class Simulation:
     """One workload, one cluster, one policy."""
 
-    def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations,
+    def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations: Integrations,
                  *, horizon: float | None = None, max_clients: int | None = None, reserve_bytes: int = 0,
                  startup_s: float = STARTUP_S, record_timeline: bool = True,
                  progress: Callable[[int, int], None] | None = None, loop: LoopBooks | None = None) -> None:
@@ -194,6 +198,7 @@ class Simulation:
         if not self.gpu_nodes:
             raise ValueError("cluster: no node has a GPU")
         cap = policy.max_clients or max_clients
+        self.per_gpu_cap: int | None
         if self.base in ("exclusive", "srtf", "drf", "temporal"):
             self.per_gpu_cap = 1
         elif self.base == "mps-base":
@@ -275,11 +280,11 @@ class Simulation:
         self.loop_ours = loop is not None and loop.gnnsched
         self.wasted_s = 0.0  # GPU-seconds held by attempts that did not complete (each co-located attempt its own)
         if loop is not None and loop.fault_rate > 0:
-            for g in self.gpus:
-                g.fault_clock = FaultClock(loop.fault_rate, loop.seed, g.gid)
+            for gs in self.gpus:
+                gs.fault_clock = FaultClock(loop.fault_rate, loop.seed, gs.gid)
 
     # ------------------------------------------------------------------ events
-    def _push(self, t: float, kind: int, payload, token: int = 0) -> None:
+    def _push(self, t: float, kind: int, payload: Any, token: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, payload, token))
 
@@ -449,6 +454,7 @@ class Simulation:
         k = self.queue_buckets.get(job.id)
         if k is None:
             seconds = self._predicted(job) * (job.scaled_solo_factor if self.policy.scaling else 1.0)
+            assert self.queue_order is not None  # buckets are asked for only under an SJF policy
             k = self.queue_buckets[job.id] = self.queue_order.bucket(seconds)
         return k
 
@@ -544,7 +550,7 @@ class Simulation:
         self.rr = (int(rolled[-1]) + 1) % len(self.nodes)
         return rolled
 
-    def _place(self, job: SimJob):
+    def _place(self, job: SimJob) -> NodeState | Literal["never"] | None:
         """Bind ``job`` to a node (and for baselines a GPU). None: not now; "never": on no node ever."""
         out = self.outcomes[job.id]
         if self.is_gnnsched:
@@ -589,7 +595,7 @@ class Simulation:
         self.cpu_alloc_now -= out.cpu_milli
         self.memh_alloc_now -= out.memory_bytes
 
-    def _place_gnnsched(self, job: SimJob, out: JobOutcome):
+    def _place_gnnsched(self, job: SimJob, out: JobOutcome) -> NodeState | Literal["never"] | None:
         decision = self.ix.place(self, job, out)
         if decision is None:
             return None
@@ -719,7 +725,7 @@ class Simulation:
             self.idle_gpus -= 1
             if gpu.fault_clock is not None:
                 self._push(gpu.fault_clock.busy(self.now), FAULT, gpu, gpu.fault_clock.token)
-        if self.loop_ours and self.loop.exceeds(job, gpu.model):
+        if self.loop_ours and self.loop is not None and self.loop.exceeds(job, gpu.model):
             # its first step reaches the true peak, past its MPS limit: CUDA out of memory in its own process
             first = prof.solo_s / max(1, job.spec.steps) if job.spec is not None else 0.0
             self._push(self.now + startup + first, MEM_EXCEEDED, run)
@@ -804,6 +810,7 @@ class Simulation:
 
     def _next_attempt(self, job: SimJob) -> None:
         """gnnsched: the operator creates the job's next attempt at once (no back-off: not a charged failure)."""
+        assert self.loop is not None  # attempts exist only in a closed-loop run
         self._requeue(self.loop.attempt(self.outcomes[job.id].job))
 
     def _charge(self, job: SimJob, reason: str) -> None:
@@ -823,6 +830,7 @@ class Simulation:
         self._end_attempt(run)
         self._rerate(gpu)
         loop = self.loop
+        assert loop is not None  # an attempt exceeds its reservation only in a closed-loop run
         if loop.resized(job, gpu.model):
             self._next_attempt(job)
         elif loop.resizes.get(job.id, 0) >= loop.resize.max_resizes:
@@ -834,6 +842,7 @@ class Simulation:
         """A fatal fault on ``gpu``: every client dies; one is the suspect, the others victims; the GPU drains."""
         loop = self.loop
         clock = gpu.fault_clock
+        assert loop is not None and clock is not None  # faults are scheduled only with a fault clock
         runs = list(gpu.running)
         suspect = clock.pick(len(runs)) if runs else -1
         clock.fired()
@@ -895,9 +904,8 @@ class Simulation:
         elif runs:
             # ix.slowdowns keeps its answers in slowdown_cache by the runs' ordered intensity classes: looked up here
             # first, so a re-rating on a known mix costs one dict lookup
-            slow = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
-            if slow is None:
-                slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
+            cached = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
+            slow = cached if cached is not None else self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
             slow = []
         if self.uvm and gpu.used > gpu.total:
@@ -907,7 +915,7 @@ class Simulation:
         heap = self.heap
         push = heapq.heappush
         seq = self.seq
-        for r, s in zip(runs, slow):
+        for r, s in zip(runs, slow, strict=True):
             rate = r.rate = 1.0 / s
             r.slowdown = s
             token = r.token = r.token + 1
@@ -917,7 +925,7 @@ class Simulation:
                 out.slowdown_max = s
             rem = r.remaining
             seq += 1
-            push(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
+            push(heap, (now + (0.0 if rem < 0.0 else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
         self.seq = seq
         sm = min(sm, 1.0)
         mem = min(gpu.used, gpu.total)

@@ -46,7 +46,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
     makespan = (res.horizon - first) if res.horizon is not None else (last - first)
     span = max(res.end_time - first, 1e-9)
     with_qos = [o for o in arrived if o.job.qos_target_s is not None]
-    violations = sum(1 for o in with_qos if o.jct is None or o.jct > o.job.qos_target_s + 1e-9)
+    violations = sum(1 for o in with_qos if o.jct is None or o.jct > (o.job.qos_target_s or 0.0) + 1e-9)
     deployed = sum(1 for o in arrived if o.ran)
     return {
         "makespan_s": round(makespan, 3),

@@ -55,9 +55,12 @@ def render_table(report: Report) -> str:
     """Plain-text comparison table (also what the rich table shows)."""
     header, rows = table_rows(report)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+    def line(cells: list[str]) -> str:
+        padded = (c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(padded)
+
+    lines = [line(header)] + [line(r) for r in rows]
     for ref in report.reference:
         sim = "-" if ref["simulated"] is None else f"{ref['simulated']:g}{ref['unit']}"
         if ref["paper_value"] is None:
@@ -120,7 +123,7 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
     names = [name for name, res in report.results.items() if res.timeline] or list(report.results)[:1]
     fig, axes = plt.subplots(max(len(names), 1), 1, figsize=(7, max(1.6 * len(names), 3)), squeeze=False,
                              sharey=True)
-    for ax, name in zip(axes[:, 0], names):
+    for ax, name in zip(axes[:, 0], names, strict=True):
         tl = _decimate(report.results[name].timeline, 1500)
         ts = [p[0] / 60 for p in tl]
         ax.step(ts, [p[1] for p in tl], where="post", lw=1, label="GPU memory in use")
@@ -139,7 +142,7 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
 
     names = list(report.results)
     fig, axes = plt.subplots(len(names), 1, figsize=(7, max(2.2 * len(names), 3)), squeeze=False)
-    for ax, name in zip(axes[:, 0], names):
+    for ax, name in zip(axes[:, 0], names, strict=True):
         groups = report.results[name].groups[:400]
         if groups:
             xs = list(range(len(groups)))

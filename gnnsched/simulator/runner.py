@@ -6,8 +6,10 @@ policies are the policies' alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import ClusterSpec
@@ -135,7 +137,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         return _run_openb(workload, cluster, policies, seed, progress)
     if jobs is None:
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in policies), startup_s=startup_s,
-                           progress=(lambda d, t: progress("costing jobs", d, t)) if progress else None)
+                           progress=partial(progress, "costing jobs") if progress else None)
     if backoff_limit is not None:  # --backoff-limit: every job's, in place of the workload's
         jobs = [replace(j, backoff_limit=backoff_limit) for j in jobs]
     report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={},
@@ -147,7 +149,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         loop = closed_loop_books(spec, cluster, estimate_error, fault_rate, seed, multipliers)
         sim = Simulation(jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                          startup_s=startup_s, record_timeline=record_timeline,
-                         progress=(lambda d, t, n=spec.text: progress(n, d, t)) if progress else None, loop=loop)
+                         progress=partial(progress, spec.text) if progress else None, loop=loop)
         result = sim.run()
         report.results[spec.text] = result
         report.policies[spec.text] = summarise(result)
@@ -187,7 +189,7 @@ def _run_openb(workload: Workload, cluster: ClusterSpec, policies: list[PolicySp
     report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(pods), policies={})
     for spec in policies:
         out = replay(cluster, pods, spec.base, seed,
-                     progress=(lambda d, t, n=spec.text: progress(n, d, t)) if progress else None)
+                     progress=partial(progress, spec.text) if progress else None)
         curve = out.pop("curve")
         report.policies[spec.text] = {
             "makespan_s": None, "jct_mean_s": None, "jct_p99_s": None, "queue_mean_s": None,
@@ -216,15 +218,15 @@ def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: boo
     if not metric:
         return None
     paper = set(among or ())
-    ours = {n: m.get(metric) for n, m in metrics.items()
-            if parse_policy(n).is_ours and n not in paper and m.get(metric) is not None}
-    theirs = {n: m.get(metric) for n, m in metrics.items() if m.get(metric) is not None
-              and (n in paper if among is not None else not parse_policy(n).is_ours)}
+    ours: dict[str, float] = {n: m[metric] for n, m in metrics.items()
+                              if parse_policy(n).is_ours and n not in paper and m.get(metric) is not None}
+    theirs: dict[str, float] = {n: m[metric] for n, m in metrics.items() if m.get(metric) is not None
+                                and (n in paper if among is not None else not parse_policy(n).is_ours)}
     if not ours or not theirs:
         return None
     pick = max if higher else min
-    a = pick(ours, key=ours.get)
-    b = pick(theirs, key=theirs.get)
+    a = pick(ours, key=ours.__getitem__)
+    b = pick(theirs, key=theirs.__getitem__)
     better = ours[a] > theirs[b] if higher else ours[a] < theirs[b]
     verdict = "better" if better else ("tie" if abs(ours[a] - theirs[b]) <= 1e-9 * max(abs(theirs[b]), 1) else "worse")
     claim = "gnnsched's best policy against the best other policy" if among is None else \
@@ -247,7 +249,7 @@ def compare_reference(workload: Workload, metrics: dict[str, dict[str, Any]]) ->
     out: list[dict[str, Any]] = []
     if not ref:
         return out
-    metric = ref.get("metric")
+    metric = str(ref.get("metric", ""))
     if "ratio" in ref:
         base, ours = ref["ratio"]
         if base in metrics and ours in metrics:

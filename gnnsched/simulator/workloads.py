@@ -13,9 +13,10 @@ from __future__ import annotations
 import csv
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -221,7 +222,8 @@ def gnnsched_queue(queue: str, load: str, seed: int, fits: Fits | None = None) -
       uniformly between ``GNNSCHED_MIN_FRACTION`` and 1 times the largest fraction whose gate reservation fits
       ``GNNSCHED_TASK_SHARE`` of the V100 (found by bisection, ``_largest_fraction``; 1 when the whole graph fits,
       as pubmed does; a draw that still does not fit, since reserved memory is not monotonic in size, is shrunk
-      by 3 % steps until it does). Uniform in the fraction means roughly uniform in memory, up to a quarter of the GPU (about
+      by 3 % steps until it does). Uniform in the fraction means roughly uniform in memory, up to a quarter of the GPU
+      (about
       4 GB on average for amazon and reddit; pubmed and artist graphs are small whatever the fraction). An earlier
       version drew the fraction log-uniformly in 0.5-25 %, which made most tasks tiny (mean 1.4 GB, median 0.4 GB):
       no set of tasks in flight ever exceeded the GPU, so naive MPS never paid for its greed and tied gnnsched.

@@ -37,7 +37,7 @@ class ApiError(Exception):
 
 def now() -> str:
     """RFC 3339 with seconds, as the API server and kubelet write times."""
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Api:

@@ -53,9 +53,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from kubeapi import ALL_PODS, NODES, PODS, Api, ApiError, now
+
 from gnnsched.device_plugin.v1beta1 import api_pb2 as pb
 from gnnsched.device_plugin.v1beta1 import api_pb2_grpc as pb_grpc
-from kubeapi import ALL_PODS, NODES, PODS, Api, ApiError, now
 
 log = logging.getLogger("e2e.kubelet")
 

@@ -280,8 +280,8 @@ def _age(stamp: str | None) -> str:
         return "<unknown>"
     import datetime
 
-    t = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    secs = int((datetime.datetime.now(tz=datetime.UTC) - t).total_seconds())
+    t = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    secs = int((datetime.datetime.now(tz=datetime.timezone.utc) - t).total_seconds())
     return f"{secs}s" if secs < 120 else f"{secs // 60}m{secs % 60}s"
 
 

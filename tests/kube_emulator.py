@@ -9,7 +9,7 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * create assigns ``uid``, ``creationTimestamp``, ``generation`` and the namespace (owner references need the uid);
 * writes are serialised so that the ``test`` check and the write are atomic;
 * core discovery reports ``groupVersion: v1`` (kmock says ``/v1``, which hides core resources from kubectl);
-* list honours equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
+* list and watch honour equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
 * matching a request to kmock's reactions looks at that request only (kmock rescans every request so far: quadratic),
   and only recent requests are remembered;
 * ``POST pods/<name>/binding`` binds as kube-apiserver's binding subresource does (``BindingREST`` in
@@ -216,7 +216,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             timeout = float(request.params.get("timeoutSeconds") or 0)
         except ValueError:
             timeout = 0.0
-        stream = super()._serve_watch(request)
+        stream = self._selected(request, super()._serve_watch(request))
         if timeout <= 0:
             async for item in stream:
                 yield item
@@ -233,16 +233,20 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         finally:
             await stream.aclose()
 
+    async def _selected(self, request: rendering.Request, stream: Any) -> Any:
+        """Watch events of the objects the request's ``labelSelector`` selects (kmock sends every object)."""
+        terms = _selector_terms(request.params.get("labelSelector"))
+        async for item in stream:
+            if terms and isinstance(item, dict) and isinstance(item.get("object"), dict) \
+                    and not _matches(item["object"], terms):
+                continue
+            yield item
+
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)
-        selector = request.params.get("labelSelector")
-        if selector and isinstance(result, dict):
-            terms = [t.split("=", 1) for t in selector.replace("==", "=").split(",") if "=" in t]
-            result["items"] = [
-                item
-                for item in result["items"]
-                if all((item.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in terms)
-            ]
+        terms = _selector_terms(request.params.get("labelSelector"))
+        if terms and isinstance(result, dict):
+            result["items"] = [item for item in result["items"] if _matches(item, terms)]
         return result
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
@@ -292,6 +296,18 @@ def _is_binding(request: rendering.Request) -> bool:
     resource = request.resource
     return (request.method == "POST" and request.subresource == "binding" and request.name is not None
             and resource is not None and resource.plural == "pods" and not resource.group)
+
+
+def _selector_terms(selector: Any) -> list[list[str]]:
+    """Equality terms of a label selector (``a=b,c==d``), the only kind the operator and the tests send."""
+    if not isinstance(selector, str) or not selector:
+        return []
+    return [t.split("=", 1) for t in selector.replace("==", "=").split(",") if "=" in t]
+
+
+def _matches(obj: dict[str, Any], terms: list[list[str]]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in terms)
 
 
 def _cell(value: Any) -> Any:

@@ -116,6 +116,7 @@ class Kube:
                                       _request_timeout=(10, timeout_seconds + 30))
         if resource_version:
             kwargs["resource_version"] = resource_version
+        response: Any
         try:
             if namespace is None:
                 response = self._core.list_pod_for_all_namespaces(**kwargs)

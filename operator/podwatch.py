@@ -47,7 +47,7 @@ class _KeyedDispatcher:
         self._pending: dict[str, tuple[dict[str, Any], str | None]] = {}
 
     def submit(self, body: dict[str, Any], event_type: str | None) -> None:
-        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        meta: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         with self._lock:
             if key in self._busy:
@@ -65,7 +65,7 @@ class _KeyedDispatcher:
                     self._context.copy().run(self._handler, body, event_type)
                 else:
                     self._handler(body, event_type)
-            except Exception:  # noqa: BLE001 - a handler bug must not stop the pod's later events
+            except Exception:
                 log.exception("pod %s: handler failed", key)
             with self._lock:
                 nxt = self._pending.pop(key, None)
@@ -88,7 +88,7 @@ class PodWatcher:
         self.label_selector = label_selector
         self.namespaces: list[str | None] = list(namespaces) if namespaces else [None]
         # Server-side watch timeout: short in tests (the emulator streams), a few minutes by default (as kopf).
-        self.timeout_seconds = max(1, int(round(timeout_seconds))) if timeout_seconds else 300
+        self.timeout_seconds = max(1, round(timeout_seconds)) if timeout_seconds else 300
         self.retry_seconds = retry_seconds
         self._dispatch = _KeyedDispatcher(handler, workers, context)
         self._stop = threading.Event()
@@ -157,7 +157,7 @@ class PodWatcher:
                 if self._stop.is_set():
                     return version
                 kind = event.get("type")
-                obj = event.get("object") if isinstance(event.get("object"), dict) else {}
+                obj: dict[str, Any] = event["object"] if isinstance(event.get("object"), dict) else {}
                 if kind == "ERROR":
                     code = obj.get("code")
                     log.info("pod watch (%s): error event %s (%s); re-listing", namespace or "all namespaces",

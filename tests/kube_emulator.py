@@ -8,6 +8,7 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * a JSON-patch whose ``test`` op fails is answered 422 (kmock answers 500), which kopf treats as "retry next cycle";
 * create assigns ``uid``, ``creationTimestamp``, ``generation`` and the namespace (owner references need the uid);
 * writes are serialised so that the ``test`` check and the write are atomic;
+* ``/api/v1/namespaces[/NAME]`` is routed to the namespaces resource (kmock reads it as a namespace prefix);
 * core discovery reports ``groupVersion: v1`` (kmock says ``/v1``, which hides core resources from kubectl);
 * list and watch honour equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
 * matching a request to kmock's reactions looks at that request only (kmock rescans every request so far: quadratic),
@@ -36,9 +37,21 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kmock._internal import enums, rendering
+from kmock._internal import enums, parsing, rendering
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _parse_path(path: str, _original: Any = parsing.parse_path) -> Any:
+    """kmock 0.8 reads ``/api/v1/namespaces[/NAME]`` as a namespace prefix with no resource, so the list and the GET
+    of namespaces themselves fail (500 / 404); the real API server routes them to the ``namespaces`` resource."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (3, 4):
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _original(path)
+
+
+parsing.parse_path = _parse_path  # the emulator's module-wide fix (rendering calls parsing.parse_path)
 _CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emulator_request", default=None)
 
 
@@ -66,6 +79,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     before_write: Any = attrs.field(default=None)
     # Test hook: awaited after a write was applied, before the response is sent (to lose responses).
     after_write: Any = attrs.field(default=None)
+    # ``GET /version``'s gitVersion (kmock answers a fixed k3s version); None keeps kmock's answer.
+    server_version: str | None = attrs.field(default=None)
 
     def _next_version(self) -> str:
         return str(next(self._versions))
@@ -253,6 +268,13 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         result = await super()._serve_version(request)
         if isinstance(result, dict) and result.get("groupVersion", "").startswith("/"):
             result["groupVersion"] = result["groupVersion"][1:]
+        return result
+
+    async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
+        result = await super()._serve_server_version(request)
+        if self.server_version and isinstance(result, dict):
+            major, minor = self.server_version.lstrip("v").split(".")[:2]
+            result.update(gitVersion=self.server_version, major=major, minor=minor)
         return result
 
     async def _serve_table(self, request: rendering.Request) -> aiohttp.web.StreamResponse:

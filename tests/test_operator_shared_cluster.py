@@ -10,11 +10,20 @@ from typing import Any
 
 import kmock
 import pytest
-from kmock._internal import enums
-from operator_harness import a100, emulated_cluster, manifest, running_operator, wait_for
-
-from gnnsched.operator.admission import create_backoff_seconds, job_field, never_admissible
+from gnnsched.operator.admission import (
+    create_backoff_seconds,
+    job_field,
+    never_admissible,
+)
 from gnnsched.operator.kube import KubeError, connection_info
+from kmock._internal import enums
+from operator_harness import (
+    a100,
+    emulated_cluster,
+    manifest,
+    running_operator,
+    wait_for,
+)
 
 UNRELATED = 200
 

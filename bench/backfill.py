@@ -68,8 +68,11 @@ def main() -> int:
         m = rep.policies
         best_other = min(others, key=lambda p: m[p]["jct_mean_s"])
         naive = m.get("mps-naive", m[best_other])  # resource-demand runs no mps-naive: its best other instead
-        print(f"{name}: mps-naive (or best other) {naive['jct_mean_s']:.1f} / {naive['jct_p99_s']:.1f} s, {naive['oom_kills']} OOM, "
-              f"{naive['completed']} done; best other {best_other} {m[best_other]['jct_mean_s']:.1f} s")
+        print(
+            f"{name}: mps-naive (or best other) {naive['jct_mean_s']:.1f} / {naive['jct_p99_s']:.1f} s, "
+            f"{naive['oom_kills']} OOM, "
+            f"{naive['completed']} done; best other {best_other} {m[best_other]['jct_mean_s']:.1f} s"
+        )
         for p in ours:
             cells = []
             for n in limits:
@@ -111,10 +114,13 @@ def main() -> int:
         changed = [r for r in rows if abs(r[1] - 1) > 1e-9 or abs(r[2] - 1) > 1e-9]
         if not n or not rows:
             continue
-        print(f"N={n:3d} against N=0, per policy: {len(changed)} of {len(rows)} (workload, policy) runs change; "
-              f"mean JCT better in {sum(1 for r in changed if r[1] < 1 - 1e-9)}, worse in "
-              f"{sum(1 for r in changed if r[1] > 1 + 1e-9)}; p99 better in {sum(1 for r in changed if r[2] < 1 - 1e-9)}, "
-              f"worse in {sum(1 for r in changed if r[2] > 1 + 1e-9)}")
+        print(
+            f"N={n:3d} against N=0, per policy: {len(changed)} of {len(rows)} (workload, policy) runs change; "
+            f"mean JCT better in {sum(1 for r in changed if r[1] < 1 - 1e-9)}, worse in "
+            f"{sum(1 for r in changed if r[1] > 1 + 1e-9)}; "
+            f"p99 better in {sum(1 for r in changed if r[2] < 1 - 1e-9)}, "
+            f"worse in {sum(1 for r in changed if r[2] > 1 + 1e-9)}"
+        )
         for run_name, mean_r, p99_r in changed:
             print(f"    {run_name}: mean JCT {100 * (mean_r - 1):+.2f} %, p99 {100 * (p99_r - 1):+.2f} %")
     print(f"OOM kills over all gnnsched runs: {oom_ours}")

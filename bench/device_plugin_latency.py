@@ -14,8 +14,8 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
-
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dp_test_kubelet import TestKubelet  # noqa: E402
@@ -23,6 +23,11 @@ from dp_test_kubelet import TestKubelet  # noqa: E402
 from gnnsched.device_plugin.server import DevicePlugin, PluginConfig  # noqa: E402
 from gnnsched.device_plugin.v1beta1 import api_pb2 as pb  # noqa: E402
 from gnnsched.gpu_backend import FakeGPUBackend  # noqa: E402
+
+
+def _reports(kubelet: TestKubelet, device: str, health: str) -> bool:
+    """Whether the kubelet's latest ListAndWatch update shows ``device`` with ``health``."""
+    return kubelet.latest().get(device) == health
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -68,7 +73,7 @@ def main() -> None:
             first = f"{backend.devices()[0].uuid}-slot-00"
             t = time.perf_counter()
             backend.set_healthy(0, healthy)
-            assert kubelet.wait_for(lambda: kubelet.latest().get(first) == want, timeout=5)
+            assert kubelet.wait_for(partial(_reports, kubelet, first, want), timeout=5)
             flips.append(time.perf_counter() - t)
         plugin.stop(0)
         kubelet.stop()

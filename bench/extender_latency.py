@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -53,8 +54,15 @@ def _pods(n: int, seed: int) -> list[dict]:
                         "gnnsched.io/predicted-runtime-seconds": f"{rng.uniform(60, 7200):.1f}",
                         "gnnsched.io/intensity": "memory" if rng.random() < 0.6 else "compute",
                     },
-                    "ownerReferences": [{"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob", "name": f"gj-{i}",
-                                         "uid": "11111111-2222-3333-4444-555555555555", "controller": True}],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "gnnsched.io/v1alpha1",
+                            "kind": "GNNJob",
+                            "name": f"gj-{i}",
+                            "uid": "11111111-2222-3333-4444-555555555555",
+                            "controller": True,
+                        }
+                    ],
                 },
                 "spec": {
                     "schedulerName": "gnnsched-scheduler",
@@ -66,7 +74,10 @@ def _pods(n: int, seed: int) -> list[dict]:
                             "command": ["gnnsched", "gate", "--", "gnnsched", "worker", "/etc/gnnsched/job.yaml"],
                             "env": [
                                 {"name": "GNNSCHED_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-                                {"name": "GNNSCHED_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                {
+                                    "name": "GNNSCHED_POD_NAME",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                },
                             ],
                             "resources": {
                                 "requests": {"cpu": "2", "memory": "8Gi", "gnnsched.io/gpu-share": "1"},
@@ -92,7 +103,7 @@ def _client(port: int, names: list[str], pods: list[dict], start: float, q: mp.Q
         time.sleep(0.001)
     lat = []
     passed_total = 0
-    for pod, body in zip(pods, bodies):
+    for pod, body in zip(pods, bodies, strict=True):
         t0 = time.perf_counter()
         conn.request("POST", "/filter", body, headers)
         r = conn.getresponse()
@@ -177,7 +188,7 @@ def main() -> int:
             time.sleep(0.2)
         print(f"extender --fake-cluster {spec}: ready in {time.perf_counter() - t0:.1f} s (pid {proc.pid})")
         names = [f"node-{i}" for i in range(args.nodes)]
-        print(f"uptime: {open('/proc/loadavg').read().strip()}  (cores: {os.cpu_count()})")
+        print(f"uptime: {Path('/proc/loadavg').read_text().strip()}  (cores: {os.cpu_count()})")
         ctx = mp.get_context("fork")
         q: mp.Queue = ctx.Queue()
         # warm-up
@@ -231,7 +242,7 @@ def main() -> int:
             if n:
                 parts.append(f"{verb} {total / n * 1e3:.2f} ms")
         print("server handler time per request (mean, from /metrics, excludes HTTP): " + ", ".join(parts))
-        print(f"uptime: {open('/proc/loadavg').read().strip()}")
+        print(f"uptime: {Path('/proc/loadavg').read_text().strip()}")
     finally:
         proc.terminate()
         proc.wait(timeout=10)

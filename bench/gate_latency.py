@@ -8,7 +8,8 @@ Two measurements, both printed:
 2. **round trip**: a client's admit request over the real unix socket to the agent's reply, with the same queue
    (pod lookup in memory, peer check off), i.e. parse + identity + enqueue + decision + reply.
 
-Usage: ``python bench/gate_latency.py [--queued 1000] [--samples 2000] [--policy all] [--bypass-limit N]``. Timings on a shared machine
+Usage: ``python bench/gate_latency.py [--queued 1000] [--samples 2000] [--policy all] [--bypass-limit N]``. Timings on
+a shared machine
 are pessimistic; the load average is printed beside them.
 """
 

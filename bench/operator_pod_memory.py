@@ -57,8 +57,8 @@ def child(mode: str, kubeconfig: str, settle: float, out: str) -> None:
     import kopf
 
     import gnnsched.operator.main as main
-    from gnnsched.contract import LABEL_MANAGED_BY, MANAGED_BY_VALUE
     from gnnsched.cliutil import setup_logging
+    from gnnsched.contract import LABEL_MANAGED_BY, MANAGED_BY_VALUE
     from gnnsched.operator.handlers import OperatorConfig
 
     setup_logging("info")

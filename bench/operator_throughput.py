@@ -76,10 +76,27 @@ async def run(args: argparse.Namespace) -> int:
             log_path = Path(tmp) / "operator.log"
             log_file = log_path.open("wb")
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", "-m", "gnnsched.cli", "operator", "--all-namespaces",
-                "--kubeconfig", str(cluster.kubeconfig), "--workers", str(args.workers),
-                "--watch-timeout", str(args.watch_timeout), "--resync-seconds", "300", "--log-level", "warning", "--metrics-port", "0",
-                stdout=asyncio.subprocess.DEVNULL, stderr=log_file)
+                sys.executable,
+                "-P",
+                "-m",
+                "gnnsched.cli",
+                "operator",
+                "--all-namespaces",
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                "--workers",
+                str(args.workers),
+                "--watch-timeout",
+                str(args.watch_timeout),
+                "--resync-seconds",
+                "300",
+                "--log-level",
+                "warning",
+                "--metrics-port",
+                "0",
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log_file,
+            )
             try:
                 # Warm-up: one job, so that start-up (imports, first trace) is not counted as throughput.
                 warm_start = time.monotonic()

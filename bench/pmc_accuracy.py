@@ -18,6 +18,14 @@ Usage::
     python bench/pmc_accuracy.py --quick        # the slice tests/test_estimator.py runs in CI
     python bench/pmc_accuracy.py --json out.json
     python bench/pmc_accuracy.py --check-splice # spliced vs full traces over the grid at depths 6-16 (no profiler)
+    python bench/pmc_accuracy.py --device cuda  # the CUDA caching-allocator model against a GPU (needs one)
+
+``--device cuda`` runs each case on the GPU (graph, model on the device, ``--cuda-steps`` steps; parallel inference
+as the worker serves it) in this process, emptying the allocator's cache and the cuBLAS workspaces between cases, and
+compares the estimate's ``cuda_reserved_bytes`` with ``torch.cuda.max_memory_reserved()`` and
+``cuda_allocated_bytes`` with ``torch.cuda.max_memory_allocated()`` (both since the case's first allocation; the CUDA
+context is in neither). Without a GPU it prints that it skipped and measures nothing. It exits 1 when any case's
+reserved memory is under-predicted.
 
 A model deeper than ``gnnsched.estimator.SPLICE_DEPTH`` is estimated from a spliced trace; the grid's 6-, 8- and
 10-layer cases measure it against the profiler, and ``--check-splice`` compares it with the full trace for every
@@ -179,6 +187,114 @@ def run_case(case: Case, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Result:
     )
 
 
+@dataclass
+class CudaResult:
+    case: str
+    kind: str
+    reserved_predicted: int
+    reserved_measured: int
+    reserved_rel_error: float
+    allocated_predicted: int
+    allocated_measured: int
+    allocated_rel_error: float
+
+
+def measure_cuda(spec: Any, steps: int) -> tuple[int, int]:
+    """(``max_memory_reserved``, ``max_memory_allocated``) of ``steps`` steps of ``spec`` on the current GPU, from an
+    empty allocator: the graph made as the worker makes it and copied to the device, the model built there."""
+    import gc
+
+    import torch
+
+    from gnnsched.models import build_model, make_graph, run_step
+    from gnnsched.worker import _serve_parallel, _StepInputs
+
+    gc.collect()
+    torch.cuda.synchronize()
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    if torch.cuda.memory_reserved() != 0:
+        raise RuntimeError(f"{torch.cuda.memory_reserved()} bytes still reserved before the case")
+    torch.manual_seed(0)
+    graph = make_graph(spec, 0)
+    model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device="cuda")
+    inputs = _StepInputs(spec, graph, "cuda", 0)
+    workers = spec.parallelism if spec.mode == "infer" else 1
+    if workers == 1:
+        stream = inputs.stream()
+        for _ in range(steps):
+            run_step(model, next(stream), spec.mode)
+    else:
+        _serve_parallel(model, inputs, workers * steps, workers, None)
+    torch.cuda.synchronize()
+    out = int(torch.cuda.max_memory_reserved()), int(torch.cuda.max_memory_allocated())
+    del model, inputs, graph
+    return out
+
+
+def run_case_cuda(case: Case, steps: int, max_bytes: int | None = DEFAULT_MAX_BYTES) -> CudaResult:
+    from gnnsched.estimator import estimate
+    from gnnsched.spec import parse_spec
+
+    spec = parse_spec(case.spec_dict())
+    est = estimate(spec, device="cuda")
+    while max_bytes is not None and est.pmc_bytes > max_bytes and case.hidden > 16:
+        case.hidden //= 2
+        spec = parse_spec(case.spec_dict())
+        est = estimate(spec, device="cuda")
+    assert est.cuda_reserved_bytes is not None and est.cuda_allocated_bytes is not None
+    reserved, allocated = measure_cuda(spec, steps)
+    return CudaResult(
+        case=case.label(),
+        kind=case.kind,
+        reserved_predicted=est.cuda_reserved_bytes,
+        reserved_measured=reserved,
+        reserved_rel_error=(est.cuda_reserved_bytes - reserved) / reserved,
+        allocated_predicted=est.cuda_allocated_bytes,
+        allocated_measured=allocated,
+        allocated_rel_error=(est.cuda_allocated_bytes - allocated) / allocated,
+    )
+
+
+def main_cuda(args: argparse.Namespace) -> int:
+    """``--device cuda``: the allocator model against the GPU's own statistics (see the module docstring)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("SKIPPED --device cuda: no CUDA device (torch.cuda.is_available() is False); the caching-allocator "
+              "model is unmeasured on this machine")
+        return 0
+    print(f"device: {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, steps per case {args.cuda_steps}")
+    cases = quick_cases() if args.quick else grid_cases() + ([] if args.no_bounds else bound_cases())
+    results = []
+    for case in cases:
+        r = run_case_cuda(case, args.cuda_steps, args.max_bytes)
+        results.append(r)
+        print(f"{r.case:58} reserved est={r.reserved_predicted:>11} meas={r.reserved_measured:>11} "
+              f"err={r.reserved_rel_error * 100:+7.2f}%  allocated est={r.allocated_predicted:>11} "
+              f"meas={r.allocated_measured:>11} err={r.allocated_rel_error * 100:+7.2f}%  [{r.kind}]", flush=True)
+    res = [r.reserved_rel_error for r in results]
+    alloc = [r.allocated_rel_error for r in results]
+    summary = {
+        "device": torch.cuda.get_device_name(),
+        "cases": len(results),
+        "reserved_median_abs_rel_error": statistics.median(abs(e) for e in res),
+        "reserved_most_under": min(res),
+        "reserved_most_over": max(res),
+        "allocated_median_abs_rel_error": statistics.median(abs(e) for e in alloc),
+        "allocated_most_under": min(alloc),
+        "allocated_most_over": max(alloc),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as fh:
+            json.dump({"results": [asdict(r) for r in results], "summary": summary}, fh, indent=2)
+    return 1 if min(res) < 0 else 0
+
+
 def summarize(results: list[Result]) -> dict[str, Any]:
     errors = [r.rel_error for r in results if r.kind in ("grid", "real")]
     bounds = [r for r in results if r.kind.endswith("-bound")]
@@ -276,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-large", action="store_true", help="skip the 100M-edge timing")
     parser.add_argument("--json", dest="json_path", help="also write every result and the summary here")
     parser.add_argument("--check-splice", action="store_true", help="only compare spliced and full traces")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: compare the caching-allocator model with the GPU's reserved/allocated peaks")
+    parser.add_argument("--cuda-steps", type=int, default=3, help="steps per case with --device cuda")
     args = parser.parse_args(argv)
 
     import torch
@@ -285,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"torch {torch.__version__}, threads {args.threads}, PyG extensions: {pyg_backends()}")
     print(f"load average: {os.getloadavg()}")
+    if args.device == "cuda":
+        return main_cuda(args)
     if args.check_splice:
         count, problems = check_splice()
         print(f"splice check: {count} spliced traces compared with full traces, {len(problems)} differ")

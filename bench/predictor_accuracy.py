@@ -46,7 +46,8 @@ def main() -> int:
     finished = pods.finished()
     order = np.random.default_rng(0).permutation(len(finished))
     folds = np.array_split(order, args.folds)
-    y_all, preds = [], {"xgboost": [], "random_forest": [], "median": []}
+    y_all: list[np.ndarray] = []
+    preds: dict[str, list[np.ndarray]] = {"xgboost": [], "random_forest": [], "median": []}
     for k in range(args.folds):
         test_idx = folds[k]
         train_idx = np.concatenate([folds[j] for j in range(args.folds) if j != k])

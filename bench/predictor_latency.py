@@ -69,7 +69,9 @@ def main() -> int:
             if arch == "gat":
                 d["model"]["heads"] = 4
             specs.append(parse_spec(d))
-    calls = [(specs[i % len(specs)], "A100-80GB", 1.0 + i % 16, float((8 + i % 64) * 2**30)) for i in range(args.n // 5)]
+    calls = [
+        (specs[i % len(specs)], "A100-80GB", 1.0 + i % 16, float((8 + i % 64) * 2**30)) for i in range(args.n // 5)
+    ]
     prior_only = GNNRuntimePredictor.load_default()
     results["GNN model, prior only"] = per_call_us(prior_only.predict, calls)
 

@@ -26,8 +26,8 @@ from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import Simulation
-from gnnsched.simulator.model import SimJob
 from gnnsched.simulator.metrics import summarise
+from gnnsched.simulator.model import SimJob
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import materialise
 from gnnsched.simulator.workloads import default_cluster, resolve_workload
@@ -56,7 +56,7 @@ def main() -> None:
     print(f"{'seed':>4} {'policy':22s} {'arrived':>7} {'deployed':>8} {'done':>5} {'JCT mean s':>10} "
           f"{'queue s':>8} {'big-job queue s':>15} {'missed (big, unstarted)':>23}")
     started = time.perf_counter()
-    totals: dict[str, list[int]] = {spec.text: [0, 0, 0] for spec in specs}  # arrived, deployed, completed
+    totals: dict[str, list[float]] = {spec.text: [0, 0, 0] for spec in specs}  # arrived, deployed, completed
     bound_total = 0
     for seed in (int(s) for s in args.seeds.split(",")):
         workload = resolve_workload("resource-demand", seed, data, fits=fits_on(cluster, ix))

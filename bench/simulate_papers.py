@@ -2,7 +2,8 @@
 
 * CoGNN (seed 002): mean JCT of Default over CoGNN-LMCF, averaged over the GCN/SAGE/GAT/GIN/Mix queues (paper 9.9x).
 * GNNSched (seed 000): mean-JCT reduction of GNNSched against Default, MPS-Base and MPS-Aggr, averaged over the four
-  queues and both loads (paper -60.6 %, -26.8 % and -62.7 %), and against the published SQTF/BQT (``-paper``). GNNSched is taken as the better of SQTF and BQT per queue (the paper
+  queues and both loads (paper -60.6 %, -26.8 % and -62.7 %), and against the published SQTF/BQT (``-paper``). GNNSched
+  is taken as the better of SQTF and BQT per queue (the paper
   reports them within 0.6 % of each other).
 * Resource-demand (seed 004): deployed tasks and completion rate with adaptive scaling against without, FIFO, at
   70 jobs/h for 12 h (paper +25.3 % and +15.2 %).
@@ -53,10 +54,13 @@ def main() -> int:
         ratios.append(m["exclusive"]["jct_mean_s"] / m["lmcf"]["jct_mean_s"])
         ratios48.append(m["exclusive"]["jct_mean_s"] / m["lmcf@48"]["jct_mean_s"])
         best_lines += [f"cognn-{q}: " + _best(rep)]
-        print(f"cognn-{q:5s} JCT exclusive {m['exclusive']['jct_mean_s']:.1f} s  temporal "
-              f"{m['temporal']['jct_mean_s']:.1f} s  mps-naive+uvm {m['mps-naive+uvm']['jct_mean_s']:.1f} s  "
-              f"lmcf {m['lmcf']['jct_mean_s']:.1f} s  lmcf@48 {m['lmcf@48']['jct_mean_s']:.1f} s  (OOM mps-naive {m['mps-naive']['oom_kills']}, "
-              f"gnnsched {sum(m[p]['oom_kills'] for p in ('base', 'lmcf', 'bmc'))})")
+        print(
+            f"cognn-{q:5s} JCT exclusive {m['exclusive']['jct_mean_s']:.1f} s  temporal "
+            f"{m['temporal']['jct_mean_s']:.1f} s  mps-naive+uvm {m['mps-naive+uvm']['jct_mean_s']:.1f} s  "
+            f"lmcf {m['lmcf']['jct_mean_s']:.1f} s  lmcf@48 {m['lmcf@48']['jct_mean_s']:.1f} s  (OOM mps-naive "
+            f"{m['mps-naive']['oom_kills']}, "
+            f"gnnsched {sum(m[p]['oom_kills'] for p in ('base', 'lmcf', 'bmc'))})"
+        )
     print(f"CoGNN: Default / LMCF mean JCT: paper 9.9x, simulated {statistics.mean(ratios):.2f}x "
           f"(per queue {', '.join(f'{r:.2f}' for r in ratios)}); without the 2-worker cap (lmcf@48) "
           f"{statistics.mean(ratios48):.2f}x")
@@ -81,11 +85,13 @@ def main() -> int:
                   f"paper SQTF/BQT {paper:.1f} s  mps-naive (OOM) {m['mps-naive']['jct_mean_s']:.1f} s "
                   f"({m['mps-naive']['oom_kills']} OOM kills)  gnnsched {ours:.1f} s; oversubscribed admissions "
                   + ", ".join(f"{p} {n}" for p, n in over.items()))
-            print(f"    QoS violations: exclusive "
-                  f"{m['exclusive']['qos_violation_rate']:.0%}, mps-base {m['mps-base+uvm']['qos_violation_rate']:.0%}, "
-                  f"gnnsched {min(m['sqtf']['qos_violation_rate'], m['bqt']['qos_violation_rate']):.0%}; "
-                  "OOM kills: "
-                  f"gnnsched {m['sqtf']['oom_kills'] + m['bqt']['oom_kills']}, mps-naive {m['mps-naive']['oom_kills']}")
+            print(
+                f"    QoS violations: exclusive "
+                f"{m['exclusive']['qos_violation_rate']:.0%}, mps-base {m['mps-base+uvm']['qos_violation_rate']:.0%}, "
+                f"gnnsched {min(m['sqtf']['qos_violation_rate'], m['bqt']['qos_violation_rate']):.0%}; "
+                "OOM kills: "
+                f"gnnsched {m['sqtf']['oom_kills'] + m['bqt']['oom_kills']}, mps-naive {m['mps-naive']['oom_kills']}"
+            )
     print(f"GNNSched: JCT vs Default: paper -60.6 %, simulated {statistics.mean(vs_default):+.1f} %; "
           f"vs MPS-Base: paper -26.8 %, simulated {statistics.mean(vs_base):+.1f} %; "
           f"vs MPS-Aggr: paper -62.7 %, simulated {statistics.mean(vs_aggr):+.1f} %; "
@@ -108,7 +114,9 @@ def main() -> int:
               f"{a['completion_rate']:.3f} -> {b['completion_rate']:.3f} "
               f"({100 * (b['completion_rate'] - a['completion_rate']) / a['completion_rate']:+.1f} %), "
               f"queue {a['queue_mean_s']:.0f} s, GPU busy while jobs wait {a['unallocated_gpus']}")
-    print("resource-demand: paper +25.3 % deployed, +15.2 % completion (FIFO +- scaling; here lmcf = FIFO on shared GPUs)")
+    print(
+        "resource-demand: paper +25.3 % deployed, +15.2 % completion (FIFO +- scaling; here lmcf = FIFO on shared GPUs)"
+    )
     best_lines += ["resource-demand: " + _best(rep)]
     print("\n".join(best_lines))
     print(f"total {time.perf_counter() - started:.0f} s, load average {os.getloadavg()}")

@@ -40,7 +40,10 @@ def run(
     """Validate flags (one line, exit 2 on a bad one), open the GPU backend, serve until a signal arrives."""
     setup_logging(log_level)
     if not 1 <= slots_per_gpu <= MPS_MAX_CLIENTS_PER_GPU:
-        fail(f"--slots-per-gpu: must be between 1 and {MPS_MAX_CLIENTS_PER_GPU} (the MPS client limit), got {slots_per_gpu}")
+        fail(
+            f"--slots-per-gpu: must be between 1 and {MPS_MAX_CLIENTS_PER_GPU} (the MPS client limit), got "
+            f"{slots_per_gpu}"
+        )
     paths = [("--mps-pipe-dir", mps_pipe_dir), ("--gate-socket", gate_socket), ("--plugin-dir", plugin_dir)]
     if mps_shm_dir != "none":
         paths.append(("--mps-shm-dir", mps_shm_dir))
@@ -78,7 +81,9 @@ def run(
 
     if mps_status_file is None:
         mps_status_file = str(status_file_path(state_dir or DEFAULT_NODE_STATE_DIR))
-    health = assume_mps_healthy if mps_status_file == "none" else StatusFileMPSHealth(mps_status_file, mps_status_max_age)
+    health = (
+        assume_mps_healthy if mps_status_file == "none" else StatusFileMPSHealth(mps_status_file, mps_status_max_age)
+    )
     config = PluginConfig(
         plugin_dir=Path(plugin_dir),
         slots_per_gpu=slots_per_gpu,
@@ -92,7 +97,7 @@ def run(
     plugin = DevicePlugin(backend, config, health)
     done = threading.Event()
 
-    def _on_signal(signum, frame):  # noqa: ARG001
+    def _on_signal(signum: int, frame: object) -> None:  # noqa: ARG001
         log.info("signal %d: stopping", signum)
         done.set()
 

@@ -17,6 +17,7 @@ beyond dictionary look-ups, so ``Allocate`` never blocks kubelet.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -197,10 +199,8 @@ class DevicePlugin:
             # delete the new socket if it were already bound there.
             self._server.stop(0).wait()
             self._server = None
-        try:
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="gnnsched-dp-rpc"))
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
         server.add_insecure_port(f"unix://{path}")
@@ -253,7 +253,7 @@ class DevicePlugin:
             try:
                 self._register()
             except grpc.RpcError as exc:
-                msg = f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+                msg = f"{exc.code().name}: {exc.details()}"
                 if msg != last_error:
                     log.warning("registration with kubelet at %s failed: %s", self.config.kubelet_socket, msg)
                     last_error = msg
@@ -284,7 +284,9 @@ class DevicePlugin:
             devices=[pb.Device(ID=s.id, health=HEALTHY if s.healthy else UNHEALTHY) for s in st.slots]
         )
 
-    def _allocate_one(self, ids: list[str], by_id: dict[str, Slot], gpus: tuple[GPUInfo, ...]) -> pb.ContainerAllocateResponse:
+    def _allocate_one(
+        self, ids: list[str], by_id: dict[str, Slot], gpus: tuple[GPUInfo, ...]
+    ) -> pb.ContainerAllocateResponse:
         if not ids:
             raise AllocationError("container request lists no device IDs")
         unknown = [i for i in ids if i not in by_id]
@@ -329,10 +331,10 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, plugin: DevicePlugin) -> None:
         self.p = plugin
 
-    def GetDevicePluginOptions(self, request, context):  # noqa: N802 - gRPC method names
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method names
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request, context) -> Iterator[pb.ListAndWatchResponse]:  # noqa: N802
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
         p = self.p
         sent = -1
         while context.is_active() and not p._stop.is_set():
@@ -344,7 +346,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             sent, resp = p._device_list()
             yield resp
 
-    def GetPreferredAllocation(self, request, context):  # noqa: N802
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self.p._cond:
             by_id = self.p._state.by_id
         out = pb.PreferredAllocationResponse()
@@ -358,7 +360,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             out.container_responses.add(deviceIDs=ids)
         return out
 
-    def Allocate(self, request, context):  # noqa: N802
+    def Allocate(self, request: Any, context: Any) -> Any:  # noqa: N802
         with self.p._cond:
             by_id, gpus = self.p._state.by_id, self.p._state.gpus
         out = pb.AllocateResponse()
@@ -369,7 +371,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"container_requests[{i}]: {exc}")
         return out
 
-    def PreStartContainer(self, request, context):  # noqa: N802
+    def PreStartContainer(self, request: Any, context: Any) -> Any:  # noqa: N802
         return pb.PreStartContainerResponse()
 
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 
-def create_app(*args: Any, **kwargs: Any) -> "FastAPI":
+def create_app(*args: Any, **kwargs: Any) -> FastAPI:
     """See ``gnnsched.extender.app.create_app``."""
     from .app import create_app as _create_app
 

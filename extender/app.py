@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .binder import Binder, BindFailed
 from .cache import BindError, ClusterCache
 from .metrics import ExtenderMetrics
-from .pods import PodDemand, PodError, parse_pod
+from .pods import PodDemand, PodError, parse_pod, whole_gpu
 from .wire import (
     ErrorReply,
     ExtenderArgs,
@@ -135,11 +135,11 @@ class _RecentNames:
 
     def lookup(self, cache: ClusterCache, names: list) -> tuple[np.ndarray, dict]:
         n_nodes = cache.node_count
-        for i, (count, cached, rows, extra) in enumerate(self._entries):
+        for i, (count, cached, cached_rows, cached_extra) in enumerate(self._entries):
             if count == n_nodes and len(cached) == len(names) and cached == names:
                 if i:
                     self._entries.insert(0, self._entries.pop(i))
-                return rows, extra
+                return cached_rows, cached_extra
         rows = _rows(cache, names)
         extra: dict = {}
         self._entries.insert(0, (n_nodes, names, rows, extra))
@@ -218,7 +218,7 @@ class ExtenderService:
             raise _RequestError("Pod: missing (ExtenderArgs.Pod is required)")
         cands = _Candidates(args)
         try:
-            demand = parse_pod(pod)
+            demand = whole_gpu(parse_pod(pod), self.cache.max_capacity())
         except PodError as exc:
             meta = pod.get("metadata") if isinstance(pod, dict) else None
             if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
@@ -333,7 +333,7 @@ class ExtenderService:
         if pod is None:
             raise _RequestError(f"pod {key}: not found (the extender has not seen it in filter and cannot read it)")
         try:
-            return parse_pod(pod), pod
+            return whole_gpu(parse_pod(pod), self.cache.max_capacity()), pod
         except PodError as exc:
             raise _RequestError(str(exc)) from None
 
@@ -408,7 +408,7 @@ class HotPathMiddleware:
     Any unexpected exception becomes an ``Error`` reply, never a 5xx: kube-scheduler must get an answer.
     """
 
-    def __init__(self, app: Any, service: "ExtenderService") -> None:
+    def __init__(self, app: Any, service: ExtenderService) -> None:
         self.app = app
         self.service = service
 
@@ -444,7 +444,7 @@ class HotPathMiddleware:
         await send({"type": "http.response.body", "body": reply})
 
 
-def create_ops_app(service: "ExtenderService") -> FastAPI:
+def create_ops_app(service: ExtenderService) -> FastAPI:
     """Health, readiness and metrics on their own port (``--metrics-port``): probes and Prometheus reach them
     from the cluster network while the scheduler verbs stay on loopback."""
     ops = FastAPI(title="gnnsched extender (ops)", docs_url=None, redoc_url=None, openapi_url=None)
@@ -452,7 +452,7 @@ def create_ops_app(service: "ExtenderService") -> FastAPI:
     return ops
 
 
-def _add_ops_routes(app: FastAPI, service: "ExtenderService") -> None:
+def _add_ops_routes(app: FastAPI, service: ExtenderService) -> None:
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

@@ -27,14 +27,15 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from itertools import repeat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import repeat
+from typing import Any
 
 import numpy as np
 
-from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched import placement as pl
+from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
@@ -426,6 +427,10 @@ class ClusterCache:
 
     def max_capacity(self) -> float:
         """Largest capacity after reserve over every GPU the cluster has (healthy or not); cached per version."""
+        with self.lock:
+            return self._max_capacity()
+
+    def _max_capacity(self) -> float:
         if self._max_cap[0] != self.version:
             a = self._a
             caps = np.where(a["valid"], a["cap"], 0)
@@ -460,9 +465,11 @@ class ClusterCache:
             r = np.where(known_row, rows, 0)
             ok = known_row & node_ok[r] if len(node_ok) else np.zeros(len(rows), dtype=bool)
             if cpu_free_override is not None:
+                if mem_free_override is None:
+                    raise ValueError("cpu_free_override and mem_free_override go together")
                 ok &= (cpu_free_override >= demand.cpu_millis) & (mem_free_override >= demand.memory_bytes)
             failed = np.flatnonzero(~ok)
-            cluster_max = self.max_capacity()
+            cluster_max = self._max_capacity()
             unresolvable = cluster_max < b
             reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max)
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)
@@ -483,67 +490,88 @@ class ClusterCache:
         has_status = a["known"][frc] & ~unknown
         valid = a["valid"][:, frc]
         healthy = a["healthy"][:, frc] & valid
-        n_valid = valid.sum(axis=0).tolist()
-        any_healthy = healthy.any(axis=0).tolist()
-        any_fits = (healthy & (a["cap"][:, frc] >= d.gpu_bytes)).any(axis=0).tolist()
-        any_good = good[:, frc].any(axis=0).tolist()
+        # per failed node, as Python lists: the loop below indexes them once per node
+        n_valid: list[int] = valid.sum(axis=0).tolist()
+        any_healthy: list[bool] = np.asarray(healthy.any(axis=0)).tolist()
+        any_fits: list[bool] = np.asarray((healthy & (a["cap"][:, frc] >= d.gpu_bytes)).any(axis=0)).tolist()
+        any_good: list[bool] = np.asarray(good[:, frc].any(axis=0)).tolist()
         largest = np.where(healthy, a["cap"][:, frc], -1.0).max(axis=0).tolist()
         cpu_free = (a["cpu_free"][frc] if cpu_override is None else cpu_override[failed]).tolist()
         mem_free = (a["mem_free"][frc] if mem_override is None else mem_override[failed]).tolist()
         memo: dict[tuple, tuple[str, str]] = {}
 
-        def say(key: tuple, make: Callable[[], tuple[str, str]]) -> tuple[str, str]:
+        # Each message is formatted once per distinct argument tuple: say(make, *args) calls make(*args) only on a
+        # miss. The makers take what varies per node as arguments, so nothing reads a loop variable later.
+        def say(make: Callable[..., tuple[str, str]], *args: Any) -> tuple[str, str]:
+            key = (make, *args)
             hit = memo.get(key)
             if hit is None:
-                hit = memo[key] = make()
+                hit = memo[key] = make(*args)
             return hit
 
-        out: dict[int, tuple[str, str]] = {}
-        if cluster_max < d.gpu_bytes and has_status.all():  # fits nowhere: one message for every node
-            msg = (R_GPU_MEMORY, (
+        def unknown_node() -> tuple[str, str]:
+            return R_UNKNOWN, (
+                "node is not in the gnnsched cache (no GPUNode status: is the gnnsched node agent running there?)"
+            )
+
+        def no_status() -> tuple[str, str]:
+            return R_UNKNOWN, "node has no GPUNode status (is the gnnsched node agent running there?)"
+
+        def no_gpu() -> tuple[str, str]:
+            return R_NO_GPU, "node agent reports no GPUs on this node"
+
+        def too_big() -> tuple[str, str]:
+            return R_GPU_MEMORY, (
                 f"job needs {need} on one GPU; the largest GPU in the cluster has {format_bytes(cluster_max)} "
                 "after reserve (no node can ever run it: lower the batch size, use mini-batching or a larger GPU)"
-            ))
-            return dict.fromkeys(failed.tolist(), msg)
-        for k, (i, unk, status) in enumerate(zip(failed.tolist(), unknown.tolist(), has_status.tolist())):
+            )
+
+        def mps_down(nv: int) -> tuple[str, str]:
+            return R_UNHEALTHY, f"MPS daemon unhealthy on this node ({nv} GPUs unusable)"
+
+        def all_sick(nv: int) -> tuple[str, str]:
+            return R_UNHEALTHY, f"none of the node's {nv} GPUs is healthy with a healthy MPS server"
+
+        def gpu_small(label: str, big: float) -> tuple[str, str]:
+            return R_GPU_MEMORY, (
+                f"largest healthy GPU ({label}) has {format_bytes(big)} after reserve; job needs {need}"
+            )
+
+        def clients_full() -> tuple[str, str]:
+            return R_CLIENTS, f"every GPU that can hold {need} already has its maximum number of MPS clients"
+
+        def cpu_short(c: float) -> tuple[str, str]:
+            return R_CPU, f"node has {max(c, 0) / 1000:g} CPU unclaimed; pod requests {d.cpu_millis / 1000:g}"
+
+        def memory_short(m: float) -> tuple[str, str]:
+            return R_MEMORY, (
+                f"node has {format_bytes(max(m, 0))} memory unclaimed; pod requests {format_bytes(d.memory_bytes)}"
+            )
+
+        if cluster_max < d.gpu_bytes and has_status.all():  # fits nowhere: one message for every node
+            return dict.fromkeys(failed.tolist(), too_big())
+        out: dict[int, tuple[str, str]] = {}
+        for k, (i, unk, status) in enumerate(zip(failed.tolist(), unknown.tolist(), has_status.tolist(), strict=True)):
             if unk:
-                out[i] = say(("unknown",), lambda: (R_UNKNOWN, "node is not in the gnnsched cache (no GPUNode "
-                                                    "status: is the gnnsched node agent running there?)"))
+                out[i] = say(unknown_node)
             elif not status:
-                out[i] = say(("nostatus",), lambda: (R_UNKNOWN, "node has no GPUNode status (is the gnnsched node "
-                                                     "agent running there?)"))
+                out[i] = say(no_status)
             elif not n_valid[k]:
-                out[i] = say(("nogpu",), lambda: (R_NO_GPU, "node agent reports no GPUs on this node"))
+                out[i] = say(no_gpu)
             elif cluster_max < d.gpu_bytes:
-                out[i] = say(("cluster",), lambda: (R_GPU_MEMORY, (
-                    f"job needs {need} on one GPU; the largest GPU in the cluster has {format_bytes(cluster_max)} "
-                    "after reserve (no node can ever run it: lower the batch size, use mini-batching or a larger GPU)"
-                )))
+                out[i] = say(too_big)
             elif not any_healthy[k]:
                 node = self._nodes[self._names[int(fr[k])]]
-                nv = n_valid[k]
-                if not node.node_mps_healthy:
-                    out[i] = say(("mps", nv), lambda: (R_UNHEALTHY, f"MPS daemon unhealthy on this node ({nv} GPUs unusable)"))
-                else:
-                    out[i] = say(("sick", nv), lambda: (
-                        R_UNHEALTHY, f"none of the node's {nv} GPUs is healthy with a healthy MPS server"))
+                out[i] = say(mps_down if not node.node_mps_healthy else all_sick, n_valid[k])
             elif not any_fits[k]:
                 node = self._nodes[self._names[int(fr[k])]]
-                label = ", ".join(sorted({g.model for g in node.gpus}))
-                big = largest[k]
-                out[i] = say(("mem", label, big), lambda: (R_GPU_MEMORY, (
-                    f"largest healthy GPU ({label}) has {format_bytes(big)} after reserve; job needs {need}")))
+                out[i] = say(gpu_small, ", ".join(sorted({g.model for g in node.gpus})), largest[k])
             elif not any_good[k]:
-                out[i] = say(("clients",), lambda: (
-                    R_CLIENTS, f"every GPU that can hold {need} already has its maximum number of MPS clients"))
+                out[i] = say(clients_full)
             elif cpu_free[k] < d.cpu_millis:
-                c = cpu_free[k]
-                out[i] = say(("cpu", c), lambda: (
-                    R_CPU, f"node has {max(c, 0) / 1000:g} CPU unclaimed; pod requests {d.cpu_millis / 1000:g}"))
+                out[i] = say(cpu_short, cpu_free[k])
             else:
-                m = mem_free[k]
-                out[i] = say(("memory", m), lambda: (R_MEMORY, (
-                    f"node has {format_bytes(max(m, 0))} memory unclaimed; pod requests {format_bytes(d.memory_bytes)}")))
+                out[i] = say(memory_short, mem_free[k])
         return out
 
     def _cost_matrix(self, demand: PodDemand, now: float) -> np.ndarray:

@@ -9,11 +9,12 @@ is refused with an error that names both annotations: guessing its memory would 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
+    ANN_EXCLUSIVE,
     ANN_GPU_MEMORY,
     ANN_INTENSITY,
     ANN_PREDICTED_RUNTIME,
@@ -47,6 +48,7 @@ class PodDemand:
     intensity: str | None
     cpu_millis: int
     memory_bytes: int
+    exclusive: bool = False  # runs alone on a whole GPU (ANN_EXCLUSIVE); see ``whole_gpu``
 
     @property
     def key(self) -> str:
@@ -155,6 +157,10 @@ def parse_pod(pod: Any) -> PodDemand:
     if intensity is not None and intensity not in ("memory", "compute"):
         raise PodError(f"Pod.metadata.annotations[{ANN_INTENSITY}]", f"{intensity!r} must be 'memory' or 'compute'")
 
+    raw_exclusive = annotations.get(ANN_EXCLUSIVE)
+    if raw_exclusive is not None and raw_exclusive not in ("true", "false"):
+        raise PodError(f"Pod.metadata.annotations[{ANN_EXCLUSIVE}]", f"{raw_exclusive!r} must be 'true' or 'false'")
+
     cpu, mem = pod_resources(pod)
     return PodDemand(
         uid=uid,
@@ -166,4 +172,15 @@ def parse_pod(pod: Any) -> PodDemand:
         intensity=intensity,
         cpu_millis=cpu,
         memory_bytes=mem,
+        exclusive=raw_exclusive == "true",
     )
+
+
+def whole_gpu(demand: PodDemand, largest_capacity: float) -> PodDemand:
+    """An exclusive pod's demand as the cache must see it: the whole capacity of the cluster's largest GPU, so it fits
+    only a GPU with nothing committed and books all of it (the node agent's gate does the same: it admits the pod
+    only into an empty GPU, alone, with that capacity as its MPS limit). Its own admit bytes may exceed a GPU's
+    shareable capacity: that is why it runs alone. Unchanged while no GPU is known, or for a shared pod."""
+    if not demand.exclusive or largest_capacity <= 0:
+        return demand
+    return replace(demand, gpu_bytes=int(largest_capacity))

@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -85,8 +86,8 @@ def build_app(opts: ExtenderOptions) -> FastAPI:
     from .watcher import ClusterWatcher
 
     watcher = ClusterWatcher(cache, api)
-    binder = KubeBinder(client.CoreV1Api(api), timeout=opts.bind_timeout)
-    return create_app(cache, binder, ready=False, background=[watcher.start])
+    kube_binder = KubeBinder(client.CoreV1Api(api), timeout=opts.bind_timeout)
+    return create_app(cache, kube_binder, ready=False, background=[watcher.start])
 
 
 def serve(opts: ExtenderOptions) -> None:
@@ -108,7 +109,7 @@ def serve(opts: ExtenderOptions) -> None:
     # spike. Move everything alive now (the filled cache) out of the collector's generations.
     gc.collect()
     gc.freeze()
-    common = {"log_level": opts.log_level, "access_log": False}
+    common: dict[str, Any] = {"log_level": opts.log_level, "access_log": False}
     if opts.metrics_port is None:
         uvicorn.run(app, host=opts.host, port=opts.port, **common)
         return

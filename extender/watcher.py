@@ -12,6 +12,7 @@ accounts for them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
@@ -40,6 +41,12 @@ def _status_of(obj: dict) -> GPUNodeStatus | None:
         log.warning("ignoring GPUNode %s with invalid status: %s", status.get("nodeName"), exc)
         return None
 
+
+
+def _resource_version(resp: Any) -> str:
+    """The list's resourceVersion, to watch from (empty when the server sent no list metadata)."""
+    meta = getattr(resp, "metadata", None)
+    return (getattr(meta, "resource_version", None) or "") if meta is not None else ""
 
 class ClusterWatcher:
     """List-then-watch loops for the three kinds the cache needs."""
@@ -84,15 +91,16 @@ class ClusterWatcher:
 
     def _list_gpunodes(self) -> tuple[list[dict], str]:
         resp = self.custom.list_cluster_custom_object(GROUP, VERSION, GPUNODE_PLURAL)
-        return resp.get("items", []), (resp.get("metadata") or {}).get("resourceVersion", "")
+        body: dict[str, Any] = resp if isinstance(resp, dict) else {}
+        return body.get("items", []), (body.get("metadata") or {}).get("resourceVersion", "")
 
     def _list_nodes(self) -> tuple[list[dict], str]:
         resp = self.core.list_node()
-        return [self.api.sanitize_for_serialization(n) for n in resp.items], resp.metadata.resource_version or ""
+        return [self.api.sanitize_for_serialization(n) for n in resp.items], _resource_version(resp)
 
     def _list_pods(self) -> tuple[list[dict], str]:
         resp = self.core.list_pod_for_all_namespaces(field_selector=f"spec.schedulerName={SCHEDULER_NAME}")
-        return [self.api.sanitize_for_serialization(p) for p in resp.items], resp.metadata.resource_version or ""
+        return [self.api.sanitize_for_serialization(p) for p in resp.items], _resource_version(resp)
 
     def initial_sync(self) -> dict[str, str]:
         """List everything once; returns the resourceVersions to watch from."""
@@ -196,10 +204,8 @@ class ClusterWatcher:
     def stop(self) -> None:
         self._stop.set()
         # Drop the open watch connections so the loops notice the stop now, not at their next event.
-        try:
+        with contextlib.suppress(Exception):  # best effort: the threads are daemons anyway
             self.api.rest_client.pool_manager.clear()
-        except Exception:  # best effort: the threads are daemons anyway
-            pass
         deadline = time.monotonic() + 0.5  # daemon threads blocked in a stream read may outlive this
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))

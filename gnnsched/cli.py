@@ -15,6 +15,7 @@ from gnnsched.contract import (
     ENV_JOB_RUNTIME_CLASS,
     ENV_JOB_TOLERATIONS,
     ENV_JOBS_UID,
+    SCHEDULER_NAME,
 )
 from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY
 
@@ -36,7 +37,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """Memory-safe GPU sharing for GNN jobs on Kubernetes."""
 
@@ -62,42 +65,75 @@ def _operator(
     metrics_port: int = typer.Option(9402, "--metrics-port", min=0, max=65535,
                                      help="Port of the Prometheus metrics (GET /metrics, gnnsched_operator_*); "
                                           "0 turns them off."),
+    worker_device: str = typer.Option("cuda", "--worker-device",
+                                      help="Device of the built-in worker in job pods: cuda (GPU nodes) or cpu "
+                                           "(nodes whose GPUs are fake, e.g. tests/e2e/local_cluster.py)."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
-    queue_priority: bool = typer.Option(False, "--queue-priority/--no-queue-priority",
-                                        help="Shortest-predicted-first: give each pod the PriorityClass of its "
-                                             "predicted runtime's bucket, so kube-scheduler's queue tries shorter "
-                                             "jobs first (the classes never preempt; the chart creates them). A "
-                                             "GNNJob's spec.priorityClassName always wins."),
-    queue_priority_base: int = typer.Option(1000, "--queue-priority-base",
-                                            help="Value of the longest-runtime class; shorter buckets get base+1, "
-                                                 "base+2, ... Must match the chart's queuePriority.base."),
-    queue_priority_prefix: str = typer.Option("gnnsched-runtime-", "--queue-priority-prefix",
-                                              help="Class names are PREFIX000, PREFIX001, ... (chart: "
-                                                   "queuePriority.prefix)."),
-    queue_priority_per_doubling: int = typer.Option(2, "--queue-priority-per-doubling",
-                                                    help="Buckets per doubling of the predicted runtime, 1..8 "
-                                                         "(chart: queuePriority.perDoubling)."),
-    run_as_user: int = typer.Option(DEFAULT_JOBS_UID, "--run-as-user", envvar=ENV_JOBS_UID, min=1,
-                                    help="UID every job pod runs as (runAsUser; MPS serves one user at a time, so it "
-                                         "must match the node side's; chart: jobs.runAsUser)."),
-    runtime_class_name: str = typer.Option(DEFAULT_JOB_RUNTIME_CLASS, "--runtime-class-name",
-                                           envvar=ENV_JOB_RUNTIME_CLASS,
-                                           help="RuntimeClass of job pods ('' = none; chart: jobs.runtimeClassName)."),
-    tolerations: str = typer.Option(None, "--tolerations", envvar=ENV_JOB_TOLERATIONS,
-                                    help="Tolerations of every job pod as a JSON list (default: tolerate the "
-                                         "nvidia.com/gpu NoSchedule taint; '[]' = none; chart: jobs.tolerations). "
-                                         "A GNNJob's spec.tolerations are added."),
-    node_selector: str = typer.Option(None, "--node-selector", envvar=ENV_JOB_NODE_SELECTOR,
-                                      help="nodeSelector of every job pod as a JSON object (default none; chart: "
-                                           "jobs.nodeSelector). A GNNJob's spec.nodeSelector is added."),
-    kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."),
+    queue_priority: bool = typer.Option(
+        False,
+        "--queue-priority/--no-queue-priority",
+        help="Shortest-predicted-first: give each pod the PriorityClass of its "
+        "predicted runtime's bucket, so kube-scheduler's queue tries shorter "
+        "jobs first (the classes never preempt; the chart creates them). A "
+        "GNNJob's spec.priorityClassName always wins.",
+    ),
+    queue_priority_base: int = typer.Option(
+        1000,
+        "--queue-priority-base",
+        help="Value of the longest-runtime class; shorter buckets get base+1, "
+        "base+2, ... Must match the chart's queuePriority.base.",
+    ),
+    queue_priority_prefix: str = typer.Option(
+        "gnnsched-runtime-",
+        "--queue-priority-prefix",
+        help="Class names are PREFIX000, PREFIX001, ... (chart: queuePriority.prefix).",
+    ),
+    queue_priority_per_doubling: int = typer.Option(
+        2,
+        "--queue-priority-per-doubling",
+        help="Buckets per doubling of the predicted runtime, 1..8 (chart: queuePriority.perDoubling).",
+    ),
+    run_as_user: int = typer.Option(
+        DEFAULT_JOBS_UID,
+        "--run-as-user",
+        envvar=ENV_JOBS_UID,
+        min=1,
+        help="UID every job pod runs as (runAsUser; MPS serves one user at a time, so it "
+        "must match the node side's; chart: jobs.runAsUser).",
+    ),
+    runtime_class_name: str = typer.Option(
+        DEFAULT_JOB_RUNTIME_CLASS,
+        "--runtime-class-name",
+        envvar=ENV_JOB_RUNTIME_CLASS,
+        help="RuntimeClass of job pods ('' = none; chart: jobs.runtimeClassName).",
+    ),
+    tolerations: str = typer.Option(
+        None,
+        "--tolerations",
+        envvar=ENV_JOB_TOLERATIONS,
+        help="Tolerations of every job pod as a JSON list (default: tolerate the "
+        "nvidia.com/gpu NoSchedule taint; '[]' = none; chart: jobs.tolerations). "
+        "A GNNJob's spec.tolerations are added.",
+    ),
+    node_selector: str = typer.Option(
+        None,
+        "--node-selector",
+        envvar=ENV_JOB_NODE_SELECTOR,
+        help="nodeSelector of every job pod as a JSON object (default none; chart: "
+        "jobs.nodeSelector). A GNNJob's spec.nodeSelector is added.",
+    ),
+    kubeconfig: str = typer.Option(
+        None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."
+    ),
     context: str = typer.Option(None, "--context", help="Kubeconfig context."),
-    watch_timeout: float = typer.Option(None, "--watch-timeout", min=0.1,
-                                        help="Seconds a watch request may last before it is renewed (kopf default)."),
-    resync_seconds: float = typer.Option(30.0, "--resync-seconds", min=0.1,
-                                         help="How often unfinished jobs are re-derived from their pods."),
+    watch_timeout: float = typer.Option(
+        None, "--watch-timeout", min=0.1, help="Seconds a watch request may last before it is renewed (kopf default)."
+    ),
+    resync_seconds: float = typer.Option(
+        30.0, "--resync-seconds", min=0.1, help="How often unfinished jobs are re-derived from their pods."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Run the GNNJob operator (watches GNNJobs and their pods until interrupted)."""
@@ -107,6 +143,14 @@ def _operator(
 
     if namespace and all_namespaces:
         fail("--namespace and --all-namespaces are mutually exclusive")
+    if worker_device not in ("cuda", "cpu"):
+        fail(f"--worker-device: must be cuda or cpu, got {worker_device!r}")
+    from gnnsched.gpus import get_gpu_model
+
+    try:
+        get_gpu_model(default_gpu_model)
+    except KeyError as exc:  # else every job would fail later with EstimationFailed
+        fail(f"--default-gpu-model: {exc.args[0]}")
     setup_logging(log_level)
     from gnnsched.queue_order import QueueOrder, QueueOrderError
 
@@ -126,7 +170,7 @@ def _operator(
         fail(str(exc))
     fields = {"pods": pods, "namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
-              "scheduler_name": scheduler_name, "health_port": health_port or None,
+              "scheduler_name": scheduler_name, "worker_device": worker_device, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority,
               "queue_priority_base": queue_priority_base, "queue_priority_prefix": queue_priority_prefix,
               "queue_priority_per_doubling": queue_priority_per_doubling}
@@ -149,8 +193,8 @@ def _operator_export_history(
     from pathlib import Path
 
     from gnnsched.cliutil import fail
-    from gnnsched.operator.history import write_jsonl
     from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.history import write_jsonl
     from gnnsched.operator.kube import Kube, KubeError
     from gnnsched.operator.main import export_history
 
@@ -291,6 +335,11 @@ def extender_cmd(
     url_prefix: str = typer.Option(
         None, "--url-prefix", help="With --print-scheduler-config: the extender URL kube-scheduler calls."
     ),
+    scheduler_name: str = typer.Option(
+        SCHEDULER_NAME, "--scheduler-name",
+        help="With --print-scheduler-config: the profile's schedulerName (the operator's GNNSCHED_SCHEDULER_NAME) "
+             "and the leader-election lease name.",
+    ),
     scoring_strategy: str = typer.Option(
         DEFAULT_SCORING_STRATEGY, "--scoring-strategy",
         help="With --print-scheduler-config: NodeResourcesFit's scoring in the profile, LeastAllocated (spread, "
@@ -306,9 +355,11 @@ def extender_cmd(
         from gnnsched.scheduler_config import scheduler_config_yaml
 
         try:
-            typer.echo(scheduler_config_yaml(url_prefix, scoring_strategy=scoring_strategy), nl=False)
+            typer.echo(scheduler_config_yaml(url_prefix, scoring_strategy=scoring_strategy,
+                                             scheduler_name=scheduler_name), nl=False)
         except ValueError as exc:
-            flag = "--scoring-strategy" if str(exc).startswith("scoring_strategy") else "--url-prefix"
+            flag = {"scoring_strategy": "--scoring-strategy", "scheduler_name": "--scheduler-name"}.get(
+                str(exc).split(":", 1)[0], "--url-prefix")
             print(f"{flag}: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
         return
@@ -332,17 +383,55 @@ def extender_cmd(
 
 @app.command("device-plugin")
 def device_plugin(
-    plugin_dir: str = typer.Option("/var/lib/kubelet/device-plugins", "--plugin-dir", help="kubelet's device-plugin directory (holds kubelet.sock)."),
-    gpus: str = typer.Option("nvml", "--gpus", help="GPU backend: nvml, or fake:NxSIZE[xMODEL] (e.g. fake:2x80Gi) without a GPU."),
-    slots_per_gpu: int = typer.Option(48, "--slots-per-gpu", help="gnnsched.io/gpu-share slots advertised per GPU (1-48, MPS clients)."),
-    mps_pipe_dir: str = typer.Option("/var/run/gnnsched/mps", "--mps-pipe-dir", help="MPS pipe directory mounted into job containers."),
-    gate_socket: str = typer.Option("/var/run/gnnsched/gate.sock", "--gate-socket", help="Node agent's gate socket; its directory is mounted into job containers."),
-    mps_shm_dir: str = typer.Option("/var/run/gnnsched/mps-shm", "--mps-shm-dir", help="Host tmpfs the MPS daemon uses as /dev/shm; mounted at /dev/shm in job containers ('none': not mounted)."),
-    state_dir: str = typer.Option("/var/lib/gnnsched/node-state", "--state-dir", help="Node state directory the agent writes its status to (read-only here)."),
-    device_list_strategy: str = typer.Option("envvar", "--device-list-strategy", help="How containers get the GPUs (NVIDIA's flag): envvar (NVIDIA_VISIBLE_DEVICES, for the nvidia runtime) or cdi-cri (CDI device names in the Allocate response)."),
-    device_id_strategy: str = typer.Option("uuid", "--device-id-strategy", help="How GPUs are named in NVIDIA_VISIBLE_DEVICES and CDI names (NVIDIA's flag): uuid or index."),
-    mps_status_file: str = typer.Option(None, "--mps-status-file", help="Node agent status file for MPS health (default: <state-dir>/gnnsched-node-status.json; 'none' = do not watch MPS)."),
-    mps_status_max_age: float = typer.Option(60.0, "--mps-status-max-age", help="Seconds after which the agent's status counts as stale (MPS unhealthy)."),
+    plugin_dir: str = typer.Option(
+        "/var/lib/kubelet/device-plugins",
+        "--plugin-dir",
+        help="kubelet's device-plugin directory (holds kubelet.sock).",
+    ),
+    gpus: str = typer.Option(
+        "nvml", "--gpus", help="GPU backend: nvml, or fake:NxSIZE[xMODEL] (e.g. fake:2x80Gi) without a GPU."
+    ),
+    slots_per_gpu: int = typer.Option(
+        48, "--slots-per-gpu", help="gnnsched.io/gpu-share slots advertised per GPU (1-48, MPS clients)."
+    ),
+    mps_pipe_dir: str = typer.Option(
+        "/var/run/gnnsched/mps", "--mps-pipe-dir", help="MPS pipe directory mounted into job containers."
+    ),
+    gate_socket: str = typer.Option(
+        "/var/run/gnnsched/gate.sock",
+        "--gate-socket",
+        help="Node agent's gate socket; its directory is mounted into job containers.",
+    ),
+    mps_shm_dir: str = typer.Option(
+        "/var/run/gnnsched/mps-shm",
+        "--mps-shm-dir",
+        help="Host tmpfs the MPS daemon uses as /dev/shm; mounted at /dev/shm in job containers ('none': not mounted).",
+    ),
+    state_dir: str = typer.Option(
+        "/var/lib/gnnsched/node-state",
+        "--state-dir",
+        help="Node state directory the agent writes its status to (read-only here).",
+    ),
+    device_list_strategy: str = typer.Option(
+        "envvar",
+        "--device-list-strategy",
+        help="How containers get the GPUs (NVIDIA's flag): envvar (NVIDIA_VISIBLE_DEVICES, for the nvidia runtime) or "
+             "cdi-cri (CDI device names in the Allocate response).",
+    ),
+    device_id_strategy: str = typer.Option(
+        "uuid",
+        "--device-id-strategy",
+        help="How GPUs are named in NVIDIA_VISIBLE_DEVICES and CDI names (NVIDIA's flag): uuid or index.",
+    ),
+    mps_status_file: str = typer.Option(
+        None,
+        "--mps-status-file",
+        help="Node agent status file for MPS health (default: <state-dir>/gnnsched-node-status.json; 'none' = do not "
+             "watch MPS).",
+    ),
+    mps_status_max_age: float = typer.Option(
+        60.0, "--mps-status-max-age", help="Seconds after which the agent's status counts as stale (MPS unhealthy)."
+    ),
     poll_interval: float = typer.Option(1.0, "--poll-interval", help="Seconds between GPU/MPS health checks."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:

@@ -8,18 +8,22 @@ cannot drift apart. Components import this module; none of them defines its own 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 from pydantic.alias_generators import to_camel
 
 GROUP = "gnnsched.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-GNNJOB_KIND = "GNNJob"
+API_VERSION: Final = "gnnsched.io/v1alpha1"  # f"{GROUP}/{VERSION}", spelled out so type checkers see the literal
+GNNJOB_KIND: Final = "GNNJob"
 GNNJOB_PLURAL = "gnnjobs"
 GPUNODE_KIND = "GPUNode"
 GPUNODE_PLURAL = "gpunodes"
+GNNCALIBRATION_KIND = "GNNCalibration"
+GNNCALIBRATION_PLURAL = "gnncalibrations"
+GNNCALIBRATION_NAME = "default"
+"""The one cluster-scoped ``GNNCalibration`` the operator keeps (observed ÷ predicted ratios per calibration class)."""
 
 SCHEDULER_NAME = "gnnsched-scheduler"
 GPU_SHARE_RESOURCE = f"{GROUP}/gpu-share"
@@ -49,6 +53,12 @@ ANN_STARTED_AT = f"{GROUP}/started-at"
 ANN_FINISHED_AT = f"{GROUP}/finished-at"
 ANN_OBSERVED_PEAK_BYTES = f"{GROUP}/observed-peak-bytes"  # int: NVML per-process used memory of the pod, sampled max
 ANN_FAULT = f"{GROUP}/fault"  # JSON gnnsched.closed_loop.FaultRecord: the pod's GPU had a fatal MPS fault
+ANN_ATTEMPT_RESULT = f"{GROUP}/attempt-result"
+"""JSON ``gnnsched.closed_loop.AttemptResult`` with ``source: gate``, written by the node agent on a gated pod whose
+container failed without a result line of its own (a custom container): ``memory-exceeded`` when its termination
+message or log tail shows an out-of-memory error, or when the driver saw its memory at the MPS limit as it died;
+``fault`` for a fatal GPU/MPS error. Its ``observed_peak_bytes`` is the agent's sampled peak, ``limit_bytes`` the
+admitted bytes."""
 
 # Shortest-predicted-runtime-first queue order (gnnsched.queue_order): PriorityClasses named
 # ``<QUEUE_CLASS_PREFIX><bucket, two digits>``, created by the chart, set on pods by the operator.
@@ -65,10 +75,17 @@ ENV_POD_NAME = "GNNSCHED_POD_NAME"
 ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
 ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
 ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<bytes>": the per-client limit the gate sets
+ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
+"""``enforce`` or ``enforce:FACTOR``: the worker runs on a fake GPU that enforces ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+(``gnnsched.fake_gpu_memory``): it raises PyTorch's CUDA out-of-memory error once its device bytes (live tensor bytes
+times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
+the
+gated workload; tests set it directly."""
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 """Set by the operator to the container's termination-message path. The worker is meant to write its final JSON result
 line (``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes``, ``seconds``, ``steps``, and for an
-out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) there, so it reaches the pod status even when the job succeeds;
+out-of-memory attempt ``limit_bytes``, ``held_bytes``, ``requested_bytes``) there, so it reaches the pod status even
+when the job succeeds;
 ``gnnsched worker`` writes it there as well as printing it on stdout."""
 
 # The job pods' container and the settings the operator applies to every job pod (chart values ``jobs.*``).
@@ -93,6 +110,9 @@ DEFAULT_MPS_SHM_DIR = "/var/run/gnnsched/mps-shm"
 """The tmpfs the MPS control daemon's container mounts at ``/dev/shm`` (NVIDIA's ``<mps root>/shm``); the device
 plugin's ``Allocate`` mounts the same host directory at ``/dev/shm`` in every gated container, because MPS clients
 and the server exchange POSIX shared memory as well as the pipes."""
+MPS_SHM_SOURCE = "gnnsched-mps-shm"
+"""The mount source (device) name of the tmpfs the chart mounts at the MPS shm directory. A container's private
+``/dev/shm`` is a tmpfs too, bind-mounted at its root; the name is what tells the shared one apart in mountinfo."""
 CONTAINER_SHM_DIR = "/dev/shm"
 DEFAULT_NODE_STATE_DIR = "/var/lib/gnnsched/node-state"
 """Host directory written only by the node agent and the MPS daemon (root, mode 0755) and read by the device plugin:
@@ -156,6 +176,12 @@ class GPUStatus(_CamelModel):
     healthy: bool = True
     mps_healthy: bool = True
     max_clients: int = Field(default=MPS_MAX_CLIENTS_PER_GPU, ge=1)
+    draining: bool = False
+    """A fatal MPS fault hit this GPU: nothing is admitted until all its clients exited and MPS answers again
+    (``mps_healthy`` is false meanwhile). Kept here so a restarted agent keeps draining it."""
+    draining_reason: str | None = None  # "Xid", "MpsClientTerminated", "MpsServerFault" or "ClientFault"
+    draining_xid: int | None = None
+    draining_since: datetime | None = None
     running: list[GPUJob] = Field(default_factory=list)
     queued: list[GPUJob] = Field(default_factory=list)
 

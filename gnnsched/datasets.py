@@ -26,7 +26,9 @@ class GraphDataset(BaseModel):
 
 
 _CATALOGUE: tuple[GraphDataset, ...] = (
-    GraphDataset(name="cora", nodes=2708, edges=10556, features=1433, classes=7, planetoid="Cora", source="PyG Planetoid"),
+    GraphDataset(
+        name="cora", nodes=2708, edges=10556, features=1433, classes=7, planetoid="Cora", source="PyG Planetoid"
+    ),
     GraphDataset(
         name="citeseer", nodes=3327, edges=9104, features=3703, classes=6, planetoid="CiteSeer", source="PyG Planetoid"
     ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -25,11 +26,19 @@ def estimate_command(
     job: Path = typer.Argument(..., help="GNNJob manifest (YAML or JSON)."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object (stable keys) instead of a table."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda adds the GPU model's device overheads)."),
-    gpu_model: str = typer.Option(None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpus); default A100-80GB."),
+    gpu_model: str = typer.Option(
+        None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpus); default A100-80GB."
+    ),
+    calibration: Path = typer.Option(
+        None, "--calibration",
+        help="Calibration table (JSON/YAML, or the calibration object as kubectl prints it): use the job's class's "
+        "calibrated safety factor instead of the static one (--device cuda only).",
+    ),
 ) -> None:
     """Estimate a job's peak memory by tracing its model on fake tensors (no data, any graph size)."""
+    calibrated = None
     with user_errors():
-        from gnnsched.gpus import get_gpu_model
+        from gnnsched.gpus import DEFAULT_GPU_MODEL, get_gpu_model
         from gnnsched.spec import load_job
 
         if device not in ("cpu", "cuda"):
@@ -41,11 +50,18 @@ def estimate_command(
                 get_gpu_model(gpu_model)
             except KeyError as exc:
                 raise UserError(f"--gpu-model: {exc.args[0]}") from None
+        if calibration is not None and device != "cuda":
+            raise UserError("--calibration: applies only with --device cuda (the ratios are per GPU model)")
+        table = _load_calibration(calibration) if calibration is not None else None
         spec = load_job(job).spec
+        factor = None
+        if table is not None:
+            calibrated = _calibration_factor(table, spec, get_gpu_model(gpu_model or DEFAULT_GPU_MODEL).name)
+            factor = calibrated["factor"]
         from gnnsched.estimator import estimate
         from gnnsched.models import pyg_backends
 
-        result = estimate(spec, device=device, gpu_model=gpu_model)  # type: ignore[arg-type]
+        result = estimate(spec, device=device, gpu_model=gpu_model, safety_factor=factor)  # type: ignore[arg-type]
     extensions = [name for name, present in pyg_backends().items() if present]
     if extensions:
         typer.echo(
@@ -54,12 +70,46 @@ def estimate_command(
             err=True,
         )
     if json_output:
-        sys.stdout.write(json.dumps(result.as_dict(), sort_keys=False) + "\n")
+        doc = result.as_dict()
+        doc["calibration"] = calibrated
+        sys.stdout.write(json.dumps(doc, sort_keys=False) + "\n")
         return
     typer.echo(f"pmc:              {_human(result.pmc_bytes)} ({result.pmc_bytes} bytes)")
     for name, value in result.breakdown.items():
         typer.echo(f"  {name + ':':17} {_human(value)}")
+    if result.cuda_reserved_bytes is not None:
+        typer.echo(f"cuda reserved:    {_human(result.cuda_reserved_bytes)} ({result.cuda_reserved_bytes} bytes; "
+                   "caching-allocator model, unverified on a GPU)")
     typer.echo(f"device overhead:  {_human(result.device_overhead_bytes)} ({device})")
-    typer.echo(f"safety factor:    {result.safety_factor}")
+    if calibrated is None:
+        typer.echo(f"safety factor:    {result.safety_factor}")
+    else:
+        source = "calibrated" if calibrated["calibrated"] else "static: too few samples"
+        typer.echo(f"safety factor:    {result.safety_factor} ({calibrated['class']}, {calibrated['samples']} "
+                   f"samples, {source})")
     typer.echo(f"admit:            {_human(result.admit_bytes)} ({result.admit_bytes} bytes)")
     typer.echo(f"estimated in:     {result.seconds * 1000:.1f} ms")
+
+
+def _load_calibration(path: Path) -> Any:
+    """The table from ``--calibration``; an unreadable or invalid file is a one-line ``--calibration`` error."""
+    from gnnsched.closed_loop import load_calibration_file
+    from gnnsched.errors import FieldError
+
+    try:
+        return load_calibration_file(path)
+    except FieldError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _calibration_factor(table: Any, spec: Any, gpu_model: str) -> dict[str, Any]:
+    """The job's calibration class (GPU model, arch, mode, built-in or custom container) and the factor the table
+    gives it: the calibrated high quantile once the class has enough samples, else the static factor."""
+    from gnnsched.closed_loop import CalibrationClass
+
+    cls = CalibrationClass(
+        gpu_model=gpu_model, arch=spec.model.arch, mode=spec.mode,
+        container="custom" if (spec.image or spec.command) else "builtin",
+    )
+    got = table.factor(cls)
+    return {"class": cls.key(), "factor": got.factor, "samples": got.samples, "calibrated": got.calibrated}

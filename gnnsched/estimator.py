@@ -49,11 +49,14 @@ Breakdown at the peak (sums to ``pmc_bytes``): ``weights`` (parameters and buffe
 by the traced backward), ``ephemeral`` (everything else live at that instant: activation gradients, backward and
 optimizer temporaries).
 
-Device overhead. On ``cpu`` it is 0. On ``cuda`` it adds, per the GPU model's documented constants in
-``gnnsched.gpus`` (unverified until a GPU measures them): the CUDA context, one cuBLAS workspace per worker thread,
-the MPS client's own footprint, the caching allocator's rounding of each traced allocation (computed from the trace:
-the peak of rounded block sizes minus the peak of exact sizes) and a fragmentation allowance
-(``allocator_overhead_fraction`` of the peak).
+Device overhead. On ``cpu`` it is 0 and ``admit_bytes`` is the peak times the safety factor. On ``cuda`` the traced
+allocation/free sequence, with one cuBLAS workspace per worker thread, is replayed through a model of PyTorch's CUDA
+caching allocator (``gnnsched.cuda_allocator``: 512-byte blocks, 2 MiB / 20 MiB / rounded segments, best fit,
+splitting, merging within a segment, segments never released), whose peak *reserved* bytes are
+``cuda_reserved_bytes``. ``admit_bytes`` is then (CUDA context + MPS client + reserved peak + the GPU model's
+``allocator_overhead_fraction`` of it) times the safety factor, and ``device_overhead_bytes`` is everything in that
+sum beyond ``pmc_bytes``. The context and workspace constants are the GPU model's documented values in
+``gnnsched.gpus``; neither they nor the allocator model have been checked on a GPU here ("unverified").
 """
 
 from __future__ import annotations
@@ -62,18 +65,21 @@ import bisect
 import math
 import time
 import weakref
+from collections.abc import Hashable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
-import torch._dynamo  # noqa: F401 - imported here, not inside the first trace (dispatch modes pull it in lazily)
+import torch._dynamo
 import torch_geometric.nn  # noqa: F401 - same: keep one-time imports out of the timed estimate
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from gnnsched.cuda_allocator import replay
 from gnnsched.gpus import GPUModel, get_gpu_model
 from gnnsched.models import (
     GraphLayout,
@@ -105,7 +111,11 @@ _INPLACE_IN_PLAIN_RUN = {_aten.add.Tensor, _aten.index_add.default}
 
 @dataclass(frozen=True)
 class Estimate:
-    """The estimator's answer for one job on one device (the JSON of ``gnnsched estimate --json``)."""
+    """The estimator's answer for one job on one device (the JSON of ``gnnsched estimate --json``).
+
+    ``cuda_reserved_bytes`` / ``cuda_allocated_bytes`` (``None`` on cpu): the caching-allocator model's peak
+    reserved and allocated bytes for the traced sequence plus the cuBLAS workspaces (``gnnsched.cuda_allocator``),
+    the predictions of ``torch.cuda.max_memory_reserved`` / ``max_memory_allocated``."""
 
     pmc_bytes: int
     breakdown: dict[str, int]
@@ -113,11 +123,15 @@ class Estimate:
     safety_factor: float
     admit_bytes: int
     seconds: float
+    cuda_reserved_bytes: int | None = None
+    cuda_allocated_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "pmc_bytes": self.pmc_bytes,
             "breakdown": dict(self.breakdown),
+            "cuda_reserved_bytes": self.cuda_reserved_bytes,
+            "cuda_allocated_bytes": self.cuda_allocated_bytes,
             "device_overhead_bytes": self.device_overhead_bytes,
             "safety_factor": self.safety_factor,
             "admit_bytes": self.admit_bytes,
@@ -236,6 +250,10 @@ class _LivenessMode(TorchDispatchMode):
 
     # --- bookkeeping -------------------------------------------------------------------------------------------
 
+    def _storage_died(self, idx: int, key: int, _ref: object) -> None:
+        """The weakref callback: the storage's last reference went away."""
+        self._freed(idx, key)
+
     def _freed(self, idx: int, key: int) -> None:
         self.records[idx].free_at = len(self.events)
         self.events.append((-1, idx))
@@ -263,11 +281,15 @@ class _LivenessMode(TorchDispatchMode):
             self.labels.append(self.block)
             self.owners.append(self.block)
         self._by_storage[key] = idx
-        self._refs[idx] = weakref.ref(storage, lambda _ref, idx=idx, key=key: self._freed(idx, key))
+        self._refs[idx] = weakref.ref(storage, partial(self._storage_died, idx, key))
         return idx
 
     def record_of(self, tensor: torch.Tensor) -> int | None:
         return self._by_storage.get(id(tensor.untyped_storage()))
+
+    def records_of(self, tensors: Iterable[torch.Tensor]) -> set[int]:
+        """The records of the tensors' storages (a storage allocated before tracing began has none)."""
+        return {r for t in tensors if (r := self.record_of(t)) is not None}
 
     def finish(self) -> None:
         """Apply the in-place correction to the last operator of the trace."""
@@ -598,29 +620,28 @@ def trace_step(
             for p in model.parameters():
                 p.grad = torch.zeros_like(p)
             optimizer.step()
-        weights = {tracker.record_of(t) for t in list(model.parameters()) + list(model.buffers())}
-        state = {
-            tracker.record_of(v)
-            for s in (optimizer.state.values() if optimizer is not None else ())
-            for v in s.values()
+        weights = tracker.records_of([*model.parameters(), *model.buffers()])
+        state = tracker.records_of(
+            v for s in (optimizer.state.values() if optimizer is not None else ()) for v in s.values()
             if isinstance(v, torch.Tensor)
-        }
+        )
         hooks = _label_layers(tracker, model) if splicing else []
         window_start = len(tracker.events)
         tracker.phase = "forward"
         run_step(model, graph, spec.mode)
         tracker.finish()
-        grads = {tracker.record_of(p.grad) for p in model.parameters() if p.grad is not None}
+        grads = tracker.records_of(p.grad for p in model.parameters() if p.grad is not None)
         for hook in hooks:
             hook.remove()
-        trace = Trace(records=tracker.records, events=list(tracker.events), window_start=window_start)
+        whole = Trace(records=tracker.records, events=list(tracker.events), window_start=window_start)
+        trace: Trace | None = whole
         if splicing:
             try:
                 trace, (weights, state, grads) = _splice(
-                    trace, tracker.labels, tracker.owners, model_from, layers, (weights, state, grads)
+                    whole, tracker.labels, tracker.owners, model_from, layers, (weights, state, grads)
                 )
             except _SpliceMismatch:
-                trace = None  # type: ignore[assignment]
+                trace = None
         if trace is not None:
             peak, at = trace.peak()
             breakdown = _categorise(trace, at, weights, state, grads)
@@ -729,9 +750,9 @@ def _splice(
         for i in range(g0, g1):
             group_at[i] = gi
     for r in range(len(records)):
-        gi = group_at.get(records[r].alloc_at)
-        if gi is not None:
-            allocated.setdefault(gi, []).append(r)
+        owner = group_at.get(records[r].alloc_at)
+        if owner is not None:
+            allocated.setdefault(owner, []).append(r)
     weights, state, grads = sets
 
     def kind(r: int) -> tuple:
@@ -745,9 +766,9 @@ def _splice(
             by_layer[layer] = allocated.get(groups.index(g), [])
         for layer in (2, 4):
             a, b = by_layer[layer], by_layer[3]
-            if len(a) != len(b) or any(kind(x) != kind(y) for x, y in zip(a, b)):
+            if len(a) != len(b) or any(kind(x) != kind(y) for x, y in zip(a, b, strict=True)):
                 raise _SpliceMismatch(f"hidden layers {layer} and 3 allocate differently")
-            corr[layer].update(zip(a, b))
+            corr[layer].update(zip(a, b, strict=True))
 
     out_records: list[_Record] = []
     out_events: list[tuple[int, int] | None] = []
@@ -830,11 +851,72 @@ def _splice(
     return Trace(records=out_records, events=out_events, window_start=window_start, traced_layers=depth), out_sets
 
 
-def _device_overhead(trace: Trace, peak: int, gpu: GPUModel, workers: int) -> int:
-    rounded, _ = trace.peak(rounding=512)
-    rounding = max(0, rounded - peak)
-    fragmentation = math.ceil(gpu.allocator_overhead_fraction * rounded)
-    return gpu.context_bytes + workers * gpu.cublas_workspace_bytes + gpu.mps_client_bytes + rounding + fragmentation
+def cuda_allocation_events(trace: Trace, workers: int = 1, workspace_bytes: int = 0) -> list[tuple[int, Hashable, int]]:
+    """The trace's allocations and frees, in program order, as the CUDA caching allocator of the job sees them.
+
+    Everything before the measured step is replayed as traced (what it cached stays reserved). At the step's start
+    each of the ``workers`` threads' cuBLAS workspaces is allocated and kept: PyTorch takes one per (handle, stream)
+    from the caching allocator on the first cuBLAS call and keeps it for the process (CublasHandlePool.cpp v2.6.0
+    lines 166-167 and 213-215). For ``workers`` > 1 (parallel inference: threads on the one default stream, hence one
+    allocator pool) the step is replayed once per worker, interleaved event by event, so that all workers reach their
+    peak together, the worst case ``estimate`` counts; a pre-step storage the step frees is freed once. Cancelled
+    events are skipped; zero-byte storages pass through (the model skips them).
+
+    The in-place correction leaves an accumulation's output without an allocation (it reuses its input's buffer,
+    whose own free is cancelled): the output's free is the free of that buffer, taken here as the most recently
+    allocated live storage of the same size that the trace never frees (``_pair_reused_frees``).
+    """
+    records, events, start = trace.records, trace.events, trace.window_start
+    out: list[tuple[int, Hashable, int]] = [
+        (ev[0], ev[1], records[ev[1]].nbytes) for ev in events[:start] if ev is not None
+    ]
+    out.extend((1, ("cublas-workspace", w), workspace_bytes) for w in range(workers if workspace_bytes > 0 else 0))
+    window = [ev for ev in events[start:] if ev is not None]
+    if workers <= 1:
+        out.extend((sign, idx, records[idx].nbytes) for sign, idx in window)
+    else:
+        for sign, idx in window:
+            nbytes = records[idx].nbytes
+            if records[idx].alloc_at < start:  # a pre-step storage: one copy, freed by the first worker
+                out.append((sign, idx, nbytes))
+            else:
+                out.extend((sign, (w, idx), nbytes) for w in range(workers))
+    return _pair_reused_frees(out, workspaces=workers if workspace_bytes > 0 else 0)
+
+
+def _pair_reused_frees(
+    events: list[tuple[int, Hashable, int]], workspaces: int = 0
+) -> list[tuple[int, Hashable, int]]:
+    """Point each free of a never-allocated key at the live, never-freed storage of the same size allocated last (the
+    buffer the in-place correction says it reused; never a cuBLAS workspace); a free with no such buffer is dropped
+    (dropping a free can only raise the replayed use)."""
+    allocated = {key for sign, key, _ in events if sign > 0}
+    freed = {key for sign, key, _ in events if sign < 0}
+    freed.update(("cublas-workspace", w) for w in range(workspaces))  # kept for the process, never a reused buffer
+    spare: dict[int, list[Hashable]] = {}  # size -> live allocations the trace never frees, oldest first
+    fixed: list[tuple[int, Hashable, int]] = []
+    for sign, key, nbytes in events:
+        if sign > 0:
+            if key not in freed:
+                spare.setdefault(nbytes, []).append(key)
+        elif key not in allocated:
+            candidates = spare.get(nbytes)
+            if not candidates:
+                continue
+            key = candidates.pop()
+        fixed.append((sign, key, nbytes))
+    return fixed
+
+
+def _cuda_device_terms(trace: Trace, peak: int, gpu: GPUModel, workers: int) -> tuple[int, int, int]:
+    """(overhead over ``peak``, peak reserved, peak allocated) on ``gpu``: the allocator model's reserved peak (with
+    the cuBLAS workspaces) plus the optional fragmentation allowance, and the per-process CUDA context and MPS
+    client costs the allocator never sees."""
+    result = replay(cuda_allocation_events(trace, workers, gpu.cublas_workspace_bytes))
+    reserved = result.reserved_bytes
+    allowance = math.ceil(gpu.allocator_overhead_fraction * reserved)
+    overhead = gpu.context_bytes + gpu.mps_client_bytes + reserved + allowance - peak
+    return overhead, reserved, result.allocated_bytes
 
 
 def estimate(
@@ -862,20 +944,25 @@ def estimate(
         peak += extra
         breakdown = dict(breakdown)
         breakdown["ephemeral"] += extra
+    reserved: int | None = None
+    allocated: int | None = None
     if device == "cuda":
         if gpu_model is None:
             from gnnsched.gpus import DEFAULT_GPU_MODEL
 
             gpu_model = DEFAULT_GPU_MODEL
         gpu = gpu_model if isinstance(gpu_model, GPUModel) else get_gpu_model(gpu_model)
-        overhead = _device_overhead(trace, peak, gpu, workers)
+        overhead, reserved, allocated = _cuda_device_terms(trace, peak, gpu, workers)
         factor = DEFAULT_SAFETY_FACTOR_CUDA if safety_factor is None else safety_factor
+        # context + MPS client + reserved peak (workspaces included), then the safety factor on the whole: the
+        # calibrated factor is observed / predicted device memory, and NVML's observation includes the context.
+        admit = math.ceil((peak + overhead) * factor)
     elif device == "cpu":
         overhead = 0
         factor = DEFAULT_SAFETY_FACTOR_CPU if safety_factor is None else safety_factor
+        admit = math.ceil(peak * factor)
     else:
         raise ValueError(f"device: must be cpu or cuda, got {device!r}")
-    admit = math.ceil(peak * factor) + overhead
     return Estimate(
         pmc_bytes=int(peak),
         breakdown={k: int(v) for k, v in breakdown.items()},
@@ -883,6 +970,8 @@ def estimate(
         safety_factor=factor,
         admit_bytes=int(admit),
         seconds=round(time.perf_counter() - started, 6),
+        cuda_reserved_bytes=reserved,
+        cuda_allocated_bytes=allocated,
     )
 
 
@@ -891,4 +980,4 @@ def _resident_inputs(trace: Trace) -> int:
     return sum(trace.records[i].nbytes for i in trace.live_at(trace.window_start))
 
 
-__all__ = ["CATEGORIES", "Estimate", "Trace", "estimate", "trace_step"]
+__all__ = ["CATEGORIES", "Estimate", "Trace", "cuda_allocation_events", "estimate", "trace_step"]

@@ -22,6 +22,7 @@ Heavy import: ``pynvml`` is imported only when the NVML backend is opened, so ``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -283,7 +284,9 @@ class FakeGPUBackend:
             g.info = replace(g.info, utilization_gpu_percent=gpu_percent, utilization_memory_percent=memory_percent)
             self._changed()
 
-    def add_process(self, index: int, pid: int, used_bytes: int | None, kind: Literal["compute", "mps"] = "mps") -> None:
+    def add_process(
+        self, index: int, pid: int, used_bytes: int | None, kind: Literal["compute", "mps"] = "mps"
+    ) -> None:
         """Register a process on GPU ``index``; its bytes count towards ``used_bytes`` (as the driver's would)."""
         with self._cond:
             g = self._gpu(index)
@@ -312,7 +315,9 @@ class FakeGPUBackend:
             ev = HealthEvent(index=index, uuid=g.info.uuid, xid=xid, critical=critical, message=message)
             if critical:
                 g.sticky_unhealthy = True
-                g.info = replace(g.info, healthy=False, health_reason=f"Xid {xid}" + (f": {message}" if message else ""))
+                g.info = replace(
+                    g.info, healthy=False, health_reason=f"Xid {xid}" + (f": {message}" if message else "")
+                )
             self._events.append(ev)
             self._changed()
             return ev
@@ -349,7 +354,9 @@ class NVMLBackend:
         try:
             import pynvml  # noqa: PLC0415 - heavy and driver-dependent; imported only when asked for
         except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
-            raise NVMLUnavailableError(f"NVML unavailable: cannot import pynvml ({exc}); use --gpus fake:NxSIZE") from None
+            raise NVMLUnavailableError(
+                f"NVML unavailable: cannot import pynvml ({exc}); use --gpus fake:NxSIZE"
+            ) from None
         self._nvml = pynvml
         try:
             pynvml.nvmlInit()
@@ -380,7 +387,7 @@ class NVMLBackend:
         except nv.NVMLError:
             self._event_set = None
             return
-        for h, uuid in zip(self._handles, self._uuids):
+        for h, uuid in zip(self._handles, self._uuids, strict=True):
             try:
                 nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._event_set)
             except nv.NVMLError as exc:
@@ -392,7 +399,7 @@ class NVMLBackend:
         out: list[GPUInfo] = []
         with self._lock:
             self._check_open()
-            for i, (h, uuid) in enumerate(zip(self._handles, self._uuids)):
+            for i, (h, uuid) in enumerate(zip(self._handles, self._uuids, strict=True)):
                 try:
                     name = _s(nv.nvmlDeviceGetName(h))
                     mem = nv.nvmlDeviceGetMemoryInfo(h)
@@ -466,10 +473,8 @@ class NVMLBackend:
                     self._nvml.nvmlEventSetFree(self._event_set)
             except self._nvml.NVMLError:
                 pass
-            try:
+            with contextlib.suppress(self._nvml.NVMLError):
                 self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError:
-                pass
 
     def _check_open(self) -> None:
         if self._closed:

@@ -15,21 +15,25 @@ Where each device-overhead constant comes from (all **unverified** here: no GPU 
   (``CUDA_MODULE_LOADING=LAZY``, the default since CUDA 12.2) lowers it, so these values err high. Not visible to
   ``torch.cuda.max_memory_allocated``, but it occupies the GPU, so the gate must reserve it per process.
 * ``cublas_workspace_bytes``: PyTorch's default cuBLAS workspace per (handle, stream), ``CUBLAS_WORKSPACE_CONFIG``
-  ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB; 32 MiB on Hopper. Allocated through the caching allocator; one per
-  worker thread (PyTorch keeps a cuBLAS handle per thread), so parallel inference pays it per worker.
+  ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB; 32 MiB on Hopper. Allocated through the caching allocator (so the
+  estimator replays it through its allocator model, where an 8 MiB workspace opens a 20 MiB segment or reuses cached
+  space); one per worker thread (PyTorch keeps a cuBLAS handle per thread), so parallel inference pays it per worker.
 * ``mps_client_bytes``: 0. Under Volta-and-later MPS each client owns its own GPU address space and context, so
   NVIDIA's MPS documentation notes the context-storage saving of MPS is "to a much lesser degree" than pre-Volta;
   the client's cost is therefore its own ``context_bytes``. The MPS server's context is a per-GPU cost that belongs
   in the node agent's reserve, not in any one job's admission.
-* ``allocator_overhead_fraction``: 0. The caching allocator's rounding is computed from the trace itself (requests
-  rounded to 512 B, and to 2 MiB above 1 MiB, ``gnnsched.estimator``); fragmentation beyond that is left to the
-  safety factor until a GPU measures it.
+* ``allocator_overhead_fraction``: 0. The caching allocator's reserved memory (block rounding, segment sizes,
+  splitting, fragmentation across segments) is predicted by replaying the trace through a model of the allocator
+  (``gnnsched.cuda_allocator``); this fraction is an extra allowance on that reserved peak, left at 0 until a GPU
+  measures a gap the model misses.
 
 The openb trace names two models only by code (``G2``, ``G3``); their specs are undisclosed, so the entries below are
 assumptions (``assumed=True``) sized from the nodes that carry them, and every figure derived from them says so.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,7 +62,7 @@ class GPUModel(BaseModel):
     source: str = ""
 
 
-def _model(**kwargs) -> GPUModel:
+def _model(**kwargs: Any) -> GPUModel:
     return GPUModel(**kwargs)
 
 

@@ -248,7 +248,7 @@ def fit(path: str | Path, folds: int = 5, seed: int = 0) -> InterferenceCoeffici
         train_mae_speed=round(train_mae, 5),
     )
     return InterferenceCoefficients(
-        coef=tuple(round(float(c), 6) for c in coef),  # type: ignore[arg-type]
+        coef=tuple(round(float(c), 6) for c in coef),
         memory_profile=prof(memory_side),
         compute_profile=prof(compute_side),
         default_profile=prof(np.ones_like(memory_side)),

@@ -124,7 +124,10 @@ def _planetoid_name(spec: GNNJobSpec) -> str | None:
 
 def _planetoid_available(name: str, root: Path) -> bool:
     raw = root / name / "raw"
-    return all((raw / f"ind.{name.lower()}.{part}").is_file() for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index"))
+    return all(
+        (raw / f"ind.{name.lower()}.{part}").is_file()
+        for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+    )
 
 
 def graph_layout(spec: GNNJobSpec, root: str | Path | None = None) -> GraphLayout:
@@ -284,7 +287,8 @@ class GNN(torch.nn.Module):
 
 def run_step(model: GNN, graph: Graph, mode: Mode) -> torch.Tensor | None:
     """One step: training = zero grads, forward, cross-entropy on ``graph.target``, backward, optimizer step (returns
-    the detached loss tensor, left on its device so no step waits for a device sync); inference = one forward pass under ``torch.no_grad`` in eval mode (returns None)."""
+    the detached loss tensor, left on its device so no step waits for a device sync); inference = one forward pass
+    under ``torch.no_grad`` in eval mode (returns None)."""
 
     if mode == "train":
         optimizer = model.optimizer

@@ -14,6 +14,7 @@ read-write because MPS clients need it: any job could have forged the health the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -55,10 +56,8 @@ def write_json_atomic(path: str | os.PathLike[str], obj: object) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -333,7 +333,7 @@ def derive_cells(a: PlacementState, cells: Iterable[tuple[int, int]], above: np.
         frag0_a[s, r] = above[int(idx)] * f
         fscale_a[s, r] = W_FRAG / (1.0 if c < 1.0 else c)
         s_u, s_m = sum_sm_a.item(s, r), sum_mem_a.item(s, r)
-        for (a_u, a_m), arr in zip(sens, slow_arrays):
+        for (a_u, a_m), arr in zip(sens, slow_arrays, strict=True):
             v = a_u * s_u + a_m * s_m
             arr[s, r] = 1.0 + (0.0 if v < 0.0 else v)
 
@@ -361,7 +361,8 @@ def set_gpu_derived(
     used_f = float(used)
     qb = float(qbytes)
     # one pass for both sums, in the order of ``running`` as sum() adds them (from the int 0)
-    sum_sm = sum_mem = 0
+    sum_sm: float = 0  # an int 0 until the first job, as sum() starts
+    sum_mem: float = 0
     for job in running:
         sum_sm += job[2]
         sum_mem += job[3]
@@ -385,13 +386,11 @@ def set_gpu_derived(
         freed = [0.0] * END_SLOTS
         cum = 0.0
         top_k = END_SLOTS - 1
-        k = 0
-        for job in ordered:
+        for k, job in enumerate(ordered):
             cum += job[1]
             kk = k if k < top_k else top_k
             ends[kk] = job[0]
             freed[kk] = cum
-            k += 1
         last_end = ordered[-1][0]
         for k in range(END_SLOTS):
             ends_a[k, slot, r] = ends[k]
@@ -426,7 +425,7 @@ def set_gpu_derived(
         idx = top
     a["frag0"][slot, r] = above.item(int(idx)) * f
     a["fscale"][slot, r] = W_FRAG / (1.0 if cap < 1.0 else cap)
-    for (a_u, a_m), key in zip(sens, _SLOW_KEYS):
+    for (a_u, a_m), key in zip(sens, _SLOW_KEYS, strict=True):
         v = a_u * sum_sm + a_m * sum_mem
         a[key][slot, r] = 1.0 + (0.0 if v < 0.0 else v)
 
@@ -436,7 +435,9 @@ def fit_mask(a: PlacementState, gpu_bytes: float) -> np.ndarray:
     return a["capu"] >= gpu_bytes
 
 
-def node_filter(a: PlacementState, good: np.ndarray, cpu_millis: float | None, memory_bytes: float | None) -> np.ndarray:
+def node_filter(
+    a: PlacementState, good: np.ndarray, cpu_millis: float | None, memory_bytes: float | None
+) -> np.ndarray:
     """Per node row: the filter decision (known, a GPU in ``good``, and — unless ``cpu_millis`` is None, when the
     caller checks host resources itself — enough unclaimed CPU and memory)."""
     ok = a["known"] & np.logical_or.reduce(good, axis=0)
@@ -460,10 +461,8 @@ def cost_matrix(
     big_r = runtime_seconds
     good = a["capu"] >= b
     fits_now = a["avail"] >= b
-    if interference_aware:
-        cost = a[f"slow_{intensity_key(intensity)}"].copy()  # (wait + R * slowdown) / R; the wait is added below
-    else:
-        cost = np.ones_like(a["free32"])
+    # (wait + R * slowdown) / R; the wait is added below
+    cost = a[f"slow_{intensity_key(intensity)}"].copy() if interference_aware else np.ones_like(a["free32"])
     flat_wait = np.flatnonzero(good & ~fits_now)
     if flat_wait.size:
         cost.ravel()[flat_wait] += wait_seconds(a, flat_wait, b, now) / big_r
@@ -568,10 +567,7 @@ def candidate_costs(
     if sub.size:
         n_cols = good.shape[1]
         slot_i, col_i = np.divmod(sub, n_cols)
-        if isinstance(cols, slice):
-            rows_i = col_i + (cols.start or 0)
-        else:
-            rows_i = np.asarray(cols).take(col_i)
+        rows_i = col_i + (cols.start or 0) if isinstance(cols, slice) else np.asarray(cols).take(col_i)
         flat = slot_i * a["capu"].shape[1] + rows_i
         cost.ravel()[sub] += wait_seconds(a, flat, b, now) / big_r
     if d_frag is not None:
@@ -612,17 +608,18 @@ def fit_summary(
     fit_cells = a["avail"].take(rows, axis=1) >= b
     fit_cells &= good
     waits = good ^ fit_cells  # good & ~fits_now
-    with_frag = above is not None and len(above) > 1
+    frag_above = above if above is not None and len(above) > 1 else None
+    cost: np.ndarray | None
     if interference_aware:
         cost = a[f"slow_{intensity_key(intensity)}"].take(rows, axis=1)  # a fresh array (written below)
         low = np.where(waits, cost, _INF32)
     else:  # slowdown 1 everywhere
-        cost = None if with_frag else np.ones(good.shape, dtype=a["free32"].dtype)
+        cost = None if frag_above is not None else np.ones(good.shape, dtype=a["free32"].dtype)
         low = np.where(waits, _ONE32, _INF32)
-    if with_frag:
+    if frag_above is not None:
         shifted = a["free32"].take(rows, axis=1)
         shifted -= np.float32(b)
-        d_frag = _frag_owned(shifted, above)
+        d_frag = _frag_owned(shifted, frag_above)
         d_frag -= a["frag0"].take(rows, axis=1)
         d_frag *= a["fscale"].take(rows, axis=1)
         if cost is None:
@@ -630,6 +627,7 @@ def fit_summary(
             cost = d_frag
         else:
             cost += d_frag
+    assert cost is not None  # set above: by the interference branch, the plain branch or the fragmentation term
     fit = np.where(fit_cells, cost, _INF32)
     return (np.minimum.reduce(fit, axis=0), fit.argmin(axis=0), np.minimum.reduce(low, axis=0),
             np.logical_or.reduce(good, axis=0))

@@ -47,7 +47,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-
 #: The gate's backfill rule when none is given (``node-agent --bypass-limit``, the simulator without ``+bypassN``).
 DEFAULT_BYPASS_LIMIT = 4
 
@@ -300,7 +299,8 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
 
     ``budget(j)``: how many more overtakers task ``j`` accepts in this decision (``limit - bypassed - spent[j]``, kept
     only for the tasks some scan skipped, so a long queue costs little beyond its sort). Within one GPU's scan every
-    skipped task is overtaken by each later joiner, so the scan keeps ``low`` = min over the skipped of (budget at skip time
+    skipped task is overtaken by each later joiner, so the scan keeps ``low`` = min over the skipped of (budget at skip
+    time
     + joiners at skip time); the tightest remaining budget is ``low - joiners`` and the scan stops when it reaches 0.
     A task skipped on one GPU may still join on another later in the same decision (then it was not overtaken at
     all: the final counts are recomputed from the admitted positions, so they never exceed what was budgeted).
@@ -310,7 +310,7 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
     spent: dict[int, int] = {}  # overtakes charged so far in this decision, per skipped position
     # suffix minimum of the sizes (taken tasks included: still a lower bound), so a scan stops as soon as nothing
     # further down the order can fit the room left, instead of walking the whole queue on every GPU
-    floor = [0] * n
+    floor: list[float] = [0.0] * n
     m = math.inf
     for j in range(n - 1, -1, -1):
         b = order[j].bytes
@@ -400,7 +400,9 @@ def invariant_violations(gpus: Iterable[GPUBooks]) -> list[str]:
         if any(b < 0 for b in g.committed):
             out.append(f"gpu {g.index}: negative admit-bytes in {list(g.committed)}")
         if used > cap:
-            out.append(f"gpu {g.index}: committed {used} B > total {g.total_bytes} - reserve {g.reserve_bytes} = {cap} B")
+            out.append(
+                f"gpu {g.index}: committed {used} B > total {g.total_bytes} - reserve {g.reserve_bytes} = {cap} B"
+            )
         if len(g.committed) > g.max_clients:
             out.append(f"gpu {g.index}: {len(g.committed)} clients > max {g.max_clients}")
     return out

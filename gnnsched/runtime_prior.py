@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from gnnsched.gpus import GPUModel, get_gpu_model
 from gnnsched.spec import GNNJobSpec, layer_dims
@@ -49,7 +50,9 @@ class StepCost:
     params: int
 
 
-def _layer_cost(arch: str, n_src: float, n_dst: float, e: float, din: int, dout: int, heads: int) -> tuple[float, float, int]:
+def _layer_cost(
+    arch: str, n_src: float, n_dst: float, e: float, din: int, dout: int, heads: int
+) -> tuple[float, float, int]:
     """(FLOPs, bytes, params) of one layer's forward pass over ``e`` edges from ``n_src`` to ``n_dst`` nodes."""
     f = FLOAT_BYTES
     idx = 2 * INDEX_BYTES * e
@@ -87,7 +90,7 @@ def step_cost(spec: GNNJobSpec) -> StepCost:
         # Sizes outward from the seeds: layer l consumes nodes[l] sources to produce nodes[l+1] destinations.
         fanouts = spec.fanouts
         sizes = [float(batch)]
-        edges = []
+        edges: list[float] = []
         for fanout in fanouts:  # hop 1 (nearest the seeds) first; the first layer consumes the outermost hop
             sampled = sizes[0] * min(fanout, avg_degree)
             edges.insert(0, sampled)
@@ -167,7 +170,7 @@ def arithmetic_intensity(spec: GNNJobSpec, cost: StepCost | None = None) -> floa
     return cost.flops / cost.bytes if cost.bytes > 0 else 0.0
 
 
-def intensity_class(spec: GNNJobSpec, gpu_model: GPUModel | str) -> str:
+def intensity_class(spec: GNNJobSpec, gpu_model: GPUModel | str) -> Literal["memory", "compute"]:
     """``memory`` or ``compute``: which side of the GPU's ridge point the job's arithmetic intensity falls."""
     gpu = _gpu(gpu_model)
     ridge = gpu.fp32_flops_per_s / gpu.bandwidth_bytes_per_s

@@ -11,9 +11,15 @@ Why these settings:
   reservation atomically (only one extender may bind).
 * ``nodeCacheCapable: true``: kube-scheduler sends node names only; the extender has its own cache of
   ``GPUNode`` and ``Node`` objects. Full ``NodeList`` payloads at 5,000 nodes would be megabytes per call.
-* ``managedResources: [gnnsched.io/gpu-share, ignoredByScheduler: true]``: the extender is called only for pods
-  that request gpu-share slots, and kube-scheduler does not count the slots itself (the extender checks the
-  per-GPU MPS client cap, which the scheduler cannot see).
+* ``managedResources: [gnnsched.io/gpu-share, ignoredByScheduler: false]``: the extender is called only for pods
+  that request gpu-share slots, and kube-scheduler *also* counts the slots against each node's allocatable (the
+  device plugin's, which turns an unhealthy GPU's slots Unhealthy at once). The extender's cache follows ``GPUNode``
+  objects, which can lag the kubelet: with ``ignoredByScheduler: true`` a pod could be bound to a node whose slots
+  kubelet no longer offers and then be rejected at admission (``OutOfgnnsched.io/gpu-share``).
+* ``percentageOfNodesToScore: 100`` in the profile: kube-scheduler otherwise stops looking after a share of the
+  feasible nodes (adaptive, from 50 % down to 5 % above ~100 nodes), so the extender would rank only a sample of the
+  GPU nodes and the best GPU could be missed. GNN pods are few and the extender ranks thousands of nodes in
+  milliseconds; the profile-level field (v1.27+) leaves other profiles' sampling alone.
 * ``weight``: the extender's 0–10 score is multiplied by ``weight × 10``; 5 makes a full score worth 500, more
   than any single default plugin (each ≤ 100 × its weight), so predicted completion time dominates placement
   without silencing the default spreading/affinity plugins entirely.
@@ -25,12 +31,15 @@ Why these settings:
   cluster a little (resource-demand, five seeds: +2 deployed and +6 completed jobs of 4,201), but it draws pods to
   busy nodes whose GPUs they then wait for: on a GPU-bound cluster (``bench/simulate_scale.py``, 20,000 jobs) mean
   JCT rose 36 % for ``bqt-interference``. Spreading is the safer default.
-* ``httpTimeout``: 5 s (kube-scheduler's default); the extender answers in milliseconds.
+* ``httpTimeout``: 5 s (kube-scheduler's default); the extender answers filter and prioritize in milliseconds, and
+  bind within ``--bind-timeout`` (4 s by default, 80 % of the chart's ``httpTimeout``), so the scheduler always hears
+  how the Binding went.
 * ``ignorable: false``: without the extender a GNN pod could be placed where it can never fit.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gnnsched.contract import DEFAULT_EXTENDER_PORT, GPU_SHARE_RESOURCE, SCHEDULER_NAME
@@ -69,8 +78,8 @@ def scheduler_config(
         raise ValueError(f"url_prefix: {url!r} must start with http:// or https://")
     if not 1 <= weight <= 100:
         raise ValueError(f"weight: {weight} must be 1..100")
-    if not scheduler_name:
-        raise ValueError("scheduler_name: must not be empty")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", scheduler_name):
+        raise ValueError(f"scheduler_name: {scheduler_name!r} must be a DNS label (a-z, 0-9, '-', at most 63)")
     if not 1 <= timeout_seconds <= 60:
         raise ValueError(f"timeout_seconds: {timeout_seconds} must be 1..60")
     if scoring_strategy not in SCORING_STRATEGIES:
@@ -78,6 +87,8 @@ def scheduler_config(
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
+        # no pprof endpoints; with --config the --profiling flag is ignored, so the file is where it takes effect
+        "enableProfiling": False,
         "leaderElection": {
             "leaderElect": leader_elect,
             "resourceLock": "leases",
@@ -86,6 +97,7 @@ def scheduler_config(
         },
         "profiles": [{
             "schedulerName": scheduler_name,
+            "percentageOfNodesToScore": 100,
             "pluginConfig": [{
                 "name": "NodeResourcesFit",
                 "args": {"scoringStrategy": {
@@ -105,7 +117,7 @@ def scheduler_config(
                 "httpTimeout": f"{timeout_seconds}s",
                 "nodeCacheCapable": True,
                 "ignorable": ignorable,
-                "managedResources": [{"name": GPU_SHARE_RESOURCE, "ignoredByScheduler": True}],
+                "managedResources": [{"name": GPU_SHARE_RESOURCE, "ignoredByScheduler": False}],
             }
         ],
     }

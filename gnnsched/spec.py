@@ -11,6 +11,7 @@ print one line and exit 2 and the operator can put the same line in a status con
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +53,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "spec.batching.batchSize": (1, 10_000_000),
     "spec.batching.fanouts[]": (1, 1000),
     "spec.backoffLimit": (0, 10),
+    "spec.memory.maxResizes": (0, 10),  # gnnsched.closed_loop.MAX_RESIZES_LIMIT
 }
 DEFAULT_EPOCHS = 200
 DEFAULT_REQUESTS = 100
@@ -146,7 +148,9 @@ class GraphSpec(_Spec):
         dims = {"nodes": self.nodes, "edges": self.edges, "features": self.features, "classes": self.classes}
         given = [k for k, v in dims.items() if v is not None]
         if self.dataset is not None and given:
-            raise ValueError(f"give either dataset or nodes/edges/features/classes, not both (also got {', '.join(given)})")
+            raise ValueError(
+                f"give either dataset or nodes/edges/features/classes, not both (also got {', '.join(given)})"
+            )
         if self.dataset is None:
             missing = [k for k, v in dims.items() if v is None]
             if missing:
@@ -164,7 +168,7 @@ class GraphSpec(_Spec):
         if self.dataset is not None:
             d = get_dataset(self.dataset)
             return GraphDims(nodes=d.nodes, edges=d.edges, features=d.features, classes=d.classes, dataset=d.name)
-        return GraphDims(nodes=self.nodes, edges=self.edges, features=self.features, classes=self.classes)  # type: ignore[arg-type]
+        return GraphDims(nodes=self.nodes, edges=self.edges, features=self.features, classes=self.classes)
 
 
 class BatchingSpec(_Spec):
@@ -199,8 +203,11 @@ class ResourcesSpec(_Spec):
 
     cpu: str | None = Field(default=None, max_length=64)
     memory: str | None = Field(default=None, max_length=64)
+    gpu_memory: str | None = Field(default=None, max_length=64)
+    """GPU memory the job reserves on one GPU, replacing the prediction (the estimate is still made and recorded).
+    For a custom script the estimator cannot see into, or to pin a reservation the user has measured."""
 
-    @field_validator("cpu", "memory", mode="before")
+    @field_validator("cpu", "memory", "gpu_memory", mode="before")
     @classmethod
     def _quantity(cls, value: Any) -> str | None:
         if value is None:
@@ -222,6 +229,16 @@ class ResourcesSpec(_Spec):
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_bytes(self.memory)
 
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory is None else parse_bytes(self.gpu_memory)
+
+
+class MemorySpec(_Spec):
+    """The closed memory loop's per-job bound (``gnnsched.closed_loop``): how many times an attempt that ran out of
+    its GPU memory reservation is retried larger. Resizes do not use ``backoffLimit``."""
+
+    max_resizes: Int = _bounded("spec.memory.maxResizes", default=3)
+
 
 class ScalingSpec(_Spec):
     """Adaptive resource scaling (seed 004): shrink over-requested CPU/memory while predicted runtime barely changes."""
@@ -230,7 +247,9 @@ class ScalingSpec(_Spec):
     theta: float = Field(default=DEFAULT_THETA, gt=0.0, le=0.5)
 
 
-LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 """A label key or taint key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63 characters."""
 LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
 
@@ -288,6 +307,7 @@ class GNNJobSpec(_Spec):
     parallelism: Int = _bounded("spec.parallelism", default=1)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
     image: str | None = Field(default=None, min_length=1, max_length=512)
     command: list[str] | None = None
     args: list[str] | None = None
@@ -389,6 +409,19 @@ class GNNJobStatus(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     observed_peak_bytes: int | None = Field(default=None, ge=0)
+    predicted_peak_bytes: int | None = Field(default=None, ge=0)
+    """What the estimate says the GPU will count for the job (PMC plus device overheads, no safety factor)."""
+    observed_peak_ratio: float | None = Field(default=None, ge=0)
+    """observedPeakBytes / predictedPeakBytes of the latest attempt that reported a peak."""
+    estimate_admit_bytes: int | None = Field(default=None, ge=0)
+    """The estimate's own admit bytes, kept when ``spec.resources.gpuMemory`` or a resize replaced them."""
+    reservation_source: str | None = None
+    safety_factor: float | None = Field(default=None, ge=0)
+    exclusive: bool | None = None
+    resizes: int | None = Field(default=None, ge=0)
+    requeues: int | None = Field(default=None, ge=0)
+    retries_used: int | None = Field(default=None, ge=0)
+    suspected: int | None = Field(default=None, ge=0)
     observed_runtime_seconds: float | None = Field(default=None, ge=0)
     observed_generation: int | None = None
     message: str | None = None
@@ -476,10 +509,9 @@ def parse_job(obj: Any) -> GNNJob:
         raise _first_error(exc, "") from None
     status = obj.get("status")
     if isinstance(status, dict):
-        try:
+        # a status we cannot read is the operator's to rewrite, never a reason to reject the spec
+        with contextlib.suppress(ValidationError):
             job = job.model_copy(update={"status": GNNJobStatus.model_validate(status)})
-        except ValidationError:
-            pass  # a status we cannot read is the operator's to rewrite, never a reason to reject the spec
     return job
 
 

@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -215,7 +216,7 @@ class PodTable:
     @staticmethod
     def concat(tables: Sequence[PodTable]) -> PodTable:
         first = tables[0]
-        out = {}
+        out: dict[str, Any] = {}
         for field in first.__dataclass_fields__:
             values = [getattr(t, field) for t in tables]
             out[field] = np.concatenate(values) if isinstance(values[0], np.ndarray) else sum(values, ())
@@ -371,14 +372,17 @@ def load_dlrm(path: str | Path) -> list[DLRMInstance]:
             for c in ("cpu_request", "gpu_request", "rdma_request", "memory_request", "disk_request")
         }
         density = _number(path, row, "max_instance_per_node", rec["max_instance_per_node"])
-        times = {c: _number(path, row, c, rec[c], optional=True) for c in ("creation_time", "scheduled_time", "deletion_time")}
+        times = {
+            c: _number(path, row, c, rec[c], optional=True)
+            for c in ("creation_time", "scheduled_time", "deletion_time")
+        }
         for c, v in times.items():
             if not math.isnan(v):
                 _non_negative(path, row, c, v)
                 last_seen = max(last_seen, v)
-        if not math.isnan(times["scheduled_time"]) and not math.isnan(times["deletion_time"]):
-            if times["deletion_time"] < times["scheduled_time"]:
-                raise TraceError(path, row, "deletion_time", "is before scheduled_time")
+        known = not math.isnan(times["scheduled_time"]) and not math.isnan(times["deletion_time"])
+        if known and times["deletion_time"] < times["scheduled_time"]:
+            raise TraceError(path, row, "deletion_time", "is before scheduled_time")
         raw.append((rec, role, nums, density, times))
     out = []
     for rec, role, nums, density, times in raw:

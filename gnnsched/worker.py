@@ -2,8 +2,16 @@
 
 The worker is what a job's pod runs (behind the gate). It builds the graph and the model with the same functions the
 estimator traces (``gnnsched.models``), runs the job's steps (training epochs or inference requests) and reports one
-JSON line: ``observed_peak_bytes`` (peak of live tensor bytes: ``torch.profiler`` allocation events over the first
-``PROFILED_STEPS`` steps on CPU, ``torch.cuda.max_memory_allocated`` over the whole run on CUDA), ``seconds`` (wall time of the steps) and ``steps``.
+JSON line, a ``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes`` (on CPU the peak of live
+tensor bytes, from ``torch.profiler`` allocation events over the first ``PROFILED_STEPS`` steps; on CUDA what the GPU
+counts: ``torch.cuda.max_memory_reserved`` plus the CUDA context), ``seconds`` (wall time of the steps), ``steps`` and
+``limit_bytes`` (the MPS limit it ran under).
+
+A CUDA out-of-memory error inside the attempt's own MPS limit is not a crash but an outcome (``memory-exceeded``) that
+the operator answers with a larger retry: :func:`run_attempt` catches it and reports what the process held and the
+request that failed. A fatal GPU/MPS error (``cudaErrorMpsClientTerminated``, an illegal address, ...) is reported as
+``fault`` with its text, so the node agent can tell the victims of a co-located fault from its suspect. Under a fake
+GPU (``GNNSCHED_FAKE_GPU_MEMORY``, ``gnnsched.fake_gpu_memory``) the limit is enforced here, with the same error.
 
 Inference with ``parallelism: N`` runs N threads that share one copy of the model and the graph (the model-sharing
 seed: read-only weights need one copy), each serving its share of the requests.
@@ -25,6 +33,8 @@ from typing import Any
 import torch
 from torch._C._profiler import _EventType
 
+from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
+from gnnsched.fake_gpu_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
 from gnnsched.spec import GNNJobSpec
 
@@ -137,12 +147,14 @@ def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | No
                 meter = ConcurrentMeter(_resident_tensors(model, batch))
                 barrier = threading.Barrier(workers)
 
-                def one() -> None:
+                def one(step_batch: Graph) -> None:
                     with meter.thread_mode():
                         barrier.wait()
-                        run_step(model, batch, spec.mode)
+                        run_step(model, step_batch, spec.mode)
 
-                threads = [threading.Thread(target=one) for _ in range(workers)]
+                # the batch goes in as an argument, not a closure: ``del batch`` below must drop the last reference
+                # (a Thread releases its args when it finishes) so its free is recorded inside the profile
+                threads = [threading.Thread(target=one, args=(batch,)) for _ in range(workers)]
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -282,15 +294,30 @@ class _PeakMeter:
             self._peak = profiled_peak(self._prof)
             self._prof = None
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and self._prof is not None:
+            # The run failed (e.g. out of memory before its first step): stop profiling, keep the error.
+            self._prof.stop()
+            self._prof = None
+            return
         self._stop()
 
     def peak(self) -> int:
         if self.device == "cuda":
-            return int(torch.cuda.max_memory_allocated())
+            return int(torch.cuda.max_memory_reserved()) + cuda_context_bytes()
         if self._peak is None:
             raise RuntimeError("peak() before the meter stopped")
         return self._peak
+
+
+def cuda_context_bytes() -> int:
+    """The CUDA context of this process on its GPU, from the GPU catalogue (``gnnsched.gpus``; unverified constants,
+    300 MiB for an unknown model): what NVML and the MPS limit count beside the caching allocator's reserved bytes."""
+    from gnnsched.gpus import GPUModel, match_device_name
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    model = match_device_name(props.name, int(props.total_memory))
+    return model.context_bytes if model is not None else int(GPUModel.model_fields["context_bytes"].default)
 
 
 def run_job(
@@ -301,12 +328,15 @@ def run_job(
     root: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    fake_memory: FakeGPUMemory | None = None,
 ) -> WorkerResult:
-    """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before."""
+    """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
+
+    ``fake_memory``: count (and limit) device bytes as a fake GPU would; the observed peak is then its count."""
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     torch.manual_seed(seed)
-    with _PeakMeter(device) as meter_:
+    with _PeakMeter(device) as meter_, fake_memory.mode() if fake_memory is not None else nullcontext():
         graph = make_graph(spec, seed, root)
         model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
         inputs = _StepInputs(spec, graph, device, seed)
@@ -327,13 +357,15 @@ def run_job(
             meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
             with torch.profiler.record_function(STEP_MARK):
                 pass  # marks the resident level when serving starts (child threads are invisible to the profiler)
-            _serve_parallel(model, inputs, total, workers, progress, meter)
+            _serve_parallel(model, inputs, total, workers, progress, meter, fake_memory)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
     observed = meter_.peak()
     if workers > 1 and device == "cpu":
         observed += meter.peak  # type: ignore[union-attr]
+    if fake_memory is not None:
+        observed = fake_memory.peak
     return WorkerResult(observed_peak_bytes=observed, seconds=round(seconds, 6), steps=total)
 
 
@@ -344,6 +376,7 @@ def _serve_parallel(
     workers: int,
     progress: Callable[[int], None] | None,
     meter: ConcurrentMeter | None = None,
+    fake_memory: FakeGPUMemory | None = None,
 ) -> None:
     """N threads share ``model`` and the graph; thread i serves requests i, i+N, ... (inference only)."""
     lock = threading.Lock()
@@ -351,7 +384,8 @@ def _serve_parallel(
 
     def serve(rank: int) -> None:
         try:
-            with meter.thread_mode() if meter is not None else nullcontext():
+            with (meter.thread_mode() if meter is not None else nullcontext(),
+                  fake_memory.mode() if fake_memory is not None else nullcontext()):
                 stream = inputs.stream(rank)
                 for _ in range(rank, total, workers):
                     run_step(model, next(stream), "infer")
@@ -368,3 +402,52 @@ def _serve_parallel(
         t.join()
     if errors:
         raise errors[0]
+
+
+def run_attempt(
+    spec: GNNJobSpec,
+    device: str = "cpu",
+    epochs: int | None = None,
+    seed: int = 0,
+    root: str | Path | None = None,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    limit_bytes: int | None = None,
+    fake_memory: FakeGPUMemory | None = None,
+) -> AttemptResult:
+    """One attempt of the job, ended as the closed loop sees it: ``succeeded``, ``memory-exceeded`` or ``fault``.
+
+    ``limit_bytes`` is the MPS limit the gate set (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``), reported so the operator
+    knows what the attempt ran under. Any other error is not an outcome of the loop and propagates (the pod fails as
+    an ordinary failure)."""
+    try:
+        result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
+                         on_start=on_start, fake_memory=fake_memory)
+    except torch.OutOfMemoryError as exc:
+        text = str(exc)
+        if fake_memory is not None:
+            held, requested, peak = fake_memory.held_at_failure, fake_memory.failed_request, fake_memory.peak
+        elif device == "cuda":
+            context = cuda_context_bytes()
+            held = int(torch.cuda.memory_reserved()) + context
+            requested = failed_request_bytes(text)
+            peak = int(torch.cuda.max_memory_reserved()) + context
+        else:  # a host allocation failure reported as OOM without a device: what the message says is all there is
+            held, requested, peak = None, failed_request_bytes(text), None
+        return AttemptResult(outcome="memory-exceeded", observed_peak_bytes=peak, limit_bytes=limit_bytes,
+                             held_bytes=held, requested_bytes=requested, message=text[:1024])
+    except RuntimeError as exc:
+        text = str(exc)
+        if classify_log(text) != "fault":
+            raise
+        peak = None
+        if device == "cuda":
+            try:
+                peak = int(torch.cuda.max_memory_reserved()) + cuda_context_bytes()
+            except RuntimeError:  # the context itself may be gone after a fatal error
+                peak = None
+        elif fake_memory is not None:
+            peak = fake_memory.peak
+        return AttemptResult(outcome="fault", observed_peak_bytes=peak, limit_bytes=limit_bytes, message=text[:1024])
+    return AttemptResult(outcome="succeeded", observed_peak_bytes=result.observed_peak_bytes, seconds=result.seconds,
+                         steps=result.steps, limit_bytes=limit_bytes)

@@ -1,20 +1,27 @@
 """``gnnsched worker JOB.yaml``: run a GNNJob for real (what a job's pod runs) and report its observed peak.
 
 Torch-free at import; the worker module loads when the command runs. Progress goes to stderr, the result is one
-JSON line on stdout: ``{"observed_peak_bytes": ..., "seconds": ..., "steps": ...}``.
+JSON line on stdout (and in ``$GNNSCHED_RESULT_FILE``): a ``gnnsched.closed_loop.AttemptResult``, e.g.
+``{"outcome": "succeeded", "observed_peak_bytes": ..., "seconds": ..., "steps": ..., "limit_bytes": ...}``.
+
+Exit status: 0 when the attempt succeeded; 1 when it ended ``memory-exceeded`` (CUDA out of memory inside its MPS
+limit) or ``fault`` (a fatal GPU/MPS error), after writing the result line that says which; 2 for bad input.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import typer
 
-from gnnsched.contract import ENV_RESULT_FILE
 from gnnsched.cliutil import UserError, user_errors
+from gnnsched.contract import ENV_FAKE_GPU_MEMORY, ENV_MPS_MEMORY_LIMIT, ENV_RESULT_FILE
+
+EXIT_ATTEMPT_FAILED = 1
+"""The attempt ended ``memory-exceeded`` or ``fault``; its result line says which (the pod fails, the operator reads
+the termination message)."""
 
 
 def worker_command(
@@ -36,16 +43,45 @@ def worker_command(
                 raise UserError("--epochs: applies only to training jobs (spec.mode is infer)")
             if epochs < 1:
                 raise UserError(f"--epochs: must be at least 1, got {epochs}")
-        from gnnsched.worker import run_job
+        from gnnsched.closed_loop import parse_mps_memory_limit
+
+        limit_bytes = None
+        raw_limit = os.environ.get(ENV_MPS_MEMORY_LIMIT, "").strip()
+        if raw_limit:
+            try:
+                limit_bytes = parse_mps_memory_limit(raw_limit)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        fake = None
+        raw_fake = os.environ.get(ENV_FAKE_GPU_MEMORY, "").strip()
+        if raw_fake:
+            from gnnsched.fake_gpu_memory import FakeGPUMemory, parse_fake_gpu_memory
+
+            if device != "cpu":
+                raise UserError(
+                    f"{ENV_FAKE_GPU_MEMORY}: a fake GPU runs the job on the CPU; not with --device {device}"
+                )
+            try:
+                footprint = parse_fake_gpu_memory(raw_fake)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+            fake = FakeGPUMemory(limit_bytes=limit_bytes, footprint=footprint)
+        from gnnsched.worker import run_attempt
 
         if device == "cuda":
             import torch
 
             if not torch.cuda.is_available():
                 raise UserError("--device: cuda requested but no CUDA device is available to this process")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     bar = Progress(
         TextColumn(f"{spec.mode} {spec.model.arch}"),
@@ -59,15 +95,17 @@ def worker_command(
     )
     with bar:
         task = bar.add_task("steps", total=None)
-        result = run_job(
+        result = run_attempt(
             spec,
             device=device,
             epochs=epochs,
             seed=seed,
             progress=lambda n: bar.advance(task, n),
             on_start=lambda total: bar.update(task, total=total),
+            limit_bytes=limit_bytes,
+            fake_memory=fake,
         )
-    line = json.dumps(result.as_dict()) + "\n"
+    line = result.line() + "\n"
     sys.stdout.write(line)
     result_file = os.environ.get(ENV_RESULT_FILE)
     if result_file:
@@ -78,3 +116,7 @@ def worker_command(
                 handle.write(line)
         except OSError as exc:
             typer.echo(f"warning: cannot write the result to {ENV_RESULT_FILE}={result_file}: {exc}", err=True)
+    if result.outcome != "succeeded":
+        detail = (result.message or "").splitlines()[0] if result.message else ""
+        typer.echo(f"gnnsched worker: {result.outcome}: {detail}", err=True)
+        raise typer.Exit(EXIT_ATTEMPT_FAILED)

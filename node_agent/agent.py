@@ -3,6 +3,12 @@
 Blocking work (the driver, the MPS control client, the API server) runs in worker threads; every change to the books
 happens on the loop thread, so the gate needs no locks. The agent never stops the MPS daemon on exit: workloads that
 are running keep using it, and the next agent adopts them.
+
+The closed loop's node side lives here too: every sample attributes the driver's per-process memory to the gated pods
+(``observe``) and raises their ``observed-peak-bytes``; a gated container that fails is classified from its pod's
+container status (``observe.gate_attempt_result``); and MPS's fault domain (``quarantine``) drains a GPU after a fatal
+fault (a critical Xid from the driver's event stream, a client that died with error 810 or with a fatal error of its
+own) until its clients are gone and MPS answers, then annotates the affected pods as victims or suspect.
 """
 
 from __future__ import annotations
@@ -14,21 +20,51 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIServer
 
-from gnnsched.contract import MPS_MAX_CLIENTS_PER_GPU, MPSStatus
-from gnnsched.gpu_backend import GPUBackend
+from gnnsched.contract import (
+    ANN_ATTEMPT_RESULT,
+    ANN_FAULT,
+    MPS_MAX_CLIENTS_PER_GPU,
+    MPSStatus,
+)
+from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
 from gnnsched.gpus import match_device_name
-from gnnsched.node_agent.books import Books, GPUSlot
+from gnnsched.node_agent.books import Books, Entry, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.mps import MPSManager
 from gnnsched.node_agent.mps_external import ExternalMPS
 from gnnsched.node_agent.node_conflicts import NodeReader, OtherPluginWatch
+from gnnsched.node_agent.observe import (
+    Client,
+    Observer,
+    ProcessTable,
+    attribute,
+    container_end,
+    gate_attempt_result,
+    write_peak,
+)
+from gnnsched.node_agent.quarantine import (
+    REASON_CLIENT_FAULT,
+    REASON_CLIENT_TERMINATED,
+    REASON_XID,
+    ClientEnd,
+    Quarantine,
+    is_critical_xid,
+)
 from gnnsched.node_agent.status import StatusSink, build_status
+from gnnsched.node_status_file import (
+    StatusFileError,
+    read_status_file,
+    status_file_path,
+    write_status_file,
+)
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT
-from gnnsched.node_status_file import status_file_path, write_status_file
 
 log = logging.getLogger("gnnsched.node_agent")
 
@@ -53,6 +89,10 @@ class AgentOptions:
     metrics_addr: str = "0.0.0.0"
     live_memory_check: bool = True
     bypass_limit: int = DEFAULT_BYPASS_LIMIT  # 0: strict prefix of the policy's order; N: bounded-bypass backfill
+    end_wait: float = 30.0  # seconds to wait for a pod's container status after its gated process exited
+    fault_window: float = 30.0  # a client that exited this recently on a GPU shares a fault found after it exited
+    peak_write_growth: float = 0.01  # rewrite a pod's observed peak once it grew by this fraction (and at its end)
+    workload_env: dict[str, str] = field(default_factory=dict)  # extra env for admitted workloads (fake GPU only)
     #: Node state directory for the device plugin's copy of the status (None: no local copy). Not the pipe dir.
     state_dir: str | None = None
     jobs_uid: int | None = None  # the one UID the gate admits (None: any)
@@ -84,10 +124,18 @@ class NodeAgent:
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
     other_plugin: OtherPluginWatch | None = None
     gate: GateServer | None = None
-    metrics_server: object | None = None
+    metrics_server: WSGIServer | None = None
     _dirty: asyncio.Event | None = None
     _stop_threads: threading.Event = field(default_factory=threading.Event)
     _heartbeat: float = field(default_factory=time.monotonic)
+    processes: ProcessTable = field(default_factory=ProcessTable)
+    observer: Observer = field(default_factory=Observer)
+    quarantine: Quarantine = field(default_factory=Quarantine)
+    # Entries that ended lately, per key: (monotonic end, namespace, name, gpu index, how it ended or None yet).
+    _recent: dict[str, tuple[float, str, str, int, ClientEnd | None]] = field(default_factory=dict)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _bg: set[asyncio.Task[Any]] = field(default_factory=set)
+    _adopted: bool = False  # the gate has booked what the last agent left running (drains may end only after)
 
     def alive(self) -> bool:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
@@ -115,13 +163,17 @@ class NodeAgent:
         books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check,
                       bypass_limit=self.opts.bypass_limit)
         self._dirty = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        restored = await asyncio.to_thread(self._restore_drains, books)
         cfg = GateConfig(
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,
             active_thread_percentage=self.opts.active_thread_percentage, recovery_grace=self.opts.recovery_grace,
             reconcile_seconds=self.opts.reconcile_interval, jobs_uid=self.opts.jobs_uid,
+            workload_env=dict(self.opts.workload_env),
         )
         self.gate = GateServer(books, cfg, pods=self.pods, verifier=self.verifier, metrics=self.metrics,
-                               event_log=self.opts.event_log, on_change=self._dirty.set)
+                               event_log=self.opts.event_log, on_change=self._dirty.set,
+                               on_release=self._on_release)
         if self.mps is not None:
             await asyncio.to_thread(self.mps.check)
         if self.nodes is not None:
@@ -129,6 +181,11 @@ class NodeAgent:
             await asyncio.to_thread(self.other_plugin.check)
         await self._sample()
         await self.gate.start(self.opts.gate_socket)
+        for uuid in restored:  # the clients still booked there (adopted or reconnecting) are the ones it waits for
+            gpu = books.gpu_by_uuid(uuid)
+            clients = [(e.key, e.namespace, e.name) for e in books.running.values() if gpu and e.gpu_index == gpu.index]
+            self.quarantine.trigger(uuid, self.quarantine.drains[uuid].reason, time.time(), clients)
+        self._adopted = True
         if self.opts.metrics_port is not None:
             self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive,
                                                      self.ready)
@@ -138,7 +195,8 @@ class NodeAgent:
     async def _publish(self) -> None:
         assert self.gate is not None
         devices = await asyncio.to_thread(self.backend.devices)
-        status = build_status(self.opts.node_name, self.gate.books, devices, self._mps_status(), time.time())
+        status = build_status(self.opts.node_name, self.gate.books, devices, self._mps_status(), time.time(),
+                              self.quarantine.drains)
         if self.other_plugin is not None and self.other_plugin.condition is not None:
             status.conditions = [self.other_plugin.condition]
         try:
@@ -165,12 +223,16 @@ class NodeAgent:
                 procs[d.index] = await asyncio.to_thread(self.backend.processes, d.index)
             except Exception as exc:
                 log.debug("processes(%d): %s", d.index, exc)
+        if self.gate is not None:
+            await self._end_drains(devices, procs)  # may probe MPS: before its health is read below
         mps_ok = self.mps.healthy if self.mps is not None else True
         if self.mps is not None:
             self.metrics.mps(self.mps.healthy, self.mps.restarts)
         if self.gate is None:
             return
         books = self.gate.books
+        usage = await asyncio.to_thread(self._attribute, procs)
+        await self._record_peaks(usage)
         became_healthy = False
         changed = False
         freed = False
@@ -178,16 +240,211 @@ class NodeAgent:
             if d.index in books.gpus:
                 freed |= d.used_bytes < books.gpus[d.index].used_bytes
                 books.set_used(d.index, d.used_bytes)
-                ok = d.healthy and mps_ok
+                ok = d.healthy and mps_ok and not self.quarantine.draining(d.uuid)
                 if books.gpus[d.index].healthy != ok:
                     changed = True
                     became_healthy |= ok
                     books.set_health(d.index, ok)
-        self.metrics.sample(devices, procs, books, self.gate.pids)
+        self.metrics.sample(devices, books, usage, set(self.quarantine.drains))
         if changed and self._dirty is not None:
             self._dirty.set()
         if became_healthy or (freed and books.live_memory_check):
             self.gate.decide()
+
+    # --- observation ----------------------------------------------------------------------------------------------
+
+    def _attribute(self, procs: dict[int, list[GPUProcess]]) -> dict[str, int]:
+        assert self.gate is not None
+        clients = [Client(e.key, e.pod_uid, e.gpu_index, self.gate.pids.get(e.key))
+                   for e in list(self.gate.books.running.values())]
+        return attribute(procs, clients, self.processes)
+
+    async def _record_peaks(self, usage: dict[str, int]) -> None:
+        """Raise each running pod's observed-peak annotation once its peak grew (never lowering a recorded value)."""
+        assert self.gate is not None
+        self.observer.update(usage)
+        growth = 1.0 + self.opts.peak_write_growth
+        for key, peak in list(self.observer.peaks.items()):
+            written = self.observer.written.get(key, 0)
+            e = self.gate.books.running.get(key)
+            if e is None or (written and peak <= written * growth) or peak <= written:
+                continue
+            await self._write_peak(e, peak)
+
+    async def _write_peak(self, e: Entry, peak: int) -> None:
+        if not e.namespace or not e.name:
+            return
+        try:
+            recorded = await asyncio.to_thread(write_peak, self.pods, e.namespace, e.name, e.pod_uid, peak)
+        except Exception as exc:  # the API server being down must not stop sampling
+            log.warning("recording the observed peak of %s/%s failed: %s", e.namespace, e.name, exc)
+            return
+        self.observer.mark_written(e.key, recorded)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _on_release(self, e: Entry, why: str) -> int | None:
+        """The gate freed ``e`` (its process exited, or its pod is gone): close its observation, and follow its pod
+        until the container status says how it ended (custom-container outcome, fault domain)."""
+        written = self.observer.written.get(e.key, 0)
+        peak = self.observer.forget(e.key)
+        assert self.gate is not None
+        gpu = self.gate.books.gpus.get(e.gpu_index) if e.gpu_index is not None else None
+        if gpu is None:
+            return peak
+        now = time.monotonic()
+        self._recent = {k: v for k, v in self._recent.items() if now - v[0] <= self.opts.fault_window}
+        self._recent[e.key] = (now, e.namespace, e.name, gpu.index, None)
+        self.quarantine.client_gone(gpu.uuid, e.key)
+        if e.namespace and e.name:
+            if peak is not None and peak > written:
+                self._spawn(self._write_peak(e, peak))
+            self._spawn(self._after_exit(e, gpu.uuid, gpu.index, peak))
+        return peak
+
+    async def _after_exit(self, e: Entry, uuid: str, index: int, peak: int | None) -> None:
+        assert self.gate is not None
+        end = None
+        delay = 0.25
+        deadline = time.monotonic() + self.opts.end_wait
+        while True:
+            try:
+                pod = await asyncio.to_thread(self.pods.get, e.namespace, e.name)
+            except Exception as exc:
+                log.debug("reading pod %s/%s after its exit: %s", e.namespace, e.name, exc)
+                pod = None
+                if time.monotonic() < deadline:
+                    await asyncio.sleep(delay)
+                    continue
+            if pod is None or pod.uid != e.pod_uid:
+                break
+            end = container_end(pod.ended, e.key)
+            if end is not None or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(4.0, delay * 2)
+        client_end = ClientEnd(end.exit_code, end.message) if end is not None else ClientEnd(None, None)
+        if e.key in self._recent:
+            self._recent[e.key] = (*self._recent[e.key][:4], client_end)
+        if end is not None:
+            result = gate_attempt_result(end, peak, e.bytes)
+            if result is not None:
+                self.gate.annotate(e, {ANN_ATTEMPT_RESULT: result.line()})
+                self.metrics.gate_outcomes.labels(result.outcome).inc()
+                self.gate.event("attempt-result", key=e.key, outcome=result.outcome, peak=peak, limit=e.bytes)
+            if not self.quarantine.draining(uuid):
+                if client_end.victim_of_810:
+                    self._trigger(uuid, index, REASON_CLIENT_TERMINATED)
+                elif client_end.own_fault:
+                    self._trigger(uuid, index, REASON_CLIENT_FAULT)
+        self.quarantine.client_ended(uuid, e.key, client_end)
+        self._record_roles(uuid)
+
+    # --- the MPS fault domain -------------------------------------------------------------------------------------
+
+    def _restore_drains(self, books: Books) -> list[str]:
+        """GPUs the previous agent left draining (its last node status file in ``state_dir``): they stay draining."""
+        if self.opts.state_dir is None:
+            return []
+        try:
+            previous = read_status_file(status_file_path(self.opts.state_dir))
+        except StatusFileError:
+            return []
+        out = []
+        for g in previous.gpus:
+            gpu = books.gpu_by_uuid(g.uuid)
+            if g.draining and gpu is not None:
+                since = g.draining_since.timestamp() if g.draining_since else time.time()
+                self.quarantine.restore(g.uuid, g.draining_reason or REASON_XID, since, g.draining_xid, [])
+                books.set_health(gpu.index, False)
+                log.warning("GPU %d (%s) is still draining after a fatal MPS fault (%s): nothing is admitted there",
+                            gpu.index, g.uuid, g.draining_reason)
+                out.append(g.uuid)
+        return out
+
+    def on_health_event(self, ev: HealthEvent) -> None:
+        """A driver event (from the health thread, on the loop): a critical Xid puts its GPU into quarantine."""
+        if self.gate is None or not is_critical_xid(ev.xid):
+            return
+        gpu = self.gate.books.gpu_by_uuid(ev.uuid)
+        if gpu is not None:
+            self._trigger(gpu.uuid, gpu.index, REASON_XID, ev.xid)
+
+    def _trigger(self, uuid: str, index: int, reason: str, xid: int | None = None) -> None:
+        assert self.gate is not None
+        books = self.gate.books
+        now = time.monotonic()
+        clients = [(e.key, e.namespace, e.name) for e in books.running.values() if e.gpu_index == index]
+        recent = [(k, v[1], v[2]) for k, v in self._recent.items()
+                  if v[3] == index and now - v[0] <= self.opts.fault_window]
+        drain = self.quarantine.trigger(uuid, reason, time.time(), clients + recent, xid)
+        for key, v in self._recent.items():
+            if key in dict.fromkeys(k for k, _, _ in recent):
+                self.quarantine.client_gone(uuid, key)
+                if v[4] is not None:
+                    self.quarantine.client_ended(uuid, key, v[4])
+        if drain is None:
+            return
+        books.set_health(index, False)
+        self.metrics.faults.labels(str(index), reason).inc()
+        self.gate.event("fault", gpu=index, uuid=uuid, reason=reason, xid=xid, clients=[k for k, _, _ in clients],
+                        exited=[k for k, _, _ in recent])
+        log.warning("GPU %d (%s): fatal MPS fault (%s): draining, nothing is admitted there until its %d client(s) "
+                    "have exited and MPS answers", index, uuid, drain.label(), len(drain.affected))
+        if self._dirty is not None:
+            self._dirty.set()
+        self._record_roles(uuid)
+
+    def _record_roles(self, uuid: str) -> None:
+        assert self.gate is not None
+        for affected, record in self.quarantine.decide_roles(uuid, datetime.now(tz=timezone.utc)):
+            self.gate.annotate_pod(affected.namespace, affected.name, {ANN_FAULT: record.model_dump_json()})
+            self.metrics.fault_pods.labels(record.role).inc()
+            self.gate.event("fault-role", key=affected.key, gpu=uuid, role=record.role, reason=record.reason)
+            log.warning("pod %s/%s: %s of the MPS fault on %s (%s)", affected.namespace, affected.name, record.role,
+                        uuid, record.reason)
+
+    async def _end_drains(self, devices: list[Any], procs: dict[int, list[GPUProcess]]) -> None:
+        """Release a draining GPU once no client is left on it (neither booked nor seen by the driver) and the MPS
+        control daemon answers its probe."""
+        assert self.gate is not None
+        if not self._adopted:
+            return
+        books = self.gate.books
+        for uuid, drain in list(self.quarantine.drains.items()):
+            gpu = books.gpu_by_uuid(uuid)
+            if gpu is None:
+                continue
+            left = books.clients(gpu.index) + sum(1 for p in procs.get(gpu.index, []) if p.kind == "mps")
+            if left:
+                continue
+            answers = await asyncio.to_thread(self.mps.check) if self.mps is not None else True
+            if not self.quarantine.may_release(uuid, left, answers):
+                continue
+            self.quarantine.release(uuid)
+            waited = max(0.0, time.time() - drain.since)
+            self.metrics.drain_seconds.observe(waited)
+            self.gate.event("drained", gpu=gpu.index, uuid=uuid, reason=drain.reason, seconds=round(waited, 3))
+            log.warning("GPU %d (%s): every client of the fault has exited and MPS answers: admitting again after "
+                        "%.1f s", gpu.index, uuid, waited)
+            if self._dirty is not None:
+                self._dirty.set()
+
+    def _health_events(self) -> None:
+        """The driver's event stream (a thread: NVML's wait blocks), handed to the loop."""
+        while not self._stop_threads.is_set():
+            try:
+                events = self.backend.health_events(1.0)
+            except Exception as exc:
+                log.warning("reading GPU health events failed: %s", exc)
+                self._stop_threads.wait(1.0)
+                continue
+            for ev in events:
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(self.on_health_event, ev)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set."""
@@ -197,6 +454,8 @@ class NodeAgent:
             asyncio.create_task(self._status_loop()),
             asyncio.create_task(self._sample_loop()),
         ]
+        health_thread = threading.Thread(target=self._health_events, daemon=True, name="gpu-health-events")
+        health_thread.start()
         if self.other_plugin is not None:
             loop_tasks.append(asyncio.create_task(self._node_loop()))
         mps_thread = None
@@ -218,11 +477,13 @@ class NodeAgent:
             await self.close()
 
     async def close(self) -> None:
+        for task in list(self._bg):
+            task.cancel()
         if self.gate is not None:
             await self.gate.close()
         if self.metrics_server is not None:
-            self.metrics_server.shutdown()  # type: ignore[attr-defined]
-            self.metrics_server.server_close()  # type: ignore[attr-defined]
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
             self.metrics_server = None
         with contextlib.suppress(Exception):
             self.backend.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -22,37 +22,112 @@ from gnnsched.contract import (
 )
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT
 
+if TYPE_CHECKING:
+    from gnnsched.node_agent.node_conflicts import NodeReader
+
 _POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 
 
 def node_agent(
-    gpus: str = typer.Option("nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."),
-    node_name: Optional[str] = typer.Option(None, "--node-name", envvar="NODE_NAME", help="Kubernetes node name (default: hostname)."),
-    gate_socket: Path = typer.Option(Path(DEFAULT_GATE_SOCKET), "--gate-socket", help="Unix socket the gate listens on."),
-    metrics_port: int = typer.Option(DEFAULT_AGENT_METRICS_PORT, "--metrics-port", help="Prometheus /metrics port (0: any free port, -1: off)."),
+    gpus: str = typer.Option(
+        "nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."
+    ),
+    node_name: str | None = typer.Option(
+        None, "--node-name", envvar="NODE_NAME", help="Kubernetes node name (default: hostname)."
+    ),
+    gate_socket: Path = typer.Option(
+        Path(DEFAULT_GATE_SOCKET), "--gate-socket", help="Unix socket the gate listens on."
+    ),
+    metrics_port: int = typer.Option(
+        DEFAULT_AGENT_METRICS_PORT, "--metrics-port", help="Prometheus /metrics port (0: any free port, -1: off)."
+    ),
     metrics_addr: str = typer.Option("0.0.0.0", "--metrics-addr", help="Address /metrics binds to."),
     policy: str = typer.Option("base", "--policy", help="Grouping policy: base|lmcf|bmc|sqtf|bqt."),
-    bypass_limit: int = typer.Option(DEFAULT_BYPASS_LIMIT, "--bypass-limit", help="Backfill: a queued pod that does not fit may be overtaken by at most N pods later in the policy's order before it blocks them (0: admit a strict prefix of the order, no overtaking)."),
-    reserve_bytes: str = typer.Option("1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."),
-    reserve_fraction: float = typer.Option(0.0, "--reserve-fraction", help="Reserve as a fraction of each GPU (the larger of the two applies)."),
-    max_clients_per_gpu: int = typer.Option(MPS_MAX_CLIENTS_PER_GPU, "--max-clients-per-gpu", help="MPS clients per GPU (capped by the GPU model's limit)."),
-    active_thread_percentage: str = typer.Option("auto", "--active-thread-percentage", help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per client: auto (100 / group size) or 1-100."),
-    mps: str = typer.Option("on", "--mps", help="on: start, configure and supervise nvidia-cuda-mps-control in this process (development); external: read the health `gnnsched mps-daemon` publishes in --state-dir (a real cluster); off: MPS not watched."),
-    state_dir: Path = typer.Option(Path(DEFAULT_NODE_STATE_DIR), "--state-dir", help="Node state directory (written only by the agent and the MPS daemon, never mounted into jobs): the device plugin's status file and the MPS daemon's health."),
-    mps_health_max_age: float = typer.Option(60.0, "--mps-health-max-age", help="With --mps external: seconds after which the daemon's health counts as stale (MPS down)."),
-    jobs_uid: int = typer.Option(DEFAULT_JOBS_UID, "--jobs-uid", envvar=ENV_JOBS_UID, help="The one UID gated processes must run as (MPS serves one user at a time); -1 admits any UID."),
-    node_check: bool = typer.Option(True, "--node-check/--no-node-check", help="Read this node's Node object and report another device plugin advertising nvidia.com/gpu."),
+    bypass_limit: int = typer.Option(
+        DEFAULT_BYPASS_LIMIT,
+        "--bypass-limit",
+        help="Backfill: a queued pod that does not fit may be overtaken by at most N pods later in the policy's order "
+        "before it blocks them (0: admit a strict prefix of the order, no overtaking).",
+    ),
+    reserve_bytes: str = typer.Option(
+        "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
+    ),
+    reserve_fraction: float = typer.Option(
+        0.0, "--reserve-fraction", help="Reserve as a fraction of each GPU (the larger of the two applies)."
+    ),
+    max_clients_per_gpu: int = typer.Option(
+        MPS_MAX_CLIENTS_PER_GPU, "--max-clients-per-gpu", help="MPS clients per GPU (capped by the GPU model's limit)."
+    ),
+    active_thread_percentage: str = typer.Option(
+        "auto",
+        "--active-thread-percentage",
+        help="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per client: auto (100 / group size) or 1-100.",
+    ),
+    mps: str = typer.Option(
+        "on",
+        "--mps",
+        help="on: start, configure and supervise nvidia-cuda-mps-control in this process (development); external: read "
+        "the health `gnnsched mps-daemon` publishes in --state-dir (a real cluster); off: MPS not watched.",
+    ),
+    state_dir: Path = typer.Option(
+        Path(DEFAULT_NODE_STATE_DIR),
+        "--state-dir",
+        help="Node state directory (written only by the agent and the MPS daemon, never mounted into jobs): the device "
+        "plugin's status file and the MPS daemon's health.",
+    ),
+    mps_health_max_age: float = typer.Option(
+        60.0,
+        "--mps-health-max-age",
+        help="With --mps external: seconds after which the daemon's health counts as stale (MPS down).",
+    ),
+    jobs_uid: int = typer.Option(
+        DEFAULT_JOBS_UID,
+        "--jobs-uid",
+        envvar=ENV_JOBS_UID,
+        help="The one UID gated processes must run as (MPS serves one user at a time); -1 admits any UID.",
+    ),
+    node_check: bool = typer.Option(
+        True,
+        "--node-check/--no-node-check",
+        help="Read this node's Node object and report another device plugin advertising nvidia.com/gpu.",
+    ),
     mps_pipe_dir: Path = typer.Option(Path(DEFAULT_MPS_PIPE_DIR), "--mps-pipe-dir"),
     mps_log_dir: Path = typer.Option(Path(DEFAULT_MPS_LOG_DIR), "--mps-log-dir"),
-    compute_mode: str = typer.Option("exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS, as MPS wants), default, or keep."),
-    live_memory_check: bool = typer.Option(True, "--live-memory-check/--no-live-memory-check", help="Also admit only into memory the driver reports free (second check besides the books)."),
-    pods_file: Optional[Path] = typer.Option(None, "--pods-file", help="Read pods/GNNJobs from this JSON file instead of the API server (development)."),
-    status_file: Optional[Path] = typer.Option(None, "--status-file", help="Write GPUNode status to this file instead of the API server (development)."),
-    peer_check: str = typer.Option("cgroup", "--peer-check", help="cgroup: verify the pod UID against the peer's cgroup (Linux); off: trust the claimed UID."),
-    recovery_grace: float = typer.Option(5.0, "--recovery-grace", help="Seconds after start before admitting new pods (running ones reconnect first)."),
-    status_interval: float = typer.Option(5.0, "--status-interval", help="Seconds between GPUNode status writes (also written on change)."),
-    event_log: Optional[Path] = typer.Option(None, "--event-log", help="Append gate events (queued/admitted/released) as JSON lines."),
+    compute_mode: str = typer.Option(
+        "exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS, as MPS wants), default, or keep."
+    ),
+    live_memory_check: bool = typer.Option(
+        True,
+        "--live-memory-check/--no-live-memory-check",
+        help="Also admit only into memory the driver reports free (second check besides the books).",
+    ),
+    pods_file: Path | None = typer.Option(
+        None, "--pods-file", help="Read pods/GNNJobs from this JSON file instead of the API server (development)."
+    ),
+    status_file: Path | None = typer.Option(
+        None, "--status-file", help="Write GPUNode status to this file instead of the API server (development)."
+    ),
+    peer_check: str = typer.Option(
+        "cgroup",
+        "--peer-check",
+        help="cgroup: verify the pod UID against the peer's cgroup (Linux); off: trust the claimed UID.",
+    ),
+    recovery_grace: float = typer.Option(
+        5.0, "--recovery-grace", help="Seconds after start before admitting new pods (running ones reconnect first)."
+    ),
+    status_interval: float = typer.Option(
+        5.0, "--status-interval", help="Seconds between GPUNode status writes (also written on change)."
+    ),
+    event_log: Path | None = typer.Option(
+        None, "--event-log", help="Append gate events (queued/admitted/released) as JSON lines."
+    ),
     log_level: str = typer.Option("info", "--log-level"),
+    fake_gpu_memory: str = typer.Option(
+        "",
+        "--fake-gpu-memory",
+        help="With --gpus fake: enforce[:FACTOR] makes every admitted gnnsched worker enforce its MPS memory limit as "
+             "a real GPU would (GNNSCHED_FAKE_GPU_MEMORY; development and tests).",
+    ),
 ) -> None:
     """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics."""
     import asyncio
@@ -95,13 +170,25 @@ def node_agent(
         fail("--bypass-limit: must be >= 0 (0: strict prefix of the policy's order)")
     if recovery_grace < 0 or status_interval <= 0:
         fail("--recovery-grace/--status-interval: must be >= 0 / > 0")
+    workload_env: dict[str, str] = {}
+    if fake_gpu_memory:
+        from gnnsched.contract import ENV_FAKE_GPU_MEMORY
+        from gnnsched.fake_gpu_memory import parse_fake_gpu_memory
+
+        if not gpus.strip().startswith("fake:"):
+            fail("--fake-gpu-memory: only with --gpus fake:NxSIZE (a real GPU enforces its own limit)")
+        try:
+            parse_fake_gpu_memory(fake_gpu_memory)
+        except ValueError as exc:
+            fail(f"--fake-gpu-memory: {exc}")
+        workload_env[ENV_FAKE_GPU_MEMORY] = fake_gpu_memory.strip()
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
-    from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier
+    from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier, PodLookup
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
     from gnnsched.node_agent.mps_external import ExternalMPS
-    from gnnsched.node_agent.status import FileStatusSink
+    from gnnsched.node_agent.status import FileStatusSink, StatusSink
 
     if peer_check == "cgroup" and not IS_LINUX:
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")
@@ -118,6 +205,7 @@ def node_agent(
         fail(f"--gpus {gpus}: no GPUs found", code=1)
 
     name = node_name or socket.gethostname()
+    pods: PodLookup
     if pods_file is not None:
         pods = FilePodLookup(pods_file)
     else:
@@ -127,6 +215,7 @@ def node_agent(
             pods = KubePodLookup()
         except Exception as exc:
             fail(f"--pods-file: not given and no Kubernetes API reachable ({exc})", code=1)
+    sink: StatusSink
     if status_file is not None:
         sink = FileStatusSink(status_file)
     else:
@@ -137,7 +226,7 @@ def node_agent(
         except Exception as exc:
             fail(f"--status-file: not given and no Kubernetes API reachable ({exc})", code=1)
 
-    nodes = None
+    nodes: NodeReader | None = None
     if node_check:
         from gnnsched.node_agent.node_conflicts import FileNodeReader, KubeNodeReader
 
@@ -167,6 +256,9 @@ def node_agent(
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
+        workload_env=workload_env,
+        # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
+        mps_probe_interval=2.0 if mps == "external" else 10.0,
     )
     agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr,
                       nodes=nodes)
@@ -183,11 +275,18 @@ def node_agent(
 
 def gate(
     ctx: typer.Context,
-    socket_path: Optional[str] = typer.Option(None, "--socket", help="Gate socket (default: $GNNSCHED_GATE_SOCKET or the node default)."),
-    wait_seconds: float = typer.Option(7 * 24 * 3600.0, "--wait-seconds", help="Give up (exit 4) if no agent answers for this long."),
-    container: str = typer.Option("", "--container", help="Container name, when several containers of one pod are gated."),
+    socket_path: str | None = typer.Option(
+        None, "--socket", help="Gate socket (default: $GNNSCHED_GATE_SOCKET or the node default)."
+    ),
+    wait_seconds: float = typer.Option(
+        7 * 24 * 3600.0, "--wait-seconds", help="Give up (exit 4) if no agent answers for this long."
+    ),
+    container: str = typer.Option(
+        "", "--container", help="Container name, when several containers of one pod are gated."
+    ),
 ) -> None:
-    """Wait at the node agent's gate, then exec CMD with the admitted GPU and MPS limits: gnnsched gate -- CMD [ARGS]."""
+    """Wait at the node agent's gate, then exec CMD with the admitted GPU and MPS limits: gnnsched gate -- CMD
+    [ARGS]."""
     from gnnsched.node_agent.gate_client import EXIT_NO_AGENT, GateUsageError, run
 
     try:
@@ -199,20 +298,74 @@ def gate(
 
 
 def mps_daemon(
-    gpus: str = typer.Option("nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."),
+    gpus: str = typer.Option(
+        "nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."
+    ),
     mps_pipe_dir: Path = typer.Option(Path(DEFAULT_MPS_PIPE_DIR), "--mps-pipe-dir"),
     mps_log_dir: Path = typer.Option(Path(DEFAULT_MPS_LOG_DIR), "--mps-log-dir"),
-    state_dir: Path = typer.Option(Path(DEFAULT_NODE_STATE_DIR), "--state-dir", help="Where the daemon's health is published (root-owned, not the pipe directory)."),
-    mps_shm_dir: str = typer.Option(DEFAULT_MPS_SHM_DIR, "--mps-shm-dir", help="Host tmpfs mounted at /dev/shm here and in every job; the health reports whether /dev/shm really is it ('none': not checked)."),
-    jobs_uid: int = typer.Option(DEFAULT_JOBS_UID, "--jobs-uid", envvar=ENV_JOBS_UID, help="Owner of the pipe and log directories: the UID every gated pod runs as."),
-    compute_mode: str = typer.Option("exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS by GPU UUID, as MPS wants) or keep."),
-    pinned_mem_limit: str = typer.Option("auto", "--default-pinned-mem-limit", help="Default pinned device memory limit per GPU set through the control daemon: auto (GPU memory less --reserve-bytes), a quantity (e.g. 70Gi), or off."),
-    reserve_bytes: str = typer.Option("1Gi", "--reserve-bytes", help="With --default-pinned-mem-limit auto: memory per GPU kept out of any client's reach (the agent's --reserve-bytes)."),
-    active_thread_percentage: int = typer.Option(0, "--default-active-thread-percentage", help="set_default_active_thread_percentage (1-100; 0: leave the daemon's default)."),
-    probe_interval: float = typer.Option(10.0, "--probe-interval", help="Seconds between health probes (restart when gone, publish health)."),
-    start_timeout: float = typer.Option(10.0, "--start-timeout", help="Seconds to wait for a started daemon to answer."),
-    disable: bool = typer.Option(False, "--disable", help="Quit the MPS daemon, put compute mode back to DEFAULT by UUID, publish 'disabled', exit."),
-    reset_on_exit: bool = typer.Option(False, "--reset-on-exit", help="On SIGTERM also do what --disable does (default: leave the daemon to running jobs)."),
+    state_dir: Path = typer.Option(
+        Path(DEFAULT_NODE_STATE_DIR),
+        "--state-dir",
+        help="Where the daemon's health is published (root-owned, not the pipe directory).",
+    ),
+    mps_shm_dir: str = typer.Option(
+        DEFAULT_MPS_SHM_DIR,
+        "--mps-shm-dir",
+        help="Host tmpfs mounted at /dev/shm here and in every job; the health reports whether /dev/shm really is it "
+             "('none': not checked).",
+    ),
+    jobs_uid: int = typer.Option(
+        DEFAULT_JOBS_UID,
+        "--jobs-uid",
+        envvar=ENV_JOBS_UID,
+        help="Owner of the pipe and log directories: the UID every gated pod runs as.",
+    ),
+    compute_mode: str = typer.Option(
+        "exclusive", "--compute-mode", help="exclusive (EXCLUSIVE_PROCESS by GPU UUID, as MPS wants) or keep."
+    ),
+    pinned_mem_limit: str = typer.Option(
+        "auto",
+        "--default-pinned-mem-limit",
+        help="Default pinned device memory limit per GPU set through the control daemon: auto (GPU memory less "
+             "--reserve-bytes), a quantity (e.g. 70Gi), or off.",
+    ),
+    reserve_bytes: str = typer.Option(
+        "1Gi",
+        "--reserve-bytes",
+        help="With --default-pinned-mem-limit auto: memory per GPU kept out of any client's reach (the agent's "
+             "--reserve-bytes).",
+    ),
+    active_thread_percentage: int = typer.Option(
+        0,
+        "--default-active-thread-percentage",
+        help="set_default_active_thread_percentage (1-100; 0: leave the daemon's default).",
+    ),
+    probe_interval: float = typer.Option(
+        10.0, "--probe-interval", help="Seconds between health probes (restart when gone, publish health)."
+    ),
+    start_timeout: float = typer.Option(
+        10.0, "--start-timeout", help="Seconds to wait for a started daemon to answer."
+    ),
+    mount_shm_only: bool = typer.Option(
+        False,
+        "--mount-shm",
+        help="Make --mps-shm-dir a fresh tmpfs (privileged init container, Bidirectional mount propagation) and exit.",
+    ),
+    shm_size: str = typer.Option(
+        "auto",
+        "--shm-size",
+        help="With --mount-shm: tmpfs size (auto: half the node's memory, as NVIDIA's mount-shm; or a quantity).",
+    ),
+    disable: bool = typer.Option(
+        False,
+        "--disable",
+        help="Quit the MPS daemon, put compute mode back to DEFAULT by UUID, publish 'disabled', exit.",
+    ),
+    reset_on_exit: bool = typer.Option(
+        False,
+        "--reset-on-exit",
+        help="On SIGTERM also do what --disable does (default: leave the daemon to running jobs).",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Run the node's MPS control daemon apart from the agent (privileged; see docs/node-agent.md)."""
@@ -244,8 +397,27 @@ def mps_daemon(
             fail("--default-pinned-mem-limit: must be at least 1Mi")
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
-    from gnnsched.node_agent.mps import MPSConfig, MPSManager
-    from gnnsched.node_agent.mps_daemon import MPSDaemonService, pinned_limit_mib
+    from gnnsched.node_agent.mps import MPSConfig, MPSError, MPSManager
+    from gnnsched.node_agent.mps_daemon import (
+        MPSDaemonService,
+        mount_shm,
+        pinned_limit_mib,
+    )
+
+    if mount_shm_only:
+        if mps_shm_dir == "none" or not Path(mps_shm_dir).is_absolute():
+            fail(f"--mps-shm-dir: --mount-shm needs an absolute path, got {mps_shm_dir!r}")
+        size: str | None = None
+        if shm_size != "auto":
+            try:
+                size = f"{parse_bytes(shm_size) // 1024}k"
+            except QuantityError as exc:
+                fail(f"--shm-size: {exc} (or use auto)")
+        try:
+            mount_shm(mps_shm_dir, size)
+        except (MPSError, OSError) as exc:
+            fail(f"--mount-shm: {exc}", code=1)
+        return
 
     try:
         backend = open_backend(gpus)

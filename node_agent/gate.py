@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
 from gnnsched.node_agent.books import Books, Decision, Entry, Rejected
 from gnnsched.node_agent.identity import (
     Demand,
@@ -41,11 +41,13 @@ from gnnsched.node_agent.protocol import (
     AdmitRequest,
     Admitted,
     Queued,
-    Rejected as RejectedReply,
     Resumed,
     ResumeRequest,
     mem_limit_value,
     parse_request,
+)
+from gnnsched.node_agent.protocol import (
+    Rejected as RejectedReply,
 )
 
 log = logging.getLogger("gnnsched.node_agent.gate")
@@ -73,6 +75,9 @@ class GateConfig:
     first_message_timeout: float = 10.0
     reconcile_seconds: float = 5.0
     jobs_uid: int | None = None  # the one UID an MPS client may run as (None: any); see identity.check_peer_uid
+    # Extra environment for every admitted workload; only ``--fake-gpu-memory`` sets it (the fake GPU's limit
+    # enforcement, gnnsched.fake_gpu_memory): on a real GPU the MPS server enforces the limit by itself.
+    workload_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -97,6 +102,7 @@ class GateServer:
         event_log: Path | None = None,
         on_change: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
+        on_release: Callable[[Entry, str], int | None] | None = None,
     ) -> None:
         self.books = books
         self.config = config
@@ -104,6 +110,8 @@ class GateServer:
         self.verifier = verifier
         self.metrics = metrics
         self.on_change = on_change or (lambda: None)
+        # The agent's hook when a running entry ends (observation, fault domain); returns the entry's observed peak.
+        self.on_release = on_release
         self._wall = wall
         self._event_log = event_log.open("a", buffering=1) if event_log else None
         self._conns: dict[str, _Conn] = {}
@@ -159,6 +167,20 @@ class GateServer:
     def _event(self, kind: str, **fields: Any) -> None:
         if self._event_log:
             self._event_log.write(json.dumps({"t": self._wall(), "event": kind, **fields}) + "\n")
+
+    def annotate(self, e: Entry, values: dict[str, str | None]) -> None:
+        """Queue annotations for ``e``'s pod on the gate's one ordered writer."""
+        self._annotate(e, values)
+
+    def annotate_pod(self, namespace: str, name: str, values: dict[str, str | None]) -> None:
+        """Queue annotations for a pod by name (one that may have left the books already)."""
+        if self._annotations is not None and namespace and name:
+            self._annotations.put_nowait((namespace, name, values))
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append one event to ``--event-log`` (the agent's record of what it did; it has no Kubernetes Event
+        writer)."""
+        self._event(kind, **fields)
 
     def _annotate(self, e: Entry, values: dict[str, str | None]) -> None:
         if self._annotations is not None and e.namespace and e.name:
@@ -221,11 +243,11 @@ class GateServer:
         if e is None:
             return
         self._event("released", key=key, gpu=e.gpu_index, bytes=e.bytes, why=why)
-        values: dict[str, str | None] = {ANN_FINISHED_AT: rfc3339(self._wall())}
-        peak = self.metrics.job_finished(e) if self.metrics is not None else None
-        if peak:
-            values[ANN_OBSERVED_PEAK_BYTES] = str(peak)
-        self._annotate(e, values)
+        self._annotate(e, {ANN_FINISHED_AT: rfc3339(self._wall())})
+        # The observed peak reaches the pod from the agent's observer while the pod runs (never lowered on restart).
+        observed = self.on_release(e, why) if self.on_release is not None else None
+        if self.metrics is not None:
+            self.metrics.job_finished(e, observed)
         self.pids.pop(key, None)
         self._changed()
         self.decide()
@@ -248,7 +270,9 @@ class GateServer:
                 line = await asyncio.wait_for(reader.readline(), self.config.first_message_timeout)
             except (asyncio.LimitOverrunError, ValueError):
                 self._reject("malformed")
-                await self._send(writer, RejectedReply(reason="malformed", message=f"request line longer than {MAX_LINE} bytes"))
+                await self._send(
+                    writer, RejectedReply(reason="malformed", message=f"request line longer than {MAX_LINE} bytes")
+                )
                 return
             except asyncio.TimeoutError:
                 self._reject("timeout")
@@ -342,7 +366,8 @@ class GateServer:
             self.decide()
             if not conn.admitted.done():
                 await self._send(writer, Queued(position=len(self.books.queued)))
-            done, _ = await asyncio.wait({conn.admitted, eof}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {conn.admitted, eof}
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if conn.admitted.done():
                 d = conn.admitted.result()
                 admitted = True
@@ -352,7 +377,7 @@ class GateServer:
                 await self._send(writer, Admitted(
                     gpu_uuid=d.gpu.uuid, gpu_index=d.gpu.index, bytes=e.bytes, mem_limit=mem_limit_value(e.bytes),
                     active_thread_percentage=pct, pipe_directory=self.config.pipe_directory, group=d.group,
-                    admitted_at=rfc3339(at),
+                    admitted_at=rfc3339(at), env=dict(self.config.workload_env) or None,
                 ))
                 await eof
         except (ConnectionError, asyncio.IncompleteReadError):

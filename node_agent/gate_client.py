@@ -23,7 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
-from gnnsched.contract import DEFAULT_GATE_SOCKET, ENV_GATE_SOCKET, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID
+from gnnsched.contract import (
+    DEFAULT_GATE_SOCKET,
+    ENV_GATE_SOCKET,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+)
 
 EXIT_USAGE = 2
 EXIT_REJECTED = 3
@@ -150,13 +156,16 @@ def workload_env(base: dict[str, str], admitted: dict) -> dict[str, str]:
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(admitted["pipeDirectory"])
     env["GNNSCHED_ADMITTED_BYTES"] = str(admitted["bytes"])
     env["GNNSCHED_GROUP"] = str(admitted["group"])
+    extra = admitted.get("env")
+    if isinstance(extra, dict):  # the agent's extra environment (a fake GPU's limit enforcement, --fake-gpu-memory)
+        env.update({str(k): str(v) for k, v in extra.items()})
     return env
 
 
 def _parent_gone_waiter(ppid: int) -> tuple[int | None, bool]:
     """A pidfd on the workload (readable when it exits), or (None, gone?) where pidfds are unavailable."""
     try:
-        return os.pidfd_open(ppid), False  # type: ignore[attr-defined]
+        return os.pidfd_open(ppid), False
     except ProcessLookupError:
         return None, True
     except (AttributeError, OSError):

@@ -188,6 +188,17 @@ def check_peer_uid(cred: PeerCred | None, jobs_uid: int | None) -> None:
 # --- pods ---------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerEnd:
+    """A container that has terminated, as the pod status shows it (``state.terminated``): the exit code and the
+    termination message (the result line, or the log tail under ``terminationMessagePolicy: FallbackToLogsOnError``)."""
+
+    name: str
+    exit_code: int | None
+    message: str | None
+    reason: str | None = None
+
+
 @dataclass(slots=True)
 class PodInfo:
     """The parts of a pod the gate needs, as read from the API server."""
@@ -199,6 +210,7 @@ class PodInfo:
     phase: str = "Running"
     annotations: dict[str, str] = field(default_factory=dict)
     owner_job: str | None = None  # "<ns>/<name>" of an owning GNNJob that exists with the referenced UID
+    ended: list[ContainerEnd] = field(default_factory=list)  # terminated containers (status.containerStatuses)
 
     @property
     def terminated(self) -> bool:
@@ -235,6 +247,16 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
         real = job_uid(ns, owner[0])
         if real is not None and real == owner[1]:
             owner_job = f"{ns}/{owner[0]}"
+    ended = []
+    for cs in status.get("containerStatuses") or []:
+        term = ((cs or {}).get("state") or {}).get("terminated") if isinstance(cs, dict) else None
+        if isinstance(term, dict):
+            code = term.get("exitCode")
+            ended.append(ContainerEnd(
+                name=str(cs.get("name", "")), exit_code=code if isinstance(code, int) else None,
+                message=str(term["message"]) if term.get("message") is not None else None,
+                reason=str(term["reason"]) if term.get("reason") is not None else None,
+            ))
     return PodInfo(
         uid=str(meta.get("uid", "")),
         namespace=ns,
@@ -243,6 +265,7 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
         phase=str(status.get("phase", "Running")),
         annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
         owner_job=owner_job,
+        ended=ended,
     )
 
 
@@ -270,7 +293,9 @@ class FilePodLookup:
             for j in data.get("gnnjobs") or []
             if isinstance(j, dict)
         }
-        return [pod_from_object(p, lambda ns, n: jobs.get((ns, n))) for p in data.get("pods") or [] if isinstance(p, dict)]
+        return [
+            pod_from_object(p, lambda ns, n: jobs.get((ns, n))) for p in data.get("pods") or [] if isinstance(p, dict)
+        ]
 
     def get(self, namespace: str, name: str) -> PodInfo | None:
         return next((p for p in self._infos() if p.namespace == namespace and p.name == name), None)
@@ -311,7 +336,8 @@ class KubePodLookup:
     """The in-cluster lookup (kubernetes client); tested against kmock's in-memory API server."""
 
     def __init__(self, api_client: Any = None) -> None:
-        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else kubeconfig."""
+        """``api_client``: a configured ``kubernetes.client.ApiClient`` (tests); default: in-cluster, else
+        kubeconfig."""
         from kubernetes import client
 
         from gnnsched.kubeclient import api_client as _default_api_client
@@ -328,7 +354,10 @@ class KubePodLookup:
             obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, GNNJOB_PLURAL, name)
         except ApiException:
             return None
-        return str(obj.get("metadata", {}).get("uid", "")) or None
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict):
+            return None
+        return str(meta.get("uid", "")) or None
 
     def _info(self, pod: Any) -> PodInfo:
         obj = self._core.api_client.sanitize_for_serialization(pod)
@@ -355,7 +384,8 @@ class KubePodLookup:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What the gate books for a pod, and where the number came from (``admit-bytes``, ``gpu-memory``, ``whole-gpu``)."""
+    """What the gate books for a pod, and where the number came from (``admit-bytes``, ``gpu-memory``,
+    ``whole-gpu``)."""
 
     bytes: int
     source: str

@@ -7,6 +7,7 @@ sees it), the queue, admissions and rejections by reason, how long pods wait, ho
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -14,7 +15,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from gnnsched.gpu_backend import GPUInfo, GPUProcess
+    from wsgiref.simple_server import WSGIServer
+
+    from gnnsched.gpu_backend import GPUInfo
     from gnnsched.node_agent.books import Books, Entry
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)
@@ -28,7 +31,9 @@ class AgentMetrics:
         g = ("gpu", "uuid")
         self.total = Gauge("gnnsched_gpu_memory_total_bytes", "GPU memory size", g, registry=r)
         self.reserved = Gauge("gnnsched_gpu_memory_reserved_bytes", "Memory the gate never commits", g, registry=r)
-        self.committed = Gauge("gnnsched_gpu_memory_committed_bytes", "Sum of admit-bytes of running clients", g, registry=r)
+        self.committed = Gauge(
+            "gnnsched_gpu_memory_committed_bytes", "Sum of admit-bytes of running clients", g, registry=r
+        )
         self.used = Gauge("gnnsched_gpu_memory_used_bytes", "Memory in use as the driver reports it", g, registry=r)
         self.healthy = Gauge("gnnsched_gpu_healthy", "1 if the GPU is healthy", g, registry=r)
         self.clients = Gauge("gnnsched_mps_clients", "Gated (MPS client) processes running per GPU", g, registry=r)
@@ -44,8 +49,26 @@ class AgentMetrics:
         self.error_ratio = Histogram("gnnsched_job_prediction_error_ratio",
                                      "observed peak / predicted admit-bytes, per finished pod", buckets=RATIO_BUCKETS,
                                      registry=r)
+        self.draining = Gauge(
+            "gnnsched_gpu_draining", "1 while the GPU drains after a fatal MPS fault (admits nothing)", g, registry=r
+        )
+        self.faults = Counter("gnnsched_gpu_faults", "Fatal MPS faults that put a GPU into quarantine, by what told",
+                              ("gpu", "reason"), registry=r)
+        self.fault_pods = Counter("gnnsched_fault_pods", "Pods annotated after a fatal MPS fault, by role",
+                                  ("role",), registry=r)
+        self.drain_seconds = Histogram(
+            "gnnsched_gpu_drain_seconds",
+            "Time from a fatal fault to the GPU admitting again",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.gate_outcomes = Counter("gnnsched_gate_attempt_outcomes",
+                                     "Failed custom containers the agent classified (attempt-result annotation)",
+                                     ("outcome",), registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
-        self.mps_restarts = Gauge("gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r)
+        self.mps_restarts = Gauge(
+            "gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r
+        )
         self._lock = threading.Lock()
         self._peaks: dict[str, int] = {}
         self._labels: dict[str, tuple[str, str]] = {}
@@ -73,49 +96,46 @@ class AgentMetrics:
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
 
-    def job_finished(self, e: Entry) -> int | None:
-        """Close a pod's prediction record; returns its observed peak (None if never seen on a GPU)."""
+    def job_finished(self, e: Entry, peak: int | None = None) -> int | None:
+        """Close a pod's prediction record; returns its observed peak (None if never seen on a GPU). ``peak``: the
+        observer's figure, when it has one (it wins over the sampled one kept here)."""
         with self._lock:
-            peak = self._peaks.pop(e.key, None)
+            sampled = self._peaks.pop(e.key, None)
             lab = self._labels.pop(e.key, None)
+        peak = peak if peak is not None else sampled
         if lab is not None:
             for gauge in (self.predicted, self.observed):
-                try:
+                with contextlib.suppress(KeyError):
                     gauge.remove(*lab)
-                except KeyError:
-                    pass
         if peak:
             self.error_ratio.observe(peak / e.bytes)
         return peak
 
     # --- fed by the sampler -------------------------------------------------------------------------------------
 
-    def sample(self, devices: list[GPUInfo], processes: dict[int, list[GPUProcess]], books: Books,
-               pids: dict[str, int]) -> None:
-        """Driver view: used bytes and health per GPU, and per-pod peaks from the processes the gate admitted."""
+    def sample(self, devices: list[GPUInfo], books: Books, usage: dict[str, int],
+               draining: set[str] | None = None) -> None:
+        """Driver view: used bytes, health and drain state per GPU, and per-pod peaks of what the gated pods' processes
+        hold (``usage``: entry key → bytes this sample, from ``observe.attribute``)."""
         for d in devices:
             lab = (str(d.index), d.uuid)
             self.used.labels(*lab).set(d.used_bytes)
             self.healthy.labels(*lab).set(1 if d.healthy else 0)
-        by_pid: dict[int, int] = {}
-        for procs in processes.values():
-            for p in procs:
-                if p.used_bytes is not None:
-                    by_pid[p.pid] = by_pid.get(p.pid, 0) + p.used_bytes
+            self.draining.labels(*lab).set(1 if draining and d.uuid in draining else 0)
         with self._lock:
-            for key, pid in pids.items():
-                if key in books.running and pid in by_pid:
-                    self._peaks[key] = max(self._peaks.get(key, 0), by_pid[pid])
-                    lab = self._labels.get(key)
-                    if lab is not None:
-                        self.observed.labels(*lab).set(self._peaks[key])
+            for key, used in usage.items():
+                if key in books.running:
+                    self._peaks[key] = max(self._peaks.get(key, 0), used)
+                    pod_labels = self._labels.get(key)
+                    if pod_labels is not None:
+                        self.observed.labels(*pod_labels).set(self._peaks[key])
 
     def mps(self, up: bool, restarts: int) -> None:
         self.mps_up.set(1 if up else 0)
         self.mps_restarts.set(restarts)
 
     def serve(self, port: int, addr: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True,
-              ready: Callable[[], tuple[bool, str]] | None = None) -> object:
+              ready: Callable[[], tuple[bool, str]] | None = None) -> WSGIServer:
         """Expose ``/metrics``, ``/healthz`` (the DaemonSet's liveness probe: 503 when ``healthy()`` is false) and
         ``/readyz`` (the readiness probe: 503 with the reason until the gate serves and MPS is up)."""
         from gnnsched.metrics_http import serve_metrics

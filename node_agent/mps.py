@@ -20,6 +20,7 @@ through the control daemon for every GPU right after start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -196,10 +197,8 @@ class MPSManager:
     def stop(self) -> None:
         """Ask the daemon to quit (best effort: it may already be gone)."""
         with self._lock:
-            try:
+            with contextlib.suppress(MPSError):
                 self.control("quit")
-            except MPSError:
-                pass
             self.healthy, self.message = False, "stopped"
 
     def run_forever(self, interval: float, stop: threading.Event) -> None:

@@ -18,7 +18,10 @@ What it does, following NVIDIA's ``cmd/mps-control-daemon/mps/daemon.go`` (Start
 5. probes the daemon (``get_server_list``) every ``--probe-interval`` seconds, restarts it when it is gone, and writes
    its health (``contract.MPSDaemonHealth``) to ``<state dir>/mps-daemon.json``: a directory only this process and
    the agent can write (root, 0755), never the pipe directory, which every client can write;
-6. on SIGTERM, leaves the daemon running by default (running jobs keep their server; the next ``mps-daemon`` adopts
+6. ``--mount-shm`` (run once from a privileged init container, as NVIDIA's ``mount-shm``) makes the shared
+   ``<mps root>/shm`` a tmpfs that the daemon's container and, through the device plugin, every job mount at
+   ``/dev/shm``; the health file says whether the daemon's ``/dev/shm`` really is it;
+7. on SIGTERM, leaves the daemon running by default (running jobs keep their server; the next ``mps-daemon`` adopts
    it). ``--disable`` (run once, e.g. from a pre-delete hook or by hand) quits the daemon, puts compute mode back
    to DEFAULT by UUID and publishes "disabled"; ``--reset-on-exit`` does the same on SIGTERM.
 """
@@ -27,13 +30,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gnnsched.contract import MPS_DAEMON_HEALTH_FILE_NAME, MPSDaemonHealth
+from gnnsched.contract import MPS_DAEMON_HEALTH_FILE_NAME, MPS_SHM_SOURCE, MPSDaemonHealth
 from gnnsched.node_agent.mps import COMPUTE_MODES, MPSError, MPSManager
 from gnnsched.node_status_file import write_json_atomic
 
@@ -66,10 +71,75 @@ def dev_shm_binding(shm_dir: str | os.PathLike[str], mountinfo: str | None = Non
     root = last[3]
     name = Path(shm_dir).name
     fstype = last[last.index("-") + 1] if "-" in last else "?"
+    source = last[last.index("-") + 2] if "-" in last and len(last) > last.index("-") + 2 else "?"
     if root != "/" and root.rstrip("/").endswith("/" + name):
         return True, f"/dev/shm is {root} ({fstype})"
+    if fstype == "tmpfs" and source == MPS_SHM_SOURCE:
+        # the chart's own tmpfs at the shm directory (NVIDIA's layout): its root is "/", named by its source
+        return True, f"/dev/shm is the {MPS_SHM_SOURCE} tmpfs"
     return False, (f"/dev/shm is {root} ({fstype}), not the shared {shm_dir}: "
                    "MPS clients in other containers cannot attach")
+
+
+SHM_FALLBACK_SIZE = "65536k"
+
+
+def shm_size_from_meminfo(meminfo: str) -> str:
+    """Half the node's memory for the shared tmpfs, as NVIDIA's ``mount-shm`` sizes it (a tmpfs only takes what is
+    written to it); its fallback, 64 MiB, when ``MemTotal`` cannot be read."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                unit = parts[2][0] if len(parts) >= 3 and parts[2] else ""
+                return f"{int(parts[1]) // 2}{unit}"
+    return SHM_FALLBACK_SIZE
+
+
+def _is_mount_point(path: Path, mountinfo: str) -> bool:
+    target = str(path).rstrip("/") or "/"
+    return any(len(f) >= 5 and f[4] == target for f in (line.split() for line in mountinfo.splitlines()))
+
+
+def mount_shm(shm_dir: str | os.PathLike[str], size: str | None = None, mountinfo: str | None = None,
+              timeout: float = 30.0) -> list[list[str]]:
+    """Make ``shm_dir`` a fresh tmpfs (NVIDIA's ``mps-control-daemon mount-shm``): unmount a stale one, create the
+    directory, mount ``tmpfs`` with ``rw,nosuid,nodev,noexec,relatime,size=<size>``. Run once, privileged, from an
+    init container whose volume has ``mountPropagation: Bidirectional``, so the mount shows on the host and the
+    daemon's container and every job's (through the device plugin) see the same files. Returns the commands run;
+    raises ``MPSError`` with the failing command and its message."""
+    path = Path(shm_dir)
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            mountinfo = ""
+    if size is None:
+        try:
+            size = shm_size_from_meminfo(Path("/proc/meminfo").read_text())
+        except OSError:
+            size = SHM_FALLBACK_SIZE
+    commands: list[list[str]] = []
+    if _is_mount_point(path, mountinfo):
+        commands.append(["umount", str(path)])
+    # named, not "shm" as NVIDIA's: a container's private /dev/shm is also a tmpfs called "shm", and the name is how
+    # dev_shm_binding tells the shared one apart once it is bind-mounted (root "/") into the daemon's container
+    commands.append(["mount", "-t", "tmpfs", "-o", f"rw,nosuid,nodev,noexec,relatime,size={size}", MPS_SHM_SOURCE,
+                     str(path)])
+    path.mkdir(parents=True, exist_ok=True)
+    for argv in commands:
+        exe = shutil.which(argv[0])
+        if exe is None:
+            raise MPSError(f"{argv[0]} not found on PATH")
+        try:
+            cp = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout,
+                                stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise MPSError(f"{' '.join(argv)}: no answer in {timeout:.0f} s") from None
+        if cp.returncode != 0:
+            detail = (cp.stderr or cp.stdout).strip().splitlines()
+            raise MPSError(f"{' '.join(argv)}: exit {cp.returncode}" + (f": {detail[-1]}" if detail else ""))
+    return commands
 
 
 def pinned_limit_mib(total_bytes: int, reserve_bytes: int) -> str:

@@ -77,6 +77,7 @@ class Admitted(_Wire):
     pipe_directory: str
     group: str
     admitted_at: str
+    env: dict[str, str] | None = None  # extra workload environment (the fake GPU's limit enforcement only)
 
 
 class Resumed(_Wire):

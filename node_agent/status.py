@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from gnnsched.contract import (
     API_VERSION,
-    GPUJob,
     GPUNODE_KIND,
     GPUNODE_PLURAL,
+    GROUP,
+    VERSION,
+    GPUJob,
     GPUNodeStatus,
     GPUStatus,
-    GROUP,
     MPSStatus,
-    VERSION,
 )
 from gnnsched.gpu_backend import GPUInfo
 from gnnsched.gpus import match_device_name
 from gnnsched.node_agent.books import Books, Entry
+from gnnsched.node_agent.quarantine import Drain
 
 log = logging.getLogger("gnnsched.node_agent.status")
 
@@ -38,13 +40,19 @@ def _job(e: Entry, now: float) -> GPUJob:
         remaining = max(0.0, e.qt_seconds - max(0.0, now - started))
     intensity = e.intensity if e.intensity in ("memory", "compute") else None
     return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
-                  predicted_remaining_seconds=remaining, intensity=intensity)  # type: ignore[arg-type]
+                  predicted_remaining_seconds=remaining, intensity=intensity)
 
 
 def build_status(
-    node_name: str, books: Books, devices: list[GPUInfo], mps: MPSStatus, now: float
+    node_name: str, books: Books, devices: list[GPUInfo], mps: MPSStatus, now: float,
+    drains: Mapping[str, Drain] | None = None,
 ) -> GPUNodeStatus:
-    """One snapshot. Queued pods are listed under GPU index 0: the gate decides their GPU only at admission."""
+    """One snapshot. Queued pods are listed under GPU index 0: the gate decides their GPU only at admission.
+
+    A draining GPU (``drains``, after a fatal MPS fault) shows ``draining`` with its reason and ``mpsHealthy: false``:
+    MPS refuses new clients there until every client has exited, so the device plugin and the extender must not
+    count on it; and a restarted agent reads the fields back from the node status file to keep draining it."""
+    drains = drains or {}
     by_index = {d.index: d for d in devices}
     queue = books.queue_order()
     gpus: list[GPUStatus] = []
@@ -55,11 +63,19 @@ def build_status(
         gpus.append(GPUStatus(
             index=g.index, uuid=g.uuid, model=model.name if model else (d.name if d else g.model),
             total_bytes=g.total_bytes, reserve_bytes=g.reserve_bytes, committed_bytes=books.committed_bytes(g.index),
-            used_bytes=d.used_bytes if d else 0, healthy=bool(d.healthy) if d else False, mps_healthy=mps.healthy,
+            used_bytes=d.used_bytes if d else 0, healthy=bool(d.healthy) if d else False,
+            mps_healthy=mps.healthy and g.uuid not in drains,
             max_clients=g.max_clients, running=[_job(e, now) for e in running],
+            draining=g.uuid in drains,
+            draining_reason=drains[g.uuid].reason if g.uuid in drains else None,
+            draining_xid=drains[g.uuid].xid if g.uuid in drains else None,
+            draining_since=(datetime.fromtimestamp(drains[g.uuid].since, tz=timezone.utc) if g.uuid in drains
+                            else None),
             queued=[_job(e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
-    return GPUNodeStatus(node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus)
+    return GPUNodeStatus(
+        node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus
+    )
 
 
 class StatusSink(Protocol):

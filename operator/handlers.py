@@ -7,8 +7,8 @@ Control flow (every step safe to repeat, so a kill at any point followed by a re
    plan into the status *before* creating anything, then ensure the ConfigMap and the pod of the current attempt:
    deterministic names make a 409 mean "already created by me or a previous me", which is adopted after checking the
    owner uid, never retried blindly.
-2. Pod events (label ``app.kubernetes.io/managed-by=gnnsched``, selected by the API server: ``podwatch.py``) -> ``sync_pod``: derive phase, node, GPU, group,
-   times, observed peak and failure reason from the pod (``status.view_pod``); a failed pod is retried with the next
+2. Pod events (label ``app.kubernetes.io/managed-by=gnnsched``, selected by the API server: ``podwatch.py``) ->
+   ``sync_pod``: derive phase, node, GPU, group, times, observed peak and failure reason from the pod (``status.view_pod``); a failed pod is retried with the next
    attempt's pod while ``attempts <= backoffLimit``; else the job fails with the container's reason.
 3. A timer re-runs the same sync for non-terminal jobs, so a missed event or a transient API error only delays.
 4. GNNJob deleted -> its pods and ConfigMap are deleted (the finalizer holds the job until then; in a real cluster
@@ -26,12 +26,15 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
+from gnnsched.closed_loop import CalibrationClass, CalibrationTable
 from gnnsched.contract import (
+    ANN_EXCLUSIVE,
+    ANN_GPU,
     ANN_JOB,
     API_VERSION,
     GNNJOB_KIND,
@@ -59,6 +62,7 @@ from .admission import (
     refusal_reason,
     rejected_fields,
 )
+from .calibration import CalibrationStore
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
 from .planning import ClusterGPU, Plan, PlanError, Planner, gpus_from_gpunode
@@ -71,6 +75,7 @@ from .podspec import (
     job_label,
     pod_name,
 )
+from .resize import SUSPECT_EXCLUSIVE_AFTER, AttemptFacts, attempt_facts, decide
 from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
 
 log = logging.getLogger("gnnsched.operator")
@@ -89,6 +94,8 @@ class OperatorConfig(BaseModel):
     watch_client_timeout: float | None = None  # seconds; short in tests so the first event is not delayed
     finalizer: str = "gnnsched.io/cleanup"
     scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
+    # Device of the built-in worker: cuda on GPU nodes, cpu where the agents' GPUs are fake (no CUDA behind them).
+    worker_device: Literal["cuda", "cpu"] = "cuda"
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)
     # Shortest-predicted-first queue order (gnnsched.queue_order): give each pod the PriorityClass of its predicted
@@ -101,7 +108,7 @@ class OperatorConfig(BaseModel):
     pods: JobPodSettings = Field(default_factory=JobPodSettings)
 
     @model_validator(mode="after")
-    def _queue_order_valid(self) -> "OperatorConfig":
+    def _queue_order_valid(self) -> OperatorConfig:
         self.queue_order()  # QueueOrderError (a ValueError) names the field
         return self
 
@@ -162,8 +169,27 @@ def _plan_fields(plan: Plan) -> dict[str, Any]:
         "predictedRuntimeSeconds": plan.predicted_runtime_seconds,
         "requestedResources": {"cpu": plan.requested_cpu, "memory": plan.requested_memory},
         "scaledResources": {"cpu": plan.scaled_cpu, "memory": plan.scaled_memory},
+        "estimateAdmitBytes": plan.estimate_admit_bytes,
+        "reservationSource": plan.reservation_source,
+        "safetyFactor": plan.safety_factor,
+        "exclusive": plan.exclusive,
+        "predictedPeakBytes": _need(plan, None),
         "plan": plan.model_dump(mode="json"),
     }
+
+
+def _need(plan: Plan, gpu_model: str | None) -> int | None:
+    """The plan's predicted need (PMC plus device overheads, no safety factor) on ``gpu_model`` or its own model."""
+    by_model = {n.model: n.bytes for n in plan.needs}
+    for name in (gpu_model, plan.admit_gpu_model, plan.runtime_gpu_model):
+        if name is not None and name in by_model:
+            return by_model[name]
+    return plan.needs[0].bytes if plan.needs else None
+
+
+def _count(status: dict[str, Any], key: str) -> int:
+    value = status.get(key)
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 class Operator:
@@ -175,6 +201,7 @@ class Operator:
         self.kube = kube
         self.planner = planner
         self.metrics = metrics or OperatorMetrics()
+        self.calibration = CalibrationStore(kube, self.metrics, lambda: self.planner.calibration_policy)
         self.metrics_port: int | None = None  # the bound port once ``main.run_async`` serves the metrics
         self.pod_watcher: Any = None  # the running podwatch.PodWatcher once ``main.run_async`` started it
         self._job_locks: dict[str, threading.Lock] = {}
@@ -187,7 +214,8 @@ class Operator:
 
         try:
             try:
-                kopf.event(_event_target(body), type=type_, reason=reason, message=message[:1000])
+                target = kopf.Body(cast(kopf.RawBody, _event_target(body)))
+                kopf.event(target, type=type_, reason=reason, message=message[:1000])
             except LookupError:  # outside kopf's per-object context (the pod watch's threads): post it directly
                 self.kube.post_event(_event_target(body), type_, reason, message[:1000])
         except Exception:  # noqa: BLE001 - an event is informative; failing to post must not fail the handler
@@ -228,7 +256,7 @@ class Operator:
 
     # ------------------------------------------------------------------ handlers (kopf entry points)
 
-    def on_job(self, body: Any, logger: logging.Logger | None = None, **_: Any) -> None:
+    def on_job(self, body: Any, logger: logging.Logger | logging.LoggerAdapter[Any] | None = None, **_: Any) -> None:
         """Create/resume: plan and ensure the pod. Transient API errors are retried by kopf; others are reported."""
         import kopf
 
@@ -417,8 +445,9 @@ class Operator:
         plan = self._stored_plan(status, generation, any_generation=bool(status.get("podName")))
         if plan is None:
             try:
+                table = self._calibration_table()
                 with self.metrics.plan_seconds.time():
-                    plan = self.planner.plan(spec, self.cluster_gpus())
+                    plan = self.planner.plan(spec, self.cluster_gpus(), table)
             except PlanError as exc:
                 new = dict(status, conditions=conditions)
                 self._fail(body, new, exc.phase, "Schedulable" if exc.phase == "Unschedulable" else "Estimated",
@@ -449,12 +478,20 @@ class Operator:
         except PlanError as exc:
             self._fail(body, dict(status, conditions=conditions), exc.phase, "Schedulable", exc.reason, exc.message)
             return
+        if plan.exclusive and not any(c.get("type") == "Exclusive" for c in new.get("conditions") or []):
+            new["conditions"] = set_condition(
+                new.get("conditions"), "Exclusive", "True", str(plan.exclusive_reason or "Exclusive"),
+                f"reservation {format_bytes(plan.estimate_admit_bytes or plan.admit_bytes)} exceeds what any GPU "
+                f"can share, but the predicted need fits a whole GPU: the job runs alone, reserving "
+                f"{format_bytes(plan.admit_bytes)}", now, generation)
+            self._event(body, "Normal", "Exclusive", new["conditions"][-1]["message"])
         self._write(body, status, new, message=_estimated_message(plan))
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
         pod = self._create_pod(ref, body, status, build_pod(body, spec, plan, attempt, self.config.image,
                                                             self.config.scheduler_name, priority_class,
-                                                            settings=self.config.pods))
+                                                            settings=self.config.pods,
+                                                            worker_device=self.config.worker_device))
         if pod is not None:
             self._apply_pod(body, status, pod, deleted=False)
 
@@ -553,6 +590,10 @@ class Operator:
             created = create(ref.namespace, obj)
             if kind == "Pod":
                 self.metrics.pods_created.inc()
+                annotations = _dict(_dict(obj.get("metadata")).get("annotations"))
+                if annotations.get(ANN_EXCLUSIVE) == "true":
+                    plan = _dict(_dict(body.get("status")).get("plan"))
+                    self.metrics.exclusive.labels(str(plan.get("exclusive_reason") or "Exclusive")).inc()
                 self._event(body, "Normal", "PodCreated", f"created pod {name}")
             return created
         except KubeError as exc:
@@ -611,8 +652,14 @@ class Operator:
         now = now_rfc3339()
         generation = _dict(job.get("metadata")).get("generation")
         message = ""
+        plan = self._stored_plan(status, None, any_generation=True)
+        if plan is not None and view.observed_peak_bytes is not None:
+            need = _need(plan, plan.admit_gpu_model)
+            if need:
+                new["predictedPeakBytes"] = need
+                new["observedPeakRatio"] = round(view.observed_peak_bytes / need, 4)
         if view.phase == "Failed":
-            self._pod_failed(job, status, new, view, attempt, now)
+            self._pod_failed(job, status, new, view, attempt, now, pod)
             return
         new["phase"] = view.phase
         if view.phase == "Unschedulable":
@@ -637,10 +684,15 @@ class Operator:
                                               f"pod {view.name} succeeded; {detail}", now, generation)
             new.setdefault("finishedAt", now)
             message = f"pod {view.name} succeeded; {detail}"
+            if plan is not None and view.observed_peak_bytes is not None:
+                self._calibrate(job, pod, plan, view.observed_peak_bytes, attempt)
         self._write(job, status, new, message=message)
 
     def _pod_failed(self, job: dict[str, Any], status: dict[str, Any], new: dict[str, Any], view: PodView,
-                    attempt: int, now: str) -> None:
+                    attempt: int, now: str, pod: dict[str, Any] | None = None) -> None:
+        """A failed attempt: requeue a fault victim, resize a memory-exceeded attempt, else charge it to
+        ``backoffLimit`` (``operator/resize.py`` has the rules). The next attempt's reservation, counters and pod
+        name go into one status patch before its pod is created, so a restart resumes exactly there."""
         generation = _dict(job.get("metadata")).get("generation")
         try:
             spec: GNNJobSpec | None = parse_spec(job.get("spec"))
@@ -653,34 +705,156 @@ class Operator:
         self._event(job, "Warning", "PodFailed", detail)
         # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
         plan = self._stored_plan(status, None, any_generation=True)
-        if spec is not None and plan is not None and attempt < limit:
-            ref = _job_ref(job)
-            next_attempt = attempt + 1
-            new.update(phase="Estimated", attempts=next_attempt + 1, podName=pod_name(ref.name, next_attempt),
-                       message=f"retrying after {view.failure_reason} (attempt {next_attempt + 1} of {limit + 1})")
-            for key in ("node", "gpu", "group", "admittedAt", "startedAt", "finishedAt", "observedRuntimeSeconds"):
-                new.pop(key, None)
-            new["conditions"] = set_condition(new.get("conditions"), "Retrying", "True", str(view.failure_reason),
-                                              f"{detail}; retry {next_attempt} of {limit}", now, generation)
-            for key in ("node", "gpu", "group", "admittedAt", "startedAt", "finishedAt", "observedRuntimeSeconds"):
-                if key in status:
-                    new[key] = None  # merge patch: null removes the previous attempt's placement
-            self._write(job, status, new, message=f"{detail}; retrying ({next_attempt} of {limit})")
-            self.metrics.retries.labels(str(view.failure_reason or "Error")).inc()
-            self._event(job, "Normal", "Retrying", f"creating pod {pod_name(ref.name, next_attempt)}")
-            pod = self._create_pod(ref, job, status, build_pod(job, spec, plan, next_attempt, self.config.image,
-                                                               self.config.scheduler_name, settings=self.config.pods))
-            if pod is not None:
-                self._apply_pod(job, status, pod, deleted=False)
-            return
+        facts = attempt_facts(pod) if pod is not None else AttemptFacts()
+        priority_class = _dict(_dict(pod).get("spec")).get("priorityClassName")
+        priority_class = priority_class if isinstance(priority_class, str) and priority_class else None
+        if plan is not None and facts.outcome == "memory-exceeded":
+            seen = max(facts.observed_peak_bytes or 0, facts.needed_bytes or 0)
+            if seen:
+                self._calibrate(job, pod or {}, plan, seen, attempt)
+        if spec is not None and plan is not None:
+            largest = max((g.capacity_bytes for g in self.cluster_gpus() if g.healthy), default=None)
+            decision = decide(facts, admit_bytes=plan.admit_bytes, resizes=_count(status, "resizes"),
+                              max_resizes=spec.memory.max_resizes, requeues=_count(status, "requeues"),
+                              largest_gpu_bytes=largest)
+            if decision.kind == "requeue":
+                message = f"{detail}; {decision.message}; requeued without using backoffLimit"
+                self._next_attempt(job, status, new, spec, plan, attempt, now,
+                                   ("Requeued", "CoLocatedFault", message),
+                                   {"requeues": _count(status, "requeues") + 1}, priority_class)
+                self.metrics.requeues.labels("CoLocatedFault").inc()
+                return
+            if decision.kind == "resize":
+                assert decision.new_admit_bytes is not None
+                old, grown = plan.admit_bytes, decision.new_admit_bytes
+                resized = plan.model_copy(update={"admit_bytes": grown, "reservation_source": "resized"})
+                message = (f"attempt {attempt + 1} ran out of GPU memory ({facts.detail}); reservation "
+                           f"{format_bytes(old)} ({old} bytes) -> {format_bytes(grown)} ({grown} bytes), resize "
+                           f"{_count(status, 'resizes') + 1} of {spec.memory.max_resizes}")
+                self._next_attempt(
+                    job,
+                    status,
+                    new,
+                    spec,
+                    resized,
+                    attempt,
+                    now,
+                    ("Resized", "MemoryExceeded", message),
+                    {
+                        "resizes": _count(status, "resizes") + 1,
+                        "admitBytes": grown,
+                        "reservationSource": "resized",
+                        "plan": resized.model_dump(mode="json"),
+                    },
+                    priority_class,
+                )
+                self.metrics.resizes.inc()
+                return
+            if decision.kind in ("exceeds-largest", "resizes-exhausted"):
+                reason = "ExceedsLargestGPU" if decision.kind == "exceeds-largest" else "MemoryExceeded"
+                self._finish_failed(job, new, view, now, reason, f"{detail}; {decision.message}")
+                return
+            suspected = _count(status, "suspected") + (1 if decision.suspect else 0)
+            extra: dict[str, Any] = {"suspected": suspected} if decision.suspect else {}
+            if decision.suspect:
+                self._event(job, "Warning", "FaultSuspect",
+                            f"pod {view.name} is the suspect of a fatal MPS fault on GPU "
+                            f"{facts.fault.gpu if facts.fault else '?'}; charged to backoffLimit "
+                            f"(suspected {suspected} time(s))")
+            used = _count(status, "retriesUsed")
+            if used < limit:
+                if suspected >= SUSPECT_EXCLUSIVE_AFTER and not plan.exclusive:
+                    plan = plan.model_copy(update={"exclusive": True, "exclusive_reason": "RepeatSuspect"})
+                    extra.update(exclusive=True, plan=plan.model_dump(mode="json"))
+                    new["conditions"] = set_condition(
+                        new.get("conditions"), "Exclusive", "True", "RepeatSuspect",
+                        f"suspected {suspected} times of a fatal MPS fault: later attempts run alone on a GPU",
+                        now, generation)
+                    self._event(job, "Warning", "Exclusive", new["conditions"][-1]["message"])
+                self._next_attempt(job, status, new, spec, plan, attempt, now,
+                                   ("Retrying", str(view.failure_reason), f"{detail}; retry {used + 1} of {limit}"),
+                                   {"retriesUsed": used + 1, **extra}, priority_class)
+                self.metrics.retries.labels(str(view.failure_reason or "Error")).inc()
+                return
+            new.update(extra)
+        tail = f"; no retries left (backoffLimit {limit})" if limit else ""
+        self._finish_failed(job, new, view, now, str(view.failure_reason or "Error"), detail + tail)
+
+    def _finish_failed(self, job: dict[str, Any], new: dict[str, Any], view: PodView, now: str, reason: str,
+                       message: str) -> None:
+        status = _dict(job.get("status"))
+        generation = _dict(job.get("metadata")).get("generation")
         new["phase"] = "Failed"
         new["finishedAt"] = view.finished_at or now
-        reason = str(view.failure_reason or "Error")
-        tail = f"; no retries left (backoffLimit {limit})" if limit else ""
-        new["conditions"] = set_condition(new.get("conditions"), "Failed", "True", reason, detail + tail, now,
-                                          generation)
-        new["message"] = detail + tail
-        self._write(job, status, new, message=detail + tail, reason=reason)
+        new["conditions"] = set_condition(new.get("conditions"), "Failed", "True", reason, message, now, generation)
+        new["message"] = message if reason == str(view.failure_reason or "Error") else f"{reason}: {message}"
+        self._write(job, status, new, message=new["message"], reason=reason)
+
+    def _next_attempt(self, job: dict[str, Any], status: dict[str, Any], new: dict[str, Any], spec: GNNJobSpec,
+                      plan: Plan, attempt: int, now: str, condition: tuple[str, str, str],
+                      updates: dict[str, Any], priority_class: str | None = None) -> None:
+        """Write the next attempt (name, counters, reservation) into the status, then create its pod (in the
+        PriorityClass the failed attempt had: the job keeps its place in the queue order)."""
+        generation = _dict(job.get("metadata")).get("generation")
+        ref = _job_ref(job)
+        next_attempt = attempt + 1
+        ctype, reason, message = condition
+        new.update(phase="Estimated", attempts=next_attempt + 1, podName=pod_name(ref.name, next_attempt),
+                   message=f"{ctype.lower()} after attempt {attempt + 1}: {reason}", **updates)
+        for key in ("node", "gpu", "group", "admittedAt", "startedAt", "finishedAt", "observedRuntimeSeconds"):
+            new.pop(key, None)
+            if key in status:
+                new[key] = None  # merge patch: null removes the previous attempt's placement
+        new["conditions"] = set_condition(new.get("conditions"), ctype, "True", reason, message, now, generation)
+        self._write(job, status, new, message=message)
+        self._event(job, "Warning" if ctype == "Resized" else "Normal", ctype, message)
+        self._event(job, "Normal", "Retrying" if ctype == "Retrying" else "NextAttempt",
+                    f"creating pod {pod_name(ref.name, next_attempt)}")
+        job_now = dict(job, status={**status})
+        pod = self._create_pod(ref, job_now, status, build_pod(job, spec, plan, next_attempt, self.config.image,
+                                                               self.config.scheduler_name, priority_class,
+                                                               settings=self.config.pods,
+                                                               worker_device=self.config.worker_device))
+        if pod is not None:
+            self._apply_pod(job, status, pod, deleted=False)
+
+    def _calibration_table(self) -> CalibrationTable | None:
+        """The cluster's calibration table; ``None`` (static factor) when it cannot be read for a lasting reason."""
+        try:
+            return self.calibration.table()
+        except KubeError as exc:
+            if exc.transient:
+                raise
+            log.warning("cannot read the GNNCalibration object (%s); new estimates use the static factor", exc)
+            return None
+
+    def _calibrate(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: int, attempt: int) -> None:
+        """Record one finished attempt's observed ÷ predicted ratio in the cluster's calibration object.
+
+        Only attempts whose reservation came from the estimate count (a ``gpuMemory`` job's estimate is still the
+        prediction, so it counts too); the class is the GPU the attempt ran on. A failure to record is logged, never
+        fatal: one lost sample only slows calibration, and the key makes a repeated record a no-op."""
+        gpu_uuid = _dict(_dict(pod.get("metadata")).get("annotations")).get(ANN_GPU)
+        model = None
+        if isinstance(gpu_uuid, str) and gpu_uuid:
+            try:
+                model = next((g.model for g in self.cluster_gpus() if g.uuid == gpu_uuid), None)
+            except KubeError:
+                model = None
+        model = model or plan.admit_gpu_model or plan.runtime_gpu_model
+        need = _need(plan, model)
+        if not need or observed <= 0:
+            return
+        try:
+            spec = parse_spec(job.get("spec"))
+        except SpecError:
+            return
+        cls = CalibrationClass(gpu_model=model, arch=spec.model.arch, mode=spec.mode, container=plan.container)
+        uid = _dict(job.get("metadata")).get("uid")
+        try:
+            self.calibration.record(cls, observed / need, f"{uid}/{attempt}")
+        except KubeError as exc:
+            log.warning("could not record calibration sample for %s: %s", cls.key(), exc)
 
     def cleanup(self, namespace: str, name: str, status: dict[str, Any]) -> list[str]:
         """Delete every pod of the job (by label and by deterministic name) and its ConfigMap; returns pod names."""
@@ -688,7 +862,8 @@ class Operator:
                  self.kube.list_pods(namespace, f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},"
                                                 f"{LABEL_JOB_NAME}={job_label(name)}")
                  if isinstance(p.get("metadata"), dict)}
-        attempts = status.get("attempts") if isinstance(status.get("attempts"), int) else 1
+        raw_attempts = status.get("attempts")
+        attempts = raw_attempts if isinstance(raw_attempts, int) else 1
         names |= {pod_name(name, a) for a in range(max(attempts, 1))}
         deleted = [pod for pod in sorted(names) if self.kube.delete_pod(namespace, pod)]
         self.kube.delete_config_map(namespace, config_map_name(name))
@@ -741,7 +916,7 @@ def build_registry(op: Operator) -> Any:
 
         return connection_info(op.kube.configuration)
 
-    jobs = dict(group=GROUP, version=VERSION, plural=GNNJOB_PLURAL, registry=registry)
+    jobs: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=GNNJOB_PLURAL, registry=registry)
     kopf.on.create(**jobs, id="reconcile-create")(op.on_job)
     kopf.on.resume(**jobs, id="reconcile-resume")(op.on_job)
     kopf.on.delete(**jobs, id="cleanup")(op.on_delete)

@@ -12,8 +12,9 @@ nothing about how long the job takes.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 def record_from_job(job: Any, gpu_models: dict[str, str] | None = None) -> dict[str, Any] | None:
@@ -29,10 +30,12 @@ def record_from_job(job: Any, gpu_models: dict[str, str] | None = None) -> dict[
 
     if not isinstance(job, dict):
         return None
-    status = job.get("status") if isinstance(job.get("status"), dict) else {}
+    raw_status = job.get("status")
+    status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
     if status.get("phase") != "Succeeded" or not status.get("observedRuntimeSeconds"):
         return None
-    plan = status.get("plan") if isinstance(status.get("plan"), dict) else {}
+    raw_plan = status.get("plan")
+    plan: dict[str, Any] = raw_plan if isinstance(raw_plan, dict) else {}
     requested = {"cpu": plan.get("requested_cpu"), "memory": plan.get("requested_memory")}
     scaled = {"cpu": plan.get("scaled_cpu"), "memory": plan.get("scaled_memory")}
     gpu = status.get("gpu")

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from gnnsched.contract import GNNJOB_PLURAL, GPUNODE_PLURAL, GROUP, VERSION
+from gnnsched.contract import GNNCALIBRATION_PLURAL, GNNJOB_PLURAL, GPUNODE_PLURAL, GROUP, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 TOKEN_REFRESH_PERIOD = datetime.timedelta(minutes=1)  # the kubernetes client's own re-read period
@@ -225,6 +225,26 @@ class Kube:
     def list_gpunodes(self) -> list[dict[str, Any]]:
         data = self._call(self._custom.list_cluster_custom_object, GROUP, VERSION, GPUNODE_PLURAL)
         return [item for item in data.get("items") or [] if isinstance(item, dict)]
+
+
+    # --- the cluster's calibration object (GNNCalibration, cluster-scoped) ---
+
+    def read_calibration(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call(self._custom.get_cluster_custom_object, GROUP, VERSION, GNNCALIBRATION_PLURAL, name)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_calibration(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(self._custom.create_cluster_custom_object, GROUP, VERSION, GNNCALIBRATION_PLURAL, body)
+
+    def patch_calibration(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the object; a ``metadata.resourceVersion`` in ``patch`` makes it conditional (409 when the
+        object changed since it was read), which is how concurrent recorders avoid losing each other's ratios."""
+        return self._call(self._custom.patch_cluster_custom_object, GROUP, VERSION, GNNCALIBRATION_PLURAL, name,
+                          patch, _content_type=MERGE_PATCH)
 
 
 def _reason(exc: Any) -> str:

@@ -1,7 +1,8 @@
 """Run the operator: credentials, the handlers' dependencies, kopf's event loop.
 
 ``gnnsched operator`` watches all namespaces by default (``--all-namespaces``) or the ones given with
-``--namespace``. Credentials: the in-cluster service account when running in a pod, else the kubeconfig (``--kubeconfig``,
+``--namespace``. Credentials: the in-cluster service account when running in a pod, else the kubeconfig
+(``--kubeconfig``,
 ``$KUBECONFIG`` or ``~/.kube/config``); kopf's watcher and the handlers' API client use the same ones.
 """
 

@@ -44,6 +44,23 @@ class OperatorMetrics:
         self.peak_ratio = Histogram("gnnsched_operator_peak_prediction_ratio",
                                     "observed peak / predicted PMC of each succeeded job that reported its peak",
                                     buckets=RATIO_BUCKETS, registry=r)
+        # The closed memory loop (gnnsched.closed_loop): resizes, fault requeues, calibration.
+        self.resizes = Counter("gnnsched_operator_resizes",
+                               "Attempts that ran out of their GPU memory reservation and were retried larger",
+                               registry=r)
+        self.requeues = Counter("gnnsched_operator_requeues",
+                                "Attempts requeued without using backoffLimit, by reason (CoLocatedFault)",
+                                ("reason",), registry=r)
+        self.exclusive = Counter("gnnsched_operator_exclusive_pods",
+                                 "Pods created to run alone on a whole GPU, by reason (ExceedsShareableCapacity, "
+                                 "RepeatSuspect)", ("reason",), registry=r)
+        self.calibration_factor = Gauge("gnnsched_calibration_factor",
+                                        "Safety factor new estimates of a calibration class use (observed / "
+                                        "predicted quantile; the static factor until the class has enough samples)",
+                                        ("class",), registry=r)
+        self.calibration_samples = Counter("gnnsched_calibration_samples",
+                                           "Finished attempts recorded in the calibration object, per class",
+                                           ("class",), registry=r)
         for phase in PHASES:
             self.jobs.labels(phase).set(0)
         self._lock = threading.Lock()

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections import OrderedDict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from gnnsched.closed_loop import DEFAULT_CALIBRATION, CalibrationClass, CalibrationPolicy, CalibrationTable
 from gnnsched.quantity import format_bytes, format_cpu
 from gnnsched.spec import GNNJobSpec
 
@@ -46,6 +48,14 @@ class ClusterGPU(BaseModel):
     model: str
     capacity_bytes: int
     healthy: bool = True
+    uuid: str = ""
+
+
+class ModelNeed(BaseModel):
+    """What the estimate says the GPU will count for the job on one GPU model (no safety factor)."""
+
+    model: str
+    bytes: int
 
 
 class Plan(BaseModel):
@@ -53,6 +63,14 @@ class Plan(BaseModel):
 
     pmc_bytes: int
     admit_bytes: int
+    # The closed memory loop (gnnsched.closed_loop). Defaults keep plans stored before it readable.
+    estimate_admit_bytes: int | None = None  # the estimate's own admit bytes (gpuMemory or a resize may replace them)
+    reservation_source: Literal["estimate", "calibrated", "gpuMemory", "resized"] = "estimate"
+    safety_factor: float | None = None  # the factor admit_bytes was built with (None: gpuMemory)
+    exclusive: bool = False  # run alone on a whole GPU (the gate admits it only into an empty GPU)
+    exclusive_reason: str | None = None
+    container: Literal["builtin", "custom"] = "builtin"
+    needs: list[ModelNeed] = []  # per GPU model in the cluster; a list so a merge patch replaces it whole
     # Optional fields default to None: the plan round-trips through a JSON merge patch, which drops null keys.
     admit_gpu_model: str | None = None  # the GPU model whose overheads admit_bytes includes (None: the default)
     predicted_runtime_seconds: float | None = None  # None: no predictor could answer (runtime_source says why)
@@ -105,8 +123,10 @@ class EstimateCache:
 class Planner:
     """Runs the core models for one job. ``default_gpu_model`` is used for the runtime when no GPU has reported."""
 
-    def __init__(self, default_gpu_model: str = "A100-40GB", estimate_device: str = "cuda") -> None:
+    def __init__(self, default_gpu_model: str = "A100-40GB", estimate_device: Literal["cpu", "cuda"] = "cuda",
+                 calibration_policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> None:
         self.default_gpu_model = default_gpu_model
+        self.calibration_policy = calibration_policy
         self.estimate_device = estimate_device
         self.cache = EstimateCache()
         self._runtime_predictor: Any = None
@@ -114,12 +134,32 @@ class Planner:
 
     # --- the core models (imported here: torch and xgboost must not load for `gnnsched --help`) ---
 
-    def _estimate(self, spec: GNNJobSpec, gpu_model: Any) -> Any:
+    def _estimate(self, spec: GNNJobSpec, gpu_model: Any, safety_factor: float | None = None) -> Any:
+        """The estimate on ``gpu_model`` with the estimator's static factor, or with ``safety_factor`` (1.0: what
+        the GPU is predicted to count, the denominator of every observed ÷ predicted ratio)."""
         from gnnsched.estimator import estimate
 
         model = gpu_model if gpu_model is not None else self.default_gpu_model
-        key = (memory_key(spec), getattr(model, "name", model))
-        return self.cache.get_or_compute(key, lambda: estimate(spec, device=self.estimate_device, gpu_model=model))
+        name = getattr(model, "name", model)
+        key = (memory_key(spec), name if safety_factor is None else f"{name}@{safety_factor:g}")
+        return self.cache.get_or_compute(key, lambda: estimate(spec, device=self.estimate_device, gpu_model=model,
+                                                               safety_factor=safety_factor))
+
+    def _admit_on(self, spec: GNNJobSpec, model: Any, calibration: CalibrationTable | None,
+                  container: Literal["builtin", "custom"]) -> tuple[int, int, int, float, bool]:
+        """(admit bytes, predicted need, the estimate's static admit bytes, factor, calibrated) on one model.
+
+        A class with enough recorded ratios uses its calibrated factor on the predicted need in place of the
+        estimator's static factor; otherwise the estimate's own admit bytes stand."""
+        static = self._estimate(spec, model)
+        need = int(self._estimate(spec, model, safety_factor=1.0).admit_bytes)
+        name = getattr(model, "name", None) or self.default_gpu_model
+        if calibration is not None:
+            cls = CalibrationClass(gpu_model=name, arch=spec.model.arch, mode=spec.mode, container=container)
+            result = calibration.factor(cls, self.calibration_policy)
+            if result.calibrated:
+                return math.ceil(need * result.factor), need, int(static.admit_bytes), result.factor, True
+        return int(static.admit_bytes), need, int(static.admit_bytes), float(static.safety_factor), False
 
     def _predictor(self) -> Any:
         """The learned runtime model (loaded once per Planner; its file ships in the package)."""
@@ -156,7 +196,7 @@ class Planner:
             value = runtime_prior.intensity_class(spec, gpu_model)
         except Exception:  # noqa: BLE001 - the class is a scheduling hint; without it the extender pairs blindly
             return None
-        return value if value in ("memory", "compute") else None
+        return value
 
     def _resources(self, spec: GNNJobSpec, runtime_gpu: Any) -> tuple[float, int, float, int, float | None, str]:
         """(requested cpu, requested memory, scaled cpu, scaled memory, runtime after scaling or None, note).
@@ -187,11 +227,20 @@ class Planner:
 
     # --- the plan ---
 
-    def plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU]) -> Plan:
-        """Estimate, check against the cluster's GPUs, predict and scale. Raises ``PlanError`` with the reason."""
+    def plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU], calibration: CalibrationTable | None = None) -> Plan:
+        """Estimate, check against the cluster's GPUs, predict and scale. Raises ``PlanError`` with the reason.
+
+        The reservation (admit bytes) is, in order: ``spec.resources.gpuMemory`` when set; else the estimate with the
+        calibrated factor of the job's class when ``calibration`` has enough samples for it; else the estimate with
+        the static factor. A job whose reservation fits no GPU but whose predicted need (PMC plus device overheads)
+        fits a whole one runs alone (``exclusive``), reserving that GPU's capacity."""
         from gnnsched.gpus import get_gpu_model
 
+        container: Literal["builtin", "custom"] = "custom" if (spec.command or spec.image) else "builtin"
+        override = spec.resources.gpu_memory_bytes()
         try:
+            base_admit, base_need, base_static, base_factor, base_cal = self._admit_on(spec, None, calibration,
+                                                                                      container)
             base = self._estimate(spec, None)
         except MemoryError:
             raise PlanError("EstimationFailed", "the estimator ran out of host memory tracing this graph") from None
@@ -199,51 +248,75 @@ class Planner:
             raise PlanError("EstimationFailed", f"the estimator failed: {type(exc).__name__}: {exc}") from None
 
         healthy = [g for g in gpus if g.healthy]
-        fitting: list[tuple[ClusterGPU, int, Any]] = []  # (gpu, admit bytes on it, catalogue model)
-        largest: tuple[ClusterGPU, int] | None = None
+        # (gpu, admit bytes on it, catalogue model, need, static admit, factor, calibrated)
+        rows: list[tuple[ClusterGPU, int, Any, int, int, float, bool]] = []
         for gpu in _distinct_largest_per_model(healthy):
             try:
                 model = get_gpu_model(gpu.model)
             except KeyError:
                 model = None
             try:
-                admit = int(self._estimate(spec, model).admit_bytes) if model is not None else int(base.admit_bytes)
+                if model is not None:
+                    admit, need, static, factor, calibrated = self._admit_on(spec, model, calibration, container)
+                    rows.append((gpu, admit, model, need, static, factor, calibrated))
+                else:
+                    rows.append((gpu, base_admit, None, base_need, base_static, base_factor, base_cal))
             except Exception as exc:  # noqa: BLE001
                 raise PlanError("EstimationFailed", f"the estimator failed for {gpu.model}: {exc}") from None
-            if admit <= gpu.capacity_bytes:
-                fitting.append((gpu, admit, model))
-            if largest is None or gpu.capacity_bytes > largest[0].capacity_bytes:
-                largest = (gpu, admit)
-        if healthy and not fitting:
+        if override is not None:
+            rows = [(g, override, m, need, static, f, c) for g, _, m, need, static, f, c in rows]
+        fitting = [r for r in rows if r[1] <= r[0].capacity_bytes]
+        exclusive: list[tuple[ClusterGPU, int, Any, int, int, float, bool]] = []
+        if not fitting and override is None:
+            # Alone on a whole GPU the safety factor has no neighbour to protect: the GPU's capacity is the limit.
+            exclusive = [(g, g.capacity_bytes, m, need, static, f, c) for g, _, m, need, static, f, c in rows
+                         if need <= g.capacity_bytes]
+        largest = max(rows, key=lambda r: r[0].capacity_bytes) if rows else None
+        if healthy and not fitting and not exclusive:
             assert largest is not None
-            gpu, admit = largest
+            gpu, admit = largest[0], largest[1]
+            if override is not None:
+                raise PlanError(
+                    "GPUMemoryExceedsGPU",
+                    f"spec.resources.gpuMemory {format_bytes(admit)} ({admit} bytes) exceeds the largest GPU in the "
+                    f"cluster, {gpu.model} on node {gpu.node} with {format_bytes(gpu.capacity_bytes)} "
+                    f"({gpu.capacity_bytes} bytes) usable", phase="Unschedulable")
             raise PlanError(
                 "PredictedPeakExceedsGPU",
-                f"predicted peak {format_bytes(admit)} ({admit} bytes: PMC {int(base.pmc_bytes)} bytes plus "
-                f"device overheads) exceeds the largest GPU in the cluster, {gpu.model} on node {gpu.node} with "
-                f"{format_bytes(gpu.capacity_bytes)} ({gpu.capacity_bytes} bytes) usable",
+                f"predicted peak {format_bytes(largest[3])} ({largest[3]} bytes: PMC {int(base.pmc_bytes)} bytes "
+                f"plus device overheads; admit {admit} bytes with the safety factor) exceeds the largest GPU in the "
+                f"cluster, {gpu.model} on node {gpu.node} with {format_bytes(gpu.capacity_bytes)} "
+                f"({gpu.capacity_bytes} bytes) usable",
                 phase="Unschedulable",
             )
 
-        if fitting:
+        chosen = fitting or exclusive
+        if chosen:
             counts: dict[str, int] = {}
             for g in healthy:
                 counts[g.model] = counts.get(g.model, 0) + 1
-            admit_bytes = max(a for _, a, _ in fitting)
-            admit_model = max(fitting, key=lambda item: item[1])[0].model
-            known = [(g, m) for g, _, m in fitting if m is not None]
+            top = max(chosen, key=lambda r: r[1])
+            admit_bytes, admit_model = top[1], top[0].model
+            static_admit, factor, calibrated = top[4], top[5], top[6]
+            known = [(r[0], r[2]) for r in chosen if r[2] is not None]
             runtime_gpu = max(known, key=lambda gm: counts[gm[0].model])[1] if known else None
         else:
-            admit_bytes = int(base.admit_bytes)
+            admit_bytes = base_admit if override is None else override
             admit_model = None
+            static_admit, factor, calibrated = base_static, base_factor, base_cal
             runtime_gpu = None
+        needs = [ModelNeed(model=r[0].model, bytes=r[3]) for r in rows] or \
+            [ModelNeed(model=self.default_gpu_model, bytes=base_need)]
         if runtime_gpu is None:
             try:
                 runtime_gpu = get_gpu_model(self.default_gpu_model)
             except KeyError:
-                raise PlanError("InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}") from None
+                raise PlanError(
+                    "InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}"
+                ) from None
 
         req_cpu, req_memory, cpu, memory, scaled_runtime, note = self._resources(spec, runtime_gpu)
+        seconds: float | None
         if scaled_runtime is not None and scaled_runtime > 0:
             seconds, source = scaled_runtime, "gnn-predictor"
         else:
@@ -251,6 +324,13 @@ class Planner:
         return Plan(
             pmc_bytes=int(base.pmc_bytes),
             admit_bytes=admit_bytes,
+            estimate_admit_bytes=static_admit,
+            reservation_source="gpuMemory" if override is not None else "calibrated" if calibrated else "estimate",
+            safety_factor=None if override is not None else factor,
+            exclusive=bool(exclusive),
+            exclusive_reason="ExceedsShareableCapacity" if exclusive else None,
+            container=container,
+            needs=needs,
             admit_gpu_model=admit_model,
             predicted_runtime_seconds=None if seconds is None else round(seconds, 3),
             runtime_source=source,
@@ -299,6 +379,6 @@ def gpus_from_gpunode(obj: Any) -> list[ClusterGPU]:
         return []
     node = parsed.node_name or str(name or "")
     return [
-        ClusterGPU(node=node, model=g.model, capacity_bytes=g.capacity_bytes, healthy=g.healthy)
+        ClusterGPU(node=node, model=g.model, capacity_bytes=g.capacity_bytes, healthy=g.healthy, uuid=g.uuid)
         for g in parsed.gpus
     ]

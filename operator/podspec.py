@@ -13,7 +13,8 @@ How the worker's measurement flows back: the operator sets ``GNNSCHED_RESULT_FIL
 (``contract.ENV_RESULT_FILE``), the container's termination-message path; the worker writes its final JSON result
 line there (``observed_peak_bytes``, ``seconds``, ``steps``) as well as to stdout. With ``terminationMessagePolicy:
 FallbackToLogsOnError`` the kubelet puts that file (or, on an error exit with an empty file, the log's tail) into
-the container status; the operator takes the last line that parses as a JSON object; the agent's ``gnnsched.io/observed-peak-bytes`` annotation, when
+the container status; the operator takes the last line that parses as a JSON object; the agent's
+``gnnsched.io/observed-peak-bytes`` annotation, when
 present, wins (it is measured on the GPU by NVML, the worker's number by the framework).
 
 Why every pod looks the same to the node (``JobPodSettings``): an MPS control daemon serves one Linux user at a time
@@ -39,6 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
+    ANN_ATTEMPT,
+    ANN_EXCLUSIVE,
     ANN_INTENSITY,
     ANN_JOB,
     ANN_PMC_BYTES,
@@ -229,22 +232,30 @@ def build_config_map(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def container_command(spec: GNNJobSpec) -> list[str]:
-    """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker."""
+WORKER_DEVICES = ("cuda", "cpu")
+
+
+def container_command(spec: GNNJobSpec, worker_device: str = "cuda") -> list[str]:
+    """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker.
+
+    ``worker_device``: where the built-in worker runs its model, ``cuda`` on GPU nodes; ``cpu`` for clusters whose
+    nodes have no CUDA device behind the (fake) GPUs the agents manage, such as the local cluster of ``tests/e2e``.
+    The gate still admits the job's predicted GPU bytes either way."""
     if spec.command:
         workload = [*spec.command, *(spec.args or [])]
     else:
-        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", "cuda", "--no-progress",
+        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", worker_device, "--no-progress",
                     *(spec.args or [])]
     return ["gnnsched", "gate", "--", *workload]
 
 
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
               scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
-              settings: JobPodSettings | None = None) -> dict[str, Any]:
+              settings: JobPodSettings | None = None, worker_device: str = "cuda") -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
     ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
     ``settings``: UID, RuntimeClass, tolerations and nodeSelector (``JobPodSettings()`` defaults when None).
+    ``worker_device``: see ``container_command``.
     Raises ``SpecError`` when the job's nodeSelector contradicts the operator's."""
     settings = settings if settings is not None else JobPodSettings()
     node_selector = settings.node_selector_for(spec)
@@ -260,6 +271,9 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         ANN_ADMIT_BYTES: str(plan.admit_bytes),
         ANN_PMC_BYTES: str(plan.pmc_bytes),
     }
+    annotations[ANN_ATTEMPT] = str(attempt + 1)  # 1-based: resizes and requeues count as attempts too
+    if plan.exclusive:
+        annotations[ANN_EXCLUSIVE] = "true"
     if plan.predicted_runtime_seconds is not None:
         annotations[ANN_PREDICTED_RUNTIME] = f"{plan.predicted_runtime_seconds:.3f}"
     if plan.intensity is not None:
@@ -291,7 +305,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
                 {
                     "name": CONTAINER_NAME,
                     "image": spec.image or image,
-                    "command": container_command(spec),
+                    "command": container_command(spec, worker_device),
                     "env": env,
                     "resources": {"requests": requests, "limits": limits},
                     "terminationMessagePath": TERMINATION_LOG,

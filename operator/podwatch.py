@@ -19,6 +19,7 @@ job's state from the whole pod, so only the latest state matters), except that a
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
@@ -109,10 +110,8 @@ class PodWatcher:
         never holds the process)."""
         self._stop.set()
         for response in list(self._responses.values()):
-            try:
+            with contextlib.suppress(Exception):  # already closed
                 response.close()
-            except Exception:  # noqa: BLE001, S110 - already closed
-                pass
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))

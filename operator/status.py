@@ -141,8 +141,11 @@ def view_pod(pod: Any) -> PodView:
         finished_at=_rfc3339(annotations.get(ANN_FINISHED_AT)) or _rfc3339(terminated.get("finishedAt")),
     )
     result = last_json_object(terminated.get("message"))
-    view.observed_peak_bytes = _int(annotations.get(ANN_OBSERVED_PEAK_BYTES)) if ANN_OBSERVED_PEAK_BYTES in annotations \
+    view.observed_peak_bytes = (
+        _int(annotations.get(ANN_OBSERVED_PEAK_BYTES))
+        if ANN_OBSERVED_PEAK_BYTES in annotations
         else observed_peak(result)
+    )
     # Runtime counts from when the workload ran: the agent's started-at, else its admission (the container's own
     # start includes the wait at the gate, which is queueing, not runtime).
     start = parse_time(_rfc3339(annotations.get(ANN_STARTED_AT))) or parse_time(view.admitted_at) \

@@ -80,15 +80,18 @@ def _to_json_schema(schema: dict, strict: bool) -> dict:
             out["exclusiveMinimum"] = schema["minimum"]
         elif key == "exclusiveMaximum" and val is True:
             out["exclusiveMaximum"] = schema["maximum"]
-        elif key == "minimum" and schema.get("exclusiveMinimum") is True:
-            continue
-        elif key == "maximum" and schema.get("exclusiveMaximum") is True:
+        elif (key == "minimum" and schema.get("exclusiveMinimum") is True) or (
+            key == "maximum" and schema.get("exclusiveMaximum") is True
+        ):
             continue
         else:
             out[key] = val
     if schema.get("x-kubernetes-int-or-string"):
         out.pop("pattern", None)
-        out = {"anyOf": [{"type": "integer"}, {"type": "string", **({"pattern": schema["pattern"]} if "pattern" in schema else {})}]}
+        # The API server applies numeric bounds to the integer form and the pattern to the string form.
+        bounds = {k: schema[k] for k in ("minimum", "maximum") if k in schema}
+        out = {"anyOf": [{"type": "integer", **bounds},
+                         {"type": "string", **({"pattern": schema["pattern"]} if "pattern" in schema else {})}]}
     if schema.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
     if (

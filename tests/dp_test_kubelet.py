@@ -93,9 +93,9 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         time.sleep(0.01)  # a distinct ctime for the new socket even on coarse clocks
         self.start()
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    def wait_for(self, predicate: Callable[[], object], timeout: float = 5.0) -> bool:
         with self.cond:
-            return self.cond.wait_for(predicate, timeout)
+            return bool(self.cond.wait_for(predicate, timeout))
 
     def latest(self) -> dict[str, str]:
         with self.cond:

@@ -56,7 +56,7 @@ _CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emu
 
 
 def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _jsonpath(obj: Any, path: str) -> Any:
@@ -146,7 +146,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                 status=422, reason="Invalid", message="Binding is invalid: target.name: Required value"))
         key = (request.resource, request.namespace, request.name)
         async with self._write_lock, self._lock:  # the same order as other writes (kmock's lock inside ours)
-            stored = self._objects[key] if key in self._objects else None
+            stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 - ObjectsArray has no get()
             if stored is None or stored.deleted:
                 return await self._render_error(kmock.KubernetesObjectNotFoundError())
             pod = stored.raw
@@ -193,7 +193,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             meta["generation"] = 1
             return
         key = (request.resource, request.namespace, request.name)
-        stored = self._objects[key] if key in self._objects else None
+        stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 - kmock's ObjectsArray has no get()
         if stored is None or stored.deleted:
             return  # kmock answers 404 itself
         if request.action == enums.action.UPDATE:
@@ -246,7 +246,9 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                     break
                 yield item
         finally:
-            await stream.aclose()
+            close = getattr(stream, "aclose", None)  # kmock's stream is an async generator; close it with this one
+            if close is not None:
+                await close()
 
     async def _selected(self, request: rendering.Request, stream: Any) -> Any:
         """Watch events of the objects the request's ``labelSelector`` selects (kmock sends every object)."""
@@ -359,7 +361,7 @@ def declare_resources(k8s: StrictKubernetes) -> None:
                                                         shortnames={"cm"}, verbs={"list", "get", "create", "delete"})
     k8s.resources["v1/events"] = kmock.ResourceInfo(kind="Event", singular="event", namespaced=True,
                                                     shortnames={"ev"}, verbs={"list", "watch", "get", "create"})
-    for crd_file in ("gnnjob.yaml", "gpunode.yaml"):
+    for crd_file in ("gnnjob.yaml", "gpunode.yaml", "gnncalibration.yaml"):
         crd = yaml.safe_load((REPO / "crds" / crd_file).read_text())
         spec = crd["spec"]
         version = next(v for v in spec["versions"] if v.get("storage"))

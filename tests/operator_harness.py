@@ -15,7 +15,6 @@ from typing import Any
 
 import kmock
 import yaml
-
 from kube_emulator import StrictKubernetes, declare_resources
 
 from gnnsched.contract import GROUP, VERSION

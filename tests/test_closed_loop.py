@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -41,7 +42,10 @@ TORCH_OOM = (
     ("text", "outcome"),
     [
         (TORCH_OOM, "memory-exceeded"),
-        ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", "memory-exceeded"),
+        (
+            "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",
+            "memory-exceeded",
+        ),
         ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "memory-exceeded"),
         ("RuntimeError: CUDA error: an illegal memory access was encountered", "fault"),
         ("cudaErrorMpsClientTerminated: the MPS client has been terminated by the server", "fault"),
@@ -155,7 +159,7 @@ def test_calibration_class_key_round_trips() -> None:
         CalibrationClass.parse("V100.gcn.train.other")
 
 
-def test_load_calibration_file_forms_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_load_calibration_file_forms_and_errors(tmp_path: Path) -> None:
     key = "V100-32GB.gcn.train.builtin"
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"ratios": {key: [1.1, 1.2]}}))
@@ -179,3 +183,17 @@ def test_load_calibration_file_forms_and_errors(tmp_path) -> None:  # type: igno
         with pytest.raises(FieldError, match=message) as err:
             load_calibration_file(path)
         assert err.value.field == "--calibration" and name in str(err.value) and "\n" not in str(err.value)
+
+
+def test_parse_mps_memory_limit_reads_what_the_gate_writes_and_the_mps_forms() -> None:
+    from gnnsched.closed_loop import parse_mps_memory_limit
+    from gnnsched.node_agent.protocol import mem_limit_value
+
+    assert parse_mps_memory_limit(mem_limit_value(10 * 2**30)) == 10 * 2**30
+    assert parse_mps_memory_limit("0=2G,1=512M", device=1) == 512 * 2**20
+    assert parse_mps_memory_limit("0=2G,1=512M") == 2 * 2**30
+    assert parse_mps_memory_limit("4GB") == 4 * 2**30  # one value for every device
+    assert parse_mps_memory_limit("1=512M") is None  # nothing for device 0
+    assert parse_mps_memory_limit("0=1048576") == 2**20
+    with pytest.raises(ValueError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: cannot read '0=lots'"):
+        parse_mps_memory_limit("0=lots")

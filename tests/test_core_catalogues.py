@@ -71,3 +71,10 @@ def test_dataset_catalogue():
     with pytest.raises(KeyError, match="known datasets"):
         get_dataset("imagenet")
     assert len(dataset_names()) == 14
+
+
+def test_api_version_is_group_and_version() -> None:
+    """contract.API_VERSION is spelled out (type checkers need the literal); it must still be GROUP/VERSION."""
+    from gnnsched import contract
+
+    assert f"{contract.GROUP}/{contract.VERSION}" == contract.API_VERSION

@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-
 from dp_test_kubelet import TestKubelet
+
 from gnnsched.contract import ENV_GATE_SOCKET, GPU_SHARE_RESOURCE, GPUNodeStatus, GPUStatus, MPSStatus
 from gnnsched.device_plugin.mps_health import StatusFileMPSHealth
 from gnnsched.device_plugin.server import DevicePlugin, PluginConfig
@@ -45,7 +46,7 @@ class SettableMPS:
 
 
 def _config(d: Path, **kw) -> PluginConfig:
-    base = dict(
+    base: dict[str, Any] = dict(
         plugin_dir=d, slots_per_gpu=SLOTS, mps_pipe_dir="/var/run/gnnsched/mps",
         gate_socket="/var/run/gnnsched/gate.sock", poll_interval_s=0.1, watch_interval_s=0.05,
     )
@@ -148,7 +149,9 @@ def test_allocate_mounts_and_env(rig):
         assert list(c.cdi_devices) == []  # envvar strategy: the nvidia runtime reads NVIDIA_VISIBLE_DEVICES
     for bad in (["GPU-unknown-slot-01"], [devices[0], "nope"], []):
         with pytest.raises(grpc.RpcError) as ei:
-            stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=bad)]), timeout=10)
+            stub.Allocate(
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=bad)]), timeout=10
+            )
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=devices[:1]), timeout=10) == \
         pb.PreStartContainerResponse()
@@ -258,7 +261,7 @@ def test_mps_health_from_agent_status_file(tmp_path):
     def write(mps_ok=True, gpu_ok=(True, True), age_s=0.0):
         at = datetime.now(timezone.utc) - timedelta(seconds=age_s)
         gpus = [GPUStatus(index=i, uuid=u, model="A100-80GB", total_bytes=80 * GI, mps_healthy=ok)
-                for i, (u, ok) in enumerate(zip((u0, u1), gpu_ok))]
+                for i, (u, ok) in enumerate(zip((u0, u1), gpu_ok, strict=True))]
         write_status_file(path, GPUNodeStatus(node_name="n1", updated_at=at, mps=MPSStatus(healthy=mps_ok), gpus=gpus))
 
     def health():

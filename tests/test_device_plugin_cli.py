@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
-
 from dp_test_kubelet import TestKubelet
+
 from gnnsched import contract
 from gnnsched.contract import GPUNodeStatus, MPSStatus
 from gnnsched.gpu_backend import NVMLBackend, NVMLUnavailableError
@@ -35,12 +36,16 @@ def test_cli_registers_follows_status_file_and_stops_on_sigterm(tmp_path):
         devices = kubelet.latest()
         assert len(devices) == 6
         assert set(devices.values()) == {"Unhealthy"}  # no agent status file yet
-        write_status_file(status_file_path(pipe),  # a forged status in the client-writable pipe dir: ignored
-                          GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)))
+        write_status_file(
+            status_file_path(pipe),  # a forged status in the client-writable pipe dir: ignored
+            GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)),
+        )
         time.sleep(0.5)
         assert set(kubelet.latest().values()) == {"Unhealthy"}
-        write_status_file(status_file_path(tmp_path / "state"),
-                          GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)))
+        write_status_file(
+            status_file_path(tmp_path / "state"),
+            GPUNodeStatus(node_name="n", updated_at=datetime.now(timezone.utc), mps=MPSStatus(healthy=True)),
+        )
         assert kubelet.wait_for(lambda: set(kubelet.latest().values()) == {"Healthy"}, timeout=10)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -97,7 +102,8 @@ def test_cli_defaults_are_the_contract():
 
     from gnnsched.cli import app
 
-    params = {p.name: p.default for p in get_command(app).commands["device-plugin"].params}
+    group: Any = get_command(app)  # a TyperGroup (typer's own click), typed as a plain Command
+    params = {p.name: p.default for p in group.commands["device-plugin"].params}
     assert params["plugin_dir"] == contract.DEFAULT_DEVICE_PLUGIN_DIR
     assert params["mps_pipe_dir"] == contract.DEFAULT_MPS_PIPE_DIR
     assert params["gate_socket"] == contract.DEFAULT_GATE_SOCKET

@@ -13,9 +13,16 @@ from gnnsched.device_plugin.v1beta1 import api_pb2 as pb
 # message -> {field name: (number, type, repeated)} from k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto
 # (types: FieldDescriptor type names; only numbers and types are on the wire, names document intent).
 UPSTREAM = {
-    "DevicePluginOptions": {"pre_start_required": (1, "bool", False), "get_preferred_allocation_available": (2, "bool", False)},
-    "RegisterRequest": {"version": (1, "string", False), "endpoint": (2, "string", False),
-                        "resource_name": (3, "string", False), "options": (4, "message", False)},
+    "DevicePluginOptions": {
+        "pre_start_required": (1, "bool", False),
+        "get_preferred_allocation_available": (2, "bool", False),
+    },
+    "RegisterRequest": {
+        "version": (1, "string", False),
+        "endpoint": (2, "string", False),
+        "resource_name": (3, "string", False),
+        "options": (4, "message", False),
+    },
     "Empty": {},
     "ListAndWatchResponse": {"devices": (1, "message", True)},
     "TopologyInfo": {"nodes": (1, "message", True)},
@@ -24,20 +31,33 @@ UPSTREAM = {
     "PreStartContainerRequest": {"devices_ids": (1, "string", True)},
     "PreStartContainerResponse": {},
     "PreferredAllocationRequest": {"container_requests": (1, "message", True)},
-    "ContainerPreferredAllocationRequest": {"available_deviceIDs": (1, "string", True),
-                                            "must_include_deviceIDs": (2, "string", True),
-                                            "allocation_size": (3, "int32", False)},
+    "ContainerPreferredAllocationRequest": {
+        "available_deviceIDs": (1, "string", True),
+        "must_include_deviceIDs": (2, "string", True),
+        "allocation_size": (3, "int32", False),
+    },
     "PreferredAllocationResponse": {"container_responses": (1, "message", True)},
     "ContainerPreferredAllocationResponse": {"deviceIDs": (1, "string", True)},
     "AllocateRequest": {"container_requests": (1, "message", True)},
     "ContainerAllocateRequest": {"devices_ids": (1, "string", True)},
     "AllocateResponse": {"container_responses": (1, "message", True)},
-    "ContainerAllocateResponse": {"envs": (1, "message", True), "mounts": (2, "message", True),
-                                  "devices": (3, "message", True), "annotations": (4, "message", True),
-                                  "cdi_devices": (5, "message", True)},
-    "Mount": {"container_path": (1, "string", False), "host_path": (2, "string", False), "read_only": (3, "bool", False)},
-    "DeviceSpec": {"container_path": (1, "string", False), "host_path": (2, "string", False),
-                   "permissions": (3, "string", False)},
+    "ContainerAllocateResponse": {
+        "envs": (1, "message", True),
+        "mounts": (2, "message", True),
+        "devices": (3, "message", True),
+        "annotations": (4, "message", True),
+        "cdi_devices": (5, "message", True),
+    },
+    "Mount": {
+        "container_path": (1, "string", False),
+        "host_path": (2, "string", False),
+        "read_only": (3, "bool", False),
+    },
+    "DeviceSpec": {
+        "container_path": (1, "string", False),
+        "host_path": (2, "string", False),
+        "permissions": (3, "string", False),
+    },
     "CDIDevice": {"name": (1, "string", False)},
 }
 
@@ -77,7 +97,7 @@ def test_grpc_matches_the_stub_generator():
     """api_pb2_grpc.py refuses grpcio older than the grpcio-tools that wrote it: pyproject pins them together."""
     from gnnsched.device_plugin.v1beta1 import api_pb2_grpc
 
-    assert api_pb2_grpc.GRPC_GENERATED_VERSION == grpc.__version__
+    assert grpc.__version__ == api_pb2_grpc.GRPC_GENERATED_VERSION
 
 
 @pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools (dev extra) not installed")

@@ -64,7 +64,7 @@ def test_preferred_allocation_properties(req):
     assert len(got) == size == len(set(got))
     assert set(must) <= set(got) <= set(available) | set(must)
     need = size - len(must)
-    free = {}
+    free: dict[str, int] = {}
     for d in available:
         if d not in must:
             free.setdefault(slots[d].gpu_index, 0)

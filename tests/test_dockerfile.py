@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +26,10 @@ def test_torch_flavour_is_a_build_argument_and_installed_first():
 
 
 def test_copied_sources_exist_and_cover_every_package_dir():
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # 3.10: the dev extra's tomli
+        import tomli as tomllib
 
     copied = set(re.findall(r"^COPY (?!--from)(\S+)", TEXT, re.M))
     for source in copied:

@@ -7,11 +7,13 @@ its breakdown, the CUDA-rounded peak and the bytes resident at the step's start,
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import gnnsched.estimator as estimator
 from gnnsched.estimator import SPLICE_DEPTH, Trace, estimate, trace_step
-from gnnsched.spec import parse_spec
+from gnnsched.spec import GNNJobSpec, parse_spec
 
 SMALL = {"nodes": 600, "edges": 5_000, "features": 24, "classes": 5}
 
@@ -19,7 +21,7 @@ SMALL = {"nodes": 600, "edges": 5_000, "features": 24, "classes": 5}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _spec(arch: str, mode: str, layers: int, hidden: int = 32, **extra) -> object:
+def _spec(arch: str, mode: str, layers: int, hidden: int = 32, **extra) -> GNNJobSpec:
     model = {"arch": arch, "layers": layers, "hidden": hidden}
     if arch == "gat":
         model["heads"] = 2
@@ -77,7 +79,7 @@ def test_a_template_that_does_not_line_up_falls_back_to_the_full_trace(monkeypat
 def test_the_splice_rejects_labels_out_of_layer_order():
     """A corrupted labelling (layers out of order) is detected, not silently replayed."""
     spec = _spec("gcn", "train", 8)
-    captured = {}
+    captured: dict[str, Any] = {}
     real = estimator._splice
 
     def capture(template, labels, owners, model_from, layers, sets):

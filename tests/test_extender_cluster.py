@@ -11,20 +11,25 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 kmock = pytest.importorskip("kmock")
-from gnnsched.extender.server import ExtenderOptions, build_app  # noqa: E402
-from gnnsched.extender.testing import LoopbackServer  # noqa: E402
 from kube_emulator import StrictKubernetes  # noqa: E402
 from kubernetes import client  # noqa: E402
 from test_extender_cache import make_pod  # noqa: E402
 
 from gnnsched.contract import ANN_RESERVATION, GROUP, SCHEDULER_NAME, VERSION  # noqa: E402
+from gnnsched.extender.server import ExtenderOptions, build_app  # noqa: E402
+from gnnsched.extender.testing import LoopbackServer  # noqa: E402
 from gnnsched.gpus import GiB  # noqa: E402
 
+
+def _raw_pod(core: Any, name: str, namespace: str) -> bytes:
+    """The pod as the API server stored it (the raw JSON, not the client's model of it)."""
+    return core.read_namespaced_pod(name, namespace, _preload_content=False).data
 
 class _Hooks:
     """What the emulator does around each write: record it, and optionally delay it or lose its answer."""
@@ -109,15 +114,16 @@ def _clients(url: str) -> tuple[client.CoreV1Api, client.CustomObjectsApi]:
 def _two_nodes_and_a_pod(core: client.CoreV1Api, custom: client.CustomObjectsApi) -> dict:
     """Nodes n1 and n2 with one idle A100-80GB each, and pod ns/p1 (30 GiB) as the API server stored it."""
     for n in ("n1", "n2"):
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
-                          "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}})
+        node: Any = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
+                     "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}}
+        core.create_node(node)
         custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", _gpunode(n))
-    pod = make_pod("p1", 30, intensity="memory")
+    pod: Any = make_pod("p1", 30, intensity="memory")
     pod["metadata"].pop("uid", None)
     pod["spec"]["schedulerName"] = SCHEDULER_NAME
     pod["spec"]["containers"][0]["image"] = "x"
     core.create_namespaced_pod("ns", pod)
-    return json.loads(core.read_namespaced_pod("p1", "ns", _preload_content=False).data)
+    return json.loads(_raw_pod(core, "p1", "ns"))
 
 
 def test_watch_bind_restart_and_agent_report(api) -> None:
@@ -180,7 +186,7 @@ def test_bind_is_one_call_carrying_the_annotation_and_a_retry_is_idempotent(api)
         hooks.lose_binding_answers = 1
         assert c.post("/bind", json=bind).json()["Error"]
         assert hooks.writes == [("pods", "binding", "p1")]  # one call: no annotate-then-bind pair
-        stored = json.loads(core.read_namespaced_pod("p1", "ns", _preload_content=False).data)
+        stored = json.loads(_raw_pod(core, "p1", "ns"))
         assert stored["spec"]["nodeName"] == "n1"
         first = json.loads(stored["metadata"]["annotations"][ANN_RESERVATION])
         assert first["node"] == "n1" and first["bytes"] == 30 * GiB
@@ -193,7 +199,7 @@ def test_bind_is_one_call_carrying_the_annotation_and_a_retry_is_idempotent(api)
         assert hooks.writes == [("pods", "binding", "p1")]
         (res,) = cache.reservations()
         assert (res.uid, res.node, res.gpu, res.bytes) == (uid, "n1", first["gpu"], 30 * GiB)
-        again = json.loads(core.read_namespaced_pod("p1", "ns", _preload_content=False).data)
+        again = json.loads(_raw_pod(core, "p1", "ns"))
         assert again["metadata"]["annotations"][ANN_RESERVATION] == stored["metadata"]["annotations"][ANN_RESERVATION]
 
         # a bind of the same pod to another node is a real conflict, and leaves no reservation on that node behind
@@ -204,17 +210,17 @@ def test_bind_is_one_call_carrying_the_annotation_and_a_retry_is_idempotent(api)
         # a recreated pod of the same name (another uid) is never bound by a stale request: the uid precondition
         core.delete_namespaced_pod("p1", "ns")
         _wait(lambda: cache.reservations() == [], "deleted pod's reservation dropped")
-        fresh = make_pod("p1", 30, intensity="memory")
+        fresh: Any = make_pod("p1", 30, intensity="memory")
         fresh["metadata"].pop("uid", None)
         fresh["spec"]["containers"][0]["image"] = "x"
         core.create_namespaced_pod("ns", fresh)
         stale = c.post("/bind", json=bind).json()["Error"]
-        assert stale and "n1" not in json.loads(core.read_namespaced_pod("p1", "ns", _preload_content=False).data
+        assert stale and "n1" not in json.loads(_raw_pod(core, "p1", "ns")
                                                ).get("spec", {}).get("nodeName", "")
         assert cache.reservations() == []
 
         # a slow API server: the answer comes at --bind-timeout (1 s), not after the scheduler gave up (5 s)
-        fresh_uid = json.loads(core.read_namespaced_pod("p1", "ns", _preload_content=False).data)["metadata"]["uid"]
+        fresh_uid = json.loads(_raw_pod(core, "p1", "ns"))["metadata"]["uid"]
         hooks.delay = 3.0
         t0 = time.monotonic()
         slow = c.post("/bind", json={**bind, "PodUID": fresh_uid}).json()["Error"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from test_extender_cache import NOW, gpu, make_pod, status
 
 from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU_MEMORY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION
 from gnnsched.extender import create_app
@@ -23,8 +24,6 @@ from gnnsched.gpus import GiB
 from gnnsched.interference import load_default
 from gnnsched.scheduler_config import scheduler_config
 
-from test_extender_cache import NOW, gpu, make_pod, status
-
 NODES = [f"node-{i}" for i in range(40)]
 
 
@@ -32,9 +31,8 @@ NODES = [f"node-{i}" for i in range(40)]
 def server(tmp_path_factory):
     state = tmp_path_factory.mktemp("fake") / "state.json"
     app = build_app(ExtenderOptions(fake_cluster="40x4", fake_state=state))
-    with LoopbackServer(app) as srv:
-        with httpx.Client(base_url=srv.url, timeout=10) as client:
-            yield client
+    with LoopbackServer(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        yield client
 
 
 def node_obj(name: str) -> dict:
@@ -285,7 +283,9 @@ def test_cli_prints_scheduler_config() -> None:
                                                                                      {"name": "memory", "weight": 1}]}
     (ext,) = cfg["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["bindVerb"] == "bind" and ext["filterVerb"] == "filter"
-    assert ext["managedResources"] == [{"name": "gnnsched.io/gpu-share", "ignoredByScheduler": True}]
+    # kube-scheduler also counts the slots against allocatable (a lagging GPUNode cannot overbook a node)
+    assert ext["managedResources"] == [{"name": "gnnsched.io/gpu-share", "ignoredByScheduler": False}]
+    assert profile["percentageOfNodesToScore"] == 100
     assert ext["weight"] >= 1 and ext["httpTimeout"].endswith("s")
     with pytest.raises(ValueError, match="weight"):
         scheduler_config(weight=0)
@@ -299,6 +299,12 @@ def test_cli_prints_scheduler_config() -> None:
     wrong = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
                             "--scoring-strategy", "Balanced"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and wrong.stderr.startswith("--scoring-strategy:") and "Balanced" in wrong.stderr
+    named = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
+                            "--scheduler-name", "acme-gnn"], capture_output=True, text=True, timeout=60)
+    assert yaml.safe_load(named.stdout) == scheduler_config(scheduler_name="acme-gnn")
+    bad_name = subprocess.run([sys.executable, "-m", "gnnsched.cli", "extender", "--print-scheduler-config",
+                               "--scheduler-name", "Acme_GNN"], capture_output=True, text=True, timeout=60)
+    assert bad_name.returncode == 2 and bad_name.stderr.startswith("--scheduler-name:")
 
 
 _ = NOW
@@ -369,3 +375,39 @@ def test_chart_renders_exactly_the_generated_scheduler_config(values: dict) -> N
         scheduler_name=sched.get("name", "gnnsched-scheduler"), ignorable=ext.get("ignorable", False),
     )
     assert rendered == expected
+
+
+def test_exclusive_pod_passes_only_nodes_with_an_empty_gpu_and_books_the_whole_gpu() -> None:
+    """An exclusive pod (gnnsched.io/exclusive: "true") whose admit bytes exceed a GPU's shareable capacity is not
+    unresolvable: it needs one empty GPU, as the node agent's gate admits it, and its reservation is the whole GPU."""
+    from test_extender_cache import job
+
+    from gnnsched.contract import ANN_EXCLUSIVE
+
+    binder = FakeBinder()
+    cache = ClusterCache(load_default())
+    now = datetime.now(tz=timezone.utc).timestamp()
+    for st in (status("busy", gpu(0, running=[job("x", 1, 100)])), status("empty", gpu(0), gpu(1))):
+        st.updated_at = datetime.fromtimestamp(now, tz=timezone.utc)
+        cache.upsert_gpunode(st)
+    app = create_app(cache, binder)
+    pod = make_pod("alone", 85.2, annotations={ANN_EXCLUSIVE: "true"})  # > 79 GiB shareable on an A100-80GB
+    with LoopbackServer(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as c:
+        f = c.post("/filter", json={"Pod": pod, "NodeNames": ["busy", "empty"]}).json()
+        # Both nodes can hold it once a GPU is empty (the filter asks "ever", the gate waits), none is unresolvable
+        assert f["Error"] == "" and f["NodeNames"] == ["busy", "empty"] and not f["FailedAndUnresolvableNodes"], f
+        scores = {x["Host"]: x["Score"] for x in c.post("/prioritize", json={"Pod": pod,
+                                                                             "NodeNames": ["busy", "empty"]}).json()}
+        assert scores["empty"] > scores["busy"], scores  # only there does it start now
+        b = c.post("/bind", json={"PodName": "alone", "PodNamespace": "ns", "PodUID": "uid-alone",
+                                  "Node": "empty"}).json()
+        assert b["Error"] == "", b
+        bound = next(p for p in binder.pods() if p["metadata"]["name"] == "alone")
+        assert json.loads(bound["metadata"]["annotations"][ANN_RESERVATION])["bytes"] == 79 * GiB
+        # Without the annotation the same bytes fit no GPU anywhere: unresolvable, as before.
+        shared = make_pod("shared", 85.2)
+        f2 = c.post("/filter", json={"Pod": shared, "NodeNames": ["busy", "empty"]}).json()
+        assert f2["NodeNames"] == [] and set(f2["FailedAndUnresolvableNodes"]) == {"busy", "empty"}, f2
+        bad = make_pod("bad", 1, annotations={ANN_EXCLUSIVE: "yes"})
+        f3 = c.post("/filter", json={"Pod": bad, "NodeNames": ["empty"]}).json()
+        assert "exclusive" in (f3["Error"] + json.dumps(f3["FailedAndUnresolvableNodes"])), f3

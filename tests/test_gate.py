@@ -101,7 +101,9 @@ async def test_admit_reply_and_release(gate: Harness) -> None:
     assert ann[ANN_GPU] == "GPU-fake-0" and ann[ANN_GROUP] == "g1" and ANN_ADMITTED_AT in ann
     w.close()  # the process exited
     await gate.settle(lambda: not gate.books.running)
-    await gate.settle(lambda: ANN_FINISHED_AT in json.loads(gate.pods_file.read_text())["pods"][0]["metadata"]["annotations"])
+    await gate.settle(
+        lambda: ANN_FINISHED_AT in json.loads(gate.pods_file.read_text())["pods"][0]["metadata"]["annotations"]
+    )
 
 
 @pytest.mark.asyncio
@@ -262,7 +264,10 @@ async def test_resume_checks_the_pod(gate: Harness) -> None:
 
 def test_cgroup_parsing() -> None:
     v1 = "12:memory:/kubepods/burstable/pod0b5c1f1e-4b2a-4c1e-9d9f-0123456789ab/3f2e\n"
-    v2 = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b5c1f1e_4b2a_4c1e_9d9f_0123456789ab.slice/cri-containerd-1.scope\n"
+    v2 = (
+        "0::/kubepods.slice/kubepods-besteffort.slice/"
+        "kubepods-besteffort-pod0b5c1f1e_4b2a_4c1e_9d9f_0123456789ab.slice/cri-containerd-1.scope\n"
+    )
     assert pod_uids_in_cgroup(v1) == {"0b5c1f1e-4b2a-4c1e-9d9f-0123456789ab"}
     assert pod_uids_in_cgroup(v2) == {"0b5c1f1e-4b2a-4c1e-9d9f-0123456789ab"}
     assert pod_uids_in_cgroup("0::/user.slice/user-1000.slice\n") == set()

@@ -26,8 +26,17 @@ from gnnsched.node_agent.gate_client import PodIdentity, _resume_reply, wait_adm
 pytestmark = pytest.mark.timeout(30)
 
 IDENT = PodIdentity("0b0e8a6e-5d1c-4a53-9f0a-1f7c2c5d9a10", "p", "default")
-ADMITTED = {"status": "admitted", "gpuUuid": "GPU-1", "gpuIndex": 0, "bytes": 1 << 30, "memLimit": "0=1024M",
-            "activeThreadPercentage": 100, "pipeDirectory": "/tmp/mps", "group": "g1", "admittedAt": "2026-01-01T00:00:00Z"}
+ADMITTED = {
+    "status": "admitted",
+    "gpuUuid": "GPU-1",
+    "gpuIndex": 0,
+    "bytes": 1 << 30,
+    "memLimit": "0=1024M",
+    "activeThreadPercentage": 100,
+    "pipeDirectory": "/tmp/mps",
+    "group": "g1",
+    "admittedAt": "2026-01-01T00:00:00Z",
+}
 
 
 class Successor:
@@ -122,13 +131,13 @@ time.sleep(3600)
         assert proc.stdout is not None and proc.stdout.readline() == "up\n"
         results: list[dict | BaseException] = []
 
-        def wait() -> None:
+        def wait(out: list[dict | BaseException] = results) -> None:
             try:
                 s, m = wait_admission(IDENT, str(path), wait_seconds=20)
                 s.close()
-                results.append(m)
+                out.append(m)
             except BaseException as exc:  # noqa: BLE001 - the failure is the assertion below
-                results.append(exc)
+                out.append(exc)
 
         threads = [threading.Thread(target=wait, daemon=True) for _ in range(clients)]
         for t in threads:

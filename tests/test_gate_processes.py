@@ -8,6 +8,7 @@ the bytes committed per GPU at every instant.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -43,7 +44,8 @@ else:
     time.sleep(hold)
 rec = {"key": key, "start": start, "end": time.time(), "pid": os.getpid(),
        "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
-       "threads": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
+       "threads": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+       "pipe": os.environ.get("CUDA_MPS_PIPE_DIRECTORY")}
 with open(os.path.join(out, key + ".json"), "x") as f:
     json.dump(rec, f)
 """
@@ -75,15 +77,52 @@ class Agent:
 
     def start(self, grace: float) -> None:
         cmd = _gnnsched() + [
-            "node-agent", "--gpus", "fake:2x80Gi", "--node-name", "node-a", "--gate-socket", str(self.sock),
-            "--pods-file", str(self.pods), "--status-file", str(self.status), "--event-log", str(self.events),
-            "--policy", self.policy, "--bypass-limit", str(self.bypass_limit), "--reserve-bytes", "2Gi", "--max-clients-per-gpu", str(MAX_CLIENTS),
-            "--mps", "on", "--mps-pipe-dir", str(self.tmp / "mps"), "--mps-log-dir", str(self.tmp / "mps-log"),
-            "--peer-check", "off", "--recovery-grace", str(grace), "--status-interval", "0.5",
-            "--state-dir", str(self.tmp / "state"), "--jobs-uid", str(os.getuid()),
-            "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1", "--log-level", "warning",
+            "node-agent",
+            "--gpus",
+            "fake:2x80Gi",
+            "--node-name",
+            "node-a",
+            "--gate-socket",
+            str(self.sock),
+            "--pods-file",
+            str(self.pods),
+            "--status-file",
+            str(self.status),
+            "--event-log",
+            str(self.events),
+            "--policy",
+            self.policy,
+            "--bypass-limit",
+            str(self.bypass_limit),
+            "--reserve-bytes",
+            "2Gi",
+            "--max-clients-per-gpu",
+            str(MAX_CLIENTS),
+            "--mps",
+            "on",
+            "--mps-pipe-dir",
+            str(self.tmp / "mps"),
+            "--mps-log-dir",
+            str(self.tmp / "mps-log"),
+            "--peer-check",
+            "off",
+            "--recovery-grace",
+            str(grace),
+            "--status-interval",
+            "0.5",
+            "--state-dir",
+            str(self.tmp / "state"),
+            "--jobs-uid",
+            str(os.getuid()),
+            "--metrics-port",
+            str(self.port),
+            "--metrics-addr",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
         ]
-        self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stderr=open(self.tmp / "agent.log", "a"))
+        with open(self.tmp / "agent.log", "a") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stderr=log)
         deadline = time.monotonic() + 30
         while not self.sock.exists():
             assert self.proc.poll() is None, (self.tmp / "agent.log").read_text()
@@ -104,10 +143,8 @@ class Agent:
                 self.proc.kill()
         pid_file = self.tmp / "mps" / "fake-mps.pid"
         if pid_file.exists():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def metric(self, name: str) -> float | None:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
@@ -123,7 +160,9 @@ def _launch(agent: Agent, pod: dict, out: Path, hold: float, extra_env: dict | N
                **(extra_env or {}))
     cmd = _gnnsched() + ["gate", "--socket", str(agent.sock), "--", sys.executable, "-S", "-c", WORKLOAD, str(out),
                          m["name"], str(hold)]
-    return subprocess.Popen(cmd, env=env, cwd=out, stdout=subprocess.DEVNULL, stderr=open(out / f"{m['name']}.err", "w"))
+    return subprocess.Popen(
+        cmd, env=env, cwd=out, stdout=subprocess.DEVNULL, stderr=open(out / f"{m['name']}.err", "w")
+    )
 
 
 def _sweep(records: list[dict], bytes_of: dict[str, int]) -> dict[str, tuple[int, int]]:
@@ -131,7 +170,9 @@ def _sweep(records: list[dict], bytes_of: dict[str, int]) -> dict[str, tuple[int
     peaks: dict[str, tuple[int, int]] = {}
     by_gpu: dict[str, list[tuple[float, int, int]]] = {}
     for r in records:
-        by_gpu.setdefault(r["gpu"], []).extend([(r["start"], 1, bytes_of[r["key"]]), (r["end"], -1, bytes_of[r["key"]])])
+        by_gpu.setdefault(r["gpu"], []).extend(
+            [(r["start"], 1, bytes_of[r["key"]]), (r["end"], -1, bytes_of[r["key"]])]
+        )
     for gpu, evs in by_gpu.items():
         evs.sort(key=lambda e: (e[0], e[1]))  # ends before starts at equal times
         cur = n = best = best_n = 0
@@ -185,7 +226,8 @@ def _check_policy_order(events: list[dict], policy: str, bypass_limit: int = 0) 
 def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
     rng = random.Random(5)
     sizes = [rng.choice([4, 8, 12, 20, 30, 45, 60]) * GiB for _ in range(30)]
-    pods, jobs = zip(*(job_pod(f"job{i:02d}", b, runtime=rng.uniform(1, 100)) for i, b in enumerate(sizes)))
+    made = [job_pod(f"job{i:02d}", b, runtime=rng.uniform(1, 100)) for i, b in enumerate(sizes)]
+    pods, jobs = zip(*made, strict=True)
     agent = Agent(tmp_path, "lmcf", bypass_limit=0)  # the strict prefix rule, stated explicitly
     write_pods(agent.pods, list(pods), list(jobs))
     out = tmp_path / "out"
@@ -216,7 +258,9 @@ def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
             time.sleep(0.1)
         events = [json.loads(line) for line in agent.events.read_text().splitlines()]
         admitted = [k for e in events if e["event"] == "admitted" for k in e["keys"]]
-        assert sorted(admitted) == sorted(p["metadata"]["uid"] for p in pods) and len(admitted) == 30, "each job admitted exactly once"
+        assert sorted(admitted) == sorted(p["metadata"]["uid"] for p in pods) and len(admitted) == 30, (
+            "each job admitted exactly once"
+        )
         rounds, _ = _check_policy_order(events, "lmcf")
         assert rounds >= 5
         while len([e for e in events if e["event"] == "released"]) < 30:  # every keeper let go
@@ -229,7 +273,8 @@ def test_thirty_jobs_real_processes(tmp_path: Path) -> None:
         assert [g["totalBytes"] for g in status["status"]["gpus"]] == [80 * GiB, 80 * GiB]
         assert all(g["reserveBytes"] == 2 * GiB and g["committedBytes"] <= CAPACITY for g in status["status"]["gpus"])
         mps_cmds = (tmp_path / "mps-log" / "fake-commands.log").read_text().splitlines()
-        assert "-d" in mps_cmds and "nvidia-smi -i 1 -c EXCLUSIVE_PROCESS" in mps_cmds
+        gpu1 = status["status"]["gpus"][1]["uuid"]
+        assert "-d" in mps_cmds and f"nvidia-smi -i {gpu1} -c EXCLUSIVE_PROCESS" in mps_cmds  # by UUID
     finally:
         _kill_all(procs)
         agent.stop()
@@ -241,7 +286,7 @@ def test_backfill_real_processes(tmp_path: Path) -> None:
     names = ["b0", "b1", "big", "s1", "s2", "s3", "s4"]
     sizes = {"b0": 50 * GiB, "b1": 50 * GiB, "big": 60 * GiB, "s1": 5 * GiB, "s2": 5 * GiB, "s3": 5 * GiB,
              "s4": 5 * GiB}
-    pods, jobs = zip(*(job_pod(n, sizes[n]) for n in names))
+    pods, jobs = zip(*(job_pod(n, sizes[n]) for n in names), strict=True)
     uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
     agent = Agent(tmp_path, "base", bypass_limit=2)
     write_pods(agent.pods, list(pods), list(jobs))
@@ -297,7 +342,7 @@ def test_agent_restart_rebuilds_books(tmp_path: Path) -> None:
     """Kill -9 the agent while 4 jobs run and 4 wait; a new agent adopts the running ones (pod annotations +
     reconnecting keepers), re-queues the waiting ones, and nothing runs twice or over the bound."""
     sizes = [30 * GiB] * 4 + [35 * GiB] * 4  # 2 × 30 per GPU fit; the 35s must wait for exits
-    pods, jobs = zip(*(job_pod(f"r{i}", b) for i, b in enumerate(sizes)))
+    pods, jobs = zip(*(job_pod(f"r{i}", b) for i, b in enumerate(sizes)), strict=True)
     agent = Agent(tmp_path, "base")
     write_pods(agent.pods, list(pods), list(jobs))
     out = tmp_path / "out"
@@ -322,13 +367,15 @@ def test_agent_restart_rebuilds_books(tmp_path: Path) -> None:
         codes = [p.wait(60) for p in first + rest]
         assert codes == [0] * 8
         records = [json.loads((out / f"r{i}.json").read_text()) for i in range(8)]
-        bytes_of = {p["metadata"]["name"]: s for p, s in zip(pods, sizes)}
+        bytes_of = {p["metadata"]["name"]: s for p, s in zip(pods, sizes, strict=True)}
         for gpu, (peak, _n) in _sweep(records, bytes_of).items():
             assert peak <= CAPACITY, gpu
         events = [json.loads(line) for line in agent.events.read_text().splitlines()]
         start_idx = max(i for i, e in enumerate(events) if e["event"] == "start")
         after = events[start_idx:]
-        assert sorted(e["key"] for e in after if e["event"] == "adopted") == sorted(p["metadata"]["uid"] for p in pods[:4])
+        assert sorted(e["key"] for e in after if e["event"] == "adopted") == sorted(
+            p["metadata"]["uid"] for p in pods[:4]
+        )
         re_admitted = [k for e in after if e["event"] == "admitted" for k in e["keys"]]
         assert sorted(re_admitted) == sorted(p["metadata"]["uid"] for p in pods[4:]), "running jobs never re-admitted"
     finally:

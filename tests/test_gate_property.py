@@ -5,7 +5,8 @@ Checked after every event, independently of the books' own tripwire: per GPU the
 believes run there stay ≤ total − reserve and ≤ max clients; the books agree with the model exactly (nothing lost,
 nothing invented); no client is ever admitted twice; with backfill on (``bypass_limit`` > 0) the test counts itself,
 from the policy's order before each decision, how many later clients started ahead of each waiting one, and checks
-that the books keep the same count and that it never passes the limit (0: nobody is ever overtaken); an exclusive client (``gnnsched.io/exclusive``) runs only
+that the books keep the same count and that it never passes the limit (0: nobody is ever overtaken); an exclusive
+client (``gnnsched.io/exclusive``) runs only
 alone on its GPU, booked at the GPU's whole capacity whatever bytes it asked for. At the end every waiting client gets
 admitted once the running ones exit (liveness).
 """
@@ -13,6 +14,7 @@ admitted once the running ones exit (liveness).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -144,8 +146,8 @@ def test_gate_books_invariant_under_random_events(policy: Policy, events: list[t
             if target is not None:
                 # Re-request or claim to be running under a live key: refused, books untouched.
                 for attempt in (
-                    lambda: books.enqueue(target.key, pod_uid=target.key, bytes=ev[2] * UNIT),
-                    lambda: books.restore(target.key, pod_uid=target.key, bytes=ev[2] * UNIT, gpu_uuid="GPU-9"),
+                    partial(books.enqueue, target.key, pod_uid=target.key, bytes=ev[2] * UNIT),
+                    partial(books.restore, target.key, pod_uid=target.key, bytes=ev[2] * UNIT, gpu_uuid="GPU-9"),
                 ):
                     try:
                         attempt()

@@ -16,7 +16,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from dp_test_kubelet import TestKubelet
 
 SOURCE = Path(__file__).parent / "fake_nvml" / "fake_nvml.c"
@@ -35,8 +34,12 @@ def libdir(tmp_path_factory):
     if shutil.which("gcc") is None:
         pytest.skip("gcc not available")
     d = tmp_path_factory.mktemp("nvml")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(d / "libnvidia-ml.so.1"), str(SOURCE)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(d / "libnvidia-ml.so.1"), str(SOURCE)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return d
 
 
@@ -70,7 +73,12 @@ def test_nvml_backend_reads_devices_processes_and_xids(libdir, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     d0, d1 = out["devices"]
-    assert (d0["uuid"], d0["name"], d0["total_bytes"], d0["used_bytes"]) == (U0, "NVIDIA-A100-SXM4-80GB", 80 * 2**30, 2**30)
+    assert (d0["uuid"], d0["name"], d0["total_bytes"], d0["used_bytes"]) == (
+        U0,
+        "NVIDIA-A100-SXM4-80GB",
+        80 * 2**30,
+        2**30,
+    )
     assert (d0["utilization_gpu_percent"], d0["utilization_memory_percent"]) == (37, 12)
     assert (d1["utilization_gpu_percent"], d1["healthy"]) == (None, True)  # NOT_SUPPORTED -> None, not an error
     assert out["procs0"] == [{"pid": 4242, "used_bytes": 2**29, "kind": "mps"},

@@ -10,7 +10,9 @@ import pytest
 from gnnsched.interference import DEFAULT_COEFFICIENTS, JobProfile, fit, load_default, main
 
 _ROOT = Path(__file__).resolve().parents[1]
-_CANDIDATES = [base / "shared" / "data" / "traces" / "lucid_colocate_info.csv" for base in (_ROOT.parent, _ROOT.parent.parent)]
+_CANDIDATES = [
+    base / "shared" / "data" / "traces" / "lucid_colocate_info.csv" for base in (_ROOT.parent, _ROOT.parent.parent)
+]
 LUCID = next((p for p in _CANDIDATES if p.exists()), _CANDIDATES[0])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_simulator import V100, job
 
 from gnnsched.gpus import GiB
 from gnnsched.scheduler_config import LEAST_ALLOCATED, MOST_ALLOCATED
@@ -12,7 +13,6 @@ from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import uniform_cluster
 from gnnsched.simulator.engine import Simulation
 from gnnsched.simulator.policyspec import PolicyError, parse_policy
-from test_simulator import V100, job
 
 
 def test_scores_by_hand() -> None:
@@ -48,7 +48,7 @@ def test_one_node_score_is_the_vector_score(strategy: str) -> None:
     vector = kube_scores.host_scores(strategy, cpu_free[fits].astype(float), cpu_cap[fits].astype(float),
                                      mem_free[fits].astype(float), mem_cap[fits].astype(float), pod_cpu, pod_mem)
     one = [kube_scores.host_score(strategy, int(a), int(b), int(c), int(d), pod_cpu, pod_mem)
-           for a, b, c, d in zip(cpu_free[fits], cpu_cap[fits], mem_free[fits], mem_cap[fits])]
+           for a, b, c, d in zip(cpu_free[fits], cpu_cap[fits], mem_free[fits], mem_cap[fits], strict=True)]
     assert fits.sum() > 1000 and vector.tolist() == one
 
 

@@ -13,8 +13,16 @@ COMPONENTS = ("operator", "extender", "device_plugin", "node_agent")
 def test_plain_operator_is_the_standard_library_even_from_the_checkout():
     # -S: no site packages, so nothing imports the stdlib operator before the checkout's directory is searched.
     out = subprocess.run(
-        [sys.executable, "-S", "-c", "import operator, collections; print(operator.__file__); print(operator.eq(1, 1))"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            "import operator, collections; print(operator.__file__); print(operator.eq(1, 1))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     path, eq = out.stdout.split()
     assert Path(path).name == "operator.py" and Path(path).parent != ROOT / "operator" and eq == "True"

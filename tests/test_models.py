@@ -20,11 +20,11 @@ from gnnsched.models import (
     pyg_backends,
     run_step,
 )
-from gnnsched.spec import parse_spec
+from gnnsched.spec import GNNJobSpec, parse_spec
 
 
 def _spec(arch: str = "gcn", mode: str = "train", layers: int = 2, hidden: int = 16, heads: int | None = None,
-          graph: dict | None = None, **extra) -> object:
+          graph: dict | None = None, **extra) -> GNNJobSpec:
     model = {"arch": arch, "layers": layers, "hidden": hidden}
     if heads is not None:
         model["heads"] = heads

@@ -15,11 +15,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+
+from gnnsched.contract import MPS_SHM_SOURCE, MPSDaemonHealth
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
 from gnnsched.node_agent.mps_daemon import MPSDaemonService, dev_shm_binding, health_file_path, pinned_limit_mib
 from gnnsched.node_agent.mps_external import ExternalMPS
-
-from gnnsched.contract import MPSDaemonHealth
 from gnnsched.node_status_file import write_json_atomic
 
 FAKES = Path(__file__).parent / "fakes"
@@ -164,9 +164,132 @@ SHARED = ("30 25 0:27 / /dev/shm rw,relatime - tmpfs shm rw,size=65536k\n"
 
 
 def test_dev_shm_binding_tells_the_shared_tmpfs_from_a_private_one() -> None:
+    # the chart's layout (NVIDIA's): a tmpfs of its own at the shm dir, bind-mounted whole, so its root is "/"
+    own = f"42 25 0:25 / /dev/shm rw,nosuid,nodev,noexec - tmpfs {MPS_SHM_SOURCE} rw,size=65536k\n"
+    assert dev_shm_binding("/var/run/gnnsched/mps-shm", own)[0] is True
     assert dev_shm_binding("/var/run/gnnsched/mps-shm", SHARED) == (True, "/dev/shm is /gnnsched/mps-shm (tmpfs)")
     shared, why = dev_shm_binding("/var/run/gnnsched/mps-shm", PRIVATE)
     assert not shared and "cannot attach" in why
     assert dev_shm_binding("/x/mps-shm", "25 1 0:1 / / rw - ext4 /dev/sda rw\n") == \
         (False, "/dev/shm is not a mount point")
     assert dev_shm_binding("/x/mps-shm", "41 25 0:24 /other-shm /dev/shm rw - tmpfs t rw\n")[0] is False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _readyz(port: int) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def _wait(cond, what: str, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_agent_restart_leaves_the_mps_daemon_and_readiness_follows_it(tmp_path) -> None:
+    """Blocker 5 of issue 20, with real processes: ``gnnsched mps-daemon`` owns the (fake) control daemon, a
+    ``gnnsched node-agent --mps external`` reads its health; the agent is ready only while MPS is up, and stopping
+    and restarting the agent leaves the control daemon (and so every MPS client) running."""
+    env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    state, pipe = tmp_path / "state", tmp_path / "pipe"
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"pods": [], "gnnjobs": []}))
+    port = _free_port()
+    agent_cmd = GNNSCHED + [
+        "node-agent", "--gpus", "fake:2x16Gi", "--node-name", "node-a", "--gate-socket", str(tmp_path / "gate.sock"),
+        "--pods-file", str(pods), "--status-file", str(tmp_path / "status.json"), "--mps", "external",
+        "--state-dir", str(state), "--mps-pipe-dir", str(pipe), "--peer-check", "off", "--jobs-uid", str(os.getuid()),
+        "--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--status-interval", "0.3",
+        "--recovery-grace", "0", "--log-level", "warning",
+    ]
+    daemon_cmd = GNNSCHED + [
+        "mps-daemon", "--gpus", "fake:2x16Gi", "--mps-pipe-dir", str(pipe), "--mps-log-dir", str(tmp_path / "log"),
+        "--state-dir", str(state), "--jobs-uid", str(os.getuid()), "--probe-interval", "0.2",
+    ]
+    procs: list[subprocess.Popen] = []
+    try:
+        agent = subprocess.Popen(agent_cmd, env=env, stderr=subprocess.DEVNULL)
+        procs.append(agent)
+        _wait(lambda: _readyz(port)[0] == 503, "agent never answered /readyz")
+        assert "MPS is down" in _readyz(port)[1]  # no mps-daemon yet
+        daemon = subprocess.Popen(daemon_cmd, env=env, stderr=subprocess.DEVNULL)
+        procs.append(daemon)
+        _wait(lambda: _readyz(port)[0] == 200, "agent never became ready with the MPS daemon up", 60)
+        mps_pid = int((pipe / "fake-mps.pid").read_text())
+        _wait(lambda: json.loads((tmp_path / "status.json").read_text())["status"]["mps"].get("computeMode"),
+              "status never showed the daemon's compute mode")
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 0
+        os.kill(mps_pid, 0)  # the control daemon outlives the agent: running jobs keep their MPS server
+        agent2 = subprocess.Popen(agent_cmd, env=env, stderr=subprocess.DEVNULL)
+        procs.append(agent2)
+        _wait(lambda: _readyz(port)[0] == 200, "restarted agent never became ready")
+        assert int((pipe / "fake-mps.pid").read_text()) == mps_pid  # adopted, not restarted
+        status = json.loads((tmp_path / "status.json").read_text())["status"]
+        assert status["mps"]["healthy"] and status["mps"]["restarts"] == 0
+        # The daemon stopped for good (--disable): the agent stops being ready.
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=20) == 0
+        cp = subprocess.run(daemon_cmd + ["--disable"], env=env, capture_output=True, text=True, timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        _wait(lambda: _readyz(port)[0] == 503, "agent stayed ready with MPS disabled", 30)
+        assert "disabled" in _readyz(port)[1]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        _kill_fake_daemon(pipe)
+
+
+MEMINFO = "MemTotal:       131072000 kB\nMemFree:        1000 kB\n"
+
+
+def test_mount_shm_remounts_a_fresh_tmpfs(tmp_path, monkeypatch) -> None:
+    from gnnsched.node_agent.mps import MPSError
+    from gnnsched.node_agent.mps_daemon import mount_shm, shm_size_from_meminfo
+
+    assert shm_size_from_meminfo(MEMINFO) == "65536000k" and shm_size_from_meminfo("") == "65536k"
+    monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MOUNT_LOG", str(tmp_path / "mount.log"))
+    shm = tmp_path / "mps-shm"
+    stale = f"41 25 0:24 / {shm} rw - tmpfs shm rw\n"
+    assert mount_shm(shm, "1024k", mountinfo=stale)[0] == ["umount", str(shm)]
+    assert shm.is_dir()
+    assert (tmp_path / "mount.log").read_text().splitlines() == [
+        f"umount {shm}", f"mount -t tmpfs -o rw,nosuid,nodev,noexec,relatime,size=1024k {MPS_SHM_SOURCE} {shm}"]
+    assert len(mount_shm(shm, "1024k", mountinfo="")) == 1  # nothing stale: mount only
+    monkeypatch.setenv("FAKE_MOUNT_FAIL", "1")
+    with pytest.raises(MPSError, match=r"mount -t tmpfs .*: exit 32: mount: .*permission denied"):
+        mount_shm(shm, "1024k", mountinfo="")
+
+
+def test_cli_mount_shm(tmp_path) -> None:
+    env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}", FAKE_MOUNT_LOG=str(tmp_path / "m.log"))
+    shm = tmp_path / "shm"
+    cp = subprocess.run(GNNSCHED + ["mps-daemon", "--mount-shm", "--mps-shm-dir", str(shm), "--shm-size", "1Gi"],
+                        env=env, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert (tmp_path / "m.log").read_text().strip().endswith(f"size=1048576k {MPS_SHM_SOURCE} {shm}")
+    env["FAKE_MOUNT_FAIL"] = "1"
+    cp = subprocess.run(GNNSCHED + ["mps-daemon", "--mount-shm", "--mps-shm-dir", str(shm)], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 1 and cp.stderr.startswith("error: --mount-shm: mount -t tmpfs")
+    assert len(cp.stderr.strip().splitlines()) == 1

@@ -8,6 +8,7 @@ import asyncio
 import json
 import uuid
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 from gate_helpers import GiB
@@ -47,13 +48,14 @@ async def _create_job_pod(api, name: str, admit: int, node: str = "node-a", owne
            "metadata": {"name": f"job-{name}", "namespace": "default", "uid": job_uid}}
     await asyncio.to_thread(client.CustomObjectsApi(api).create_namespaced_custom_object, GROUP, VERSION, "default",
                             GNNJOB_PLURAL, job)
-    meta = {"name": name, "namespace": "default", "uid": str(uuid.uuid4()),
+    meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": str(uuid.uuid4()),
             "annotations": {ANN_ADMIT_BYTES: str(admit)}}
     if owned:
         meta["ownerReferences"] = [gnnjob_owner_reference(f"job-{name}", job_uid)]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}, "status": {"phase": "Running"}}
-    await asyncio.to_thread(client.CoreV1Api(api).create_namespaced_pod, "default", pod)
+    body: Any = pod  # the client serialises a plain dict as it would a V1Pod
+    await asyncio.to_thread(client.CoreV1Api(api).create_namespaced_pod, "default", body)
     return pod
 
 
@@ -68,7 +70,10 @@ async def _server(tmp_path, api, name: str) -> GateServer:
 async def _admit(sock, pod: dict) -> tuple[dict, asyncio.StreamWriter]:
     r, w = await asyncio.open_unix_connection(str(sock))
     m = pod["metadata"]
-    w.write(json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode() + b"\n")
+    w.write(
+        json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]}).encode()
+        + b"\n"
+    )
     return json.loads(await asyncio.wait_for(r.readline(), 10)), w
 
 

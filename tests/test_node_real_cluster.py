@@ -12,9 +12,13 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gate_helpers import GiB, add_pods, job_pod, write_pods
+
+from gnnsched.contract import DEFAULT_JOBS_UID, MPSDaemonHealth
+from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
@@ -30,9 +34,6 @@ from gnnsched.node_agent.mps_daemon import health_file_path
 from gnnsched.node_agent.mps_external import ExternalMPS
 from gnnsched.node_agent.node_conflicts import FileNodeReader, KubeNodeReader, OtherPluginWatch
 from gnnsched.node_agent.status import FileStatusSink
-
-from gnnsched.contract import DEFAULT_JOBS_UID, MPSDaemonHealth
-from gnnsched.gpu_backend import FakeGPUBackend
 from gnnsched.node_status_file import write_json_atomic
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -91,6 +92,72 @@ async def test_gate_refuses_another_uid_and_the_gate_process_says_why(tmp_path) 
         finally:
             await server.close()
             books.check()
+
+
+def _admit_as(uid: int, sock: Path, pod: dict) -> dict:
+    """Fork a child that drops to ``uid`` (no exec: the interpreter may be unreadable to that user), connects to the
+    gate and asks for admission; returns the first reply that is not ``queued``."""
+    import socket
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: only syscalls and the socket, then _exit
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            m = pod["metadata"]
+            with socket.socket(socket.AF_UNIX) as c:
+                c.settimeout(20)
+                c.connect(str(sock))
+                c.sendall(json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"],
+                                      "podNamespace": m["namespace"]}).encode() + b"\n")
+                f = c.makefile("rb")
+                while True:
+                    line = f.readline()
+                    if not line or json.loads(line).get("status") != "queued":
+                        break
+            os.write(w, line or b"{}")
+        except BaseException as exc:  # say what broke instead of an empty reply
+            os.write(w, json.dumps({"status": "child-error", "message": repr(exc)}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data or b"{}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not hasattr(__import__("socket"), "SO_PEERCRED"),
+                    reason="dropping to another UID needs root; SO_PEERCRED is Linux-only")
+@pytest.mark.asyncio
+async def test_default_jobs_uid_with_real_credentials(tmp_path) -> None:
+    """As root, a forked client really runs as 65532 (the default jobs' UID) and is admitted; the same request from
+    UID 1000 is refused with ``wrong-uid``: the kernel's credentials, not injected ones."""
+    pod, job = job_pod("p", GiB)
+    write_pods(tmp_path / "pods.json", [pod], [job])
+    import shutil
+    import tempfile
+
+    server, books = _gate(tmp_path, DEFAULT_JOBS_UID)
+    open_dir = Path(tempfile.mkdtemp(prefix="gnnsched-uid-"))  # pytest's tmp dirs are 0700: others cannot connect
+    open_dir.chmod(0o755)
+    sock = open_dir / "gate.sock"
+    await server.start(sock)
+    try:
+        refused = await asyncio.to_thread(_admit_as, 1000, sock, pod)
+        assert refused["status"] == "rejected" and refused["reason"] == "wrong-uid", refused
+        assert "runs as uid 1000" in refused["message"]
+        admitted = await asyncio.to_thread(_admit_as, DEFAULT_JOBS_UID, sock, pod)
+        assert admitted["status"] == "admitted", admitted
+    finally:
+        await server.close()
+        books.check()
+        shutil.rmtree(open_dir, ignore_errors=True)
 
 
 # --- cgroup positions ---------------------------------------------------------------------------------------------
@@ -179,8 +246,9 @@ async def test_node_read_through_the_api(kmock) -> None:
     cfg = client.Configuration()
     cfg.host = str(kmock.url).rstrip("/")
     api = client.ApiClient(cfg)
-    await asyncio.to_thread(client.CoreV1Api(api).create_node, _node("gpu-1", "4"))
-    await asyncio.to_thread(client.CoreV1Api(api).create_node, _node("gpu-2", None))
+    nodes: list[Any] = [_node("gpu-1", "4"), _node("gpu-2", None)]  # the client sends a plain dict as it is
+    for node in nodes:
+        await asyncio.to_thread(client.CoreV1Api(api).create_node, node)
     reader = KubeNodeReader(api)
     from prometheus_client import CollectorRegistry
 

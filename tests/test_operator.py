@@ -17,8 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-from operator_harness import EXAMPLE, GiB, Cluster, a100, emulated_cluster, manifest, running_operator, wait_for
+from operator_harness import EXAMPLE, Cluster, GiB, a100, emulated_cluster, manifest, running_operator, wait_for
 
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
@@ -35,7 +34,6 @@ from gnnsched.contract import (
     GPU_SHARE_RESOURCE,
     SCHEDULER_NAME,
 )
-
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 pytest.importorskip("gnnsched.estimator", reason="the PMC estimator (helper 'estimator') is not merged yet")
@@ -186,21 +184,20 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
 
 
 async def test_spec_edit_after_the_pod_exists_is_reported_not_silently_ignored(tmp_path: Path) -> None:
-    async with emulated_cluster(tmp_path) as cluster:
-        async with running_operator(cluster):
-            await cluster.create_job(manifest())
-            await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="pod")
-            await job_in_phase(cluster, "gcn-cora", "Estimated")
-            code, _ = await cluster.request(
-                "PATCH", "/apis/gnnsched.io/v1alpha1/namespaces/default/gnnjobs/gcn-cora",
-                json={"spec": {"epochs": 999}}, headers={"Content-Type": "application/merge-patch+json"})
-            assert code == 200
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        await cluster.create_job(manifest())
+        await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="pod")
+        await job_in_phase(cluster, "gcn-cora", "Estimated")
+        code, _ = await cluster.request(
+            "PATCH", "/apis/gnnsched.io/v1alpha1/namespaces/default/gnnjobs/gcn-cora",
+            json={"spec": {"epochs": 999}}, headers={"Content-Type": "application/merge-patch+json"})
+        assert code == 200
 
-            async def reported() -> Any:
-                job = await cluster.get_job("gcn-cora")
-                return job if any(c["type"] == "SpecApplied" for c in job["status"].get("conditions", [])) else None
-            job = await wait_for(reported, 30, what="the SpecApplied condition")
-            pods = await own_pods(cluster, "gcn-cora")
+        async def reported() -> Any:
+            job = await cluster.get_job("gcn-cora")
+            return job if any(c["type"] == "SpecApplied" for c in job["status"].get("conditions", [])) else None
+        job = await wait_for(reported, 30, what="the SpecApplied condition")
+        pods = await own_pods(cluster, "gcn-cora")
     cond = condition(job, "SpecApplied")
     assert (cond["status"], cond["reason"]) == ("False", "SpecChangedAfterStart")
     assert "generation 2" in cond["message"] and job["status"]["observedGeneration"] == 1
@@ -208,34 +205,32 @@ async def test_spec_edit_after_the_pod_exists_is_reported_not_silently_ignored(t
 
 
 async def test_delete_removes_pods_and_config_map(tmp_path: Path) -> None:
-    async with emulated_cluster(tmp_path) as cluster:
-        async with running_operator(cluster):
-            await cluster.create_job(manifest())
-            await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="pod")
-            code, _ = await cluster.request("GET", "/api/v1/namespaces/default/configmaps/gcn-cora-spec")
-            assert code == 200
-            assert await cluster.delete_job("gcn-cora") == 200
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        await cluster.create_job(manifest())
+        await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="pod")
+        code, _ = await cluster.request("GET", "/api/v1/namespaces/default/configmaps/gcn-cora-spec")
+        assert code == 200
+        assert await cluster.delete_job("gcn-cora") == 200
 
-            async def gone() -> bool:
-                return await cluster.get_job("gcn-cora") is None and not await own_pods(cluster, "gcn-cora")
-            await wait_for(gone, 30, what="job and pods gone")
-            code, _ = await cluster.request("GET", "/api/v1/namespaces/default/configmaps/gcn-cora-spec")
-            assert code == 404
+        async def gone() -> bool:
+            return await cluster.get_job("gcn-cora") is None and not await own_pods(cluster, "gcn-cora")
+        await wait_for(gone, 30, what="job and pods gone")
+        code, _ = await cluster.request("GET", "/api/v1/namespaces/default/configmaps/gcn-cora-spec")
+        assert code == 404
 
 
 async def test_bad_specs_surface_as_conditions_naming_the_field(tmp_path: Path) -> None:
-    async with emulated_cluster(tmp_path) as cluster:
-        async with running_operator(cluster) as op:
-            # The emulator has no schema: these reach the operator as a misconfigured API server would let them.
-            await cluster.create_job(manifest("no-heads", model={"arch": "gat", "layers": 2, "hidden": 8}))
-            await cluster.create_job({**manifest("not-a-mapping"), "spec": "train please"})
-            await cluster.create_job(manifest("empty-command", command=[]))
-            bad_heads = await job_in_phase(cluster, "no-heads", "Failed")
-            not_mapping = await job_in_phase(cluster, "not-a-mapping", "Failed")
-            empty_command = await job_in_phase(cluster, "empty-command", "Failed")
-            await asyncio.sleep(0.5)
-            assert await cluster.pods() == []
-            events = await cluster.events()
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster) as op:
+        # The emulator has no schema: these reach the operator as a misconfigured API server would let them.
+        await cluster.create_job(manifest("no-heads", model={"arch": "gat", "layers": 2, "hidden": 8}))
+        await cluster.create_job({**manifest("not-a-mapping"), "spec": "train please"})
+        await cluster.create_job(manifest("empty-command", command=[]))
+        bad_heads = await job_in_phase(cluster, "no-heads", "Failed")
+        not_mapping = await job_in_phase(cluster, "not-a-mapping", "Failed")
+        empty_command = await job_in_phase(cluster, "empty-command", "Failed")
+        await asyncio.sleep(0.5)
+        assert await cluster.pods() == []
+        events = await cluster.events()
     cond = condition(bad_heads, "Validated")
     assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
     assert cond["message"].startswith("spec.model.heads: required when arch is gat")
@@ -276,23 +271,22 @@ async def test_failed_pod_is_retried_per_backoff_limit_then_fails_with_container
             "exitCode": code, "reason": reason, "startedAt": "2026-01-01T10:00:00Z",
             "finishedAt": "2026-01-01T10:00:09Z", "message": "CUDA out of memory" if code == 137 else "boom"}}}]}}
 
-    async with emulated_cluster(tmp_path) as cluster:
-        async with running_operator(cluster):
-            await cluster.create_job(manifest(backoffLimit=1))
-            await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="first pod")
-            await cluster.patch_pod("gcn-cora-0", terminated("OOMKilled", 137))
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        await cluster.create_job(manifest(backoffLimit=1))
+        await wait_for(lambda: own_pods(cluster, "gcn-cora"), 30, what="first pod")
+        await cluster.patch_pod("gcn-cora-0", terminated("OOMKilled", 137))
 
-            async def second() -> Any:
-                return [p for p in await own_pods(cluster, "gcn-cora") if p["metadata"]["name"] == "gcn-cora-1"]
-            await wait_for(second, 30, what="the retry pod")
-            job = await cluster.get_job("gcn-cora")
-            assert job["status"]["attempts"] == 2 and job["status"]["phase"] == "Estimated"
-            retry = condition(job, "Retrying")
-            assert retry["reason"] == "OOMKilled" and "exit code 137" in retry["message"]
-            await cluster.patch_pod("gcn-cora-1", terminated("Error", 1))
-            job = await job_in_phase(cluster, "gcn-cora", "Failed")
-            await asyncio.sleep(0.5)
-            names = sorted(p["metadata"]["name"] for p in await own_pods(cluster, "gcn-cora"))
+        async def second() -> Any:
+            return [p for p in await own_pods(cluster, "gcn-cora") if p["metadata"]["name"] == "gcn-cora-1"]
+        await wait_for(second, 30, what="the retry pod")
+        job = await cluster.get_job("gcn-cora")
+        assert job["status"]["attempts"] == 2 and job["status"]["phase"] == "Estimated"
+        retry = condition(job, "Retrying")
+        assert retry["reason"] == "OOMKilled" and "exit code 137" in retry["message"]
+        await cluster.patch_pod("gcn-cora-1", terminated("Error", 1))
+        job = await job_in_phase(cluster, "gcn-cora", "Failed")
+        await asyncio.sleep(0.5)
+        names = sorted(p["metadata"]["name"] for p in await own_pods(cluster, "gcn-cora"))
     assert names == ["gcn-cora-0", "gcn-cora-1"]
     failed = condition(job, "Failed")
     assert failed["reason"] == "Error" and "exit code 1" in failed["message"] and "backoffLimit 1" in failed["message"]
@@ -348,9 +342,11 @@ async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one
                 raise AssertionError(f"the operator never tried to create both pods: {err.decode()[-2000:]}") from None
             for name in held:  # the plan is persisted before the pod is created
                 assert (await cluster.get_job(name))["status"]["podName"] == f"{name}-0"
-            async with aiohttp.ClientSession() as session:  # the liveness probe the chart configures
-                async with session.get(f"http://127.0.0.1:{health_port}/healthz") as resp:
-                    assert resp.status == 200
+            async with (  # the liveness probe the chart configures
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{health_port}/healthz") as resp,
+            ):
+                assert resp.status == 200
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
         finally:
@@ -381,21 +377,20 @@ async def test_kubectl_apply_and_get_gj(tmp_path: Path) -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
-    async with emulated_cluster(tmp_path) as cluster:
-        async with running_operator(cluster):
-            async def run(*args: str) -> str:
-                proc = await asyncio.create_subprocess_exec(
-                    kubectl, "--kubeconfig", str(cluster.kubeconfig), *args,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-                out, err = await asyncio.wait_for(proc.communicate(), 60)
-                assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
-                return out.decode()
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        async def run(*args: str) -> str:
+            proc = await asyncio.create_subprocess_exec(
+                kubectl, "--kubeconfig", str(cluster.kubeconfig), *args,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
+            return out.decode()
 
-            applied = await run("apply", "--validate=false", "-f", str(EXAMPLE))
-            assert "gnnjob.gnnsched.io/gcn-cora created" in applied
-            job = await job_in_phase(cluster, "gcn-cora", "Estimated")
-            table = await run("get", "gj")
-            phase = await run("get", "gnnjob", "gcn-cora", "-o", "jsonpath={.status.phase}")
+        applied = await run("apply", "--validate=false", "-f", str(EXAMPLE))
+        assert "gnnjob.gnnsched.io/gcn-cora created" in applied
+        job = await job_in_phase(cluster, "gcn-cora", "Estimated")
+        table = await run("get", "gj")
+        phase = await run("get", "gnnjob", "gcn-cora", "-o", "jsonpath={.status.phase}")
     header, row = table.splitlines()[:2]
     assert header.split()[:6] == ["NAME", "PHASE", "ARCH", "MODE", "PMC", "NODE"]
     assert row.split()[:4] == ["gcn-cora", "Estimated", "gcn", "train"]

@@ -17,9 +17,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from gnnsched.operator.planning import Plan
-from gnnsched.operator.podspec import JobPodSettings, build_pod, job_pod_settings
-from gnnsched.operator.status import view_pod
 from operator_harness import (
     a100,
     emulated_cluster,
@@ -32,6 +29,9 @@ from typer.testing import CliRunner
 
 from gnnsched.cli import app
 from gnnsched.contract import DEFAULT_JOBS_UID, JOB_CONTAINER_NAME
+from gnnsched.operator.planning import Plan
+from gnnsched.operator.podspec import JobPodSettings, build_pod, job_pod_settings
+from gnnsched.operator.status import view_pod
 from gnnsched.spec import SpecError, Toleration, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,8 +79,15 @@ def test_every_pod_the_operator_writes_passes_restricted_and_the_schema(setting:
     spec_doc = dict(_specs())[case]
     spec = parse_spec(spec_doc)
     for attempt, priority in ((0, None), (3, "gnnsched-runtime-004")):
-        pod = build_pod(_job(spec_doc), spec, _plan(), attempt, "ghcr.io/gnnsched/gnnsched:1", priority_class_name=priority,
-                        settings=settings)
+        pod = build_pod(
+            _job(spec_doc),
+            spec,
+            _plan(),
+            attempt,
+            "ghcr.io/gnnsched/gnnsched:1",
+            priority_class_name=priority,
+            settings=settings,
+        )
         assert restricted_violations(pod) == [], (setting, case, attempt)
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(pod, version, strict=True)

@@ -13,7 +13,6 @@ from typing import Any
 
 import kmock
 import pytest
-
 from operator_harness import Cluster, a100, emulated_cluster, manifest, running_operator, wait_for
 
 from gnnsched.contract import ANN_PREDICTED_RUNTIME
@@ -156,7 +155,9 @@ async def test_a_class_deleted_after_the_pod_exists_does_not_touch_the_job(tmp_p
         async with running_operator(cluster, queue_priority=True, resync_seconds=0.5):  # resume: reconcile again
             await asyncio.sleep(2.5)
             job = await cluster.get_job("kept")
-            events = [e for e in await cluster.events() if e.get("reason") in ("PriorityClassNotFound", "Unschedulable")]
+            events = [
+                e for e in await cluster.events() if e.get("reason") in ("PriorityClassNotFound", "Unschedulable")
+            ]
             pods = [p["metadata"]["name"] for p in await cluster.pods() if p["metadata"]["name"].startswith("kept-")]
     assert job["status"]["phase"] == "Estimated", job["status"]
     assert not events

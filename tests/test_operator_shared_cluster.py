@@ -10,12 +10,6 @@ from typing import Any
 
 import kmock
 import pytest
-from gnnsched.operator.admission import (
-    create_backoff_seconds,
-    job_field,
-    never_admissible,
-)
-from gnnsched.operator.kube import KubeError, connection_info
 from kmock._internal import enums
 from operator_harness import (
     a100,
@@ -24,6 +18,13 @@ from operator_harness import (
     running_operator,
     wait_for,
 )
+
+from gnnsched.operator.admission import (
+    create_backoff_seconds,
+    job_field,
+    never_admissible,
+)
+from gnnsched.operator.kube import KubeError, connection_info
 
 UNRELATED = 200
 
@@ -111,7 +112,8 @@ def test_a_quota_refusal_is_retried_with_back_off_and_shown_until_the_pod_is_adm
                     raise kmock.KubernetesError(
                         status=403, reason="Forbidden",
                         message='pods "quota-0" is forbidden: exceeded quota: gpu-share, requested: '
-                                "gnnsched.io/gpu-share=1, used: gnnsched.io/gpu-share=4, limited: gnnsched.io/gpu-share=4")
+                                "gnnsched.io/gpu-share=1, used: gnnsched.io/gpu-share=4, "
+                                "limited: gnnsched.io/gpu-share=4")
 
             cluster.k8s.before_write = quota
             async with running_operator(cluster):

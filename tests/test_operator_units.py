@@ -116,6 +116,7 @@ def test_gpunode_status_is_read_and_malformed_ones_yield_nothing() -> None:
         {"index": 0, "uuid": "G0", "model": "T4", "totalBytes": 100, "reserveBytes": 10}]}}
     [gpu] = gpus_from_gpunode(good)
     assert (gpu.node, gpu.model, gpu.capacity_bytes) == ("n1", "T4", 90)
+    bad: Any
     for bad in (None, [], {"status": "x"}, {"status": {"gpus": "x"}}, {"status": {"gpus": [{"index": -1}]}}):
         assert gpus_from_gpunode(bad) == []
 
@@ -123,7 +124,7 @@ def test_gpunode_status_is_read_and_malformed_ones_yield_nothing() -> None:
 def test_history_records_only_succeeded_jobs_in_the_predictors_format() -> None:
     from gnnsched.predictor.history import HistoryRecord
 
-    finished = {"metadata": {"name": "a", "namespace": "ns", "uid": "u"}, "spec": SPEC, "status": {
+    finished: dict[str, Any] = {"metadata": {"name": "a", "namespace": "ns", "uid": "u"}, "spec": SPEC, "status": {
         "phase": "Succeeded", "observedRuntimeSeconds": 12.0, "pmcBytes": 5, "observedPeakBytes": 6, "gpu": "G0",
         "finishedAt": "2026-01-01T00:00:12Z", "node": "n1",
         "plan": {"runtime_gpu_model": "A100-40GB", "requested_cpu": "4", "requested_memory": "8Gi",
@@ -164,8 +165,8 @@ async def test_handlers_never_raise_on_malformed_or_partial_objects(tmp_path: Pa
     """Each handler entry point, fed junk, returns normally (a reportable job gets a condition)."""
     from operator_harness import emulated_cluster
 
-    from gnnsched.operator.handlers import Operator, OperatorConfig
     from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.handlers import Operator, OperatorConfig
     from gnnsched.operator.kube import Kube
     from gnnsched.operator.planning import Planner
 

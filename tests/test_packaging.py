@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import typer
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # 3.10: the dev extra's tomli
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
@@ -121,3 +125,16 @@ def test_every_subcommand_starts_from_the_installed_wheel(installed: Path) -> No
         p = _run([str(installed / "gnnsched"), *args, "--help"], cwd=installed)
         assert p.returncode == 0, (args, p.stderr[-2000:])
         assert "Usage" in p.stdout, (args, p.stdout[:500])
+
+
+def test_the_image_script_starts_every_subcommand() -> None:
+    """scripts/build-image starts each subcommand in the built image as UID 65532; its list must be the CLI's."""
+    from gnnsched.cli import app
+
+    script = (ROOT / "scripts" / "build-image").read_text()
+    match = re.search(r'for cmd in ((?:"[^"]*"\s*|[\w-]+\s*|\\\n\s*)+); do', script)
+    assert match, "the subcommand loop of scripts/build-image"
+    listed = {tuple(m.group(1).split()) if m.group(1) is not None else (m.group(2),)
+              for m in re.finditer(r'"([^"]*)"|([\w-]+)', match.group(1))}
+    assert listed == set(command_paths(typer.main.get_command(app)))
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "build-image")], check=False).returncode == 0

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_placement_derive import _random_state
 
 from gnnsched import placement as pl
 from gnnsched.interference import load_default
-from test_placement_derive import _random_state
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -7,6 +7,8 @@ random states: unhealthy GPUs, full client slots, unknown rows, over-committed G
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -149,7 +151,7 @@ def test_set_gpu_matches_element_by_element_writes() -> None:
         slot, r = int(rng.integers(0, 4)), int(rng.integers(0, 6))
         running = [(float(rng.choice([rng.uniform(0, 50), 7.0])), float(rng.uniform(1e8, 9e9)),
                     float(rng.uniform(0, 1)), float(rng.uniform(0, 1))) for _ in range(int(rng.integers(0, 9)))]
-        kw = dict(capacity=32e9, used=float(rng.uniform(0, 3e10)), healthy=bool(rng.random() > 0.2),
+        kw: dict[str, Any] = dict(capacity=32e9, used=float(rng.uniform(0, 3e10)), healthy=bool(rng.random() > 0.2),
                   clients=int(rng.integers(0, 9)), max_clients=48, qbytes=float(rng.uniform(0, 1e10)),
                   qsecs=float(rng.uniform(0, 30)), running=running)
         pl.set_gpu(a, slot, r, **kw)

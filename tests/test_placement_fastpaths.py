@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_placement_derive import DERIVED, _random_state
 
 from gnnsched import placement as pl
 from gnnsched.interference import load_default
-from test_placement_derive import DERIVED, _random_state
 
 RAW = ("valid", "cap", "used", "healthy", "clients", "max_clients", "qbytes", "qsecs", "sum_sm", "sum_mem", "ends",
        "freed", "last_end")
@@ -73,7 +73,7 @@ def test_fit_summary_is_the_reduced_fit_costs(seed: int, aware: bool) -> None:
         got = pl.fit_summary(a, rows, b, intensity, above, interference_aware=aware)
         want = (np.minimum.reduce(fit, axis=0), fit.argmin(axis=0), np.minimum.reduce(low, axis=0),
                 np.logical_or.reduce(good, axis=0))
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype
             assert g.tobytes() == w.tobytes()
     for key, arr in a.items():  # the state is only read

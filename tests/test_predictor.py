@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import OPENB_PODS
 
 from gnnsched.predictor import metrics
 from gnnsched.predictor.evaluate import evaluate_time_split, median_baseline, time_split
@@ -20,7 +21,6 @@ from gnnsched.predictor.requests_model import (
 )
 from gnnsched.predictor.trees import TreeEnsemble
 from gnnsched.traces import load_openb_pods
-from shared_data import OPENB_PODS
 
 DEFAULT_CSV = OPENB_PODS
 needs_traces = pytest.mark.skipif(not DEFAULT_CSV.is_file(), reason="shared/data/traces not present")
@@ -165,7 +165,9 @@ def test_shipped_default_model_loads_and_predicts() -> None:
 def test_median_baseline_is_per_class(pods) -> None:
     train, test = time_split(pods, 0.8)
     predicted = median_baseline(train, test)
-    be_shared = [i for i in range(len(test)) if test.qos[i] == "BE" and test.num_gpu[i] == 1 and test.gpu_milli[i] < 1000]
+    be_shared = [
+        i for i in range(len(test)) if test.qos[i] == "BE" and test.num_gpu[i] == 1 and test.gpu_milli[i] < 1000
+    ]
     expected = np.median([train.runtime_seconds[i] for i in range(len(train))
                           if train.qos[i] == "BE" and train.num_gpu[i] == 1 and train.gpu_milli[i] < 1000])
     assert be_shared and all(predicted[i] == expected for i in be_shared)

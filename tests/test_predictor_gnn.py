@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from shared_data import GRAPHS
 
 from gnnsched.gpus import get_gpu_model
 from gnnsched.host_footprint import LOAD_PEAK_FACTOR, RUNTIME_BYTES, host_footprint
@@ -23,7 +26,6 @@ from gnnsched.runtime_prior import (
     step_cost,
 )
 from gnnsched.spec import load_job, parse_spec
-from shared_data import GRAPHS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -62,14 +64,16 @@ def test_prior_counts_a_gcn_layer_by_hand() -> None:
     cost = step_cost(spec)
     assert (cost.flops, cost.bytes) == (flops, byts)
     gpu = get_gpu_model("A100-80GB")
-    assert device_seconds_per_step(spec, gpu) == pytest.approx(byts / gpu.bandwidth_bytes_per_s + flops / gpu.fp32_flops_per_s)
+    assert device_seconds_per_step(spec, gpu) == pytest.approx(
+        byts / gpu.bandwidth_bytes_per_s + flops / gpu.fp32_flops_per_s
+    )
     assert arithmetic_intensity(spec) == pytest.approx(flops / byts)
 
 
 def test_minibatch_runtime_depends_on_cores_full_batch_does_not() -> None:
     sage = load_job(EXAMPLES / "sage-minibatch.yaml").spec
     times = [solo_runtime_seconds(sage, "A100-80GB", c) for c in (1, 2, 4, 8, 16)]
-    assert all(a >= b for a, b in zip(times, times[1:]))  # never slower with more cores
+    assert all(a >= b for a, b in pairwise(times))  # never slower with more cores
     assert times[0] > 2 * times[2]  # host-bound at 1 core
     assert times[3] == times[4]  # beyond MAX_LOADER_CORES cores stop helping
     gcn = load_job(EXAMPLES / "gcn-train-cora.yaml").spec
@@ -153,7 +157,9 @@ def test_history_round_trip_and_quantities(tmp_path: Path) -> None:
     ],
 )
 def test_bad_history_lines_name_line_and_field(tmp_path: Path, mutate, expected: str) -> None:
-    data = json.loads(_record({"mode": "train", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}}, 1.0).to_json_line())
+    data = json.loads(
+        _record({"mode": "train", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}}, 1.0).to_json_line()
+    )
     mutate(data)
     path = tmp_path / "h.jsonl"
     path.write_text(json.dumps(data) + "\n")
@@ -203,8 +209,10 @@ def _history(factors: dict[str, float]) -> list[HistoryRecord]:
     for dataset in ("cora", "citeseer", "pubmed", "ogbn-arxiv", "proteins", "artist", "dd"):
         for arch, factor in factors.items():
             for epochs in (50, 200):
-                spec_dict = {"mode": "train", "model": {"arch": arch, "layers": 2 + i % 2, "hidden": 64 * (1 + i % 3)},
-                             "graph": {"dataset": dataset}, "epochs": epochs}
+                spec_dict: dict[str, Any] = {
+                    "mode": "train", "model": {"arch": arch, "layers": 2 + i % 2, "hidden": 64 * (1 + i % 3)},
+                    "graph": {"dataset": dataset}, "epochs": epochs,
+                }
                 if arch == "gat":
                     spec_dict["model"]["heads"] = 2
                 spec = parse_spec(spec_dict)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import pytest
 
 from gnnsched.contract import QUEUE_CLASS_PREFIX, QUEUE_PRIORITY_BASE
 from gnnsched.gpus import GiB, get_gpu_model
 from gnnsched.queue_order import (
-    DOUBLINGS, MAX_USER_PRIORITY, MIN_SECONDS, QueueOrder, QueueOrderError,
+    DOUBLINGS,
+    MAX_USER_PRIORITY,
+    MIN_SECONDS,
+    QueueOrder,
+    QueueOrderError,
 )
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import uniform_cluster
@@ -58,7 +63,7 @@ def test_classes_are_unique_contiguous_and_describe_their_range():
     assert len({c.name for c in classes}) == q.buckets
     assert [c.value for c in classes] == list(range(5000 + q.buckets - 1, 4999, -1))
     assert classes[0].name == f"{QUEUE_CLASS_PREFIX}000" and classes[-1].name == f"{QUEUE_CLASS_PREFIX}032"
-    for prev, cur in zip(classes, classes[1:]):
+    for prev, cur in pairwise(classes):
         assert cur.lower_seconds == pytest.approx(prev.upper_seconds)
     assert "up to 1 min" in classes[0].description and "never preempts" in classes[0].description
     assert "above" in classes[-1].description and "up to" not in classes[-1].description

@@ -76,8 +76,13 @@ requests = st.builds(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs(), requested=requests, alpha0=st.floats(0.05, 0.95), gpu=st.sampled_from(["A100-80GB", "T4", "V100M16"]),
-       predictor=st.sampled_from([DEFAULT, TRAINED]))
+@given(
+    spec=specs(),
+    requested=requests,
+    alpha0=st.floats(0.05, 0.95),
+    gpu=st.sampled_from(["A100-80GB", "T4", "V100M16"]),
+    predictor=st.sampled_from([DEFAULT, TRAINED]),
+)
 def test_never_below_floor_never_above_request_deterministic(spec, requested, alpha0, gpu, predictor) -> None:
     result = scale(spec, requested, predictor=predictor, gpu_model=gpu, alpha0=alpha0)
     scaled = result.scaled
@@ -164,7 +169,10 @@ def test_scheduling_round_fits_more_jobs_with_scaling() -> None:
     spec = load_job(EXAMPLES / "gcn-train-cora.yaml").spec
     jobs = [(f"j{i}", spec, Resources(cpu=4, memory=8 * GiB)) for i in range(4)] + [
         ("big", spec, Resources(cpu=64, memory=8 * GiB))]
-    servers = [ServerState(name="a", cpu_free=8, memory_free=16 * GiB), ServerState(name="b", cpu_free=8, memory_free=16 * GiB)]
+    servers = [
+        ServerState(name="a", cpu_free=8, memory_free=16 * GiB),
+        ServerState(name="b", cpu_free=8, memory_free=16 * GiB),
+    ]
     plain = schedule_round(jobs, servers, adaptive=False)
     assert plain.placements == {"j0": "a", "j1": "a", "j2": "b", "j3": "b"} and plain.pending == ("big",)
     adaptive = schedule_round(jobs, servers, predictor=DEFAULT)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from shared_data import DATA
 
 from gnnsched.gpus import GiB, get_gpu_model
 from gnnsched.simulator.adapters import Integrations
@@ -17,7 +19,6 @@ from gnnsched.simulator.metrics import summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import GNNSCHED_POLICIES, PolicyError, parse_policies, parse_policy
 from gnnsched.simulator.workloads import WorkloadError, load_workload_file
-from shared_data import DATA
 
 V100 = "V100-32GB"
 CAP = get_gpu_model(V100).memory_bytes
@@ -96,7 +97,7 @@ def test_kube_scheduler_nodes_to_score():
 
 
 def test_workload_file_format(tmp_path: Path):
-    manifest = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob", "metadata": {"name": "a"},
+    manifest: dict[str, Any] = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob", "metadata": {"name": "a"},
                 "spec": {"mode": "train", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"},
                          "resources": {"cpu": "500m", "memory": "1Gi"}}, "arrival": 12.5}
     path = tmp_path / "w.yaml"
@@ -104,7 +105,7 @@ def test_workload_file_format(tmp_path: Path):
     wl = load_workload_file(path)
     t = wl.templates[0]
     assert (t.name, t.arrival, t.cpu_milli, t.memory_bytes) == ("a", 12.5, 500, GiB)
-    cases = [
+    cases: list[tuple[Any, str]] = [
         ({k: v for k, v in manifest.items() if k != "arrival"}, "workload[0].arrival"),
         ({**manifest, "arrival": -1}, "workload[0].arrival"),
         ({**manifest, "spec": {**manifest["spec"], "model": {"arch": "gcn", "layers": 99}}},

@@ -3,8 +3,8 @@ oversubscription under naive MPS, and the resource-demand workload's over-reques
 
 from __future__ import annotations
 
-
 import pytest
+from shared_data import DATA
 
 from gnnsched import policies as pol
 from gnnsched.gpus import GiB, get_gpu_model
@@ -16,9 +16,12 @@ from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PolicyError, parse_policy
 from gnnsched.simulator.runner import compare_reference, materialise
 from gnnsched.simulator.workloads import (
-    GNNSCHED_TASK_SHARE, PAI_GNN_CPU_REQUEST_CORES, cognn, gnnsched_queue, resource_demand,
+    GNNSCHED_TASK_SHARE,
+    PAI_GNN_CPU_REQUEST_CORES,
+    cognn,
+    gnnsched_queue,
+    resource_demand,
 )
-from shared_data import DATA
 
 V100 = "V100-32GB"
 CAP = get_gpu_model(V100).memory_bytes
@@ -163,5 +166,5 @@ def test_resource_demand_requests_are_over_requests():
     wl = resource_demand(seed=0, data_dir=DATA)
     mean_cpu = sum(t.cpu_milli for t in wl.templates) / len(wl.templates) / 1000
     # usage 11.9 cores (Table 1) is what is left after scaling cut requests by 28.5 % (section 4.2)
-    assert PAI_GNN_CPU_REQUEST_CORES == pytest.approx(11.9 / 0.715)
+    assert pytest.approx(11.9 / 0.715) == PAI_GNN_CPU_REQUEST_CORES
     assert abs(mean_cpu - PAI_GNN_CPU_REQUEST_CORES) < 2.5  # one rescaling factor; the draw moves the mean

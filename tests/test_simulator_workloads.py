@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
 
 import pytest
+from shared_data import DATA
 
 from gnnsched.gpus import get_gpu_model
 from gnnsched.interference import load_default as load_interference
@@ -13,8 +15,6 @@ from gnnsched.simulator.engine import Simulation
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import parse_policy
 from gnnsched.simulator.workloads import COGNN_DATASETS, GNNSCHED_DATASETS, cognn, gnnsched_queue, resource_demand
-from shared_data import DATA
-
 
 
 @pytest.mark.parametrize("queue", ["gcn", "sage", "gat", "gin"])
@@ -104,7 +104,7 @@ def test_interference_aware_scoring_changes_the_placement():
         model.slowdown(model.profile_for("memory"), [model.profile_for("compute")]) + 0.1
     jobs = [_job(0, 0.45, 1000.0, 0.0, "memory", model), _job(1, 0.4, 1000.0, 1.0, "compute", model),
             _job(2, 0.3, 100.0, 2.0, "memory", model)]
-    placed = {}
+    placed: dict[str, Any] = {}
     for policy in ("lmcf", "lmcf-interference"):
         res = Simulation(jobs, uniform_cluster(2, 1, V100), parse_policy(policy), Integrations(),
                          startup_s=0.0).run()

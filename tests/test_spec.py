@@ -5,14 +5,16 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from crd_schema import ROOT, load_crd, structural_problems, validate, version_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crd_schema import ROOT, load_crd, structural_problems, validate, version_schema
 from gnnsched.contract import GPUJob, GPUNodeStatus, GPUStatus, MPSStatus
 from gnnsched.datasets import dataset_names, get_dataset
 from gnnsched.spec import LIMITS, SpecError, load_job, parse_job
@@ -38,7 +40,7 @@ def _mutated(path: str, value: object) -> dict:
     """BASE with one field set (``value`` is ``...`` to delete it)."""
     obj = copy.deepcopy(BASE)
     *parents, leaf = path.split(".")
-    node = obj
+    node: dict[str, Any] = obj
     for part in parents:
         node = node.setdefault(part, {})
     if value is ...:
@@ -91,6 +93,12 @@ BAD = [
     ("typo field", "spec.epoch", 3, "epoch"),
     ("parallelism on train", "spec.parallelism", 2, "parallelism"),
     ("negative backoff", "spec.backoffLimit", -1, "backoffLimit"),
+    ("negative gpuMemory", "spec.resources", {"gpuMemory": "-1Gi"}, "gpuMemory"),
+    ("zero gpuMemory", "spec.resources", {"gpuMemory": "0"}, "gpuMemory"),
+    ("zero int gpuMemory", "spec.resources", {"gpuMemory": 0}, "gpuMemory"),
+    ("bad gpuMemory", "spec.resources", {"gpuMemory": "lots"}, "gpuMemory"),
+    ("maxResizes too large", "spec.memory", {"maxResizes": 11}, "maxResizes"),
+    ("negative maxResizes", "spec.memory", {"maxResizes": -1}, "maxResizes"),
 ]
 
 
@@ -114,10 +122,7 @@ def test_limits_match_the_crd():
     for path, (low, high) in LIMITS.items():
         node = spec
         for part in path.removeprefix("spec.").split("."):
-            if part.endswith("[]"):
-                node = node["properties"][part[:-2]]["items"]
-            else:
-                node = node["properties"][part]
+            node = node["properties"][part[:-2]]["items"] if part.endswith("[]") else node["properties"][part]
         assert (node["minimum"], node["maximum"]) == (low, high), path
 
 
@@ -141,6 +146,8 @@ def test_printer_columns():
         "PMC": ".status.pmc",
         "Node": ".status.node",
         "GPU": ".status.gpu",
+        "Attempts": ".status.attempts",
+        "Resizes": ".status.resizes",
         "Age": ".metadata.creationTimestamp",
     }
 
@@ -153,12 +160,17 @@ def test_gpunode_status_model_validates_against_its_crd():
             GPUStatus(
                 index=0, uuid="GPU-1", model="A100-80GB", total_bytes=80 << 30, reserve_bytes=1 << 30,
                 committed_bytes=3 << 30, running=[GPUJob(pod_uid="u", bytes=3 << 30, intensity="memory")],
-            )
+            ),
+            GPUStatus(  # draining after a fatal MPS fault (node agent quarantine)
+                index=1, uuid="GPU-2", model="A100-80GB", total_bytes=80 << 30, mps_healthy=False, draining=True,
+                draining_reason="Xid", draining_xid=43,
+                draining_since=datetime(2026, 1, 1, tzinfo=timezone.utc),
+            ),
         ],
     )
     obj = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "n1"}, "status": status.wire()}
     assert validate(GPUNODE_CRD, obj) == []
-    assert obj["status"]["gpuCount"] == 1
+    assert obj["status"]["gpuCount"] == 2 and obj["status"]["gpus"][1]["drainingXid"] == 43
     assert GPUNodeStatus.model_validate(obj["status"]) == status
 
 
@@ -201,7 +213,14 @@ _spec_parts = st.fixed_dictionaries(
         "graph": st.one_of(
             st.fixed_dictionaries({"dataset": st.sampled_from(["cora", "pubmed", "Cora", "nope"])}),
             st.fixed_dictionaries(
-                {}, optional={"nodes": _ints, "edges": _ints, "features": _ints, "classes": _ints, "dataset": st.just("dd")}
+                {},
+                optional={
+                    "nodes": _ints,
+                    "edges": _ints,
+                    "features": _ints,
+                    "classes": _ints,
+                    "dataset": st.just("dd"),
+                },
             ),
         ),
     },
@@ -210,12 +229,22 @@ _spec_parts = st.fixed_dictionaries(
         "requests": _ints,
         "parallelism": _ints,
         "batching": st.fixed_dictionaries(
-            {}, optional={"mode": st.sampled_from(["full", "minibatch"]), "batchSize": _ints,
-                          "fanouts": st.lists(st.integers(-1, 1200), max_size=5)}
+            {},
+            optional={
+                "mode": st.sampled_from(["full", "minibatch"]),
+                "batchSize": _ints,
+                "fanouts": st.lists(st.integers(-1, 1200), max_size=5),
+            },
         ),
         "resources": st.fixed_dictionaries(
-            {}, optional={"cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]), "memory": st.sampled_from(["1Gi", "1Gb"])}
+            {},
+            optional={
+                "cpu": st.sampled_from(["1", "500m", "x", 2, "-1"]),
+                "memory": st.sampled_from(["1Gi", "1Gb"]),
+                "gpuMemory": st.sampled_from(["20Gi", "0", "0.0", "-1Gi", 0, 5, "1.5Gi", ".5Gi", "x"]),
+            },
         ),
+        "memory": st.fixed_dictionaries({}, optional={"maxResizes": _ints}),
         "qosTargetSeconds": st.floats(-1, 10),
         "backoffLimit": _ints,
     },
@@ -238,3 +267,14 @@ def test_pydantic_and_crd_agree_on_random_specs(spec):
 def test_cli_help_lists_subcommands():
     out = subprocess.run([sys.executable, "-m", "gnnsched.cli", "--help"], capture_output=True, text=True, check=True)
     assert "Usage" in out.stdout
+
+
+def test_gpu_memory_and_max_resizes_parse():
+    from gnnsched.spec import parse_spec
+
+    obj = _mutated("spec.resources", {"gpuMemory": "20Gi"})
+    obj["spec"]["memory"] = {"maxResizes": 0}
+    spec = parse_spec(obj["spec"])
+    assert spec.resources.gpu_memory_bytes() == 20 * 2**30 and spec.memory.max_resizes == 0
+    assert parse_spec(_mutated("spec.epochs", 3)["spec"]).memory.max_resizes == 3  # the default
+    assert validate(GNNJOB_CRD, obj) == []

@@ -26,7 +26,9 @@ if not TRACES.is_dir():
     TRACES = Path("/work/shared/data/traces")
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="shared/data/traces not present")
 
-HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+)
 
 
 @needs_traces

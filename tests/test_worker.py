@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from gnnsched.cli import app
+from gnnsched.closed_loop import failed_request_bytes, is_mps_victim_text
 from gnnsched.estimator import estimate
 from gnnsched.spec import parse_spec
-from gnnsched.worker import run_job
+from gnnsched.worker import run_attempt, run_job
 
 runner = CliRunner()
 
@@ -37,7 +40,7 @@ def _job(tmp_path: Path, body: str) -> Path:
 
 def test_training_run_reports_steps_time_and_the_peak_the_estimator_predicts():
     spec = _spec(epochs=3)
-    calls = []
+    calls: list[Any] = []
     result = run_job(spec, progress=calls.append, on_start=lambda total: calls.append(("total", total)))
     assert result.steps == 3 and calls == [("total", 3), 1, 1, 1]
     assert result.seconds > 0
@@ -54,7 +57,7 @@ def test_epochs_override_and_inference_requests():
 
 
 def test_parallel_inference_threads_share_one_model_and_split_the_requests(monkeypatch):
-    import gnnsched.worker as worker
+    from gnnsched import worker
 
     seen_models: list[int] = []
     seen_threads: set[str] = set()
@@ -91,7 +94,8 @@ def test_cli_prints_one_json_line(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     data = json.loads(lines[-1])
-    assert list(data) == ["observed_peak_bytes", "seconds", "steps"] and data["steps"] == 2
+    assert list(data) == ["outcome", "observed_peak_bytes", "seconds", "steps", "source"] and data["steps"] == 2
+    assert data["outcome"] == "succeeded" and data["source"] == "worker"
     assert data["observed_peak_bytes"] > 300 * 8 * 4
 
 
@@ -133,15 +137,140 @@ def test_cli_cuda_without_a_gpu_exits_2(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-def test_cuda_run_reports_max_memory_allocated_near_the_estimate():
+def test_cuda_run_reports_reserved_plus_context_within_the_admit_bytes():
     spec = _spec(epochs=3)
     result = run_job(spec, device="cuda")
     est = estimate(spec, device="cuda")
-    assert result.observed_peak_bytes <= est.pmc_bytes * est.safety_factor
+    assert torch.cuda.max_memory_reserved() < result.observed_peak_bytes <= est.admit_bytes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_cuda_out_of_memory_is_a_memory_exceeded_outcome():
+    """A real CUDA OOM (a per-process memory fraction stands in for the MPS limit) ends the attempt as
+    memory-exceeded with what the process held and the request that failed."""
+    spec = _spec(epochs=3, graph={"nodes": 200_000, "edges": 2_000_000, "features": 256, "classes": 8})
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(64 * 2**20 / total)
+    try:
+        result = run_attempt(spec, device="cuda", limit_bytes=64 * 2**20)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert result.outcome == "memory-exceeded" and result.requested_bytes and result.held_bytes
+    assert result.limit_bytes == 64 * 2**20 and "CUDA out of memory" in (result.message or "")
+
+
+# --- the closed loop's outcomes, on a fake GPU that enforces the MPS limit ---------------------------------------
+
+
+def _fake_run(spec, limit: int | None, footprint: float = 1.0):
+    from gnnsched.fake_gpu_memory import FakeGPUMemory
+
+    memory = FakeGPUMemory(limit_bytes=limit, footprint=footprint)
+    return run_attempt(spec, limit_bytes=limit, fake_memory=memory), memory
+
+
+def test_fake_gpu_counts_what_the_profiler_counts():
+    """Without a limit, the fake device's count of a run is the worker's measured peak (and so the estimate)."""
+    spec = _spec(epochs=3)
+    measured = run_job(spec).observed_peak_bytes
+    result, memory = _fake_run(spec, None)
+    assert result.outcome == "succeeded" and result.observed_peak_bytes == memory.peak
+    assert memory.peak == pytest.approx(measured, rel=0.005)
+
+
+def test_a_job_whose_real_footprint_is_1_3x_its_estimate_reports_memory_exceeded_with_the_right_bytes():
+    spec = _spec(epochs=3)
+    limit = estimate(spec).pmc_bytes  # the reservation the estimate gave it (byte-exact on the CPU)
+    result, memory = _fake_run(spec, limit, footprint=1.3)
+    assert result.outcome == "memory-exceeded" and result.limit_bytes == limit
+    assert result.held_bytes is not None and result.requested_bytes is not None
+    # It held at most its limit, the request that failed would have passed it, and what it needed is no more than
+    # its real footprint: the operator's next reservation (needed x margin) is built on true bytes.
+    assert result.held_bytes <= limit < result.held_bytes + result.requested_bytes
+    assert result.needed_bytes() <= math.ceil(1.3 * limit) + result.requested_bytes
+    assert result.observed_peak_bytes == memory.peak <= limit
+    assert "CUDA out of memory. Tried to allocate" in (result.message or "")
+    assert failed_request_bytes(result.message or "") == pytest.approx(result.requested_bytes, rel=0.01)
+    # Retried at 1.5x (the default growth), the same job succeeds and reports its real footprint.
+    bigger = math.ceil(1.5 * limit)
+    retry, _ = _fake_run(spec, bigger, footprint=1.3)
+    assert retry.outcome == "succeeded" and retry.observed_peak_bytes is not None
+    assert retry.observed_peak_bytes == pytest.approx(1.3 * limit, rel=0.01)
+
+
+def test_parallel_inference_threads_share_one_fake_device():
+    spec = _spec(mode="infer", requests=8, parallelism=2)
+    free, memory = _fake_run(spec, None)
+    assert free.outcome == "succeeded"
+    tight, _ = _fake_run(spec, memory.peak // 2)
+    assert tight.outcome == "memory-exceeded"
+
+
+def test_a_fatal_gpu_error_is_a_fault_outcome_and_other_errors_propagate(monkeypatch):
+    from gnnsched import worker
+
+    def mps_terminated(*args, **kwargs):
+        raise RuntimeError("CUDA error: cudaErrorMpsClientTerminated: the MPS client has been terminated by the server")
+
+    monkeypatch.setattr(worker, "run_step", mps_terminated)
+    result = run_attempt(_spec(epochs=1), limit_bytes=2**30)
+    assert result.outcome == "fault" and "cudaErrorMpsClientTerminated" in (result.message or "")
+    assert is_mps_victim_text(result.message or "") and result.limit_bytes == 2**30
+
+    def plain_bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(worker, "run_step", plain_bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_attempt(_spec(epochs=1))
+
+
+def test_cli_memory_exceeded_exits_1_after_writing_the_result_line(tmp_path, monkeypatch):
+    from gnnsched.closed_loop import AttemptResult
+    from gnnsched.contract import (
+        ENV_FAKE_GPU_MEMORY,
+        ENV_MPS_MEMORY_LIMIT,
+        ENV_RESULT_FILE,
+    )
+
+    job = _job(tmp_path, "  mode: train\n  model: {arch: gcn, layers: 2, hidden: 8}\n"
+                         "  graph: {nodes: 3000, edges: 20000, features: 64, classes: 3}\n  epochs: 2\n")
+    result_file = tmp_path / "termination-log"
+    monkeypatch.setenv(ENV_RESULT_FILE, str(result_file))
+    monkeypatch.setenv(ENV_MPS_MEMORY_LIMIT, "0=1M")
+    monkeypatch.setenv(ENV_FAKE_GPU_MEMORY, "enforce")
+    result = runner.invoke(app, ["worker", str(job), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    attempt = AttemptResult.model_validate_json(result_file.read_text())
+    assert attempt.outcome == "memory-exceeded" and attempt.limit_bytes == 2**20
+    assert attempt.held_bytes is not None and attempt.held_bytes <= 2**20 < attempt.needed_bytes()
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == json.loads(result_file.read_text())
+    assert "memory-exceeded: CUDA out of memory" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"GNNSCHED_FAKE_GPU_MEMORY": "always"}, "GNNSCHED_FAKE_GPU_MEMORY"),
+        ({"GNNSCHED_FAKE_GPU_MEMORY": "enforce:0.5"}, "GNNSCHED_FAKE_GPU_MEMORY"),
+        ({"GNNSCHED_FAKE_GPU_MEMORY": "enforce:x"}, "GNNSCHED_FAKE_GPU_MEMORY"),
+        ({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=lots"}, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+    ],
+)
+def test_cli_bad_fake_gpu_or_limit_is_one_line_naming_it(tmp_path, monkeypatch, env, field):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    job = _job(tmp_path, "  mode: train\n  model: {arch: gcn}\n  graph: {dataset: cora}\n")
+    result = runner.invoke(app, ["worker", str(job), "--no-progress"])
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and field in lines[0], result.stderr
 
 
 def test_cpu_profiling_stops_after_the_first_steps_and_keeps_the_peak(monkeypatch):
-    import gnnsched.worker as worker
+    from gnnsched import worker
 
     monkeypatch.setattr(worker, "PROFILED_STEPS", 2)
     spec = _spec("gcn", epochs=6)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from gnnsched.cliutil import fail, user_errors
+
+if TYPE_CHECKING:  # the models import xgboost and torch: loaded by the command that needs them
+    from gnnsched.predictor.gnn import GNNRuntimePredictor
+    from gnnsched.predictor.requests_model import RequestsRuntimeModel
 
 app = typer.Typer(
     name="predictor",
@@ -71,10 +75,19 @@ def _parse_params(text: str | None) -> dict[str, Any] | None:
 
 @app.command()
 def train(
-    data: Optional[list[Path]] = typer.Option(None, "--data", help="openb pod CSV(s) (Succeeded/Failed pods are the labels)."),
-    from_history: Optional[Path] = typer.Option(None, "--from-history", help="GNNJob history JSONL (retrains the GNN residual)."),
+    data: list[Path] | None = typer.Option(
+        None, "--data", help="openb pod CSV(s) (Succeeded/Failed pods are the labels)."
+    ),
+    from_history: Path | None = typer.Option(
+        None, "--from-history", help="GNNJob history JSONL (retrains the GNN residual)."
+    ),
     out: Path = typer.Option(..., "--out", help="Where to write the model (JSON)."),
-    params: Optional[str] = typer.Option(None, "--params", help='Fixed hyper-parameters as JSON (e.g. \'{"max_depth": 2, "n_estimators": 100}\'); default: time-ordered CV search (--data) or built-in (--from-history).'),
+    params: str | None = typer.Option(
+        None,
+        "--params",
+        help='Fixed hyper-parameters as JSON (e.g. \'{"max_depth": 2, "n_estimators": 100}\'); default: time-ordered '
+             'CV search (--data) or built-in (--from-history).',
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
 ) -> None:
     """Train the requests-only model on openb CSVs (--data), or the GNN residual on the cluster's history
@@ -83,6 +96,7 @@ def train(
         if bool(data) == (from_history is not None):
             fail("give exactly one of --data CSV... or --from-history FILE")
         fixed = _parse_params(params)
+        model: RequestsRuntimeModel | GNNRuntimePredictor  # one of two model kinds, each saved as its own JSON
         if data:
             from gnnsched.predictor.requests_model import RequestsRuntimeModel
 
@@ -115,9 +129,20 @@ def train(
 @app.command()
 def evaluate(
     data: Path = typer.Option(..., "--data", help="openb pod CSV to score on."),
-    model: Optional[str] = typer.Option(None, "--model", help="A trained requests model file, or 'default' for the shipped one; without it: train one on the earlier part of --data."),
-    train_data: Optional[list[Path]] = typer.Option(None, "--train-data", help="CSV(s) the baselines are fit on when --model is given (default: the model's own training files)."),
-    train_fraction: float = typer.Option(0.8, "--train-fraction", help="Without --model: share of finished pods (by creation time) to train on."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="A trained requests model file, or 'default' for the shipped one; without it: train one on the earlier "
+             "part of --data.",
+    ),
+    train_data: list[Path] | None = typer.Option(
+        None,
+        "--train-data",
+        help="CSV(s) the baselines are fit on when --model is given (default: the model's own training files).",
+    ),
+    train_fraction: float = typer.Option(
+        0.8, "--train-fraction", help="Without --model: share of finished pods (by creation time) to train on."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print n, mae, wmape, r2 and baselines as JSON."),
 ) -> None:
     """Score the XGBoost model against the random-forest and per-class-median baselines.
@@ -138,7 +163,9 @@ def evaluate(
             from gnnsched.predictor.requests_model import RequestsRuntimeModel
 
             try:
-                trained = RequestsRuntimeModel.load_default() if model == "default" else RequestsRuntimeModel.load(model)
+                trained = (
+                    RequestsRuntimeModel.load_default() if model == "default" else RequestsRuntimeModel.load(model)
+                )
             except ValueError as exc:
                 fail(f"--model: {exc}")
             sources = [Path(p) for p in (train_data or trained.training.get("data", []))]
@@ -156,10 +183,16 @@ def evaluate(
 @app.command()
 def scale(
     job: Path = typer.Argument(..., help="GNNJob manifest (YAML)."),
-    model: Optional[Path] = typer.Option(None, "--model", help="GNN runtime model (default: the one shipped in the package)."),
+    model: Path | None = typer.Option(
+        None, "--model", help="GNN runtime model (default: the one shipped in the package)."
+    ),
     gpu_model: str = typer.Option("A100-80GB", "--gpu-model", help="GPU model the runtime is predicted on."),
-    theta: Optional[float] = typer.Option(None, "--theta", help="Largest relative runtime change allowed (default: spec.scaling.theta)."),
-    as_json: bool = typer.Option(False, "--json", help="Print requested, scaled, predicted_runtime_seconds and importance as JSON."),
+    theta: float | None = typer.Option(
+        None, "--theta", help="Largest relative runtime change allowed (default: spec.scaling.theta)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print requested, scaled, predicted_runtime_seconds and importance as JSON."
+    ),
 ) -> None:
     """Adaptive scaling (seed 004, Algorithm 1) of the job's CPU and memory request, never below its floor."""
     with user_errors():

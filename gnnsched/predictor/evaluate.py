@@ -24,13 +24,13 @@ from gnnsched.traces import PodTable
 
 def _classes(table: PodTable) -> list[tuple[str, int, bool]]:
     shared = (table.gpu_milli < 1000) & (table.num_gpu > 0)
-    return [(q, int(g), bool(s)) for q, g, s in zip(table.qos, table.num_gpu, shared)]
+    return [(q, int(g), bool(s)) for q, g, s in zip(table.qos, table.num_gpu, shared, strict=True)]
 
 
 def median_baseline(train: PodTable, test: PodTable) -> np.ndarray:
     """Per-class training median runtime for each test pod."""
     groups: dict[tuple[str, int, bool], list[float]] = {}
-    for key, runtime in zip(_classes(train), train.runtime_seconds):
+    for key, runtime in zip(_classes(train), train.runtime_seconds, strict=True):
         groups.setdefault(key, []).append(runtime)
     medians = {key: float(np.median(v)) for key, v in groups.items()}
     overall = float(np.median(train.runtime_seconds))
@@ -81,7 +81,9 @@ def evaluate_time_split(table: PodTable, train_fraction: float = 0.8,
     from gnnsched.predictor.requests_model import FEATURES, permutation_importance
 
     x = table_features(test)
-    result["importance"] = permutation_importance(model.ensemble.predict, x, log_runtime(test.runtime_seconds), FEATURES)
+    result["importance"] = permutation_importance(
+        model.ensemble.predict, x, log_runtime(test.runtime_seconds), FEATURES
+    )
     result["split"] = {
         "train_rows": len(train), "test_rows": len(test), "train_fraction": train_fraction,
         "cut_creation_time": float(test.creation_time.min()),

@@ -100,7 +100,9 @@ class GNNRuntimePredictor:
         if len(records) < MIN_HISTORY:
             raise ValueError(f"history has {len(records)} records; need at least {MIN_HISTORY} finished GNNJobs")
         specs = [r.job_spec() for r in records]
-        x = np.array([gnn_features(s, r.gpu_model, r.scaled.cpu, r.scaled.memory) for s, r in zip(specs, records)])
+        x = np.array(
+            [gnn_features(s, r.gpu_model, r.scaled.cpu, r.scaled.memory) for s, r in zip(specs, records, strict=True)]
+        )
         y = np.log(np.array([r.observed_runtime_seconds for r in records])) - x[:, 0]
         params = params or {"n_estimators": 200, "max_depth": 3, "learning_rate": 0.05, "min_child_weight": 1.0}
         from gnnsched.predictor.boost import fit_l1
@@ -159,7 +161,9 @@ class GNNRuntimePredictor:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8")
+        Path(path).write_text(
+            json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8"
+        )
 
     @staticmethod
     def from_dict(data: Any, origin: str = "model") -> GNNRuntimePredictor:

@@ -76,9 +76,9 @@ def select_params(table: PodTable, folds: int = 4) -> tuple[dict[str, Any], list
     ordered = table.time_ordered()
     x, y = table_features(ordered), ordered.runtime_seconds
     n = len(y)
-    scores = []
+    scores: list[dict[str, Any]] = []
     for values in itertools.product(*PARAM_GRID.values()):
-        params = dict(zip(PARAM_GRID, values))
+        params = dict(zip(PARAM_GRID, values, strict=True))
         fold_scores = []
         for k in range(1, folds + 1):
             a, b = n * k // (folds + 1), n * (k + 1) // (folds + 1)
@@ -131,7 +131,9 @@ class RequestsRuntimeModel:
     # --- training -----------------------------------------------------------------------------------------------
 
     @staticmethod
-    def fit(table: PodTable, params: dict[str, Any] | None = None, sources: tuple[str, ...] = ()) -> RequestsRuntimeModel:
+    def fit(
+        table: PodTable, params: dict[str, Any] | None = None, sources: tuple[str, ...] = ()
+    ) -> RequestsRuntimeModel:
         """Train on the *finished* pods of ``table``; choose parameters by time-ordered CV unless given."""
         finished = table.finished().time_ordered()
         if len(finished) < 20:
@@ -162,7 +164,9 @@ class RequestsRuntimeModel:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8")
+        Path(path).write_text(
+            json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8"
+        )
 
     @staticmethod
     def from_dict(data: Any, origin: str = "model") -> RequestsRuntimeModel:

@@ -223,6 +223,8 @@ class Integrations:
             for g in node.gpus:
                 free = g.total - g.reserve - g.committed
                 slots = (cap if cap is not None else g.max_clients) - len(g.running)
+                if g.quarantine_until > sim.now:  # draining after a fatal fault: the agent admits nothing there
+                    slots = 0
                 if slots > 0 and free >= smallest:
                     fits = True
                 last = g.free_view
@@ -264,7 +266,8 @@ class Integrations:
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
-                            free_slots=(cap if cap is not None else g.max_clients) - len(g.running),
+                            free_slots=0 if g.quarantine_until > sim.now
+                            else (cap if cap is not None else g.max_clients) - len(g.running),
                             capacity_bytes=g.total - g.reserve)
                 for g in node.gpus
             ]
@@ -463,10 +466,11 @@ class PlacementView:
             return
         for idx, index in changed:
             self.refresh_gpu(sim.nodes[idx], index)
-        rows = sorted({r for r, _ in changed})
+        changed_rows = sorted({r for r, _ in changed})
         changed.clear()
-        self.row_ver[rows] += 1
-        pl.derive(self.state, np.fromiter(rows, dtype=np.int64, count=len(rows)), self.above, self.interference)
+        self.row_ver[changed_rows] += 1
+        pl.derive(self.state, np.fromiter(changed_rows, dtype=np.int64, count=len(changed_rows)), self.above,
+                  self.interference)
 
     #: (bytes, intensity) classes kept in fit_cache (the oldest is dropped beyond this).
     FIT_CACHE_CLASSES = 64

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from gnnsched.cliutil import UserError, fail, user_errors
+
+if TYPE_CHECKING:  # the simulator's modules load on first use (the CLI starts without numpy's import cost)
+    from gnnsched.simulator.adapters import Integrations
+    from gnnsched.simulator.cluster import ClusterSpec
+    from gnnsched.simulator.faults import EstimateError
+    from gnnsched.simulator.policyspec import PolicySpec
+    from gnnsched.simulator.workloads import Fits, Workload
 
 
 def default_data_dir() -> Path:
@@ -42,14 +50,30 @@ def simulate(
                                          "default $GNNSCHED_DATA_DIR or ../shared/data."),
     list_workloads: bool = typer.Option(False, "--list", help="List built-in workloads and clusters and exit."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
+    estimate_error: str = typer.Option("none", "--estimate-error", help="Each job's true peak against its estimate: "
+                                       "none, or lognormal:SIGMA[:BIAS] (true = estimate x BIAS x exp(N(0, SIGMA)), "
+                                       "seeded by --seed). gnnsched policies retry larger and calibrate ('-calib' "
+                                       "turns calibration off); baselines fail as Kubernetes does."),
+    fault_rate: float = typer.Option(0.0, "--fault-rate", help="Fatal MPS faults per busy GPU-hour (Poisson, seeded "
+                                     "by --seed): a fault kills every client on the GPU, which then drains."),
+    backoff_limit: int | None = typer.Option(None, "--backoff-limit", help="Every job's backoffLimit (0-10: failed "
+                                             "pods a job survives) in place of the workload's (3 in the built-in "
+                                             "generators; a workload file's spec.backoffLimit, default 0)."),
 ) -> None:
     """Simulate a cluster of GPU nodes: arrivals, the operator's estimate, placement, node queues with grouping
     policies behind the memory-safety gate, MPS co-location with interference, completion. Prints a comparison."""
-    from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
-    from gnnsched.simulator.policyspec import PolicyError, parse_policies
+    from gnnsched.errors import FieldError
     from gnnsched.simulator.adapters import IntegrationMissing, Integrations
+    from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
+    from gnnsched.simulator.faults import parse_estimate_error, parse_fault_rate
+    from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, parse_policies
     from gnnsched.simulator.workloads import (
-        BUILTIN, DEFAULT_WORKLOAD, WorkloadError, default_cluster, is_file, resolve_workload,
+        BUILTIN,
+        DEFAULT_WORKLOAD,
+        WorkloadError,
+        default_cluster,
+        is_file,
+        resolve_workload,
     )
 
     if list_workloads:
@@ -68,7 +92,14 @@ def simulate(
             ix = Integrations()
             wl = resolve_workload(name, seed, data, fits=fits_on(cl, ix))
             specs = parse_policies(policies or ",".join(wl.policies))
-        except (ClusterError, PolicyError, WorkloadError) as exc:
+            error = parse_estimate_error(estimate_error)
+            rate = parse_fault_rate(fault_rate)
+            if backoff_limit is not None and not 0 <= backoff_limit <= 10:
+                raise FieldError("--backoff-limit", f"{backoff_limit}: must be between 0 and 10")
+            if (error.active or rate > 0) and any(p.base in PLACEMENT_ONLY for p in specs):
+                raise PolicyError("--estimate-error and --fault-rate need a simulated run, not the openb "
+                                  "placement replay (best-fit, fgd)")
+        except (ClusterError, PolicyError, WorkloadError, FieldError) as exc:
             raise UserError(str(exc)) from None
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
@@ -80,7 +111,7 @@ def simulate(
             if plots.exists() and not plots.is_dir():
                 raise UserError(f"--plots: {plots} exists and is not a directory")
             _writable_dir("--plots", plots)
-    _run(wl, cl, specs, seed, json_out, plots, progress, ix)
+    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, rate, backoff_limit)
 
 
 def _writable_dir(flag: str, directory: Path) -> None:
@@ -93,24 +124,28 @@ def _writable_dir(flag: str, directory: Path) -> None:
         raise UserError(f"{flag}: {directory} is not writable")
 
 
-def fits_on(cluster, ix):
+def fits_on(cluster: ClusterSpec, ix: Integrations) -> Fits | None:
     """Predicate for generators: the job's admit bytes fit the cluster's smallest GPU (it could run alone)."""
     from gnnsched.gpus import get_gpu_model
+    from gnnsched.spec import GNNJobSpec
 
     models = sorted({n.gpu_model for n in cluster.nodes if n.gpus}, key=lambda m: get_gpu_model(m).memory_bytes)
     if not models:
         return None
     smallest = get_gpu_model(models[0])
 
-    def fits(spec, share: float = 1.0) -> bool:
+    def fits(spec: GNNJobSpec, share: float = 1.0) -> bool:
         return ix.profile(spec, smallest.name).admit_bytes <= share * smallest.memory_bytes
 
     return fits
 
 
-def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix) -> None:
+def _run(
+    wl: Workload, cl: ClusterSpec, specs: list[PolicySpec], seed: int, json_out: Path | None, plots: Path | None,
+    show_progress: bool, ix: Integrations, error: EstimateError, fault_rate: float, backoff_limit: int | None,
+) -> None:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from gnnsched.simulator.adapters import IntegrationMissing
     from gnnsched.simulator.report import render_table, write_json, write_plots
@@ -120,7 +155,7 @@ def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix) -> None:
     err.print(f"workload {wl.name}: {wl.description}; cluster {cl.describe()}")
     with Progress(TextColumn("{task.description:>22}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, disable=not show_progress, transient=True) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def tick(name: str, done: int, total: int) -> None:
             if name not in tasks:
@@ -128,7 +163,8 @@ def _run(wl, cl, specs, seed, json_out, plots, show_progress: bool, ix) -> None:
             bar.update(tasks[name], completed=done, total=total)
 
         try:
-            report = run(wl, cl, specs, seed, ix, progress=tick)
+            report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, fault_rate=fault_rate,
+                         backoff_limit=backoff_limit)
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
     typer.echo(render_table(report))

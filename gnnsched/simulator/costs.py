@@ -36,7 +36,8 @@ HOST_LINK_BYTES_PER_S: dict[str, float] = {
 
 STARTUP_S = 4.4
 """Process start-up before a job's first step, seconds. Measured on this project's CPU machine as the wall time of
-``python -c "import torch, torch_geometric"`` (4.37 s and 4.79 s, load average 4.3 on 2 cores); a GPU adds CUDA context creation on top, which is
+``python -c "import torch, torch_geometric"`` (4.37 s and 4.79 s, load average 4.3 on 2 cores); a GPU adds CUDA context
+creation on top, which is
 not measured here, so this is a lower bound."""
 
 

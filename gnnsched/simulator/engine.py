@@ -17,20 +17,28 @@ agent's grouping policy and the gate invariant); the engine only keeps the books
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from gnnsched import queue_order
 from gnnsched.gpus import get_gpu_model
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
+from gnnsched.simulator.faults import QUARANTINE_S, FaultClock, LoopBooks
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
 
+if TYPE_CHECKING:  # adapters imports this module's state classes at run time
+    from gnnsched.simulator.adapters import Integrations
+
 ARRIVE, FINISH, RETRY, STARTED = 0, 1, 2, 3
+# the closed loop's events (gnnsched.simulator.faults): a fatal fault on a GPU, an attempt's first step passing its
+# MPS memory limit, and the end of a faulted GPU's quarantine
+FAULT, MEM_EXCEEDED, QUARANTINE_END = 4, 5, 6
 MPS_BASE_CLIENTS = 4
 BACKOFF_S = 10.0
 BACKOFF_MAX_S = 360.0
@@ -41,9 +49,10 @@ class GpuState:
     """One GPU's books: what runs on it, what waits for it, its memory."""
 
     __slots__ = ("gid", "node", "index", "model", "total", "reserve", "running", "waiting", "used", "committed",
-                 "sm_now", "mem_now", "bandwidth", "link", "max_clients", "free_view")
+                 "sm_now", "mem_now", "bandwidth", "link", "max_clients", "free_view", "quarantine_until",
+                 "fault_clock")
 
-    def __init__(self, gid: int, node: "NodeState", index: int, model: str, reserve: int) -> None:
+    def __init__(self, gid: int, node: NodeState, index: int, model: str, reserve: int) -> None:
         gm = get_gpu_model(model)
         self.gid = gid
         self.node = node
@@ -61,6 +70,9 @@ class GpuState:
         self.link = host_link(gm.name)
         self.max_clients = gm.max_mps_clients
         self.free_view = None  # adapters: the last policies.GPUFree built for this GPU (immutable, reused)
+        # the closed loop: after a fatal fault the GPU admits nothing until this time; its faults' Poisson clock
+        self.quarantine_until = -1.0
+        self.fault_clock: FaultClock | None = None
 
     @property
     def free_admit_bytes(self) -> int:
@@ -87,10 +99,10 @@ class Run:
     """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
-                 "out", "sm_util", "intensity", "admit_bytes")
+                 "out", "sm_util", "intensity", "admit_bytes", "killed")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
-                 out: JobOutcome | None = None) -> None:
+                 out: JobOutcome) -> None:
         self.job = job
         self.out = out  # the job's outcome record (read at every re-rating)
         prof = job.profile(gpu.model)
@@ -105,6 +117,7 @@ class Run:
         self.slowdown = 1.0
         self.starting = starting
         self.placement_entry: tuple | None = None  # adapters.PlacementView's (end, bytes, sm, mem) of this run
+        self.killed = False  # the attempt ended before completing (fault, memory exceeded): its events are void
 
 
 @dataclass
@@ -154,10 +167,10 @@ def feasible_nodes_to_find(n: int) -> int:
 class Simulation:
     """One workload, one cluster, one policy."""
 
-    def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations,
+    def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations: Integrations,
                  *, horizon: float | None = None, max_clients: int | None = None, reserve_bytes: int = 0,
                  startup_s: float = STARTUP_S, record_timeline: bool = True,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, loop: LoopBooks | None = None) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
         self.policy = policy
         self.base = policy.base
@@ -185,6 +198,7 @@ class Simulation:
         if not self.gpu_nodes:
             raise ValueError("cluster: no node has a GPU")
         cap = policy.max_clients or max_clients
+        self.per_gpu_cap: int | None
         if self.base in ("exclusive", "srtf", "drf", "temporal"):
             self.per_gpu_cap = 1
         elif self.base == "mps-base":
@@ -260,9 +274,17 @@ class Simulation:
         self.immediate_on: dict[int, dict[int, int]] = {}
         self.cpu_capacity = float(sum(n.spec.cpu_milli for n in self.nodes))
         self.memh_capacity = float(sum(n.spec.memory_bytes for n in self.nodes))
+        # The closed loop (estimate errors, faults; gnnsched.simulator.faults): None when the run has neither, and
+        # then nothing below differs from the open-loop engine.
+        self.loop = loop
+        self.loop_ours = loop is not None and loop.gnnsched
+        self.wasted_s = 0.0  # GPU-seconds held by attempts that did not complete (each co-located attempt its own)
+        if loop is not None and loop.fault_rate > 0:
+            for gs in self.gpus:
+                gs.fault_clock = FaultClock(loop.fault_rate, loop.seed, gs.gid)
 
     # ------------------------------------------------------------------ events
-    def _push(self, t: float, kind: int, payload, token: int = 0) -> None:
+    def _push(self, t: float, kind: int, payload: Any, token: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, payload, token))
 
@@ -298,6 +320,9 @@ class Simulation:
                 # clock, or a run would end at its last stale event and its utilisation be averaged over that time
                 heappop(heap)
                 continue
+            if top[2] > FINISH and top[2] != RETRY and self._void(top):
+                heappop(heap)  # the same for the closed loop's void events
+                continue
             t = top[0]
             if horizon is not None and t > horizon:
                 break
@@ -311,11 +336,22 @@ class Simulation:
                 elif kind == ARRIVE:
                     self._arrive(payload)
                 elif kind == STARTED:
+                    if payload.killed:
+                        continue
                     payload.starting = False
                     payload.last = t
                     self._rerate(payload.gpu)
-                else:
+                elif kind == RETRY:
                     self._requeue(payload)
+                elif kind == FAULT:
+                    if payload.fault_clock.token == token:
+                        self._fault(payload)
+                elif kind == MEM_EXCEEDED:
+                    if not payload.killed:
+                        self._memory_exceeded(payload)
+                else:  # QUARANTINE_END: the drained GPU answers its probe again
+                    self.changed_gpus.add((payload.node.idx, payload.index))
+                    self.dirty_nodes.add(payload.node.idx)
             if (self.pending_dirty and self.pending) or self.dirty_nodes:  # else _schedule has nothing to do
                 self._schedule()
             if record_timeline:
@@ -334,7 +370,7 @@ class Simulation:
             gpu_mem_capacity=self.mem_capacity, sm_area=self.sm_area, cpu_alloc_area=self.cpu_area,
             mem_alloc_area=self.memh_area, cpu_capacity=self.cpu_capacity, mem_capacity=self.memh_capacity,
             idle_gpu_waiting_area=self.idle_wait_area, waiting_time=self.wait_time, timeline=self.timeline,
-            groups=self.groups, gate_checks=self.gate_checks,
+            groups=self.groups, gate_checks=self.gate_checks, extra=self._loop_figures(end),
         )
 
     def _sample(self) -> None:
@@ -354,6 +390,8 @@ class Simulation:
             cpu, mem = self.ix.scaled_request(job)
         out.cpu_milli, out.memory_bytes = cpu, mem
         out.status = "pending"
+        if self.loop is not None:
+            job = self.loop.attempt(job)
         self.pending[job.id] = job
         self.pending_dirty = True
         self.waiting += 1
@@ -416,6 +454,7 @@ class Simulation:
         k = self.queue_buckets.get(job.id)
         if k is None:
             seconds = self._predicted(job) * (job.scaled_solo_factor if self.policy.scaling else 1.0)
+            assert self.queue_order is not None  # buckets are asked for only under an SJF policy
             k = self.queue_buckets[job.id] = self.queue_order.bucket(seconds)
         return k
 
@@ -511,7 +550,7 @@ class Simulation:
         self.rr = (int(rolled[-1]) + 1) % len(self.nodes)
         return rolled
 
-    def _place(self, job: SimJob):
+    def _place(self, job: SimJob) -> NodeState | Literal["never"] | None:
         """Bind ``job`` to a node (and for baselines a GPU). None: not now; "never": on no node ever."""
         out = self.outcomes[job.id]
         if self.is_gnnsched:
@@ -556,7 +595,7 @@ class Simulation:
         self.cpu_alloc_now -= out.cpu_milli
         self.memh_alloc_now -= out.memory_bytes
 
-    def _place_gnnsched(self, job: SimJob, out: JobOutcome):
+    def _place_gnnsched(self, job: SimJob, out: JobOutcome) -> NodeState | Literal["never"] | None:
         decision = self.ix.place(self, job, out)
         if decision is None:
             return None
@@ -607,7 +646,7 @@ class Simulation:
             return
         cap = self.per_gpu_cap
         for gpu in node.gpus:
-            if not gpu.waiting:
+            if not gpu.waiting or gpu.quarantine_until > self.now:
                 continue
             limit = cap if cap is not None else gpu.max_clients
             started = False
@@ -660,6 +699,7 @@ class Simulation:
             # after its start-up (imports, CUDA context, loading the graph), so a kill costs the start-up plus the
             # restart back-off before the next attempt.
             out.oom_kills += 1
+            self.wasted_s += self._startup()
             if self.is_gnnsched:
                 self._count_size(prof.admit_bytes, -1)
             self._unbind(out, gpu.node)
@@ -683,6 +723,12 @@ class Simulation:
             self._push(self.now + startup, STARTED, run)
         if not gpu.running:
             self.idle_gpus -= 1
+            if gpu.fault_clock is not None:
+                self._push(gpu.fault_clock.busy(self.now), FAULT, gpu, gpu.fault_clock.token)
+        if self.loop_ours and self.loop is not None and self.loop.exceeds(job, gpu.model):
+            # its first step reaches the true peak, past its MPS limit: CUDA out of memory in its own process
+            first = prof.solo_s / max(1, job.spec.steps) if job.spec is not None else 0.0
+            self._push(self.now + startup + first, MEM_EXCEEDED, run)
         gpu.running.append(run)
         gpu.used += prof.peak_bytes
         if self.is_gnnsched:
@@ -705,7 +751,11 @@ class Simulation:
             self._count_size(prof.admit_bytes, -1)
         if not gpu.running:
             self.idle_gpus += 1
+            if gpu.fault_clock is not None:
+                gpu.fault_clock.idle(self.now)
         self.running_count -= 1
+        if self.loop is not None:
+            self.loop.completed(job, gpu.model)
         out.status = "completed"
         out.finish = self.now
         self._unbind(out, gpu.node)
@@ -714,6 +764,130 @@ class Simulation:
         self._refresh_slots(gpu.node)
         self.dirty_nodes.add(gpu.node.idx)
         self.pending_dirty = True
+
+    # ------------------------------------------------------------------ the closed loop
+    def _void(self, event: tuple) -> bool:
+        """An event that would change nothing: a start-up end or memory-exceeded of an attempt already ended, a
+        fault planned before its GPU went idle, a quarantine's end once every job is resolved."""
+        kind, payload = event[2], event[3]
+        if kind in (STARTED, MEM_EXCEEDED):
+            return payload.killed
+        if kind == FAULT:
+            return payload.fault_clock.token != event[4]
+        return kind == QUARANTINE_END and self.resolved >= len(self.jobs)
+
+    def _end_attempt(self, run: Run) -> None:
+        """Take a failed attempt off its GPU (as ``_finish`` does, without completing the job): its events become
+        void, its GPU time so far is wasted, its node's books are freed. The caller re-rates the GPU."""
+        gpu, job = run.gpu, run.job
+        out = self.outcomes[job.id]
+        prof = job.profile(gpu.model)
+        gpu.running.remove(run)
+        run.killed = True
+        run.token += 1
+        self.changed_gpus.add((gpu.node.idx, gpu.index))
+        gpu.used -= prof.peak_bytes
+        if self.is_gnnsched:
+            gpu.committed -= prof.admit_bytes
+            self._count_size(prof.admit_bytes, -1)
+        if not gpu.running:
+            self.idle_gpus += 1
+            if gpu.fault_clock is not None:
+                gpu.fault_clock.idle(self.now)
+        self.running_count -= 1
+        self.wasted_s += self.now - (out.start if out.start is not None else self.now)
+        self._unbind(out, gpu.node)
+        self._refresh_slots(gpu.node)
+        self.dirty_nodes.add(gpu.node.idx)
+        self.pending_dirty = True
+
+    def _give_up(self, job: SimJob, reason: str) -> None:
+        out = self.outcomes[job.id]
+        out.status = "failed"
+        out.reason = reason
+        out.finish = self.now
+        self._resolve(job)
+
+    def _next_attempt(self, job: SimJob) -> None:
+        """gnnsched: the operator creates the job's next attempt at once (no back-off: not a charged failure)."""
+        assert self.loop is not None  # attempts exist only in a closed-loop run
+        self._requeue(self.loop.attempt(self.outcomes[job.id].job))
+
+    def _charge(self, job: SimJob, reason: str) -> None:
+        """Kubernetes (baselines): a failed pod is charged to the job's backoffLimit and retried after kubelet's
+        back-off while attempts remain."""
+        out = self.outcomes[job.id]
+        if out.attempts > job.backoff_limit:
+            self._give_up(job, reason)
+            return
+        out.status = "backoff"
+        self._push(self.now + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (out.attempts - 1)), RETRY, job)
+
+    def _memory_exceeded(self, run: Run) -> None:
+        """gnnsched: the attempt hit CUDA out of memory inside its own MPS limit (its neighbours are safe); the next
+        attempt reserves ``closed_loop.next_reservation``, or the job is lost."""
+        gpu, job = run.gpu, run.job
+        self._end_attempt(run)
+        self._rerate(gpu)
+        loop = self.loop
+        assert loop is not None  # an attempt exceeds its reservation only in a closed-loop run
+        if loop.resized(job, gpu.model):
+            self._next_attempt(job)
+        elif loop.resizes.get(job.id, 0) >= loop.resize.max_resizes:
+            self._give_up(job, f"MemoryExceeded: {loop.resize.max_resizes} resizes used")
+        else:
+            self._give_up(job, "ExceedsLargestGPU")
+
+    def _fault(self, gpu: GpuState) -> None:
+        """A fatal fault on ``gpu``: every client dies; one is the suspect, the others victims; the GPU drains."""
+        loop = self.loop
+        clock = gpu.fault_clock
+        assert loop is not None and clock is not None  # faults are scheduled only with a fault clock
+        runs = list(gpu.running)
+        suspect = clock.pick(len(runs)) if runs else -1
+        clock.fired()
+        loop.faults += 1
+        loop.fault_log.append((self.now, gpu.gid))
+        loop.fault_victims += max(0, len(runs) - 1)
+        for run in runs:
+            self._end_attempt(run)
+        self._rerate(gpu)
+        gpu.quarantine_until = self.now + QUARANTINE_S
+        self._push(gpu.quarantine_until, QUARANTINE_END, gpu)
+        for i, run in enumerate(runs):
+            job = run.job
+            if not self.loop_ours:
+                self._charge(job, "GPUFault")
+                continue
+            if i != suspect:
+                self._next_attempt(job)  # a victim: requeued, its backoffLimit untouched
+                continue
+            loop.suspected[job.id] = loop.suspected.get(job.id, 0) + 1
+            charged = loop.charged[job.id] = loop.charged.get(job.id, 0) + 1
+            if charged > job.backoff_limit:
+                self._give_up(job, "GPUFault: suspect, backoffLimit used")
+            else:
+                self._next_attempt(job)
+
+    def _loop_figures(self, end: float) -> dict:
+        """The closed loop's figures for :func:`gnnsched.simulator.metrics.summarise`."""
+        loop = self.loop
+        figures: dict = loop.summary() if loop is not None else {
+            "memory_exceeded": 0, "resize_retries": 0, "fault_victims": 0, "faults": 0}
+        figures["wasted_gpu_seconds"] = self.wasted_s
+        cap: dict[str, int] = {}
+        for g in self.gpus:
+            cap[g.model] = max(cap.get(g.model, 0), g.total - g.reserve)
+        lost = 0
+        for o in self.outcomes.values():
+            if o.job.arrival > end or o.status not in ("failed", "unschedulable"):
+                continue
+            job = o.job
+            fits = any((loop.true_peak(job, m) if loop is not None else job.profile(m).peak_bytes) <= c
+                       for m, c in cap.items() if m in job.profiles)
+            lost += fits
+        figures["jobs_lost"] = lost
+        return figures
 
     # ------------------------------------------------------------------ rates
     def _rerate(self, gpu: GpuState) -> None:
@@ -730,9 +904,8 @@ class Simulation:
         elif runs:
             # ix.slowdowns keeps its answers in slowdown_cache by the runs' ordered intensity classes: looked up here
             # first, so a re-rating on a known mix costs one dict lookup
-            slow = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
-            if slow is None:
-                slow = self.ix.slowdowns(self, gpu, [r.job for r in runs])
+            cached = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
+            slow = cached if cached is not None else self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
             slow = []
         if self.uvm and gpu.used > gpu.total:
@@ -742,7 +915,7 @@ class Simulation:
         heap = self.heap
         push = heapq.heappush
         seq = self.seq
-        for r, s in zip(runs, slow):
+        for r, s in zip(runs, slow, strict=True):
             rate = r.rate = 1.0 / s
             r.slowdown = s
             token = r.token = r.token + 1
@@ -752,7 +925,7 @@ class Simulation:
                 out.slowdown_max = s
             rem = r.remaining
             seq += 1
-            push(heap, (now + (0.0 if 0.0 > rem else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
+            push(heap, (now + (0.0 if rem < 0.0 else rem) / rate, seq, FINISH, r, token))  # max(rem, 0.0)
         self.seq = seq
         sm = min(sm, 1.0)
         mem = min(gpu.used, gpu.total)

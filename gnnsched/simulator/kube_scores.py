@@ -94,7 +94,7 @@ def host_score(strategy: str, cpu_free: int, cpu_cap: int, mem_free: int, mem_ca
     return float(fit + balanced)
 
 
-def extender_points(scores: np.ndarray, weight: int) -> np.ndarray:
+def extender_points(scores: np.ndarray | float, weight: int) -> np.ndarray | float:
     """An extender's 0..10 scores as kube-scheduler adds them to the plugins' sum."""
     return scores * (weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY))
 

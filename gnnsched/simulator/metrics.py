@@ -13,6 +13,12 @@ Definitions (the README repeats them):
 * ``deployed``: jobs that started at least once; ``completed``: jobs that finished; ``completion_rate``: the
   resource-demand paper's ``#done / (#done + #not done)`` over jobs that arrived.
 * ``unallocated_gpus``: mean number of GPUs with nothing running while some job waits.
+* ``memory_exceeded``: attempts that failed with CUDA out of memory inside their own MPS limit (gnnsched with
+  ``--estimate-error``); ``resize_retries``: of those, the ones retried at a larger reservation.
+* ``faults``: fatal MPS faults (``--fault-rate``); ``fault_victims``: clients killed by a fault they did not cause.
+* ``jobs_lost``: jobs that arrived, whose true peak fits a GPU alone, and that failed or were found unschedulable.
+* ``wasted_gpu_seconds``: seconds held on a GPU by attempts that did not complete (each co-located attempt counts its
+  own; an attempt OOM-killed at its first allocation counts its start-up).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
     makespan = (res.horizon - first) if res.horizon is not None else (last - first)
     span = max(res.end_time - first, 1e-9)
     with_qos = [o for o in arrived if o.job.qos_target_s is not None]
-    violations = sum(1 for o in with_qos if o.jct is None or o.jct > o.job.qos_target_s + 1e-9)
+    violations = sum(1 for o in with_qos if o.jct is None or o.jct > (o.job.qos_target_s or 0.0) + 1e-9)
     deployed = sum(1 for o in arrived if o.ran)
     return {
         "makespan_s": round(makespan, 3),
@@ -64,6 +70,14 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "unallocated_gpus": _r(res.idle_gpu_waiting_area / res.waiting_time, 3) if res.waiting_time > 0 else 0.0,
         "max_slowdown": _r(max((o.slowdown_max for o in outs), default=1.0), 3),
         "gate_checks": res.gate_checks,
+        # the closed loop (gnnsched.simulator.faults); 0 without --estimate-error / --fault-rate, except that
+        # wasted_gpu_seconds and jobs_lost also count OOM kills and failures of the open-loop run
+        "memory_exceeded": int(res.extra.get("memory_exceeded", 0)),
+        "resize_retries": int(res.extra.get("resize_retries", 0)),
+        "faults": int(res.extra.get("faults", 0)),
+        "fault_victims": int(res.extra.get("fault_victims", 0)),
+        "jobs_lost": int(res.extra.get("jobs_lost", 0)),
+        "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),
     }
 
 

@@ -36,7 +36,8 @@ class SimJob:
 
     ``spec`` is the GNNJob spec (``None`` for trace pods); ``profiles`` maps a canonical GPU model name to the job's
     :class:`JobProfile` on it. ``gpu_milli`` is a declared GPU share (openb pods; 1000 = one whole GPU); ``num_gpus``
-    whole GPUs asked for (multi-GPU trace pods). ``runtime_s`` overrides the prior for trace pods whose lifetime is known.
+    whole GPUs asked for (multi-GPU trace pods). ``runtime_s`` overrides the prior for trace pods whose lifetime is
+    known.
     """
 
     id: int

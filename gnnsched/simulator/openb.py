@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import csv
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +117,10 @@ class OpenbCluster:
         return np.where(share, cl.milli, FULL)
 
     @staticmethod
-    def _frag_from(total, full, top, stranded, cpu, mem, cl: Classes) -> np.ndarray:
+    def _frag_from(
+        total: np.ndarray, full: np.ndarray, top: np.ndarray, stranded: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+        cl: Classes,
+    ) -> np.ndarray:
         """``F_n(M)`` from node statistics (see the module docstring)."""
         share = (cl.gpus == 1) & (cl.milli < FULL)
         gpu_ok = np.where(cl.gpus[None, :] == 0, True,

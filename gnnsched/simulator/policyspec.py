@@ -23,6 +23,8 @@ Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnns
 (MPS baselines and the ``-paper`` variants: oversubscription pages over the host link instead of OOM-killing),
 ``+bypassN`` (gnnsched: the gate's bounded-bypass backfill with limit ``N``, as ``node-agent --bypass-limit N``;
 ``+bypass0`` is the strict prefix of the policy's order; without it the gate's default applies),
+``-calib`` (gnnsched, with ``--estimate-error`` or ``--fault-rate``: new estimates keep the static safety factor
+instead of the calibration table's, see :mod:`gnnsched.simulator.faults`),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
 the published algorithm, a baseline, see above), ``+sjf`` (gnnsched: the operator gives each pod the PriorityClass of
 its predicted-runtime bucket, :mod:`gnnsched.queue_order`, so kube-scheduler's default PrioritySort tries pending pods
@@ -45,7 +47,7 @@ from gnnsched.queue_order import DEFAULT_PER_DOUBLING, MAX_PER_DOUBLING
 from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, LEAST_ALLOCATED, MOST_ALLOCATED
 
 # one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
-_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|\+sjf|\+bypass|\+pack)(?P<n>\d*)")
+_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack)(?P<n>\d*)")
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
@@ -74,6 +76,7 @@ class PolicySpec:
     sjf: int = 0  # +sjf: buckets per doubling of the runtime (gnnsched.queue_order); 0: FIFO queue
     bypass_limit: int | None = None  # ``+bypassN``; None: the gate's default (``policies.DEFAULT_BYPASS_LIMIT``)
     pack: bool = False  # ``+pack``: NodeResourcesFit scores with MostAllocated
+    calibration: bool = True  # ``-calib`` turns it off: new estimates keep the static safety factor
 
     @property
     def scoring_strategy(self) -> str:
@@ -126,11 +129,12 @@ def parse_policy(text: str) -> PolicySpec:
     interference = True
     bypass_limit: int | None = None
     pack = False
+    calibration = True
     while suffix:
         m = _SUFFIX.match(suffix)
         if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, -interference, -paper, @N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, -interference, -paper, -calib, @N)")
         token, digits = m.group("token"), m.group("n")
         suffix = suffix[m.end():]
         if digits and token not in ("+sjf", "+bypass"):
@@ -145,6 +149,8 @@ def parse_policy(text: str) -> PolicySpec:
             interference = False
         elif token == "+pack":
             pack = True
+        elif token == "-calib":
+            calibration = False
         elif token == "+sjf":
             sjf = int(digits) if digits else DEFAULT_PER_DOUBLING
             if not 1 <= sjf <= MAX_PER_DOUBLING:
@@ -159,13 +165,15 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"{text!r}: +uvm applies to mps-naive, mps-base and the -paper variants only")
     if bypass_limit is not None and (base not in GNNSCHED_POLICIES or paper):
         raise PolicyError(f"{text!r}: +bypassN applies to gnnsched policies only (the gate's backfill rule)")
+    if not calibration and (base not in GNNSCHED_POLICIES or paper):
+        raise PolicyError(f"{text!r}: -calib applies to gnnsched policies only (the operator's calibration)")
     if not interference and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: -interference applies to gnnsched policies only")
     if sjf and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
                       max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit,
-                      pack=pack)
+                      pack=pack, calibration=calibration)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

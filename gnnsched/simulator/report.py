@@ -22,6 +22,15 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sm_util", "SM", "{:.0%}"),
 )
 
+# the closed loop's columns, shown when the run has --estimate-error or --fault-rate
+LOOP_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("memory_exceeded", "mem-exc", "{}"),
+    ("resize_retries", "resized", "{}"),
+    ("fault_victims", "victims", "{}"),
+    ("jobs_lost", "lost", "{}"),
+    ("wasted_gpu_seconds", "wasted GPU s", "{:.0f}"),
+)
+
 JSON_KEYS = ("makespan_s", "jct_mean_s", "jct_p99_s", "queue_mean_s", "qos_violation_rate", "oom_kills", "completed",
              "deployed", "gpu_mem_util")
 
@@ -36,8 +45,9 @@ def _fmt(value: Any, fmt: str) -> str:
 
 
 def table_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    header = ["policy"] + [title for _, title, _ in TABLE_COLUMNS]
-    rows = [[name] + [_fmt(m.get(key), fmt) for key, _, fmt in TABLE_COLUMNS] for name, m in report.policies.items()]
+    columns = TABLE_COLUMNS + (LOOP_COLUMNS if report.closed_loop else ())
+    header = ["policy"] + [title for _, title, _ in columns]
+    rows = [[name] + [_fmt(m.get(key), fmt) for key, _, fmt in columns] for name, m in report.policies.items()]
     return header, rows
 
 
@@ -45,9 +55,12 @@ def render_table(report: Report) -> str:
     """Plain-text comparison table (also what the rich table shows)."""
     header, rows = table_rows(report)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+    def line(cells: list[str]) -> str:
+        padded = (c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(padded)
+
+    lines = [line(header)] + [line(r) for r in rows]
     for ref in report.reference:
         sim = "-" if ref["simulated"] is None else f"{ref['simulated']:g}{ref['unit']}"
         if ref["paper_value"] is None:
@@ -110,7 +123,7 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
     names = [name for name, res in report.results.items() if res.timeline] or list(report.results)[:1]
     fig, axes = plt.subplots(max(len(names), 1), 1, figsize=(7, max(1.6 * len(names), 3)), squeeze=False,
                              sharey=True)
-    for ax, name in zip(axes[:, 0], names):
+    for ax, name in zip(axes[:, 0], names, strict=True):
         tl = _decimate(report.results[name].timeline, 1500)
         ts = [p[0] / 60 for p in tl]
         ax.step(ts, [p[1] for p in tl], where="post", lw=1, label="GPU memory in use")
@@ -129,7 +142,7 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
 
     names = list(report.results)
     fig, axes = plt.subplots(len(names), 1, figsize=(7, max(2.2 * len(names), 3)), squeeze=False)
-    for ax, name in zip(axes[:, 0], names):
+    for ax, name in zip(axes[:, 0], names, strict=True):
         groups = report.results[name].groups[:400]
         if groups:
             xs = list(range(len(groups)))

@@ -6,13 +6,16 @@ policies are the policies' alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import ClusterSpec
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import RunResult, Simulation
+from gnnsched.simulator.faults import NO_ERROR, EstimateError, LoopBooks, true_multipliers
 from gnnsched.simulator.metrics import summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
@@ -33,10 +36,14 @@ class Report:
     results: dict[str, RunResult] = field(default_factory=dict)
     reference: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    closed_loop: dict[str, Any] = field(default_factory=dict)  # {"estimate_error", "fault_rate"} when either is on
 
     def to_json(self) -> dict[str, Any]:
-        return {"workload": self.workload, "cluster": self.cluster, "seed": self.seed, "jobs": self.jobs,
-                "policies": self.policies, "reference": self.reference, "notes": self.notes}
+        doc = {"workload": self.workload, "cluster": self.cluster, "seed": self.seed, "jobs": self.jobs,
+               "policies": self.policies, "reference": self.reference, "notes": self.notes}
+        if self.closed_loop:
+            doc["closed_loop"] = self.closed_loop
+        return doc
 
 
 def materialise(workload: Workload, cluster: ClusterSpec, ix: Integrations, *, scaling: bool,
@@ -120,25 +127,52 @@ def _trace_job(i: int, t: Any, models: list[str]) -> SimJob:
 
 def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], seed: int, ix: Integrations,
         *, startup_s: float = STARTUP_S, record_timeline: bool = True,
-        progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None) -> Report:
-    """Cost the workload once, then simulate it under every policy."""
+        progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None,
+        estimate_error: EstimateError = NO_ERROR, fault_rate: float = 0.0,
+        backoff_limit: int | None = None) -> Report:
+    """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``fault_rate``, the
+    closed loop of :mod:`gnnsched.simulator.faults`: the same true peaks and fault streams for every policy)."""
     placement_only = [p for p in policies if p.base in PLACEMENT_ONLY]
     if placement_only:
         return _run_openb(workload, cluster, policies, seed, progress)
     if jobs is None:
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in policies), startup_s=startup_s,
-                           progress=(lambda d, t: progress("costing jobs", d, t)) if progress else None)
+                           progress=partial(progress, "costing jobs") if progress else None)
+    if backoff_limit is not None:  # --backoff-limit: every job's, in place of the workload's
+        jobs = [replace(j, backoff_limit=backoff_limit) for j in jobs]
     report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={},
                     notes=list(workload.notes))
+    if estimate_error.active or fault_rate > 0:
+        report.closed_loop = {"estimate_error": estimate_error.text(), "fault_rate": fault_rate}
+    multipliers = true_multipliers(jobs, estimate_error, seed) if estimate_error.active else {}
     for spec in policies:
+        loop = closed_loop_books(spec, cluster, estimate_error, fault_rate, seed, multipliers)
         sim = Simulation(jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                          startup_s=startup_s, record_timeline=record_timeline,
-                         progress=(lambda d, t, n=spec.text: progress(n, d, t)) if progress else None)
+                         progress=partial(progress, spec.text) if progress else None, loop=loop)
         result = sim.run()
         report.results[spec.text] = result
         report.policies[spec.text] = summarise(result)
     report.reference = compare_reference(workload, report.policies)
     return report
+
+
+def closed_loop_books(spec: PolicySpec, cluster: ClusterSpec, error: EstimateError, fault_rate: float, seed: int,
+                      multipliers: dict[int, float]) -> LoopBooks | None:
+    """The closed loop's books for one policy's run, or None when the run has neither errors nor faults (then the
+    engine is the open-loop one, and every figure is what it was before the loop existed)."""
+    if not error.active and fault_rate <= 0:
+        return None
+    from gnnsched.gpus import get_gpu_model
+
+    capacity: dict[str, int] = {}
+    for node in cluster.nodes:
+        if node.gpus:
+            gm = get_gpu_model(node.gpu_model)
+            capacity[gm.name] = gm.memory_bytes  # the engine's GPUs carry no agent reserve
+    mode = "baseline" if not spec.is_ours else ("gnnsched" if spec.calibration else "calib-off")
+    return LoopBooks(error=error, fault_rate=fault_rate, seed=seed, mode=mode, largest_bytes=max(capacity.values()),
+                     capacity=capacity, multipliers=dict(multipliers))
 
 
 def _run_openb(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], seed: int,
@@ -155,7 +189,7 @@ def _run_openb(workload: Workload, cluster: ClusterSpec, policies: list[PolicySp
     report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(pods), policies={})
     for spec in policies:
         out = replay(cluster, pods, spec.base, seed,
-                     progress=(lambda d, t, n=spec.text: progress(n, d, t)) if progress else None)
+                     progress=partial(progress, spec.text) if progress else None)
         curve = out.pop("curve")
         report.policies[spec.text] = {
             "makespan_s": None, "jct_mean_s": None, "jct_p99_s": None, "queue_mean_s": None,
@@ -184,15 +218,15 @@ def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: boo
     if not metric:
         return None
     paper = set(among or ())
-    ours = {n: m.get(metric) for n, m in metrics.items()
-            if parse_policy(n).is_ours and n not in paper and m.get(metric) is not None}
-    theirs = {n: m.get(metric) for n, m in metrics.items() if m.get(metric) is not None
-              and (n in paper if among is not None else not parse_policy(n).is_ours)}
+    ours: dict[str, float] = {n: m[metric] for n, m in metrics.items()
+                              if parse_policy(n).is_ours and n not in paper and m.get(metric) is not None}
+    theirs: dict[str, float] = {n: m[metric] for n, m in metrics.items() if m.get(metric) is not None
+                                and (n in paper if among is not None else not parse_policy(n).is_ours)}
     if not ours or not theirs:
         return None
     pick = max if higher else min
-    a = pick(ours, key=ours.get)
-    b = pick(theirs, key=theirs.get)
+    a = pick(ours, key=ours.__getitem__)
+    b = pick(theirs, key=theirs.__getitem__)
     better = ours[a] > theirs[b] if higher else ours[a] < theirs[b]
     verdict = "better" if better else ("tie" if abs(ours[a] - theirs[b]) <= 1e-9 * max(abs(theirs[b]), 1) else "worse")
     claim = "gnnsched's best policy against the best other policy" if among is None else \
@@ -215,7 +249,7 @@ def compare_reference(workload: Workload, metrics: dict[str, dict[str, Any]]) ->
     out: list[dict[str, Any]] = []
     if not ref:
         return out
-    metric = ref.get("metric")
+    metric = str(ref.get("metric", ""))
     if "ratio" in ref:
         base, ours = ref["ratio"]
         if base in metrics and ours in metrics:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import csv
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -220,7 +221,9 @@ def gnnsched_queue(queue: str, load: str, seed: int, fits: Fits | None = None) -
     * Subgraph sizes. Each task keeps a fraction of the dataset's nodes and edges (degree preserved), drawn
       uniformly between ``GNNSCHED_MIN_FRACTION`` and 1 times the largest fraction whose gate reservation fits
       ``GNNSCHED_TASK_SHARE`` of the V100 (found by bisection, ``_largest_fraction``; 1 when the whole graph fits,
-      as pubmed does). Uniform in the fraction means roughly uniform in memory, up to a quarter of the GPU (about
+      as pubmed does; a draw that still does not fit, since reserved memory is not monotonic in size, is shrunk
+      by 3 % steps until it does). Uniform in the fraction means roughly uniform in memory, up to a quarter of the GPU
+      (about
       4 GB on average for amazon and reddit; pubmed and artist graphs are small whatever the fraction). An earlier
       version drew the fraction log-uniformly in 0.5-25 %, which made most tasks tiny (mean 1.4 GB, median 0.4 GB):
       no set of tasks in flight ever exceeded the GPU, so naive MPS never paid for its greed and tied gnnsched.
@@ -239,6 +242,13 @@ def gnnsched_queue(queue: str, load: str, seed: int, fits: Fits | None = None) -
             for k in range(25):
                 frac = top * rng.uniform(GNNSCHED_MIN_FRACTION, 1.0)
                 spec = _subgraph_spec(arch, d, frac, REQUESTS_PER_TASK)
+                # Reserved memory is not monotonic in the graph's size (a caching-allocator segment that a slightly
+                # larger tensor no longer fits in costs a new one), so a fraction below ``top`` can still overflow
+                # the share: shrink such a draw until it fits.
+                floor = top * GNNSCHED_MIN_FRACTION
+                while fits is not None and frac > floor and not fits(spec, GNNSCHED_TASK_SHARE):
+                    frac *= 0.97
+                    spec = _subgraph_spec(arch, d, frac, REQUESTS_PER_TASK)
                 items.append(JobTemplate(
                     name=f"{arch}-{d}-s{k}", arrival=0.0, spec=spec,
                     cpu_milli=DEFAULT_CPU_MILLI, memory_bytes=DEFAULT_MEMORY_BYTES, qos_factor=2.0,

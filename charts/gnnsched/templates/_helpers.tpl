@@ -70,3 +70,45 @@ objects: two releases must not collide). The operator gets the same prefix as a 
 {{- define "gnnsched.queuePriorityPrefix" -}}
 {{- .Values.queuePriority.prefix | default (printf "%s-runtime-" (include "gnnsched.fullname" .)) -}}
 {{- end }}
+
+{{/* The oldest Kubernetes the chart supports: kube-scheduler's profile-level percentageOfNodesToScore needs 1.27,
+and 1.30 is the oldest version the chart is rendered and schema-checked against in CI (tests/test_chart.py). */}}
+{{- define "gnnsched.minKubeVersion" -}}1.30.0{{- end }}
+
+{{/* Fails the render on a cluster older than the minimum, naming it (Helm's own Chart.yaml kubeVersion check runs on
+install and upgrade only, not on every render path). */}}
+{{- define "gnnsched.checkKubeVersion" -}}
+{{- $min := include "gnnsched.minKubeVersion" . -}}
+{{- if not (semverCompare (printf ">=%s-0" $min) .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "gnnsched needs Kubernetes v%s or newer (this cluster is %s)" $min .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end }}
+
+{{/* kube-scheduler's tag: scheduler.image.tag, or the cluster's own version without the vendor suffix
+(v1.31.4-gke.100 -> v1.31.4), since kube-scheduler may not be newer than the API server (version-skew policy) and
+registry.k8s.io publishes a tag for every upstream patch release. */}}
+{{- define "gnnsched.schedulerTag" -}}
+{{- if .Values.scheduler.image.tag -}}
+{{- .Values.scheduler.image.tag -}}
+{{- else -}}
+{{- printf "v%s" (regexFind "^[0-9]+\\.[0-9]+\\.[0-9]+" (trimPrefix "v" .Capabilities.KubeVersion.Version)) -}}
+{{- end -}}
+{{- end }}
+
+{{/* --bind-timeout for the extender: 80 % of kube-scheduler's httpTimeout for it (ms, s or m), in seconds, so the
+extender always answers bind before the scheduler gives up on the call. */}}
+{{- define "gnnsched.bindTimeout" -}}
+{{- $t := .Values.scheduler.extender.httpTimeout -}}
+{{- $n := regexFind "^[0-9]+" $t | float64 -}}
+{{- if hasSuffix "ms" $t -}}
+{{- $n = divf $n 1000 -}}
+{{- else if hasSuffix "m" $t -}}
+{{- $n = mulf $n 60 -}}
+{{- end -}}
+{{- mulf $n 0.8 -}}
+{{- end }}
+
+{{/* The RuntimeClass of job pods: jobs.runtimeClassName, or the node DaemonSet's (both need the GPU runtime). */}}
+{{- define "gnnsched.jobsRuntimeClass" -}}
+{{- .Values.jobs.runtimeClassName | default .Values.node.runtimeClassName -}}
+{{- end }}

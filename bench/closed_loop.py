@@ -1,0 +1,69 @@
+"""The simulator's closed-loop figures (issue 15's "Done when"), per seed, on one node x 4 V100-32GB.
+
+For each workload and seed it runs the same jobs three times: without errors or faults, with
+``--estimate-error lognormal:0.2 --fault-rate 1``, and with ``lognormal:0.05:1.3`` for calibration against ``-calib``;
+it prints per policy the mean JCT with and without errors and their ratio, OOM kills, memory-exceeded attempts,
+fault victims and lost jobs, then the resize retries with and without calibration.
+
+    python bench/closed_loop.py [--workloads cognn-mix,gnnsched-mix-high] [--seeds 0,1,2,3,4] [--backoff-limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gnnsched.simulator.adapters import Integrations
+from gnnsched.simulator.cli import default_data_dir, fits_on
+from gnnsched.simulator.cluster import parse_cluster
+from gnnsched.simulator.faults import parse_estimate_error
+from gnnsched.simulator.policyspec import parse_policies
+from gnnsched.simulator.runner import materialise, run
+from gnnsched.simulator.workloads import resolve_workload
+
+CLUSTER = "1x4xV100-32GB"
+POLICIES = "exclusive,mps-naive,base,lmcf,bmc,sqtf,bqt"
+CALIB = "lmcf,lmcf-calib,bqt,bqt-calib"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="cognn-mix,gnnsched-mix-high")
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--fault-rate", type=float, default=1.0)
+    ap.add_argument("--backoff-limit", type=int, default=None, help="every job's (default: the workload's, 3)")
+    args = ap.parse_args()
+    ix = Integrations()
+    data = default_data_dir()
+    cl = parse_cluster(CLUSTER, data)
+    noisy = parse_estimate_error("lognormal:0.2")
+    biased = parse_estimate_error("lognormal:0.05:1.3")
+    limit = "the workload's" if args.backoff_limit is None else str(args.backoff_limit)
+    print(f"cluster {CLUSTER}; errors lognormal:0.2 with --fault-rate {args.fault_rate:g}; "
+          f"calibration with lognormal:0.05:1.3; backoffLimit {limit}")
+    print(f"{'workload':18s} {'seed':>4s} {'policy':10s} {'JCT s':>7s} {'errors':>7s} {'ratio':>6s} {'OOM':>4s} "
+          f"{'mem-exc':>7s} {'faults':>6s} {'victims':>7s} {'lost':>4s}")
+    calib_rows = []
+    for name in args.workloads.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            wl = resolve_workload(name, seed, data, fits=fits_on(cl, ix))
+            jobs = materialise(wl, cl, ix, scaling=False)
+            plain = run(wl, cl, parse_policies(POLICIES), seed, ix, jobs=jobs, backoff_limit=args.backoff_limit)
+            loop = run(wl, cl, parse_policies(POLICIES), seed, ix, jobs=jobs, estimate_error=noisy,
+                       fault_rate=args.fault_rate, backoff_limit=args.backoff_limit)
+            for policy, m in loop.policies.items():
+                base = plain.policies[policy]["jct_mean_s"]
+                ratio = m["jct_mean_s"] / base if m["jct_mean_s"] and base else float("nan")
+                print(f"{name:18s} {seed:4d} {policy:10s} {base:7.1f} {m['jct_mean_s']:7.1f} {ratio:6.2f} "
+                      f"{m['oom_kills']:4d} {m['memory_exceeded']:7d} {m['faults']:6d} {m['fault_victims']:7d} "
+                      f"{m['jobs_lost']:4d}")
+            cal = run(wl, cl, parse_policies(CALIB), seed, ix, jobs=jobs, estimate_error=biased,
+                      backoff_limit=args.backoff_limit)
+            calib_rows.append((name, seed, {p: m["resize_retries"] for p, m in cal.policies.items()}))
+    print()
+    print("resize_retries with lognormal:0.05:1.3 (calibrated vs -calib)")
+    for name, seed, r in calib_rows:
+        print(f"{name:18s} {seed:4d} " + "  ".join(f"{p} {v}" for p, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""The closed memory loop in the simulator: estimate errors, fatal MPS faults, and what each policy does about them.
+
+A real cluster's estimate is open-loop (the CUDA allocator's reserved memory, user scripts, unverified constants) and
+MPS shares one fault domain per GPU. ``gnnsched simulate --estimate-error DIST --fault-rate R`` replays both, so the
+loop's benefit is measured rather than asserted:
+
+* **Estimate errors.** ``lognormal:SIGMA[:BIAS]``: a job's true peak is its predicted peak (the estimator's PMC plus
+  the device overhead, the ``safety_factor=1.0`` figure the operator calibrates against) times
+  ``BIAS * exp(N(0, SIGMA))``, one draw per job from a stream seeded by the run's ``--seed``, the same for every
+  policy of the run.
+* **Faults.** ``R`` fatal faults per busy GPU-hour: each GPU's faults are a Poisson process on the time it has at
+  least one client, drawn from its own seeded stream (the same stream for every policy). A fault kills every MPS
+  client on the GPU; one of them (uniformly drawn) is the suspect, the others are victims. The GPU then drains:
+  it admits nothing for :data:`QUARANTINE_S` (the clients exiting and the MPS server answering its probe again).
+
+What each policy does is decided here, with the operator's own rules from :mod:`gnnsched.closed_loop`:
+
+* gnnsched's policies run each attempt under its MPS memory limit (its admit bytes). An attempt whose true peak
+  exceeds the limit fails alone with CUDA out of memory when its first step reaches the peak, and the next attempt
+  reserves :func:`~gnnsched.closed_loop.next_reservation` (capped at the largest GPU); after ``max_resizes`` resizes
+  the job is lost. Fault victims are requeued at once without being charged; the suspect is charged against its
+  ``backoffLimit``; a job suspected twice runs later attempts alone on a GPU. Completed attempts record observed ÷
+  predicted in a :class:`~gnnsched.closed_loop.CalibrationTable` per :class:`~gnnsched.closed_loop.CalibrationClass`,
+  and new estimates use its factor (``-calib``: the static factor always).
+* Baselines behave as Kubernetes does: every failed pod is charged against the job's ``backoffLimit`` (retried with
+  kubelet's back-off while attempts remain). Naive MPS has no per-client limit, so a true peak that does not fit what
+  is left of the GPU OOM-kills the job that allocates it; exclusive fails a job whose true peak exceeds the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from gnnsched.closed_loop import (
+    DEFAULT_CALIBRATION,
+    DEFAULT_RESIZE,
+    CalibrationClass,
+    CalibrationPolicy,
+    CalibrationTable,
+    ResizePolicy,
+    next_reservation,
+)
+from gnnsched.errors import FieldError
+from gnnsched.simulator.model import JobProfile, SimJob
+
+QUARANTINE_S = 10.0
+"""Seconds a faulted GPU admits nothing: its clients exit (the MPS server terminated them) and the agent's probe
+client is answered again. A modelling choice, not a measurement: NVIDIA documents the order (wait for every affected
+client to exit, refuse new clients meanwhile), not the duration."""
+
+ERROR_STREAM = 0x15E1
+FAULT_STREAM = 0x15FA
+_LOGNORMAL = re.compile(r"lognormal:(?P<sigma>[^:]+)(?::(?P<bias>[^:]+))?")
+
+
+@dataclass(frozen=True)
+class EstimateError:
+    """``--estimate-error``: ``none``, or ``lognormal`` with ``sigma`` and ``bias``."""
+
+    kind: str = "none"
+    sigma: float = 0.0
+    bias: float = 1.0
+
+    @property
+    def active(self) -> bool:
+        return self.kind != "none"
+
+    def text(self) -> str:
+        return "none" if not self.active else f"lognormal:{self.sigma:g}:{self.bias:g}"
+
+
+NO_ERROR = EstimateError()
+
+
+def parse_estimate_error(text: str) -> EstimateError:
+    """``none`` | ``lognormal:SIGMA[:BIAS]``; anything else is a :class:`FieldError` naming ``--estimate-error``."""
+    raw = text.strip().lower()
+    if raw in ("", "none"):
+        return NO_ERROR
+    m = _LOGNORMAL.fullmatch(raw)
+    if m is None:
+        raise FieldError("--estimate-error", f"{text!r}: expected none or lognormal:SIGMA[:BIAS]")
+    try:
+        sigma = float(m.group("sigma"))
+        bias = float(m.group("bias")) if m.group("bias") is not None else 1.0
+    except ValueError:
+        raise FieldError("--estimate-error", f"{text!r}: SIGMA and BIAS must be numbers") from None
+    if not (math.isfinite(sigma) and 0.0 <= sigma <= 3.0):
+        raise FieldError("--estimate-error", f"{text!r}: SIGMA must be between 0 and 3")
+    if not (math.isfinite(bias) and 0.0 < bias <= 10.0):
+        raise FieldError("--estimate-error", f"{text!r}: BIAS must be > 0 and <= 10")
+    return EstimateError(kind="lognormal", sigma=sigma, bias=bias)
+
+
+def parse_fault_rate(value: float) -> float:
+    """``--fault-rate``: fatal faults per busy GPU-hour, a finite number >= 0."""
+    if not (math.isfinite(value) and 0.0 <= value <= 3600.0):
+        raise FieldError("--fault-rate", f"{value!r}: must be a number of faults per busy GPU-hour in 0..3600")
+    return float(value)
+
+
+def true_multipliers(jobs: list[SimJob], error: EstimateError, seed: int) -> dict[int, float]:
+    """Each job's true peak ÷ predicted peak: one draw per job in id order from the run's seeded error stream."""
+    if not error.active:
+        return {j.id: 1.0 for j in jobs}
+    rng = np.random.default_rng([ERROR_STREAM, seed])
+    ordered = sorted(j.id for j in jobs)
+    draws = rng.normal(0.0, error.sigma, size=len(ordered)) if error.sigma > 0 else np.zeros(len(ordered))
+    return {jid: float(error.bias * math.exp(d)) for jid, d in zip(ordered, draws, strict=True)}
+
+
+class FaultClock:
+    """One GPU's fatal faults: a Poisson process of ``rate`` per busy hour, as busy-seconds left to the next fault.
+
+    Its own generator (seeded by the run's seed and the GPU's index), so every policy sees the same sequence of
+    busy-time gaps on each GPU; only how busy the policy keeps the GPU decides when they fall."""
+
+    __slots__ = ("rng", "mean_s", "left", "busy_since", "token")
+
+    def __init__(self, rate_per_hour: float, seed: int, gid: int) -> None:
+        self.rng = np.random.default_rng([FAULT_STREAM, seed, gid])
+        self.mean_s = 3600.0 / rate_per_hour
+        self.left = float(self.rng.exponential(self.mean_s))
+        self.busy_since: float | None = None
+        self.token = 0
+
+    def busy(self, now: float) -> float:
+        """The GPU got its first client: the time of its next fault (the caller schedules it with ``token``)."""
+        self.busy_since = now
+        self.token += 1
+        return now + self.left
+
+    def idle(self, now: float) -> None:
+        """The GPU lost its last client: the busy time it had counts against the gap; the planned fault is void."""
+        if self.busy_since is not None:
+            self.left = max(0.0, self.left - (now - self.busy_since))
+        self.busy_since = None
+        self.token += 1
+
+    def fired(self) -> None:
+        """A fault happened: the next gap starts now (the GPU is idle after its clients are killed)."""
+        self.left = float(self.rng.exponential(self.mean_s))
+        self.busy_since = None
+        self.token += 1
+
+    def pick(self, n: int) -> int:
+        """Which of ``n`` clients is the suspect (the one whose own error is not 810)."""
+        return int(self.rng.integers(n))
+
+
+@dataclass
+class LoopBooks:
+    """One run's closed-loop state and counters: per job the true-peak multiplier, the current reservation, resizes,
+    charges and suspicions; the calibration table; and the figures the metrics report."""
+
+    error: EstimateError
+    fault_rate: float
+    seed: int
+    mode: str  # "gnnsched" (the operator's loop), "calib-off" (the loop with the static factor), "baseline"
+    largest_bytes: int
+    capacity: dict[str, int]  # GPU model -> what one job alone may use (total - reserve), largest per model
+    multipliers: dict[int, float] = field(default_factory=dict)
+    resize: ResizePolicy = DEFAULT_RESIZE
+    calibration_policy: CalibrationPolicy = DEFAULT_CALIBRATION
+    table: CalibrationTable = field(default_factory=CalibrationTable)
+    predicted: dict[int, dict[str, int]] = field(default_factory=dict)  # job id -> model -> predicted peak
+    reservation: dict[int, dict[str, int]] = field(default_factory=dict)  # job id -> model -> admit bytes (resized)
+    resizes: dict[int, int] = field(default_factory=dict)
+    charged: dict[int, int] = field(default_factory=dict)
+    suspected: dict[int, int] = field(default_factory=dict)
+    memory_exceeded: int = 0
+    resize_retries: int = 0
+    fault_victims: int = 0
+    faults: int = 0
+    fault_log: list[tuple[float, int]] = field(default_factory=list)  # (time, GPU gid) of every fault
+
+    @property
+    def gnnsched(self) -> bool:
+        return self.mode != "baseline"
+
+    @property
+    def calibrating(self) -> bool:
+        return self.mode == "gnnsched"
+
+    def true_peak(self, job: SimJob, model: str) -> int:
+        """The job's true peak on ``model``: its predicted peak (of the job as the workload made it, not of an
+        attempt, whose ``peak_bytes`` is what it reaches under its limit) times its multiplier."""
+        predicted = self.predicted.get(job.id)
+        base = predicted[model] if predicted is not None else job.profile(model).peak_bytes
+        return int(math.ceil(base * self.multipliers.get(job.id, 1.0)))
+
+    def fits_alone(self, job: SimJob) -> bool:
+        """Whether the job's true peak fits some GPU alone (a job that does not is not counted as lost)."""
+        return any(self.true_peak(job, m) <= cap for m, cap in self.capacity.items() if m in job.profiles)
+
+    def _class(self, job: SimJob, model: str) -> CalibrationClass:
+        spec = job.spec
+        arch = spec.model.arch if spec is not None else "trace"
+        mode = spec.mode if spec is not None else job.mode or "train"
+        return CalibrationClass(gpu_model=model, arch=arch, mode=mode, container="builtin")
+
+    def _admit(self, job: SimJob, model: str, prof: JobProfile) -> int:
+        """The admit bytes a new (not resized) attempt gets on ``model``: the predicted need (peak plus device
+        overhead) times the class's factor, the static factor until the class has enough samples
+        (``CalibrationTable.factor``) and always with ``-calib``. The factor multiplies the whole need, context and
+        workspaces included; with the static factor this is the estimator's ``admit_bytes`` itself."""
+        if self.suspected.get(job.id, 0) >= 2:
+            return self.capacity[model]  # runs alone: books the GPU's whole capacity
+        factor = self.calibration_policy.static_factor
+        if self.calibrating:
+            factor = self.table.factor(self._class(job, model), self.calibration_policy).factor
+        admit = int(math.ceil(prof.peak_bytes * factor))
+        if admit > self.capacity[model] >= prof.peak_bytes:
+            return self.capacity[model]  # fits the whole GPU but not a shared one: runs alone
+        return admit
+
+    def attempt(self, job: SimJob) -> SimJob:
+        """The SimJob of ``job``'s next attempt: its admit bytes (calibrated or resized) and the peak it really
+        reaches (the true peak; under gnnsched's MPS limit at most the limit, where it fails)."""
+        self.predicted.setdefault(job.id, {m: p.peak_bytes for m, p in job.profiles.items()})
+        profiles = {}
+        resized = self.reservation.get(job.id)
+        for model, prof in job.profiles.items():
+            true = self.true_peak(job, model)
+            if not self.gnnsched:
+                profiles[model] = replace(prof, peak_bytes=true)
+                continue
+            admit = resized[model] if resized is not None else self._admit(job, model, prof)
+            if self.suspected.get(job.id, 0) >= 2:
+                admit = max(admit, self.capacity[model])
+            profiles[model] = replace(prof, admit_bytes=admit, peak_bytes=min(true, admit))
+        return replace(job, profiles=profiles)
+
+    def exceeds(self, attempt: SimJob, model: str) -> bool:
+        """gnnsched: the attempt's true peak passes its MPS limit (it will fail with memory-exceeded)."""
+        return self.gnnsched and self.true_peak(attempt, model) > attempt.profile(model).admit_bytes
+
+    def resized(self, attempt: SimJob, model: str) -> bool:
+        """After a memory-exceeded attempt on ``model``: record the resize; False when the job is lost (no larger
+        reservation fits any GPU, or ``max_resizes`` is used up)."""
+        self.memory_exceeded += 1
+        jid = attempt.id
+        if self.resizes.get(jid, 0) >= self.resize.max_resizes:
+            return False
+        old = attempt.profile(model).admit_bytes
+        # The attempt's report: it held about its limit when the request that crossed it failed; the model does not
+        # know the failing request's size, so the growth factor decides (ResizePolicy's docstring).
+        new = next_reservation(old, old, self.largest_bytes, self.resize)
+        if new is None:
+            return False
+        self.resizes[jid] = self.resizes.get(jid, 0) + 1
+        self.resize_retries += 1
+        self.reservation[jid] = {
+            m: min(self.capacity[m], int(math.ceil(p.admit_bytes * new / old))) if m != model else new
+            for m, p in attempt.profiles.items()
+        }
+        return True
+
+    def completed(self, attempt: SimJob, model: str) -> None:
+        """A completed attempt: its observed ÷ predicted ratio goes into the calibration table."""
+        if not self.gnnsched:
+            return
+        # observed (the attempt reached its true peak: it completed under its limit) over the job's prediction
+        ratio = self.true_peak(attempt, model) / max(self.predicted[attempt.id][model], 1)
+        self.table = self.table.record(self._class(attempt, model), ratio, self.calibration_policy)
+
+    def summary(self) -> dict[str, Any]:
+        return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
+                "fault_victims": self.fault_victims, "faults": self.faults, "fault_log": list(self.fault_log),
+                "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
+                                for k in sorted(self.table.ratios)}}

@@ -1,0 +1,178 @@
+"""MPS's fault domain on one node: which GPU is draining after a fatal fault, and who was its suspect.
+
+Why: under MPS a fatal GPU exception in one client reaches every client sharing that GPU. NVIDIA's MPS documentation
+("Fault Tolerance" / error containment): the server does not say which client caused it, terminates the others with
+``cudaErrorMpsClientTerminated`` (810), waits for all affected clients to exit and refuses new clients on that GPU
+meanwhile. So the agent must (1) admit nothing there until every client has exited and MPS answers its probe again,
+and (2) tell the operator which pods were victims (requeued without using their ``backoffLimit``) and which one is
+the suspect (charged normally).
+
+A pure state machine, no I/O and no clock (the agent passes times in): the agent feeds it triggers (a critical Xid
+from NVML, a client that died with 810 or another fatal error, the MPS server reporting a fault) and each affected
+client's end; it answers with the fault records to write and whether a GPU may be released.
+
+Who is the suspect: among the affected clients that failed, those whose own error is a fatal GPU error other than 810.
+When exactly one such client exists it is the suspect and the rest are victims; when none or several do, they cannot
+be told apart and every affected client is a victim (charging an innocent job is worse than not charging a guilty
+one: a job suspected twice runs alone, which the operator decides from the records).
+
+Restart safety: the draining GPUs (reason, Xid, since) are part of the agent's GPUNode status and of the node status
+file (``gpus[].draining``). A new agent reads the file it wrote last and keeps those GPUs draining; the clients still
+booked there (adopted from their pods' annotations, or reconnecting) are the affected ones it still waits for. Roles
+already written to pods are annotations and survive by themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Literal
+
+from gnnsched.closed_loop import (
+    CRITICAL_XIDS,
+    FaultRecord,
+    classify_log,
+    is_mps_victim_text,
+)
+
+Role = Literal["victim", "suspect"]
+
+REASON_XID = "Xid"
+REASON_CLIENT_TERMINATED = "MpsClientTerminated"
+REASON_SERVER_FAULT = "MpsServerFault"
+REASON_CLIENT_FAULT = "ClientFault"
+
+
+def is_critical_xid(xid: int) -> bool:
+    """An Xid after which the GPU's MPS clients cannot be trusted (``gnnsched.closed_loop.CRITICAL_XIDS``)."""
+    return xid in CRITICAL_XIDS
+
+
+@dataclass(slots=True)
+class ClientEnd:
+    """How one affected client ended, as its pod's container status tells (exit code and termination message, which
+    holds the log tail under ``FallbackToLogsOnError``). ``None`` message: nothing could be read."""
+
+    exit_code: int | None
+    message: str | None
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code is not None and self.exit_code != 0
+
+    @property
+    def victim_of_810(self) -> bool:
+        return bool(self.message) and is_mps_victim_text(self.message or "")
+
+    @property
+    def own_fault(self) -> bool:
+        """Failed with a fatal GPU error that is not 810: a client the fault started in, if it is the only one."""
+        return self.failed and not self.victim_of_810 and classify_log(self.message or "") == "fault"
+
+
+@dataclass(slots=True)
+class Affected:
+    key: str
+    namespace: str
+    name: str
+    end: ClientEnd | None = None  # None while it runs (or until its pod shows how it ended)
+    gone: bool = False  # its gate connection ended (the process exited)
+
+
+@dataclass(slots=True)
+class Drain:
+    """One draining GPU."""
+
+    uuid: str
+    reason: str
+    since: float
+    xid: int | None = None
+    affected: dict[str, Affected] = field(default_factory=dict)
+    recorded: bool = False  # the roles have been decided and handed out
+
+    def label(self) -> str:
+        return f"{self.reason} {self.xid}" if self.reason == REASON_XID and self.xid is not None else self.reason
+
+
+class Quarantine:
+    """Every draining GPU of one node."""
+
+    def __init__(self) -> None:
+        self.drains: dict[str, Drain] = {}
+
+    def draining(self, uuid: str) -> bool:
+        return uuid in self.drains
+
+    def trigger(self, uuid: str, reason: str, now: float, clients: list[tuple[str, str, str]],
+                xid: int | None = None) -> Drain | None:
+        """Mark ``uuid`` draining; ``clients`` are ``(key, namespace, name)`` of the gated clients that ran there at the
+        fault (running now, or exited moments ago). Returns the new drain, or ``None`` when it was already draining
+        (then the clients are added to the affected set: they share the same fault)."""
+        existing = self.drains.get(uuid)
+        if existing is not None:
+            for key, ns, name in clients:
+                existing.affected.setdefault(key, Affected(key, ns, name))
+            return None
+        drain = Drain(uuid=uuid, reason=reason, since=now, xid=xid,
+                      affected={key: Affected(key, ns, name) for key, ns, name in clients})
+        self.drains[uuid] = drain
+        return drain
+
+    def restore(self, uuid: str, reason: str, since: float, xid: int | None,
+                clients: list[tuple[str, str, str]]) -> Drain:
+        """After an agent restart: a GPU the last agent left draining, waiting for the clients still booked there."""
+        drain = Drain(uuid=uuid, reason=reason, since=since, xid=xid,
+                      affected={key: Affected(key, ns, name) for key, ns, name in clients})
+        self.drains[uuid] = drain
+        return drain
+
+    def client_gone(self, uuid: str, key: str) -> None:
+        drain = self.drains.get(uuid)
+        if drain is not None and key in drain.affected:
+            drain.affected[key].gone = True
+
+    def client_ended(self, uuid: str, key: str, end: ClientEnd) -> None:
+        drain = self.drains.get(uuid)
+        if drain is not None and key in drain.affected:
+            drain.affected[key].end = end
+            drain.affected[key].gone = True
+
+    def pending(self, uuid: str) -> list[Affected]:
+        """Affected clients whose end is not known yet (the roles wait for them)."""
+        drain = self.drains.get(uuid)
+        return [a for a in drain.affected.values() if a.end is None] if drain is not None else []
+
+    def decide_roles(self, uuid: str, at: datetime | None = None) -> list[tuple[Affected, FaultRecord]]:
+        """The fault records for every affected client that failed, once all of them have ended (each end known, or
+        given up on by the caller with ``ClientEnd(None, None)``). Decided once per drain; ``[]`` otherwise."""
+        drain = self.drains.get(uuid)
+        if drain is None or drain.recorded or any(a.end is None for a in drain.affected.values()):
+            return []
+        drain.recorded = True
+        stamp = at or datetime.now(tz=timezone.utc)
+        failed = [a for a in drain.affected.values() if a.end is not None and (a.end.failed or a.end.exit_code is None)]
+        own = [a for a in failed if a.end is not None and a.end.own_fault]
+        suspect = own[0].key if len(own) == 1 else None
+        out = []
+        for a in failed:
+            role: Role = "suspect" if a.key == suspect else "victim"
+            if a.key == suspect:
+                reason = REASON_CLIENT_FAULT
+            elif a.end is not None and a.end.victim_of_810:
+                reason = REASON_CLIENT_TERMINATED
+            else:
+                reason = drain.label()
+            out.append((a, FaultRecord(gpu=uuid, role=role, reason=reason, at=stamp, xid=drain.xid)))
+        return out
+
+    def may_release(self, uuid: str, clients_on_gpu: int, mps_answers: bool) -> bool:
+        """Whether the drain of ``uuid`` can end: no client left on the GPU (neither booked by the gate nor seen by
+        the driver), every affected client's end handled, and the MPS control daemon answering its probe."""
+        drain = self.drains.get(uuid)
+        if drain is None:
+            return False
+        all_gone = all(a.gone for a in drain.affected.values())
+        return clients_on_gpu == 0 and all_gone and mps_answers
+
+    def release(self, uuid: str) -> Drain | None:
+        return self.drains.pop(uuid, None)

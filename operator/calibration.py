@@ -1,0 +1,142 @@
+"""The cluster's calibration object: observed ÷ predicted peak ratios per calibration class, kept in a
+``GNNCalibration``.
+
+Why a custom resource and not a ConfigMap: a ConfigMap's ``data`` holds strings only, so the ratios would be a JSON
+string nobody can read in ``kubectl get``, no schema would check what an SRE edits by hand, and the factors could not
+be printer columns. ``GNNCalibration`` (cluster-scoped, ``crds/gnncalibration.yaml``) has a structural schema for the
+ratio lists, and ``kubectl get gnncalibrations`` shows the classes, the samples and each class's factor. One object,
+named ``default``; the operator creates it on the first finished attempt.
+
+Why it survives restarts: it lives in the API server, and the operator derives everything from it (no in-memory
+copy is authoritative). Each ratio is recorded with its pod's uid in ``status.recorded`` (the last
+``RECORDED_KEEP``), so an operator that restarts between recording a ratio and updating the job does not count the
+attempt twice. Writes are merge patches conditional on ``metadata.resourceVersion`` (409 -> read again and retry),
+so two recorders never lose each other's samples.
+
+Reset: delete the object (``kubectl delete gnncalibration default``; every class falls back to the static factor
+until it has ``min_samples`` again), or drop one class with a merge patch setting ``status.ratios.<class>`` to null.
+The factors and the summary are recomputed from the ratios on every read, so a hand edit cannot leave them stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from gnnsched.closed_loop import (
+    DEFAULT_CALIBRATION,
+    CalibrationClass,
+    CalibrationPolicy,
+    CalibrationTable,
+)
+from gnnsched.contract import API_VERSION, GNNCALIBRATION_KIND, GNNCALIBRATION_NAME
+
+from .kube import Kube, KubeError
+from .metrics import OperatorMetrics
+from .status import now_rfc3339
+
+log = logging.getLogger("gnnsched.operator.calibration")
+
+RECORDED_KEEP = 1000
+"""How many recorded attempt keys the object remembers for de-duplication (far more than can be in flight)."""
+WRITE_TRIES = 5
+
+
+def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> dict[str, Any]:
+    """``factors``, ``classes``, ``calibratedClasses`` and ``summary``: what ``kubectl get`` shows, from the ratios."""
+    factors: dict[str, Any] = {}
+    parts: list[str] = []
+    for key in sorted(table.ratios):
+        result = table.factor(CalibrationClass.parse(key), policy)
+        factors[key] = {"factor": result.factor, "samples": result.samples, "calibrated": result.calibrated}
+        parts.append(f"{key}={result.factor:g}" + ("" if result.calibrated else f" (static, {result.samples} samples)"))
+    return {
+        "factors": factors,
+        "classes": len(factors),
+        "calibratedClasses": sum(1 for f in factors.values() if f["calibrated"]),
+        "summary": "; ".join(parts) if parts else "no samples",
+    }
+
+
+class CalibrationStore:
+    """Reads and extends the cluster's calibration table through the API; thread-safe (kopf's handler threads)."""
+
+    def __init__(self, kube: Kube, metrics: OperatorMetrics,
+                 policy: Callable[[], CalibrationPolicy] = lambda: DEFAULT_CALIBRATION,
+                 name: str = GNNCALIBRATION_NAME) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self._policy = policy  # read at each use: the planner that applies the factors owns the policy
+        self.name = name
+        self._lock = threading.Lock()
+
+    def _parse(self, obj: dict[str, Any] | None) -> tuple[CalibrationTable, list[str]]:
+        status = obj.get("status") if isinstance(obj, dict) else None
+        if not isinstance(status, dict):
+            return CalibrationTable(), []
+        ratios = {k: v for k, v in (status.get("ratios") or {}).items() if v is not None} \
+            if isinstance(status.get("ratios"), dict) else {}
+        try:
+            table = CalibrationTable(ratios=ratios)
+        except ValidationError as exc:
+            # A hand edit that broke the object must not stop jobs: the static factor applies until it is fixed.
+            log.warning("GNNCalibration %s is malformed (%s); using the static factor", self.name,
+                        exc.errors()[0].get("msg"))
+            return CalibrationTable(), []
+        recorded = [str(k) for k in status.get("recorded") or [] if isinstance(k, str)]
+        return table, recorded
+
+    @property
+    def policy(self) -> CalibrationPolicy:
+        return self._policy()
+
+    def _publish(self, table: CalibrationTable) -> None:
+        for key in table.ratios:
+            self.metrics.calibration_factor.labels(key).set(
+                table.factor(CalibrationClass.parse(key), self.policy).factor
+            )
+
+    def table(self) -> CalibrationTable:
+        """The current table (empty when the object does not exist or cannot be read as one)."""
+        table, _ = self._parse(self.kube.read_calibration(self.name))
+        self._publish(table)
+        return table
+
+    def record(self, cls: CalibrationClass, ratio: float, attempt_key: str) -> bool:
+        """Add one finished attempt's ratio; ``False`` when this attempt was recorded before (a restart re-ran it).
+
+        Raises ``KubeError`` when the API server keeps refusing (the caller retries on its next sync)."""
+        with self._lock:
+            for _ in range(WRITE_TRIES):
+                obj = self.kube.read_calibration(self.name)
+                table, recorded = self._parse(obj)
+                if attempt_key in recorded:
+                    return False
+                table = table.record(cls, ratio, self.policy)
+                recorded = [*recorded, attempt_key][-RECORDED_KEEP:]
+                status = {"ratios": table.ratios, "recorded": recorded, "updatedAt": now_rfc3339(),
+                          **derived_fields(table, self.policy)}
+                try:
+                    if obj is None:
+                        self.kube.create_calibration({
+                            "apiVersion": API_VERSION, "kind": GNNCALIBRATION_KIND,
+                            "metadata": {"name": self.name}, "status": status,
+                        })
+                    else:
+                        version = (obj.get("metadata") or {}).get("resourceVersion")
+                        patch: dict[str, Any] = {"status": status}
+                        if version:
+                            patch["metadata"] = {"resourceVersion": version}
+                        self.kube.patch_calibration(self.name, patch)
+                except KubeError as exc:
+                    if exc.status == 409:
+                        continue  # someone wrote in between (or created it first): read again
+                    raise
+                self._publish(table)
+                self.metrics.calibration_samples.labels(cls.key()).inc()
+                return True
+        raise KubeError(409, f"GNNCalibration {self.name}: still conflicting after {WRITE_TRIES} tries")

@@ -1,0 +1,154 @@
+"""What the operator does with a failed attempt under the closed memory loop (``gnnsched.closed_loop``).
+
+Pure functions over the pod and the job's counters (no API calls), so every decision is unit-testable and is taken
+again identically after an operator restart: the counters live in the job's status and are written in the same patch
+as the next attempt's pod name, so a restart between the two neither loses nor repeats an attempt.
+
+Order of the rules, first match wins:
+
+1. The node agent marked the pod a **victim** of a co-located fatal MPS fault (``gnnsched.io/fault``, role
+   ``victim``): requeue with the same reservation, not charged to ``backoffLimit`` (condition ``Requeued``, reason
+   ``CoLocatedFault``). Bounded by ``MAX_REQUEUES`` so a GPU that keeps faulting cannot loop a job forever.
+2. The attempt ran out of its GPU memory reservation (``memory-exceeded``: the worker's result line, else PyTorch's or
+   CUDA's out-of-memory text in the termination message): retry with ``next_reservation``, capped at the largest
+   GPU; not charged to ``backoffLimit``; bounded by ``spec.memory.maxResizes``. No GPU can hold more: the job fails
+   with ``ExceedsLargestGPU``; resizes used up: it fails with ``MemoryExceeded``.
+3. Anything else is charged to ``backoffLimit`` as before. A pod the agent marked the **suspect** of a fault is
+   charged normally, and a job suspected twice runs its later attempts alone on a GPU (``exclusive``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from gnnsched.closed_loop import (
+    AttemptResult,
+    FaultRecord,
+    Outcome,
+    ResizePolicy,
+    classify_log,
+    failed_request_bytes,
+    next_reservation,
+)
+from gnnsched.contract import ANN_FAULT, ANN_OBSERVED_PEAK_BYTES, JOB_CONTAINER_NAME
+
+from .status import last_json_object
+
+MAX_REQUEUES = 10
+"""Fault requeues a job may take without being charged; beyond it a victim is charged to ``backoffLimit``."""
+UNKNOWN_CAP = 2**62
+"""The cap a resize uses while no GPUNode reports a healthy GPU."""
+SUSPECT_EXCLUSIVE_AFTER = 2
+"""A job suspected this many times of a fatal MPS fault runs its later attempts alone on a GPU."""
+
+
+class AttemptFacts(BaseModel):
+    """How one failed attempt ended, as far as its pod says."""
+
+    outcome: Outcome | None = None
+    result: AttemptResult | None = None
+    fault: FaultRecord | None = None
+    needed_bytes: int | None = None
+    """What the attempt showed it needs at least (held + the failed request), when it said."""
+    observed_peak_bytes: int | None = None
+    detail: str = ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
+    """The job container's ``state.terminated``, found by name (an injected sidecar may come first)."""
+    statuses = _dict(pod.get("status")).get("containerStatuses")
+    if not isinstance(statuses, list):
+        return {}
+    container = next((_dict(c) for c in statuses if _dict(c).get("name") == JOB_CONTAINER_NAME), {})
+    return _dict(_dict(container.get("state")).get("terminated"))
+
+
+def attempt_facts(pod: Any) -> AttemptFacts:
+    """The outcome of a finished attempt from its pod: the worker's result line in the termination message (the
+    gate keeper writes one for a custom container too), else ``classify_log`` on the message (kubelet's log tail
+    with ``FallbackToLogsOnError``), plus the agent's fault record and NVML peak. Never raises."""
+    pod = _dict(pod)
+    annotations = _dict(_dict(pod.get("metadata")).get("annotations"))
+    facts = AttemptFacts()
+    raw_fault = annotations.get(ANN_FAULT)
+    if isinstance(raw_fault, str) and raw_fault:
+        try:
+            facts.fault = FaultRecord.model_validate(json.loads(raw_fault))
+        except (ValueError, ValidationError):
+            facts.fault = None  # a malformed record is ignored: the attempt is judged by its own failure
+    try:
+        peak = int(str(annotations.get(ANN_OBSERVED_PEAK_BYTES, "")).strip())
+        facts.observed_peak_bytes = peak if peak >= 0 else None
+    except ValueError:
+        pass
+    terminated = _terminated(pod)
+    message = terminated.get("message") or _dict(pod.get("status")).get("message") or ""
+    message = message if isinstance(message, str) else ""
+    line = last_json_object(message)
+    if line is not None and "outcome" in line:
+        try:
+            facts.result = AttemptResult.model_validate(line)
+        except ValidationError:
+            facts.result = None
+    if facts.result is not None:
+        facts.outcome = facts.result.outcome
+        facts.needed_bytes = facts.result.needed_bytes()
+        if facts.observed_peak_bytes is None:
+            facts.observed_peak_bytes = facts.result.observed_peak_bytes
+    elif terminated.get("reason") != "OOMKilled":
+        # The kubelet's OOMKilled is the container's host-memory cgroup, not the GPU: never a GPU resize.
+        facts.outcome = classify_log(message)
+        if facts.outcome == "memory-exceeded":
+            request = failed_request_bytes(message)
+            # What NVML saw the process hold at the limit, plus the request that failed (custom containers).
+            if request is not None and facts.observed_peak_bytes is not None:
+                facts.needed_bytes = facts.observed_peak_bytes + request
+    if facts.outcome == "memory-exceeded":
+        facts.detail = "out of GPU memory within its reservation" + (
+            f" (needed at least {facts.needed_bytes} bytes)" if facts.needed_bytes is not None else "")
+    return facts
+
+
+DecisionKind = Literal["requeue", "resize", "exceeds-largest", "resizes-exhausted", "charge"]
+
+
+class Decision(BaseModel):
+    kind: DecisionKind
+    new_admit_bytes: int | None = None
+    suspect: bool = False
+    message: str = ""
+
+
+def decide(facts: AttemptFacts, *, admit_bytes: int, resizes: int, max_resizes: int, requeues: int,
+           largest_gpu_bytes: int | None, policy: ResizePolicy | None = None) -> Decision:
+    """The next step for a failed attempt (rules in the module docstring)."""
+    policy = policy or ResizePolicy()
+    if facts.fault is not None and facts.fault.role == "victim" and requeues < MAX_REQUEUES:
+        return Decision(kind="requeue", message=f"a co-located client's fatal fault on GPU {facts.fault.gpu} "
+                                                f"({facts.fault.reason}) ended this attempt")
+    suspect = facts.fault is not None and facts.fault.role == "suspect"
+    if facts.outcome == "memory-exceeded" and not suspect:
+        # No GPU reported: nothing can be concluded about the cap (as in planning); the extender keeps the pod
+        # pending until a GPU that can hold it appears.
+        cap = largest_gpu_bytes if largest_gpu_bytes is not None and largest_gpu_bytes > 0 else UNKNOWN_CAP
+        new = next_reservation(admit_bytes, facts.needed_bytes, cap, policy)
+        if new is None:
+            need = f"needed at least {facts.needed_bytes} bytes" if facts.needed_bytes is not None else \
+                f"already reserved {admit_bytes} bytes"
+            return Decision(kind="exceeds-largest",
+                            message=f"the attempt ran out of GPU memory and {need}; the largest GPU in the "
+                                    f"cluster has {largest_gpu_bytes} bytes usable")
+        if resizes >= max_resizes:
+            return Decision(kind="resizes-exhausted",
+                            message=f"the attempt ran out of its {admit_bytes}-byte GPU memory reservation and "
+                                    f"spec.memory.maxResizes ({max_resizes}) resizes are used up")
+        return Decision(kind="resize", new_admit_bytes=new,
+                        message=f"out of GPU memory at {admit_bytes} bytes; next attempt reserves {new} bytes")
+    return Decision(kind="charge", suspect=suspect)

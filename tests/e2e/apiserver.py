@@ -1,0 +1,185 @@
+"""The emulated API server of the local cluster, run as its own process (``python tests/e2e/apiserver.py``).
+
+It is ``tests/kube_emulator.StrictKubernetes`` (kmock made faithful where kopf and kubectl depend on it) plus the
+three API-server behaviours that only show up when a scheduler and a kubelet take part, each written to what
+kube-apiserver does:
+
+* **Nodes** (``v1/nodes``, with the ``status`` subresource), so the scheduler stand-in and the extender see Node
+  objects and the kubelet stand-in can publish the extended resources its device plugin advertises.
+* **The binding subresource.** ``POST /api/v1/namespaces/NS/bindings`` (body ``metadata.name`` = pod) and
+  ``POST .../pods/NAME/binding``. kube-apiserver (``pkg/registry/core/pod/storage/storage.go``, ``BindingREST.Create``
+  -> ``assignPod`` -> ``setPodHostAndAnnotations``) sets ``spec.nodeName``, merges the Binding's annotations into the
+  pod's, adds ``PodScheduled=True``, all in one guarded update, and answers 409 Conflict ("pod X is already assigned
+  to node Y") when the pod already has a node; a UID in the Binding that does not match the pod's is also 409.
+  kmock would store the Binding as an object of its own and leave the pod unbound.
+* **Graceful pod deletion.** A DELETE of a pod that is bound to a node and not terminal does not remove it: the API
+  server sets ``metadata.deletionTimestamp`` and ``deletionGracePeriodSeconds`` (the request's
+  ``gracePeriodSeconds``, else the pod's ``terminationGracePeriodSeconds``, default 30) and the kubelet, after
+  stopping the containers, deletes it with ``gracePeriodSeconds=0`` (``pkg/registry/core/pod/strategy.go``,
+  ``CheckGracefulDelete``: unbound and terminal pods are deleted at once).
+
+Usage: ``apiserver.py --url-file FILE`` writes ``http://127.0.0.1:PORT`` to FILE once it serves, then runs until
+SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import enums, rendering
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kube_emulator import StrictKubernetes, declare_resources  # noqa: E402
+
+DEFAULT_GRACE_SECONDS = 30
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure" if code >= 400 else "Success",
+            "message": message, "reason": reason, "code": code}
+    return aiohttp.web.json_response(body, status=code)
+
+
+@attrs.define(kw_only=True)
+class ClusterAPI(StrictKubernetes):
+    """StrictKubernetes with Nodes, pod binding and graceful pod deletion (see the module docstring)."""
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is not None and res.group == "" and res.version == "v1":
+            if request.action == enums.action.CREATE and (
+                res.plural == "bindings" or (res.plural == "pods" and request.subresource == "binding")
+            ):
+                return await self._bind(request)
+            if (request.action == enums.action.DELETE and res.plural == "pods" and request.name is not None
+                    and request.subresource is None):
+                answer = await self._delete_pod(request)
+                if answer is not None:
+                    return answer
+        return await super()._handle(request)
+
+    def _pod_key(self, namespace: str | None, name: str) -> Any:
+        for key in self._objects:
+            resource, ns, obj_name = key
+            if resource.plural == "pods" and resource.group == "" and ns == namespace and obj_name == name:
+                return key
+        return None
+
+    async def _publish(self, key: Any, changes: dict[str, Any]) -> dict[str, Any]:
+        changes.setdefault("metadata", {})["resourceVersion"] = self._next_version()
+        self._objects[key].patch(changes)
+        raw = self._objects[key].raw
+        await self._buses[key[0]].put({"type": "MODIFIED", "object": raw})
+        return dict(raw)
+
+    async def _bind(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        body = request.data if isinstance(request.data, dict) else {}
+        meta = body.get("metadata") or {}
+        name = request.name if request.subresource == "binding" else meta.get("name")
+        target = (body.get("target") or {}).get("name")
+        if not name or not target:
+            return _status(400, "BadRequest", "binding needs metadata.name and target.name")
+        async with self._write_lock, self._lock:
+            key = self._pod_key(request.namespace, name)
+            if key is None or self._objects[key].deleted:
+                return _status(404, "NotFound", f'pods "{name}" not found')
+            pod = self._objects[key].raw
+            pmeta = pod.get("metadata") or {}
+            if meta.get("uid") and meta["uid"] != pmeta.get("uid"):
+                return _status(409, "Conflict", f"Operation cannot be fulfilled on pods/binding \"{name}\": "
+                                                 f"Precondition failed: UID in precondition: {meta['uid']}, "
+                                                 f"UID in object meta: {pmeta.get('uid')}")
+            if pmeta.get("deletionTimestamp"):
+                return _status(409, "Conflict", f"pod {name} is being deleted, cannot be assigned to a host")
+            bound = (pod.get("spec") or {}).get("nodeName")
+            if bound:
+                return _status(409, "Conflict", f"pod {name} is already assigned to node \"{bound}\"")
+            conditions = [c for c in ((pod.get("status") or {}).get("conditions") or [])
+                          if c.get("type") != "PodScheduled"]
+            conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()})
+            changes: dict[str, Any] = {"spec": {"nodeName": target}, "status": {"conditions": conditions}}
+            if meta.get("annotations"):
+                changes["metadata"] = {"annotations": dict(meta["annotations"])}
+            await self._publish(key, changes)
+        return _status(201, "", "")
+
+    async def _delete_pod(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
+        """The graceful part of a pod DELETE; ``None`` hands the request to kmock (remove now)."""
+        grace: int | None = None
+        if "gracePeriodSeconds" in request.params:
+            grace = int(request.params["gracePeriodSeconds"])
+        elif isinstance(request.data, dict) and request.data.get("gracePeriodSeconds") is not None:
+            grace = int(request.data["gracePeriodSeconds"])
+        async with self._write_lock, self._lock:
+            key = self._pod_key(request.namespace, str(request.name))
+            if key is None or self._objects[key].deleted:
+                return None
+            pod = self._objects[key].raw
+            meta = pod.get("metadata") or {}
+            spec = pod.get("spec") or {}
+            phase = (pod.get("status") or {}).get("phase")
+            if grace is None:
+                grace = int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+            if not spec.get("nodeName") or phase in ("Succeeded", "Failed") or grace == 0:
+                if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                    # kmock ignores a second DELETE of an object already marked; the kubelet's final one removes it.
+                    raw = dict(pod)
+                    self._objects[key].delete()
+                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+                    return aiohttp.web.json_response(raw)
+                return None
+            if meta.get("deletionTimestamp"):
+                return aiohttp.web.json_response(dict(pod))  # already terminating: the shorter grace is not applied
+            raw = await self._publish(key, {"metadata": {"deletionTimestamp": _now(),
+                                                         "deletionGracePeriodSeconds": grace}})
+        return aiohttp.web.json_response(raw)
+
+
+def declare_cluster_resources(k8s: StrictKubernetes) -> None:
+    """What the local cluster's clients discover: the operator's resources plus Nodes and bindings."""
+    declare_resources(k8s)
+    k8s.resources["v1/nodes"] = kmock.ResourceInfo(kind="Node", singular="node", namespaced=False, shortnames={"no"},
+                                                   verbs={"list", "watch", "get", "create", "patch", "delete"},
+                                                   subresources={"status"})
+    k8s.resources["v1/bindings"] = kmock.ResourceInfo(kind="Binding", singular="binding", namespaced=True,
+                                                      verbs={"create"})
+
+
+async def serve(url_file: Path, host: str = "127.0.0.1") -> None:
+    """Serve until SIGTERM/SIGINT; the URL goes to ``url_file`` once requests are answered."""
+    async with ClusterAPI() as k8s, kmock.Server(k8s, host=host) as server:
+        declare_cluster_resources(k8s)
+        k8s.objects["v1/namespaces", None, "default"] = {
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "uid": "ns-default"}}
+        tmp = url_file.with_suffix(".tmp")
+        tmp.write_text(str(server.url).rstrip("/"))
+        tmp.replace(url_file)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url-file", type=Path, required=True, help="where to write the server's URL")
+    args = parser.parse_args()
+    asyncio.run(serve(args.url_file))
+
+
+if __name__ == "__main__":
+    main()

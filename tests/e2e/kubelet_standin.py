@@ -1,0 +1,499 @@
+"""A kubelet stand-in for one node: device-plugin manager, pod workers and pod status, with local processes.
+
+What it does, each step as kubelet does it (``pkg/kubelet``):
+
+* **Device plugins** (``cm/devicemanager``): serves ``Registration`` on ``<plugin dir>/kubelet.sock``; on ``Register``
+  it dials the plugin's endpoint, calls ``GetDevicePluginOptions`` before answering, then follows ``ListAndWatch``
+  and publishes the number of healthy devices as the Node's ``capacity``/``allocatable`` of the resource
+  (``setNodeStatus`` -> ``MachineInfo``'s extended resources).
+* **Admission** (``devicemanager.Allocate`` at pod admission): the pod's request for the resource must be covered by
+  healthy, unallocated devices, else the pod fails with ``UnexpectedAdmissionError``; devices are chosen with
+  ``GetPreferredAllocation`` when the plugin offers it, then ``Allocate`` returns envs and mounts.
+* **Container start** (``kuberuntime_container.go`` ``startContainer``, ``kubelet_pods.go``
+  ``GenerateRunContainerOptions`` and ``makeEnvironmentVariables``): env = Allocate's envs, then the container's
+  ``env`` (``value`` and downward-API ``fieldRef``: ``metadata.name``, ``metadata.namespace``, ``metadata.uid``,
+  ``spec.nodeName``, ``spec.serviceAccountName``, ``status.hostIP``, ``status.podIP``, and ``metadata.labels['k']``/
+  ``metadata.annotations['k']``), later names winning; ``command`` + ``args``; volumes (configMap files, emptyDir);
+  the termination-message file.
+* **Pod status** (``status/status_manager.go``, ``kubelet_pods.go`` ``generateAPIPodStatus``): ``Pending`` with the
+  container ``waiting: ContainerCreating``, then ``Running`` (``startTime``, ``running.startedAt``, ``Ready``), then
+  ``Succeeded``/``Failed`` for ``restartPolicy: Never`` with ``terminated`` {``exitCode``, ``reason``
+  Completed/Error/OOMKilled, ``message``, ``startedAt``, ``finishedAt``}. The message is the termination-message file
+  (at most 4096 bytes), or with ``FallbackToLogsOnError`` and an error exit and an empty file the log's last 80
+  lines (at most 2048 bytes).
+* **Deletion** (``killPod``/``killContainer``): a pod with ``deletionTimestamp`` gets SIGTERM, then SIGKILL after
+  ``deletionGracePeriodSeconds``; once its containers are gone the kubelet deletes the object with grace 0.
+
+Without a container runtime there are no namespaces or cgroups. So:
+
+* The container is a process group (``start_new_session``); when its main process exits, what is left of the group
+  is killed, as the end of a container's PID namespace kills every process in it.
+* Mounts are path mappings: every path in the command, the args and env values that starts with a mount's
+  container path is rewritten to the host path (configMap and emptyDir volumes live under the pod's directory;
+  the device plugin's mounts map container paths to the node's own directories). A program that builds such a
+  path itself (not from its env or argv) would not see the mapping.
+* No cgroup: the gate's peer check (``--peer-check cgroup``: the pod UID in ``/proc/<pid>/cgroup`` of the socket
+  peer, via SO_PEERCRED) cannot match, so the local cluster runs the agents with ``--peer-check off``.
+* No image: every container runs the local ``gnnsched`` (the harness' Python environment) whatever ``image`` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from kubeapi import ALL_PODS, NODES, PODS, Api, ApiError, now
+
+from gnnsched.device_plugin.v1beta1 import api_pb2 as pb
+from gnnsched.device_plugin.v1beta1 import api_pb2_grpc as pb_grpc
+
+log = logging.getLogger("e2e.kubelet")
+
+MAX_MESSAGE = 4096
+FALLBACK_LINES = 80
+FALLBACK_BYTES = 2048
+HEALTHY = "Healthy"
+
+
+def resource_count(pod: dict[str, Any], resource: str) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get(resource) or (res.get("requests") or {}).get(resource)
+        if value is not None:
+            total += int(value)
+    return total
+
+
+def field_ref(pod: dict[str, Any], path: str, host_ip: str) -> str:
+    """The downward API's ``fieldRef`` values (``pkg/fieldpath`` and ``podFieldSelectorRuntimeValue``)."""
+    meta = pod.get("metadata") or {}
+    simple = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+              "metadata.uid": meta.get("uid"), "spec.nodeName": (pod.get("spec") or {}).get("nodeName"),
+              "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", "default"),
+              "status.hostIP": host_ip, "status.podIP": host_ip}
+    if path in simple:
+        return str(simple[path] or "")
+    for prefix, source in (("metadata.labels", meta.get("labels")), ("metadata.annotations", meta.get("annotations"))):
+        if path.startswith(prefix + "['") and path.endswith("']"):
+            return str((source or {}).get(path[len(prefix) + 2:-2], ""))
+    raise ValueError(f"unsupported fieldRef fieldPath {path!r}")
+
+
+class _Registration(pb_grpc.RegistrationServicer):
+    def __init__(self, kubelet: KubeletStandIn) -> None:
+        self.k = kubelet
+
+    def Register(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+        return self.k.register(request, context)
+
+
+@dataclass
+class _Plugin:
+    resource: str
+    stub: Any
+    channel: Any
+    options: Any
+    devices: dict[str, str] = field(default_factory=dict)  # ID -> health
+
+
+@dataclass
+class _Container:
+    pod_uid: str
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: str | None = None
+    devices: list[str] = field(default_factory=list)
+    done: bool = False
+    terminating: bool = False
+
+
+class KubeletStandIn:
+    """One node's kubelet. ``start()`` serves the registration socket and the pod loop; ``stop()`` kills its pods."""
+
+    def __init__(self, api: Api, node_name: str, node_dir: Path, plugin_dir: Path, base_env: dict[str, str],
+                 on_event: Callable[[str, dict[str, Any], str], None], poll: float = 0.2,
+                 host_ip: str = "127.0.0.1") -> None:
+        self.api = api
+        self.node = node_name
+        self.dir = node_dir
+        self.plugin_dir = plugin_dir
+        self.base_env = base_env
+        self.on_event = on_event
+        self.poll = poll
+        self.host_ip = host_ip
+        self._lock = threading.Lock()
+        self._plugins: dict[str, _Plugin] = {}
+        self._allocated: dict[str, set[str]] = {}  # resource -> device IDs in use
+        self._containers: dict[str, _Container] = {}
+        self._server: grpc.Server | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.registrations = 0
+
+    # -- device plugin manager ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        sock = self.plugin_dir / "kubelet.sock"
+        sock.unlink(missing_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix://{sock}")
+        server.start()
+        self._server = server
+        loop = threading.Thread(target=self._loop, name=f"kubelet-{self.node}", daemon=True)
+        loop.start()
+        self._threads.append(loop)
+
+    def register(self, request: Any, context: Any) -> Any:
+        if request.version != "v1beta1":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported API version {request.version!r}")
+        channel = grpc.insecure_channel(f"unix://{self.plugin_dir / request.endpoint}")
+        stub = pb_grpc.DevicePluginStub(channel)
+        try:
+            options = stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
+        except grpc.RpcError as exc:
+            channel.close()
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot reach plugin: {exc.code().name}")
+        plugin = _Plugin(resource=request.resource_name, stub=stub, channel=channel, options=options)
+        with self._lock:
+            old = self._plugins.get(request.resource_name)
+            self._plugins[request.resource_name] = plugin
+            self._allocated.setdefault(request.resource_name, set())
+            self.registrations += 1
+        if old is not None:
+            old.channel.close()
+        stream = stub.ListAndWatch(pb.Empty())
+        t = threading.Thread(target=self._watch_devices, args=(plugin, stream), daemon=True,
+                             name=f"kubelet-{self.node}-law")
+        t.start()
+        self._threads.append(t)
+        return pb.Empty()
+
+    def _watch_devices(self, plugin: _Plugin, stream: Any) -> None:
+        try:
+            for resp in stream:
+                with self._lock:
+                    plugin.devices = {d.ID: d.health for d in resp.devices}
+                self._publish_capacity(plugin)
+        except grpc.RpcError:
+            pass  # the plugin went away; it re-registers when it comes back
+        with self._lock:
+            if self._plugins.get(plugin.resource) is plugin:
+                plugin.devices = {}
+        if not self._stop.is_set():
+            self._publish_capacity(plugin)
+
+    def _publish_capacity(self, plugin: _Plugin) -> None:
+        with self._lock:
+            healthy = sum(1 for h in plugin.devices.values() if h == HEALTHY)
+            total = len(plugin.devices)
+        try:
+            self.api.patch(f"{NODES}/{self.node}/status", {"status": {
+                "capacity": {plugin.resource: str(total)}, "allocatable": {plugin.resource: str(healthy)}}})
+        except ApiError as exc:
+            log.warning("%s: cannot publish %s capacity: %s", self.node, plugin.resource, exc)
+
+    # -- pod loop ----------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except ApiError as exc:
+                log.debug("%s: API unavailable (%s)", self.node, exc)
+            except Exception:
+                log.exception("%s: kubelet stand-in sync failed", self.node)
+            self._stop.wait(self.poll)
+
+    def sync(self) -> None:
+        pods = [p for p in self.api.items(ALL_PODS) if (p.get("spec") or {}).get("nodeName") == self.node]
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            with self._lock:
+                known = self._containers.get(uid)
+            deleting = bool(pod["metadata"].get("deletionTimestamp"))
+            phase = (pod.get("status") or {}).get("phase")
+            if known is None:
+                if phase in ("Succeeded", "Failed"):
+                    if deleting:
+                        self._finish_delete(pod)
+                    continue
+                container = _Container(pod_uid=uid)
+                with self._lock:
+                    self._containers[uid] = container
+                if deleting:
+                    container.done = True
+                    self._finish_delete(pod)
+                    continue
+                t = threading.Thread(target=self._run_pod, args=(pod, container), daemon=True,
+                                     name=f"pod-{pod['metadata']['name']}")
+                t.start()
+                self._threads.append(t)
+            elif deleting and not known.terminating:
+                known.terminating = True
+                threading.Thread(target=self._kill, args=(pod, known), daemon=True).start()
+            elif deleting and known.done and phase in ("Succeeded", "Failed"):
+                self._finish_delete(pod)
+
+    def _path(self, pod: dict[str, Any]) -> str:
+        return f"{PODS.format(ns=pod['metadata'].get('namespace', 'default'))}/{pod['metadata']['name']}"
+
+    def _finish_delete(self, pod: dict[str, Any]) -> None:
+        with contextlib.suppress(ApiError):
+            self.api.delete(self._path(pod), grace_seconds=0)
+
+    def _status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        try:
+            self.api.patch(self._path(pod) + "/status", {"status": status})
+        except ApiError as exc:
+            log.debug("%s: status of %s not written: %s", self.node, pod["metadata"]["name"], exc)
+
+    def _conditions(self, pod: dict[str, Any], ready: bool, reason: str | None = None) -> list[dict[str, Any]]:
+        stamp = now()
+        out = [c for c in ((pod.get("status") or {}).get("conditions") or []) if c.get("type") == "PodScheduled"]
+        out.append({"type": "Initialized", "status": "True", "lastTransitionTime": stamp})
+        for kind in ("ContainersReady", "Ready"):
+            cond = {"type": kind, "status": "True" if ready else "False", "lastTransitionTime": stamp}
+            if not ready and reason:
+                cond["reason"] = reason
+            out.append(cond)
+        return out
+
+    # -- one pod ---------------------------------------------------------------------------------------------
+    def _run_pod(self, pod: dict[str, Any], container: _Container) -> None:
+        spec = pod.get("spec") or {}
+        c = (spec.get("containers") or [{}])[0]
+        cname = c.get("name", "main")
+        pod_dir = self.dir / "pods" / pod["metadata"]["uid"]
+        cdir = pod_dir / "containers" / cname
+        cdir.mkdir(parents=True, exist_ok=True)
+        start_time = now()
+        # name, image, imageID, ready and restartCount are required fields of a ContainerStatus
+        waiting = {"name": cname, "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
+                   "state": {"waiting": {"reason": "ContainerCreating"}}}
+        self._status(pod, {"phase": "Pending", "hostIP": self.host_ip, "startTime": start_time,
+                           "conditions": self._conditions(pod, False, "ContainersNotReady"),
+                           "containerStatuses": [waiting]})
+        try:
+            envs, mounts = self._allocate(pod, container)
+            mounts.update(self._volumes(pod, pod_dir, c))
+            term_path = c.get("terminationMessagePath", "/dev/termination-log")
+            term_file = cdir / "termination-log"
+            term_file.write_bytes(b"")
+            mounts[term_path] = str(term_file)
+            env = dict(self.base_env)
+            env["HOSTNAME"] = pod["metadata"]["name"]
+            env["HOME"] = str(pod_dir)
+            env.update(envs)
+            for item in c.get("env") or []:
+                if "value" in item:
+                    env[item["name"]] = str(item["value"])
+                elif (item.get("valueFrom") or {}).get("fieldRef"):
+                    env[item["name"]] = field_ref(pod, item["valueFrom"]["fieldRef"]["fieldPath"], self.host_ip)
+                else:
+                    raise ValueError(f"env {item.get('name')}: only value and fieldRef are supported here")
+            argv = [*(c.get("command") or []), *(c.get("args") or [])]
+            if not argv:
+                raise ValueError("container has no command (no image entrypoint without a container runtime)")
+            argv = [_map(a, mounts) for a in argv]
+            env = {k: _map(v, mounts) for k, v in env.items()}
+        except (ApiError, ValueError, OSError, grpc.RpcError) as exc:
+            message = str(exc) if not isinstance(exc, grpc.RpcError) else f"{exc.code().name}: {exc.details()}"
+            self._release(container)
+            container.done = True
+            self._status(pod, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": message,
+                               "conditions": self._conditions(pod, False, "PodFailed"),
+                               "containerStatuses": [{**waiting, "state": {"terminated": {
+                                   "exitCode": 128, "reason": "StartError", "message": message[:MAX_MESSAGE],
+                                   "startedAt": start_time, "finishedAt": now()}}}]})
+            self.on_event("failed", pod, message)
+            return
+        log_file = cdir / "0.log"
+        with log_file.open("ab") as out:
+            if container.terminating:  # deleted while being created
+                container.done = True
+                return
+            container.proc = subprocess.Popen(argv, env=env, cwd=str(pod_dir), stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, start_new_session=True)
+        container.started_at = now()
+        waiting["containerID"] = f"local://{container.proc.pid}"
+        self._status(pod, {"phase": "Running", "conditions": self._conditions(pod, True),
+                           "containerStatuses": [{**waiting, "ready": True, "started": True,
+                                                  "state": {"running": {"startedAt": container.started_at}}}]})
+        self.on_event("running", pod, "")
+        code = container.proc.wait()
+        _kill_group(container.proc.pid, signal.SIGKILL)  # the container's PID namespace ends with its main process
+        finished = now()
+        message = term_file.read_bytes()[:MAX_MESSAGE].decode(errors="replace")
+        if not message.strip() and code != 0 and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = _log_tail(log_file)
+        if code < 0:
+            exit_code = 128 - code  # killed by signal N: 128 + N, as the runtime reports it
+            reason = "Error"
+        else:
+            exit_code = code
+            reason = "Completed" if code == 0 else "Error"
+        self._release(container)
+        container.done = True
+        terminated = {"exitCode": exit_code, "reason": reason, "startedAt": container.started_at,
+                      "finishedAt": finished}
+        if message:
+            terminated["message"] = message
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+        self._status(pod, {"phase": phase, "conditions": self._conditions(pod, False, "PodCompleted"),
+                           "containerStatuses": [{**waiting, "ready": False, "started": False,
+                                                  "state": {"terminated": terminated}}]})
+        self.on_event("finished", pod, f"{phase} exit {exit_code}")
+        if container.terminating:
+            self._finish_delete(pod)
+
+    def _kill(self, pod: dict[str, Any], container: _Container) -> None:
+        """SIGTERM, the grace period, SIGKILL; then the final delete (the pod worker's ``killPod``)."""
+        grace = int(pod["metadata"].get("deletionGracePeriodSeconds") or
+                    (pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
+        proc = container.proc
+        if proc is not None and proc.poll() is None:
+            self.on_event("killing", pod, f"SIGTERM, grace {grace}s")
+            _kill_group(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if proc.poll() is None:
+                _kill_group(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not container.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._finish_delete(pod)
+
+    def _allocate(self, pod: dict[str, Any], container: _Container) -> tuple[dict[str, str], dict[str, str]]:
+        envs: dict[str, str] = {}
+        mounts: dict[str, str] = {}
+        with self._lock:
+            plugins = dict(self._plugins)
+        for resource, plugin in plugins.items():
+            want = resource_count(pod, resource)
+            if want == 0:
+                continue
+            with self._lock:
+                free = sorted(i for i, h in plugin.devices.items() if h == HEALTHY and i not in
+                              self._allocated[resource])
+            if len(free) < want:
+                raise ValueError(f"Allocate failed due to requested number of devices unavailable for {resource}. "
+                                 f"Requested: {want}, Available: {len(free)}, which is unexpected")
+            ids = free[:want]
+            if plugin.options.get_preferred_allocation_available:
+                pref = plugin.stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=free, must_include_deviceIDs=[],
+                                                           allocation_size=want)]), timeout=10)
+                chosen = list(pref.container_responses[0].deviceIDs)
+                if len(chosen) == want and set(chosen) <= set(free):
+                    ids = chosen
+            with self._lock:
+                self._allocated[resource].update(ids)
+            container.devices.extend(f"{resource}={i}" for i in ids)
+            resp = plugin.stub.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
+            cresp = resp.container_responses[0]
+            envs.update(dict(cresp.envs))
+            for m in cresp.mounts:
+                if not Path(m.host_path).exists():
+                    raise ValueError(f"Allocate mount {m.container_path}: host path {m.host_path} does not exist")
+                mounts[m.container_path] = m.host_path
+            if len(cresp.devices):
+                raise ValueError("Allocate returned device specs, which need a container runtime")
+        return envs, mounts
+
+    def _release(self, container: _Container) -> None:
+        with self._lock:
+            for item in container.devices:
+                resource, _, dev = item.partition("=")
+                self._allocated.get(resource, set()).discard(dev)
+            container.devices = []
+
+    def _volumes(self, pod: dict[str, Any], pod_dir: Path, c: dict[str, Any]) -> dict[str, str]:
+        vols = {v["name"]: v for v in (pod.get("spec") or {}).get("volumes") or []}
+        mounts: dict[str, str] = {}
+        ns = pod["metadata"].get("namespace", "default")
+        for vm in c.get("volumeMounts") or []:
+            vol = vols.get(vm["name"])
+            if vol is None:
+                raise ValueError(f"volumeMounts {vm['name']}: no such volume")
+            host = pod_dir / "volumes" / vm["name"]
+            host.mkdir(parents=True, exist_ok=True)
+            if "configMap" in vol:
+                cm = self.api.get(f"/api/v1/namespaces/{ns}/configmaps/{vol['configMap']['name']}")
+                data = cm.get("data") or {}
+                items = vol["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    (host / item["path"]).write_text(data[item["key"]])
+            elif "emptyDir" not in vol:
+                raise ValueError(f"volume {vm['name']}: only configMap and emptyDir volumes are supported here")
+            mounts[vm["mountPath"]] = str(host)
+        return mounts
+
+    # -- shutdown ------------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            containers = list(self._containers.values())
+            plugins = list(self._plugins.values())
+        for cont in containers:
+            if cont.proc is not None and cont.proc.poll() is None:
+                _kill_group(cont.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for cont in containers:
+            if cont.proc is None:
+                continue
+            while cont.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _kill_group(cont.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                cont.proc.wait(timeout=5)
+        for p in plugins:
+            p.channel.close()
+        if self._server is not None:
+            self._server.stop(0).wait()
+            self._server = None
+        (self.plugin_dir / "kubelet.sock").unlink(missing_ok=True)
+
+    def all_pids(self) -> list[int]:
+        """The process-group ids of every container this kubelet started (for the orphan check)."""
+        with self._lock:
+            return [c.proc.pid for c in self._containers.values() if c.proc is not None]
+
+
+def _map(value: str, mounts: dict[str, str]) -> str:
+    """Rewrite a container path to the host path of the longest mount that contains it."""
+    best = ""
+    for container_path in mounts:
+        cp = container_path.rstrip("/")
+        if (value == cp or value.startswith(cp + "/")) and len(cp) > len(best):
+            best = cp
+    if not best:
+        return value
+    host = next(h for cp, h in mounts.items() if cp.rstrip("/") == best)
+    return host + value[len(best):]
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_bytes().splitlines()[-FALLBACK_LINES:]
+    except OSError:
+        return ""
+    text = b"\n".join(lines)[-FALLBACK_BYTES:]
+    return text.decode(errors="replace")

@@ -1,0 +1,744 @@
+#!/usr/bin/env python3
+"""The whole gnnsched system on one machine: GNNJob YAML to ``Succeeded`` through every real component.
+
+    python tests/e2e/local_cluster.py JOB.yaml... [--nodes N] [--gpus fake:GxSIZE] [--policy P] [--json OUT]
+                                      [--timeout S] [--keep DIR]
+
+Each of these runs as its own process: the emulated API server (``tests/e2e/apiserver.py``: the project's
+``kube_emulator`` with Nodes, pod binding and graceful pod deletion) loaded with the CRDs from ``crds/`` and N Node
+objects; ``gnnsched operator``; ``gnnsched extender`` reading the cluster through its kubeconfig; and per node one
+``gnnsched node-agent`` and one ``gnnsched device-plugin`` on fake GPUs, each node with its own plugin, socket and
+pipe directories. In this process run the two stand-ins for what is not ours: a kube-scheduler that drives the
+extender from the ``KubeSchedulerConfiguration`` that ``gnnsched extender --print-scheduler-config`` prints
+(``scheduler_standin.py``) and one kubelet per node that talks to its device plugin over real gRPC and runs the
+pods' commands (``gnnsched gate -- gnnsched worker ...``) as local processes (``kubelet_standin.py``).
+
+Output: a live timeline on stderr, then a table like ``kubectl get gj -o wide``; ``--json OUT`` writes per job
+``name, phase, node, gpu, admit_bytes, observed_peak_bytes, attempts, seconds`` plus ``max_committed_fraction`` (over
+every GPU and instant, committed bytes / capacity, replayed from the agents' gate event logs) and ``violations``
+(instants where committed exceeded capacity). Exit 0 only when every job reached ``Succeeded``; 1 otherwise; 2 on
+bad input (one line). Every process and socket is gone afterwards, on success, failure or Ctrl-C.
+
+Used as a library by ``tests/e2e/`` (``LocalCluster``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+import yaml  # noqa: E402
+from kubeapi import ALL_JOBS, ALL_PODS, GPUNODES, JOBS, NODES, Api, ApiError  # noqa: E402
+
+from gnnsched.contract import (  # noqa: E402
+    ANN_ADMIT_BYTES,
+    ANN_GPU,
+    ANN_GROUP,
+    GPU_SHARE_RESOURCE,
+)
+from gnnsched.gpu_backend import BackendSpecError, parse_fake_spec  # noqa: E402
+
+log = logging.getLogger("e2e")
+MAX_UNIX_SOCKET = 107
+TERMINAL = ("Succeeded", "Failed")
+PR_SET_PDEATHSIG = 1
+
+
+class InputError(Exception):
+    """Bad input to the harness; the message names the field."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Child side of Popen: get SIGKILL if the harness dies without cleaning up (Linux ``PR_SET_PDEATHSIG``)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def gnnsched_command() -> list[str]:
+    """The ``gnnsched`` of this Python environment (the installed console script, else ``python -m``)."""
+    script = Path(sys.executable).parent / "gnnsched"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gnnsched.cli"]
+
+
+class Proc:
+    """One component process in its own process group, logging to a file; restartable."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = env
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.popen = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
+        self.starts += 1
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 10.0) -> int | None:
+        """Signal the whole group, wait ``grace``, then SIGKILL it; the exit status, or None if never started."""
+        if self.popen is None:
+            return None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+        return self.popen.returncode
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class NodeSetup:
+    name: str
+    dir: Path
+    plugin_dir: Path
+    gate_socket: Path
+    mps_pipe_dir: Path
+    mps_log_dir: Path
+    mps_shm_dir: Path
+    state_dir: Path
+    event_log: Path
+    metrics_port: int
+    agent: Proc | None = None
+    plugin: Proc | None = None
+    kubelet: Any = None
+
+
+@dataclass
+class ClusterOptions:
+    nodes: int = 2
+    gpus: str = "fake:2x16Gi"
+    policy: str = "base"
+    timeout: float = 600.0
+    keep: Path | None = None
+    node_cpu: str = "32"
+    node_memory: str = "128Gi"
+    slots_per_gpu: int = 8
+    reserve: str = "1Gi"
+    poll: float = 0.2
+    quiet: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> tuple[int, int, str]:
+        if not 1 <= self.nodes <= 64:
+            raise InputError(f"--nodes: must be 1..64, got {self.nodes}")
+        if self.timeout <= 0:
+            raise InputError(f"--timeout: must be positive seconds, got {self.timeout}")
+        if self.policy not in ("base", "lmcf", "bmc", "sqtf", "bqt"):
+            raise InputError(f"--policy: {self.policy!r} is not one of base|lmcf|bmc|sqtf|bqt")
+        if not self.gpus.startswith("fake:"):
+            raise InputError(f"--gpus: the local cluster runs on fake GPUs, expected fake:GxSIZE, got {self.gpus!r}")
+        try:
+            return parse_fake_spec(self.gpus)
+        except BackendSpecError as exc:
+            raise InputError(str(exc)) from None
+
+
+def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
+    """Every GNNJob document in ``paths``; ``InputError`` naming the file and the problem."""
+    from gnnsched.spec import GNNJobSpec
+
+    docs: list[dict[str, Any]] = []
+    names: set[tuple[str, str]] = set()
+    for path in paths:
+        try:
+            loaded = list(yaml.safe_load_all(path.read_text()))
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
+        for doc in loaded:
+            if doc is None:
+                continue
+            if not isinstance(doc, dict) or doc.get("kind") != "GNNJob":
+                raise InputError(f"{path}: kind: expected GNNJob documents")
+            meta = doc.get("metadata") or {}
+            if not meta.get("name"):
+                raise InputError(f"{path}: metadata.name: required")
+            try:
+                GNNJobSpec.model_validate(doc.get("spec") or {})
+            except Exception as exc:  # pydantic ValidationError: name the first field
+                errors: list[dict[str, Any]] = getattr(exc, "errors", list)()
+                where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "spec"
+                what = errors[0]["msg"] if errors else str(exc)
+                raise InputError(f"{path}: spec.{where}: {what}") from None
+            key = (meta.get("namespace") or "default", meta["name"])
+            if key in names:
+                raise InputError(f"{path}: metadata.name: {key[1]!r} appears twice")
+            names.add(key)
+            docs.append(doc)
+    if not docs:
+        raise InputError("JOB.yaml: no GNNJob given")
+    return docs
+
+
+def committed_series(event_logs: dict[str, Path], capacity: dict[str, dict[int, int]]) -> dict[str, Any]:
+    """Replay the agents' gate event logs: committed bytes per GPU after every event.
+
+    ``admitted``/``resumed`` add an entry's bytes to its GPU, ``released`` removes it, ``start`` (a new agent
+    process) forgets what the previous one held until its keepers ``resume``. Returns ``max_committed_fraction``
+    (committed / capacity, max over GPUs and events), ``violations`` (events after which a GPU's committed bytes
+    exceeded its capacity) and ``samples`` (events replayed).
+    """
+    max_fraction = 0.0
+    violations: list[dict[str, Any]] = []
+    samples = 0
+    for node, path in event_logs.items():
+        running: dict[str, tuple[int, int]] = {}
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            kind = ev.get("event")
+            if kind == "start":
+                running.clear()
+            elif kind == "admitted":
+                for key, b in zip(ev.get("keys") or [], ev.get("bytes") or [], strict=False):
+                    running[key] = (int(ev["gpu"]), int(b))
+            elif kind == "resumed":
+                running[ev["key"]] = (int(ev["gpu"]), int(ev["bytes"]))
+            elif kind == "released":
+                running.pop(ev.get("key"), None)
+            else:
+                continue
+            samples += 1
+            per_gpu: dict[int, int] = {}
+            for gpu, b in running.values():
+                per_gpu[gpu] = per_gpu.get(gpu, 0) + b
+            for gpu, used in per_gpu.items():
+                cap = capacity.get(node, {}).get(gpu)
+                if not cap:
+                    continue
+                max_fraction = max(max_fraction, used / cap)
+                if used > cap:
+                    violations.append({"node": node, "gpu": gpu, "t": ev.get("t"), "committed": used,
+                                       "capacity": cap})
+    return {"max_committed_fraction": round(max_fraction, 4), "violations": violations, "samples": samples}
+
+
+def _jsonpath(obj: Any, path: str) -> Any:
+    for part in path.strip(".").split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _age(stamp: str | None) -> str:
+    if not stamp:
+        return "<unknown>"
+    import datetime
+
+    t = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    secs = int((datetime.datetime.now(tz=datetime.timezone.utc) - t).total_seconds())
+    return f"{secs}s" if secs < 120 else f"{secs // 60}m{secs % 60}s"
+
+
+def gnnjob_table(jobs: list[dict[str, Any]]) -> str:
+    """The table ``kubectl get gj -o wide`` prints: NAME plus the CRD's printer columns (Age as an age)."""
+    crd = yaml.safe_load((REPO / "crds" / "gnnjob.yaml").read_text())
+    version = next(v for v in crd["spec"]["versions"] if v.get("served"))
+    columns = version.get("additionalPrinterColumns") or []
+    rows = [["NAME", *[c["name"].upper() for c in columns]]]
+    for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
+        row = [job["metadata"]["name"]]
+        for c in columns:
+            value = _jsonpath(job, c["jsonPath"])
+            row.append(_age(value) if c.get("type") == "date" else ("<none>" if value is None else str(value)))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+class LocalCluster:
+    """Start, drive and stop the local cluster. Use as a context manager; ``stop()`` is idempotent."""
+
+    def __init__(self, opts: ClusterOptions) -> None:
+        self.opts = opts
+        self.gpu_count, self.gpu_bytes, self.gpu_model = opts.validate()
+        if opts.keep is not None:
+            opts.keep.mkdir(parents=True, exist_ok=True)
+            self.dir = Path(tempfile.mkdtemp(prefix="run-", dir=opts.keep))
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="gnnsched-e2e-"))
+        longest = self.dir / f"node-{opts.nodes}" / "device-plugins" / "gnnsched-gpu-share.sock"
+        if len(str(longest)) > MAX_UNIX_SOCKET - 8:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise InputError(f"--keep: {opts.keep} is too long a path for the nodes' unix sockets")
+        self.procs: list[Proc] = []
+        self.nodes: list[NodeSetup] = []
+        self.api: Api | None = None
+        self.url = ""
+        self.kubeconfig = self.dir / "kubeconfig"
+        self.apiserver: Proc | None = None
+        self.operator: Proc | None = None
+        self.extender: Proc | None = None
+        self.extender_port = 0
+        self.extender_metrics_port = 0
+        self.operator_metrics_port = 0
+        self.operator_health_port = 0
+        self.scheduler: Any = None
+        self.scheduler_config: dict[str, Any] = {}
+        self.t0 = time.monotonic()
+        self.timeline: list[dict[str, Any]] = []
+        self._seen: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+        atexit.register(self.stop)
+
+    # -- environment -------------------------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """What every process of ours gets: this Python's bin dir first on PATH, the kubeconfig, quiet threads."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env.setdefault("OMP_NUM_THREADS", "1")  # two cores shared by every job: no thread oversubscription
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.opts.extra_env)
+        return env
+
+    def _proc(self, name: str, argv: list[str], log_name: str | None = None) -> Proc:
+        proc = Proc(name, argv, self.dir / (log_name or f"{name}.log"), self.env())
+        self.procs.append(proc)
+        proc.start()
+        return proc
+
+    # -- start -------------------------------------------------------------------------------------------------
+    def start(self) -> LocalCluster:
+        self.say("starting the emulated API server")
+        url_file = self.dir / "apiserver.url"
+        self.apiserver = self._proc("apiserver", [sys.executable, str(HERE / "apiserver.py"), "--url-file",
+                                                  str(url_file)])
+        self._wait(lambda: url_file.exists(), 30, "the API server's URL", self.apiserver)
+        self.url = url_file.read_text().strip()
+        self.api = Api(self.url)
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "local",
+            "clusters": [{"name": "local", "cluster": {"server": self.url}}],
+            "users": [{"name": "local", "user": {"token": "local"}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "local", "namespace": "default"}}],
+        }))
+        for i in range(1, self.opts.nodes + 1):
+            self._add_node(f"node-{i}")
+        self._start_extender()
+        self._start_operator()
+        for node in self.nodes:
+            self._start_node(node)
+        self._start_scheduler()
+        self._wait(self._nodes_ready, 90, "GPUNode status and gpu-share capacity from every node")
+        self._wait(self._extender_ready, 60, "the extender's /readyz", self.extender)
+        self.say(f"cluster up: {self.opts.nodes} node(s) x {self.gpu_count} fake GPU(s) of "
+                 f"{self.gpu_bytes / 2**30:.0f} GiB, policy {self.opts.policy}, in {self.dir}")
+        return self
+
+    def _add_node(self, name: str) -> None:
+        assert self.api is not None
+        d = self.dir / name
+        node = NodeSetup(name=name, dir=d, plugin_dir=d / "device-plugins", gate_socket=d / "run" / "gate.sock",
+                         mps_pipe_dir=d / "mps", mps_log_dir=d / "mps-log", mps_shm_dir=d / "mps-shm",
+                         state_dir=d / "state", event_log=d / "gate-events.jsonl", metrics_port=_free_port())
+        for p in (node.plugin_dir, node.gate_socket.parent, node.mps_pipe_dir, node.mps_log_dir, node.mps_shm_dir,
+                  node.state_dir):
+            p.mkdir(parents=True, exist_ok=True)
+        mib = self.gpu_bytes // 2**20
+        labels = {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            # what NVIDIA GPU feature discovery labels a GPU node with
+            "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(self.gpu_count),
+            "nvidia.com/gpu.product": self.gpu_model, "nvidia.com/gpu.memory": str(mib),
+            "nvidia.com/mps.capable": "true",
+        }
+        capacity = {"cpu": self.opts.node_cpu, "memory": self.opts.node_memory, "pods": "110"}
+        self.api.post(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                              # the taint GPU node pools carry; job pods tolerate it (operator --tolerations)
+                              "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present",
+                                                   "effect": "NoSchedule"}]},
+                              "status": {"capacity": dict(capacity), "allocatable": dict(capacity),
+                                         "conditions": [{"type": "Ready", "status": "True"}],
+                                         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                                       {"type": "Hostname", "address": name}]}})
+        self.nodes.append(node)
+
+    def _start_extender(self) -> None:
+        self.extender_port = _free_port()
+        self.extender_metrics_port = _free_port()
+        cfg = subprocess.run([*gnnsched_command(), "extender", "--print-scheduler-config", "--url-prefix",
+                              f"http://127.0.0.1:{self.extender_port}"], capture_output=True, text=True,
+                             env=self.env(), check=True)
+        self.scheduler_config = yaml.safe_load(cfg.stdout)
+        (self.dir / "scheduler-config.yaml").write_text(cfg.stdout)
+        self.extender = self._proc("extender", [*gnnsched_command(), "extender", "--host", "127.0.0.1", "--port",
+                                                str(self.extender_port), "--metrics-host", "127.0.0.1",
+                                                "--metrics-port", str(self.extender_metrics_port), "--kubeconfig",
+                                                str(self.kubeconfig)])
+
+    def _start_operator(self) -> None:
+        self.operator_health_port = _free_port()
+        self.operator_metrics_port = _free_port()
+        self.operator = self._proc("operator", [*gnnsched_command(), "operator", "--all-namespaces", "--kubeconfig",
+                                                str(self.kubeconfig), "--worker-device", "cpu",
+                                                "--health-port", str(self.operator_health_port),
+                                                "--metrics-port", str(self.operator_metrics_port),
+                                                "--watch-timeout", "5", "--resync-seconds", "2",
+                                                "--workers", "2"])
+
+    def agent_argv(self, node: NodeSetup) -> list[str]:
+        return [*gnnsched_command(), "node-agent", "--gpus", self.opts.gpus, "--node-name", node.name,
+                "--gate-socket", str(node.gate_socket), "--metrics-port", str(node.metrics_port),
+                "--metrics-addr", "127.0.0.1", "--policy", self.opts.policy, "--reserve-bytes", self.opts.reserve,
+                # no MPS daemon without a GPU; no cgroups without a container runtime (see kubelet_standin.py)
+                "--mps", "off", "--peer-check", "off",
+                "--mps-pipe-dir", str(node.mps_pipe_dir), "--mps-log-dir", str(node.mps_log_dir),
+                "--state-dir", str(node.state_dir),
+                # the kubelet stand-in runs containers as this user, not the pod's runAsUser (kubelet_standin.py)
+                "--jobs-uid", str(os.getuid()),
+                "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1"]
+
+    def _start_node(self, node: NodeSetup) -> None:
+        from kubelet_standin import KubeletStandIn
+
+        assert self.api is not None
+        node.kubelet = KubeletStandIn(self.api, node.name, node.dir, node.plugin_dir, self.env(), self._on_event,
+                                      poll=self.opts.poll)
+        node.kubelet.start()
+        node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node))
+        node.plugin = self._proc(f"device-plugin-{node.name}", [
+            *gnnsched_command(), "device-plugin", "--plugin-dir", str(node.plugin_dir), "--gpus", self.opts.gpus,
+            "--slots-per-gpu", str(self.opts.slots_per_gpu), "--mps-pipe-dir", str(node.mps_pipe_dir),
+            "--gate-socket", str(node.gate_socket), "--mps-shm-dir", str(node.mps_shm_dir),
+            "--state-dir", str(node.state_dir), "--poll-interval", "0.5"])
+
+    def _start_scheduler(self) -> None:
+        from scheduler_standin import SchedulerStandIn
+
+        assert self.api is not None
+        self.scheduler = SchedulerStandIn(self.api, self.scheduler_config, self._on_event, poll=self.opts.poll)
+        self.scheduler.start()
+
+    def _nodes_ready(self) -> bool:
+        assert self.api is not None
+        names = {n.name for n in self.nodes}
+        reported = {g["metadata"]["name"] for g in self.api.items(GPUNODES) if (g.get("status") or {}).get("gpus")}
+        share = {n["metadata"]["name"] for n in self.api.items(NODES)
+                 if int(((n.get("status") or {}).get("allocatable") or {}).get(GPU_SHARE_RESOURCE, 0)) > 0}
+        return names <= reported and names <= share
+
+    def _extender_ready(self) -> bool:
+        import requests
+
+        try:
+            return requests.get(f"http://127.0.0.1:{self.extender_metrics_port}/readyz", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str, proc: Proc | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ApiError):
+                if predicate():
+                    return
+            if proc is not None and not proc.alive():
+                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode if proc.popen else '?'}) while "
+                                   f"waiting for {what}:\n{proc.log_tail()}")
+            time.sleep(0.2)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    # -- restarts (tests) ------------------------------------------------------------------------------------------
+    def restart(self, proc: Proc, sig: int = signal.SIGKILL, pause: float = 0.5) -> None:
+        """Kill a component (SIGKILL by default: no clean shutdown) and start it again."""
+        self.say(f"killing {proc.name} (signal {sig}) and restarting it")
+        proc.stop(sig=sig, grace=10)
+        time.sleep(pause)
+        proc.start()
+
+    # -- jobs ------------------------------------------------------------------------------------------------------
+    def submit(self, manifests: list[dict[str, Any]]) -> None:
+        assert self.api is not None
+        for doc in manifests:
+            ns = (doc.get("metadata") or {}).get("namespace") or "default"
+            self.api.post(JOBS.format(ns=ns), doc)
+            self.say(f"created  gnnjob {ns}/{doc['metadata']['name']}")
+
+    def jobs(self) -> list[dict[str, Any]]:
+        assert self.api is not None
+        return self.api.items(ALL_JOBS)
+
+    def pods(self) -> list[dict[str, Any]]:
+        assert self.api is not None
+        return self.api.items(ALL_PODS)
+
+    def wait_jobs(self, names: set[str] | None = None, timeout: float | None = None,
+                  tick: Callable[[LocalCluster], None] | None = None) -> list[dict[str, Any]]:
+        """Follow the jobs (timeline on stderr) until every one named is Succeeded or Failed, or ``timeout``."""
+        deadline = time.monotonic() + (timeout if timeout is not None else self.opts.timeout)
+        jobs: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            try:
+                jobs = self.jobs()
+                self.observe(jobs, self.pods())
+            except ApiError as exc:
+                log.debug("API unavailable: %s", exc)
+                time.sleep(self.opts.poll)
+                continue
+            if tick is not None:
+                tick(self)
+            mine = [j for j in jobs if names is None or j["metadata"]["name"] in names]
+            if mine and all((j.get("status") or {}).get("phase") in TERMINAL for j in mine) and \
+                    (names is None or len(mine) == len(names)):
+                return mine
+            for proc in self.procs:
+                if not proc.alive() and proc.name != "apiserver" and proc.starts and proc.popen is not None \
+                        and proc.popen.returncode not in (None, -9, -15):
+                    raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+            time.sleep(self.opts.poll)
+        self.say("timed out waiting for the jobs")
+        return [j for j in jobs if names is None or j["metadata"]["name"] in names]
+
+    # -- timeline ----------------------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.t0:7.2f}s] {text}"
+        with self._lock:
+            self.timeline.append({"t": round(time.monotonic() - self.t0, 3), "text": text})
+        if not self.opts.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    def _on_event(self, kind: str, pod: dict[str, Any], detail: str) -> None:
+        name = pod["metadata"]["name"]
+        if kind == "unschedulable":
+            key = f"unsched:{pod['metadata']['uid']}:{detail}"
+            with self._lock:
+                if key in self._seen:
+                    return
+                self._seen[key] = {}
+            self.say(f"unschedulable pod {name}: {detail}")
+        elif kind in ("failed", "killing"):
+            self.say(f"{kind:8s} pod {name} on {pod['spec'].get('nodeName')}: {detail}")
+
+    def observe(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        """Print each job's and pod's transitions once: bound, admitted (GPU, group, bytes), running, finished."""
+        for pod in pods:
+            meta = pod["metadata"]
+            ann = meta.get("annotations") or {}
+            state = self._seen.setdefault(meta["uid"], {})
+            node = (pod.get("spec") or {}).get("nodeName")
+            name = meta["name"]
+            if node and "bound" not in state:
+                state["bound"] = node
+                self.say(f"bound    pod {name} -> {node}")
+            if ann.get(ANN_GPU) and state.get("admitted") != (ann.get(ANN_GPU), ann.get(ANN_GROUP)):
+                state["admitted"] = (ann.get(ANN_GPU), ann.get(ANN_GROUP))
+                admit = int(ann.get(ANN_ADMIT_BYTES) or 0)
+                self.say(f"admitted pod {name} on {node} GPU {ann.get(ANN_GPU)} group {ann.get(ANN_GROUP)} "
+                         f"({admit / 2**20:.0f} MiB)")
+            cs = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state") or {}
+            if "running" in cs and "running" not in state:
+                state["running"] = True
+                self.say(f"running  pod {name}")
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in TERMINAL and "finished" not in state:
+                state["finished"] = phase
+                term = cs.get("terminated") or {}
+                self.say(f"finished pod {name}: {phase} (exit {term.get('exitCode')})")
+        for job in jobs:
+            key = f"job:{job['metadata']['uid']}"
+            phase = (job.get("status") or {}).get("phase")
+            state = self._seen.setdefault(key, {})
+            if phase and state.get("phase") != phase:
+                state["phase"] = phase
+                st = job.get("status") or {}
+                extra = ""
+                if phase in TERMINAL:
+                    extra = (f" node {st.get('node')} gpu {st.get('gpu')} observed peak "
+                             f"{(st.get('observedPeakBytes') or 0) / 2**20:.1f} MiB")
+                    if phase == "Failed":
+                        extra += f": {st.get('message', '')}"
+                self.say(f"gnnjob   {job['metadata']['name']}: {phase}{extra}")
+
+    # -- results -------------------------------------------------------------------------------------------------
+    def capacity(self) -> dict[str, dict[int, int]]:
+        """Per node and GPU index: total - reserve, as the agents publish it."""
+        assert self.api is not None
+        out: dict[str, dict[int, int]] = {}
+        for g in self.api.items(GPUNODES):
+            out[g["metadata"]["name"]] = {int(gpu["index"]): int(gpu["totalBytes"]) - int(gpu.get("reserveBytes", 0))
+                                          for gpu in (g.get("status") or {}).get("gpus") or []}
+        return out
+
+    def report(self, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = []
+        for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
+            st = job.get("status") or {}
+            rows.append({"name": job["metadata"]["name"], "phase": st.get("phase"), "node": st.get("node"),
+                         "gpu": st.get("gpu"), "admit_bytes": st.get("admitBytes"),
+                         "observed_peak_bytes": st.get("observedPeakBytes"), "attempts": st.get("attempts"),
+                         "seconds": st.get("observedRuntimeSeconds")})
+        loads = committed_series({n.name: n.event_log for n in self.nodes}, self.capacity())
+        return {"jobs": rows, "max_committed_fraction": loads["max_committed_fraction"],
+                "violations": loads["violations"], "gate_events": loads["samples"]}
+
+    # -- stop --------------------------------------------------------------------------------------------------
+    def pids(self) -> list[int]:
+        """Every process this cluster started that is still alive (components and pods' process groups)."""
+        groups = [p.pid for p in self.procs if p.pid is not None]
+        for n in self.nodes:
+            if n.kubelet is not None:
+                groups.extend(n.kubelet.all_pids())
+        alive = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                pgid = os.getpgid(int(pid))
+            except OSError:
+                continue
+            if pgid in groups:
+                alive.append(int(pid))
+        return alive
+
+    def sockets(self) -> list[Path]:
+        return sorted(p for p in self.dir.rglob("*") if p.is_socket()) if self.dir.exists() else []
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        for node in self.nodes:
+            if node.kubelet is not None:
+                node.kubelet.stop()
+        for proc in reversed(self.procs):
+            proc.stop(grace=10)
+        for sock in self.sockets():
+            sock.unlink(missing_ok=True)
+        if self.opts.keep is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGHUP end the run like Ctrl-C does: through ``KeyboardInterrupt`` and the cleanup below."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="local_cluster.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("jobs", nargs="+", type=Path, metavar="JOB.yaml", help="GNNJob manifests")
+    parser.add_argument("--nodes", type=int, default=2, help="GPU nodes (default 2)")
+    parser.add_argument("--gpus", default="fake:2x16Gi",
+                        help="GPUs per node: fake:GxSIZE[xMODEL] (default fake:2x16Gi)")
+    parser.add_argument("--policy", default="base", help="the agents' grouping policy: base|lmcf|bmc|sqtf|bqt")
+    parser.add_argument("--json", type=Path, dest="json_out", metavar="OUT", help="write the results as JSON")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for every job (default 900)")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep logs, event logs and pod files under DIR")
+    parser.add_argument("--slots-per-gpu", type=int, default=8, help="gnnsched.io/gpu-share slots per GPU")
+    parser.add_argument("--verbose", action="store_true", help="log the stand-ins' debug messages")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        manifests = load_manifests(args.jobs)
+        if args.json_out is not None and not args.json_out.parent.is_dir():
+            raise InputError(f"--json: directory {args.json_out.parent} does not exist")
+        if not 1 <= args.slots_per_gpu <= 48:
+            raise InputError(f"--slots-per-gpu: must be 1..48, got {args.slots_per_gpu}")
+        opts = ClusterOptions(nodes=args.nodes, gpus=args.gpus, policy=args.policy, timeout=args.timeout,
+                              keep=args.keep, slots_per_gpu=args.slots_per_gpu)
+        cluster = LocalCluster(opts)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    code = 1
+    with _signals_raise():
+        try:
+            cluster.start()
+            cluster.submit(manifests)
+            names = {m["metadata"]["name"] for m in manifests}
+            jobs = cluster.wait_jobs(names)
+            result = cluster.report(jobs)
+            print(gnnjob_table(jobs))
+            print(f"max committed fraction {result['max_committed_fraction']:.3f}, "
+                  f"violations {len(result['violations'])}", file=sys.stderr)
+            if args.json_out is not None:
+                args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+            ok = len(jobs) == len(names) and all(j["phase"] == "Succeeded" for j in result["jobs"])
+            code = 0 if ok and not result["violations"] else 1
+        except KeyboardInterrupt:
+            print("interrupted: stopping the cluster", file=sys.stderr)
+            code = 130
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            code = 1
+        finally:
+            cluster.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The memory loop's first half with real processes: a real ``gnnsched node-agent --gpus fake:... --fake-gpu-memory
+enforce:1.3`` and ``gnnsched gate -- gnnsched worker JOB`` as a job's pod runs it. The agent hands the fake GPU's limit
+enforcement to the admitted worker, which then fails with PyTorch's CUDA OOM once its device bytes (1.3x what the
+CPU counts, so 1.3x its byte-exact estimate) pass the MPS limit the gate set: a ``memory-exceeded`` result line in
+its termination file. The same job admitted 1.5x larger (the operator's default growth) succeeds."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gate_helpers import job_pod, write_pods
+
+from gnnsched.closed_loop import AttemptResult
+from gnnsched.contract import (
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_RESULT_FILE,
+)
+from gnnsched.estimator import estimate
+from gnnsched.spec import load_job
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux pidfd")]
+
+FAKES = Path(__file__).parent / "fakes"
+JOB = """apiVersion: gnnsched.io/v1alpha1
+kind: GNNJob
+metadata: {name: j}
+spec:
+  mode: train
+  model: {arch: gcn, layers: 2, hidden: 16}
+  graph: {nodes: 2000, edges: 16000, features: 32, classes: 4}
+  epochs: 2
+"""
+
+
+def _gnnsched() -> list[str]:
+    exe = Path(sys.executable).parent / "gnnsched"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
+
+
+def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succeeds_larger(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    need = estimate(load_job(job).spec).pmc_bytes  # byte-exact on the CPU
+    small, small_job = job_pod("small", need)
+    large, large_job = job_pod("large", need * 3 // 2)
+    pods_file = tmp_path / "pods.json"
+    write_pods(pods_file, [small, large], [small_job, large_job])
+    env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    sock, pipe = tmp_path / "gate.sock", tmp_path / "mps"
+    with (tmp_path / "agent.log").open("w") as agent_log:
+        agent = subprocess.Popen(_gnnsched() + [
+            "node-agent", "--gpus", "fake:1x80Gi", "--fake-gpu-memory", "enforce:1.3", "--node-name", "node-a",
+            "--gate-socket", str(sock), "--pods-file", str(pods_file), "--status-file", str(tmp_path / "status.json"),
+            "--state-dir", str(tmp_path / "state"), "--jobs-uid", str(os.getuid()), "--reserve-bytes", "1Gi",
+            "--mps", "on", "--mps-pipe-dir", str(pipe), "--mps-log-dir", str(tmp_path / "mps-log"), "--peer-check",
+            "off", "--recovery-grace", "0", "--metrics-port", "-1", "--log-level", "warning",
+        ], env=env, cwd=tmp_path, stderr=agent_log)
+        try:
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
+                time.sleep(0.05)
+            results = {}
+            for pod in (small, large):
+                m = pod["metadata"]
+                result_file = tmp_path / f"{m['name']}.result"
+                wenv = dict(env, **{ENV_POD_UID: m["uid"], ENV_POD_NAME: m["name"], ENV_POD_NAMESPACE: m["namespace"],
+                                    ENV_RESULT_FILE: str(result_file)})
+                run = subprocess.run(_gnnsched() + ["gate", "--socket", str(sock), "--"] + _gnnsched()
+                                     + ["worker", str(job), "--no-progress"], env=wenv, cwd=tmp_path,
+                                     capture_output=True, text=True, timeout=180, check=False)
+                results[m["name"]] = (run.returncode, AttemptResult.model_validate_json(result_file.read_text()),
+                                      run.stderr)
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+            pid_file = pipe / "fake-mps.pid"
+            if pid_file.exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    code, small_result, stderr = results["small"]
+    mib = 2**20
+    assert code == 1 and small_result.outcome == "memory-exceeded", stderr
+    assert small_result.limit_bytes == need // mib * mib  # the gate's MPS limit, rounded down to MiB
+    assert small_result.held_bytes is not None and small_result.held_bytes <= small_result.limit_bytes
+    assert small_result.limit_bytes < (small_result.needed_bytes() or 0)
+    code, large_result, stderr = results["large"]
+    assert code == 0 and large_result.outcome == "succeeded", stderr
+    assert large_result.observed_peak_bytes == pytest.approx(1.3 * need, rel=0.01)
+    assert json.loads(json.dumps(large_result.model_dump()))["limit_bytes"] == (need * 3 // 2) // mib * mib
+
+
+def test_fake_gpu_memory_flag_needs_fake_gpus(tmp_path):
+    run = subprocess.run(
+        _gnnsched()
+        + ["node-agent", "--gpus", "nvml", "--fake-gpu-memory", "enforce", "--gate-socket", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--fake-gpu-memory" in lines[0], run.stderr
+    run = subprocess.run(
+        _gnnsched()
+        + ["node-agent", "--gpus", "fake:1x8Gi", "--fake-gpu-memory", "always", "--gate-socket", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2 and "--fake-gpu-memory" in run.stderr and "enforce" in run.stderr

@@ -1,0 +1,339 @@
+"""The operator's side of the closed memory loop, end to end: kopf's real watch loop and handlers against the emulated
+API server (kmock), pods driven the way the kubelet (status, termination message) and the node agent (annotations)
+would drive them.
+
+Covered: a memory-exceeded attempt resized once then succeeding; ``maxResizes`` used up; ``ExceedsLargestGPU``; a
+fault victim requeued without using ``backoffLimit``; a job suspected twice running its next attempt exclusive; the
+calibration object surviving an operator restart and changing the next estimate; the ``gpuMemory`` override; bad
+``gpuMemory``/``maxResizes``; the exclusive fallback for a 77 GiB job on an A100-80GB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from operator_harness import (
+    Cluster,
+    GiB,
+    a100,
+    emulated_cluster,
+    manifest,
+    running_operator,
+    wait_for,
+)
+
+from gnnsched.closed_loop import AttemptResult, CalibrationPolicy, next_reservation
+from gnnsched.contract import (
+    ANN_ADMIT_BYTES,
+    ANN_ATTEMPT,
+    ANN_EXCLUSIVE,
+    ANN_FAULT,
+    ANN_GPU,
+    ANN_OBSERVED_PEAK_BYTES,
+    GNNCALIBRATION_PLURAL,
+    GROUP,
+    VERSION,
+)
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
+pytest.importorskip("gnnsched.estimator")
+
+CAPACITY = 39 * GiB  # a100(): 40 GiB total, 1 GiB reserve
+CALIBRATION = f"/apis/{GROUP}/{VERSION}/{GNNCALIBRATION_PLURAL}/default"
+
+
+async def job_in_phase(cluster: Cluster, name: str, *phases: str) -> Any:
+    async def check() -> Any:
+        job = await cluster.get_job(name)
+        return job if job and (job.get("status") or {}).get("phase") in phases else None
+    return await wait_for(check, 40, what=f"{name} in phase {phases}")
+
+
+async def pod(cluster: Cluster, name: str) -> dict[str, Any]:
+    async def find() -> Any:
+        return next((p for p in await cluster.pods() if p["metadata"]["name"] == name), None)
+    return await wait_for(find, 40, what=f"pod {name}")
+
+
+def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    found = [c for c in job["status"].get("conditions", []) if c["type"] == type_]
+    assert found, f"no {type_} condition in {job['status'].get('conditions')}"
+    return found[0]
+
+
+def ended(phase: str, message: str, reason: str = "Error", code: int = 1) -> dict[str, Any]:
+    return {"status": {"phase": phase, "containerStatuses": [{"name": "gnn", "state": {"terminated": {
+        "exitCode": code, "reason": reason, "startedAt": "2026-01-01T10:00:00Z",
+        "finishedAt": "2026-01-01T10:00:09Z", "message": message}}}]}}
+
+
+def oom_line(limit: int, held: int, requested: int) -> str:
+    return "Traceback ...\n" + AttemptResult(outcome="memory-exceeded", observed_peak_bytes=held, limit_bytes=limit,
+                                             held_bytes=held, requested_bytes=requested).line() + "\n"
+
+
+def fault(role: str) -> str:
+    return json.dumps({"gpu": "GPU-a100-0", "role": role, "reason": "Xid 43" if role == "suspect" else
+                       "MpsClientTerminated", "at": "2026-01-01T10:00:08Z"})
+
+
+async def succeed(cluster: Cluster, name: str, peak: int, gpu: str = "GPU-a100-0") -> None:
+    await cluster.patch_pod(name, {"metadata": {"annotations": {ANN_GPU: gpu, ANN_OBSERVED_PEAK_BYTES: str(peak)}}})
+    await cluster.patch_pod(name, ended("Succeeded", json.dumps({"outcome": "succeeded", "observed_peak_bytes": peak,
+                                                                 "seconds": 9.0}), "Completed", 0))
+
+
+async def kubectl(cluster: Cluster, *args: str) -> str | None:
+    """The real kubectl against the emulator (None when it is not installed)."""
+    binary = shutil.which("kubectl")
+    if binary is None:
+        return None
+    proc = await asyncio.create_subprocess_exec(binary, "--kubeconfig", str(cluster.kubeconfig), *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
+    return out.decode()
+
+
+async def test_memory_exceeded_is_resized_once_then_succeeds(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest())  # backoffLimit 0: a resize must not need it
+            first = await pod(cluster, "gcn-cora-0")
+            old = int(first["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            assert first["metadata"]["annotations"][ANN_ATTEMPT] == "1"
+            held, requested = old - 2**20, 3 * old  # the worker held nearly all of it; the next step wanted 3x more
+            await cluster.patch_pod("gcn-cora-0", ended("Failed", oom_line(old, held, requested)))
+            second = await pod(cluster, "gcn-cora-1")
+            job = await cluster.get_job("gcn-cora")
+            assert job is not None
+            resized = condition(job, "Resized")
+
+            async def resized_events() -> Any:  # kopf posts events asynchronously
+                return [e for e in await cluster.events() if e.get("reason") == "Resized"]
+            events = await wait_for(resized_events, 20, what="the Resized event")
+            await succeed(cluster, "gcn-cora-1", peak=held + requested)
+            done = await job_in_phase(cluster, "gcn-cora", "Succeeded", "Failed")
+            names = sorted(p["metadata"]["name"] for p in await cluster.pods())
+    new = next_reservation(old, held + requested, CAPACITY)
+    assert new is not None and new > old
+    assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) == new
+    assert second["metadata"]["annotations"][ANN_ATTEMPT] == "2"
+    assert resized["reason"] == "MemoryExceeded" and str(old) in resized["message"] and str(new) in resized["message"]
+    assert events and str(new) in events[0]["message"]
+    assert job["status"]["resizes"] == 1 and job["status"]["admitBytes"] == new
+    assert job["status"].get("retriesUsed") is None  # backoffLimit untouched
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert names == ["gcn-cora-0", "gcn-cora-1"]
+    status = done["status"]
+    assert status["observedPeakBytes"] == held + requested
+    assert status["observedPeakRatio"] == round((held + requested) / status["predictedPeakBytes"], 4)
+
+
+async def test_max_resizes_used_up_fails_the_job(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest(memory={"maxResizes": 1}))
+            old = int((await pod(cluster, "gcn-cora-0"))["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("gcn-cora-0", ended("Failed", oom_line(old, old, 2**20)))
+            grown = int((await pod(cluster, "gcn-cora-1"))["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("gcn-cora-1", ended("Failed", oom_line(grown, grown, 2**20)))
+            job = await job_in_phase(cluster, "gcn-cora", "Failed")
+            names = sorted(p["metadata"]["name"] for p in await cluster.pods())
+    failed = condition(job, "Failed")
+    assert failed["reason"] == "MemoryExceeded" and "maxResizes (1)" in failed["message"]
+    assert names == ["gcn-cora-0", "gcn-cora-1"] and job["status"]["resizes"] == 1
+
+
+async def test_needing_more_than_the_largest_gpu_fails_with_exceeds_largest_gpu(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest())
+            old = int((await pod(cluster, "gcn-cora-0"))["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("gcn-cora-0", ended("Failed", oom_line(old, old, 45 * GiB)))
+            job = await job_in_phase(cluster, "gcn-cora", "Failed")
+            names = [p["metadata"]["name"] for p in await cluster.pods()]
+    failed = condition(job, "Failed")
+    assert failed["reason"] == "ExceedsLargestGPU" and str(CAPACITY) in failed["message"], failed
+    assert names == ["gcn-cora-0"]
+
+
+async def test_custom_container_oom_text_is_resized(tmp_path: Path) -> None:
+    """No result line: PyTorch's out-of-memory text in the log tail (FallbackToLogsOnError) is the outcome."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest(command=["python", "train.py"]))
+            old = int((await pod(cluster, "gcn-cora-0"))["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("gcn-cora-0", ended("Failed", "torch.OutOfMemoryError: CUDA out of memory. "
+                                                                  "Tried to allocate 20.00 MiB (GPU 0; ...)"))
+            second = await pod(cluster, "gcn-cora-1")
+    assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) == math.ceil(old * 1.5)
+
+
+async def test_fault_victim_is_requeued_without_using_backoff_limit(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest())  # backoffLimit 0
+            first = await pod(cluster, "gcn-cora-0")
+            await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {ANN_FAULT: fault("victim")}}})
+            await cluster.patch_pod("gcn-cora-0", ended("Failed", "CUDA error: cudaErrorMpsClientTerminated"))
+            second = await pod(cluster, "gcn-cora-1")
+            job = await cluster.get_job("gcn-cora")
+            assert job is not None
+
+            async def requeued_events() -> Any:  # kopf posts events asynchronously
+                return [e["reason"] for e in await cluster.events() if e.get("reason") == "Requeued"]
+            events = await wait_for(requeued_events, 20, what="the Requeued event")
+    requeued = condition(job, "Requeued")
+    assert requeued["reason"] == "CoLocatedFault" and "GPU-a100-0" in requeued["message"]
+    assert job["status"]["requeues"] == 1 and job["status"]["phase"] != "Failed"
+    assert "Requeued" in events
+    # same reservation, not exclusive: the victim did nothing wrong
+    assert second["metadata"]["annotations"][ANN_ADMIT_BYTES] == first["metadata"]["annotations"][ANN_ADMIT_BYTES]
+    assert ANN_EXCLUSIVE not in second["metadata"]["annotations"]
+
+
+async def test_suspected_twice_runs_the_next_attempt_exclusive(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest(backoffLimit=3))
+            for attempt in (0, 1):
+                await pod(cluster, f"gcn-cora-{attempt}")
+                await cluster.patch_pod(f"gcn-cora-{attempt}",
+                                        {"metadata": {"annotations": {ANN_FAULT: fault("suspect")}}})
+                await cluster.patch_pod(f"gcn-cora-{attempt}",
+                                        ended("Failed", "CUDA error: an illegal memory access was encountered"))
+            second = await pod(cluster, "gcn-cora-1")
+            third = await pod(cluster, "gcn-cora-2")
+            job = await cluster.get_job("gcn-cora")
+    assert job is not None
+    assert ANN_EXCLUSIVE not in second["metadata"]["annotations"]
+    assert third["metadata"]["annotations"][ANN_EXCLUSIVE] == "true"
+    status = job["status"]
+    assert status["suspected"] == 2 and status["retriesUsed"] == 2 and status["exclusive"] is True  # charged
+    assert condition(job, "Exclusive")["reason"] == "RepeatSuspect"
+
+
+async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
+    from gnnsched.operator.planning import Planner
+
+    policy = CalibrationPolicy(min_samples=2)
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, planner=Planner(default_gpu_model="A100-40GB",
+                                                             calibration_policy=policy)):
+            for name in ("cal-a", "cal-b"):
+                await cluster.create_job(manifest(name))
+                await pod(cluster, f"{name}-0")
+                predicted = (await job_in_phase(cluster, name, "Estimated", "Scheduled"))["status"]
+                await succeed(cluster, f"{name}-0", peak=math.ceil(predicted["predictedPeakBytes"] * 1.3))
+                await job_in_phase(cluster, name, "Succeeded")
+        code, stored = await cluster.request("GET", CALIBRATION)
+        assert code == 200, stored
+        columns = await kubectl(cluster, "get", "gnncalibrations")
+        async with running_operator(cluster, planner=Planner(default_gpu_model="A100-40GB",
+                                                             calibration_policy=policy)):
+            await cluster.create_job(manifest("cal-c"))
+            third = await pod(cluster, "cal-c-0")
+            job = await job_in_phase(cluster, "cal-c", "Estimated", "Scheduled")
+    key = "A100-40GB.gcn.train.builtin"
+    assert stored["status"]["ratios"][key] == [1.3, 1.3] or all(abs(r - 1.3) < 1e-3 for r in
+                                                                 stored["status"]["ratios"][key])
+    assert stored["status"]["factors"][key]["calibrated"] is True and key in stored["status"]["summary"]
+    assert len(stored["status"]["recorded"]) == 2
+    if columns is not None:  # what an SRE sees: the class and its factor as printer columns
+        header, row = columns.splitlines()[:2]
+        assert header.split()[:4] == ["NAME", "CLASSES", "CALIBRATED", "FACTORS"]
+        assert row.split()[:3] == ["default", "1", "1"] and f"{key}=1.3" in row
+    status = job["status"]
+    assert status["reservationSource"] == "calibrated"
+    factor = stored["status"]["factors"][key]["factor"]
+    assert status["admitBytes"] == math.ceil(status["predictedPeakBytes"] * factor)
+    assert int(third["metadata"]["annotations"][ANN_ADMIT_BYTES]) == status["admitBytes"]
+    assert status["estimateAdmitBytes"] != status["admitBytes"]
+
+
+async def test_gpu_memory_replaces_the_prediction_and_keeps_the_estimate(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            job_manifest = manifest()
+            job_manifest["spec"]["resources"] = {"gpuMemory": "20Gi"}
+            await cluster.create_job(job_manifest)
+            first = await pod(cluster, "gcn-cora-0")
+            job = await job_in_phase(cluster, "gcn-cora", "Estimated", "Scheduled")
+    assert int(first["metadata"]["annotations"][ANN_ADMIT_BYTES]) == 20 * GiB
+    status = job["status"]
+    assert status["admitBytes"] == 20 * GiB and status["reservationSource"] == "gpuMemory"
+    assert 0 < status["estimateAdmitBytes"] < 20 * GiB and status["pmcBytes"] > 0
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("resources", {"gpuMemory": "-4Gi"}, "spec.resources.gpuMemory"),
+    ("memory", {"maxResizes": 11}, "spec.memory.maxResizes"),
+])
+async def test_bad_gpu_memory_or_max_resizes_is_a_named_invalid_spec(tmp_path: Path, field: str, value: Any,
+                                                                     named: str) -> None:
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        job_manifest = manifest()
+        job_manifest["spec"][field] = value
+        await cluster.create_job(job_manifest)
+        job = await job_in_phase(cluster, "gcn-cora", "Failed")
+        pods = await cluster.pods()
+    validated = condition(job, "Validated")
+    assert validated["reason"] == "InvalidSpec" and named in validated["message"], validated
+    assert "\n" not in validated["message"] and not pods
+
+
+async def test_exclusive_fallback_for_77_gib_on_an_a100_80gb(tmp_path: Path) -> None:
+    """The issue's example: predicted peak 77.0 GiB, admit 85.2 GiB with the static 1.1; runs alone, not refused."""
+    from fake_estimates import FixedPeakPlanner
+
+    gpu = {**a100(0), "uuid": "GPU-a100-80-0", "model": "A100-80GB", "totalBytes": 81920 * 2**20}
+    capacity = gpu["totalBytes"] - gpu["reserveBytes"]
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [gpu])
+        async with running_operator(cluster, planner=FixedPeakPlanner(77 * GiB, default_gpu_model="A100-80GB")):
+            await cluster.create_job(manifest())
+            first = await pod(cluster, "gcn-cora-0")
+            job = await job_in_phase(cluster, "gcn-cora", "Estimated", "Scheduled")
+    annotations = first["metadata"]["annotations"]
+    assert annotations[ANN_EXCLUSIVE] == "true" and int(annotations[ANN_ADMIT_BYTES]) == capacity
+    status = job["status"]
+    assert status["exclusive"] is True and status["estimateAdmitBytes"] > capacity  # ~85.2 GiB
+    assert condition(job, "Exclusive")["reason"] == "ExceedsShareableCapacity"
+
+
+async def test_attempt_that_ran_out_while_the_operator_was_down_is_resized_exactly_once(tmp_path: Path) -> None:
+    """The pod fails while no operator runs; the restarted one (kopf's resume, the pod listing and the resync all
+    see it, concurrently) derives the next attempt from the status and the pods: one new pod, one resize."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest())
+            old = int((await pod(cluster, "gcn-cora-0"))["metadata"]["annotations"][ANN_ADMIT_BYTES])
+        await cluster.patch_pod("gcn-cora-0", ended("Failed", oom_line(old, old, 2**20)))
+        async with running_operator(cluster):
+            await pod(cluster, "gcn-cora-1")
+
+            async def settled() -> Any:
+                job = await cluster.get_job("gcn-cora")
+                return job if job and job["status"].get("resizes") == 1 else None
+            job = await wait_for(settled, 30, what="one resize")
+            await asyncio.sleep(3.0)  # a resync period: nothing more may happen
+            job = await cluster.get_job("gcn-cora")
+            names = sorted(p["metadata"]["name"] for p in await cluster.pods())
+    assert names == ["gcn-cora-0", "gcn-cora-1"]
+    assert job is not None and job["status"]["resizes"] == 1 and job["status"]["attempts"] == 2

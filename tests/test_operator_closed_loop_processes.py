@@ -1,0 +1,149 @@
+"""The whole memory loop with real processes, through the operator: the real operator (kopf, emulated API server)
+plans a job and creates its pod; a real ``gnnsched node-agent`` on a fake GPU that enforces the MPS limit on 1.3x the
+bytes the CPU counts, and ``gnnsched gate -- gnnsched worker``, run that pod as the kubelet would; the worker's
+result file becomes the pod's termination message. A job whose real footprint is 1.3x its estimate ends ``Succeeded``
+after exactly one resize.
+
+The operator plans with ``estimate_device="cpu"`` (byte-exact here, safety factor 1.02) because the fake GPU scales
+what the CPU counts: so the first reservation is really too small by about 1.3 / 1.02, as a misestimate on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gate_helpers import add_pods, write_pods
+from operator_harness import Cluster, GiB, emulated_cluster, running_operator, wait_for
+
+from gnnsched.closed_loop import AttemptResult
+from gnnsched.contract import (
+    ANN_ADMIT_BYTES,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_RESULT_FILE,
+)
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300),
+              pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux pidfd")]
+
+FAKES = Path(__file__).parent / "fakes"
+SPEC = {"mode": "train", "model": {"arch": "gcn", "layers": 2, "hidden": 16},
+        "graph": {"nodes": 2000, "edges": 16000, "features": 32, "classes": 4}, "epochs": 2}
+
+
+def _gnnsched() -> list[str]:
+    exe = Path(sys.executable).parent / "gnnsched"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
+
+
+async def _pod(cluster: Cluster, name: str) -> dict[str, Any]:
+    async def find() -> Any:
+        return next((p for p in await cluster.pods() if p["metadata"]["name"] == name), None)
+    return await wait_for(find, 60, what=f"pod {name}")
+
+
+def _run_attempt(tmp_path: Path, env: dict[str, str], sock: Path, job_file: Path, pod: dict[str, Any]) -> str:
+    """``gnnsched gate -- gnnsched worker`` as the pod's container; the result file is the termination message."""
+    meta = pod["metadata"]
+    result_file = tmp_path / f"{meta['name']}.result"
+    wenv = dict(env, **{ENV_POD_UID: meta["uid"], ENV_POD_NAME: meta["name"], ENV_POD_NAMESPACE: meta["namespace"],
+                        ENV_RESULT_FILE: str(result_file)})
+    run = subprocess.run(_gnnsched() + ["gate", "--socket", str(sock), "--"] + _gnnsched()
+                         + ["worker", str(job_file), "--no-progress"], env=wenv, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert result_file.exists(), run.stderr[-2000:]
+    return result_file.read_text()
+
+
+def _start_agent(tmp_path: Path, env: dict[str, str], sock: Path, pipe: Path, pods_file: Path,
+                 log: Any) -> subprocess.Popen[bytes]:
+    """The node agent on one fake 80 GiB GPU whose MPS limit is enforced on 1.3x the bytes the CPU counts."""
+    return subprocess.Popen(_gnnsched() + [
+        "node-agent", "--gpus", "fake:1x80Gi", "--fake-gpu-memory", "enforce:1.3", "--node-name", "node-a",
+        "--gate-socket", str(sock), "--pods-file", str(pods_file), "--status-file", str(tmp_path / "status.json"),
+        "--state-dir", str(tmp_path / "state"), "--jobs-uid", str(os.getuid()), "--reserve-bytes", "1Gi",
+        "--mps", "on", "--mps-pipe-dir", str(pipe), "--mps-log-dir", str(tmp_path / "mps-log"), "--peer-check",
+        "off", "--recovery-grace", "0", "--metrics-port", "-1", "--log-level", "warning",
+    ], env=env, cwd=tmp_path, stderr=log)
+
+
+def _terminated(message: str) -> dict[str, Any]:
+    result = AttemptResult.model_validate_json(message.strip().splitlines()[-1])
+    ok = result.outcome == "succeeded"
+    return {"status": {"phase": "Succeeded" if ok else "Failed", "containerStatuses": [{"name": "gnn", "state": {
+        "terminated": {"exitCode": 0 if ok else 1, "reason": "Completed" if ok else "Error",
+                       "startedAt": "2026-01-01T10:00:00Z", "finishedAt": "2026-01-01T10:00:09Z",
+                       "message": message}}}]}}
+
+
+async def test_a_job_at_1_3x_its_estimate_succeeds_after_exactly_one_resize(tmp_path: Path) -> None:
+    from gnnsched.operator.planning import Planner
+
+    manifest = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob", "metadata": {"name": "j"}, "spec": SPEC}
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(manifest))
+    env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}")
+    sock, pipe, pods_file = tmp_path / "gate.sock", tmp_path / "mps", tmp_path / "pods.json"
+    gpu = {"index": 0, "uuid": "GPU-fake-0", "model": "A100-80GB", "totalBytes": 80 * GiB, "reserveBytes": GiB,
+           "healthy": True, "mpsHealthy": True, "maxClients": 48, "running": [], "queued": []}
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [gpu])
+        async with running_operator(cluster, planner=Planner(default_gpu_model="A100-80GB", estimate_device="cpu")):
+            await cluster.create_job(manifest)
+            job = await wait_for(lambda: cluster.get_job("j"), 30, what="the job")
+            first = await _pod(cluster, "j-0")
+            bound = {**first, "spec": {**first["spec"], "nodeName": "node-a"}}  # as the scheduler binds it
+            write_pods(pods_file, [bound], [job])
+            with (tmp_path / "agent.log").open("w") as agent_log:
+                agent = _start_agent(tmp_path, env, sock, pipe, pods_file, agent_log)
+                try:
+                    async def listening() -> bool:
+                        assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+                        return sock.exists()
+                    await wait_for(listening, 30, what="the agent's gate socket")
+                    first_message = await asyncio.to_thread(_run_attempt, tmp_path, env, sock, job_file, bound)
+                    await cluster.patch_pod("j-0", _terminated(first_message))
+                    second = await _pod(cluster, "j-1")
+                    bound2 = {**second, "spec": {**second["spec"], "nodeName": "node-a"}}
+                    add_pods(pods_file, [bound2], [])
+                    second_message = await asyncio.to_thread(_run_attempt, tmp_path, env, sock, job_file, bound2)
+                    await cluster.patch_pod("j-1", _terminated(second_message))
+
+                    async def finished() -> Any:
+                        got = await cluster.get_job("j")
+                        return got if got and got.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+                    done = await wait_for(finished, 60, what="the job to finish")
+                    names = sorted(p["metadata"]["name"] for p in await cluster.pods())
+                finally:
+                    agent.send_signal(signal.SIGTERM)
+                    try:
+                        agent.wait(10)
+                    except subprocess.TimeoutExpired:
+                        agent.kill()
+                    pid_file = pipe / "fake-mps.pid"
+                    if pid_file.exists():
+                        with contextlib.suppress(ProcessLookupError, ValueError):
+                            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    first_result = AttemptResult.model_validate_json(first_message.strip().splitlines()[-1])
+    second_result = AttemptResult.model_validate_json(second_message.strip().splitlines()[-1])
+    assert first_result.outcome == "memory-exceeded", first_message
+    assert second_result.outcome == "succeeded", second_message
+    status = done["status"]
+    assert status["phase"] == "Succeeded" and status["resizes"] == 1 and status["attempts"] == 2, status
+    assert names == ["j-0", "j-1"]
+    assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) > int(
+        first["metadata"]["annotations"][ANN_ADMIT_BYTES]
+    )
+    # the observed peak is the fake GPU's 1.3x of the CPU-exact estimate
+    assert status["observedPeakRatio"] == pytest.approx(1.3, rel=0.02), json.dumps(status)

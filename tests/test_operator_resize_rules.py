@@ -1,0 +1,89 @@
+"""The operator's closed-loop decisions as pure functions (``operator/resize.py``, ``operator/calibration.py``):
+every rule's branch, from raw pod dicts as the API server returns them."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from gnnsched.closed_loop import (
+    AttemptResult,
+    CalibrationClass,
+    CalibrationPolicy,
+    CalibrationTable,
+)
+from gnnsched.contract import ANN_FAULT, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.operator.calibration import derived_fields
+from gnnsched.operator.resize import MAX_REQUEUES, attempt_facts, decide
+
+MiB = 2**20
+GiB = 2**30
+
+
+def failed_pod(message: str, reason: str = "Error", annotations: dict[str, str] | None = None,
+               sidecar_first: bool = False) -> dict[str, Any]:
+    gnn = {"name": "gnn", "state": {"terminated": {"exitCode": 1, "reason": reason, "message": message}}}
+    sidecar = {"name": "mesh", "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": ""}}}
+    return {"metadata": {"name": "j-0", "annotations": annotations or {}},
+            "status": {"phase": "Failed", "containerStatuses": [sidecar, gnn] if sidecar_first else [gnn]}}
+
+
+def fault(role: str) -> dict[str, str]:
+    return {ANN_FAULT: json.dumps({"gpu": "GPU-0", "role": role, "reason": "Xid 43", "at": "2026-01-01T00:00:00Z"})}
+
+
+def test_worker_result_line_gives_outcome_and_need_even_behind_a_sidecar() -> None:
+    line = AttemptResult(outcome="memory-exceeded", held_bytes=9 * GiB, requested_bytes=2 * GiB,
+                         limit_bytes=10 * GiB).line()
+    facts = attempt_facts(failed_pod(f"Traceback\n{line}\n", sidecar_first=True))
+    assert facts.outcome == "memory-exceeded" and facts.needed_bytes == 11 * GiB
+
+
+def test_custom_container_oom_text_with_nvml_peak_gives_need() -> None:
+    text = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB (GPU 0; 10.00 GiB total)"
+    facts = attempt_facts(failed_pod(text, annotations={ANN_OBSERVED_PEAK_BYTES: str(9 * GiB)}))
+    assert facts.outcome == "memory-exceeded" and facts.needed_bytes == 9 * GiB + 512 * MiB
+    assert attempt_facts(failed_pod(text)).needed_bytes is None  # no NVML peak: growth only
+
+
+def test_host_oom_kill_is_never_a_gpu_resize_and_junk_never_raises() -> None:
+    assert attempt_facts(failed_pod("CUDA out of memory", reason="OOMKilled")).outcome is None
+    for junk in (None, {}, {"status": {"containerStatuses": "x"}}, failed_pod("{not json"),
+                 failed_pod("boom", annotations={ANN_FAULT: "{broken"})):
+        facts = attempt_facts(junk)
+        assert facts.outcome is None and facts.fault is None
+
+
+def test_decide_rules_in_order() -> None:
+    args: dict[str, Any] = {"admit_bytes": 10 * GiB, "resizes": 0, "max_resizes": 3, "requeues": 0,
+                            "largest_gpu_bytes": 39 * GiB}
+    oom = attempt_facts(failed_pod(AttemptResult(outcome="memory-exceeded", held_bytes=10 * GiB,
+                                                 requested_bytes=GiB).line()))
+    victim = attempt_facts(failed_pod("cudaErrorMpsClientTerminated", annotations=fault("victim")))
+    suspect_oom = attempt_facts(failed_pod("CUDA out of memory", annotations=fault("suspect")))
+    assert decide(victim, **args).kind == "requeue"
+    assert decide(victim, **{**args, "requeues": MAX_REQUEUES}).kind == "charge"  # bounded
+    resize = decide(oom, **args)
+    assert resize.kind == "resize" and resize.new_admit_bytes == max(15 * GiB, math.ceil(11 * GiB * 1.2))
+    assert decide(oom, **{**args, "resizes": 3}).kind == "resizes-exhausted"
+    assert decide(oom, **{**args, "largest_gpu_bytes": 10 * GiB}).kind == "exceeds-largest"  # already all of it
+    assert decide(oom, **{**args, "largest_gpu_bytes": 12 * GiB}).new_admit_bytes == 12 * GiB  # capped
+    assert decide(oom, **{**args, "largest_gpu_bytes": 10 * GiB + 1}).kind == "exceeds-largest"  # needs 11 GiB
+    unknown = decide(oom, **{**args, "largest_gpu_bytes": None})
+    assert unknown.kind == "resize" and unknown.new_admit_bytes == resize.new_admit_bytes
+    charged = decide(suspect_oom, **args)
+    assert charged.kind == "charge" and charged.suspect  # the suspect is charged, not resized
+    assert decide(attempt_facts(failed_pod("segfault")), **args).kind == "charge"
+
+
+def test_calibration_summary_shows_each_class_factor() -> None:
+    policy = CalibrationPolicy(min_samples=2)
+    builtin = CalibrationClass(gpu_model="V100-32GB", arch="gcn", mode="train")
+    custom = CalibrationClass(gpu_model="V100-32GB", arch="sage", mode="train", container="custom")
+    table = CalibrationTable().record(builtin, 1.2, policy).record(builtin, 1.3, policy).record(custom, 1.5, policy)
+    fields = derived_fields(table, policy)
+    assert fields["classes"] == 2 and fields["calibratedClasses"] == 1
+    assert fields["factors"][builtin.key()] == {"factor": 1.3, "samples": 2, "calibrated": True}
+    assert "V100-32GB.gcn.train.builtin=1.3" in fields["summary"]
+    assert "V100-32GB.sage.train.custom=1.1 (static, 1 samples)" in fields["summary"]

@@ -1,0 +1,289 @@
+"""The simulator's closed memory loop (``--estimate-error``, ``--fault-rate``; gnnsched.simulator.faults).
+
+Small seeded runs on hand-made workloads (a few jobs on a 1 x 4 V100-32GB node), so each property is checked where it
+arises: a gnnsched attempt that overruns its limit fails alone and is retried larger, neighbours untouched; naive
+MPS OOM-kills the job that allocates past the GPU; calibration cuts resizes; faults kill every client of a GPU and
+gnnsched requeues the victims; and without errors or faults nothing moves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from gnnsched.cli import app
+from gnnsched.closed_loop import DEFAULT_RESIZE, next_reservation
+from gnnsched.errors import FieldError
+from gnnsched.simulator.adapters import Integrations
+from gnnsched.simulator.cluster import parse_cluster
+from gnnsched.simulator.faults import (
+    NO_ERROR,
+    QUARANTINE_S,
+    EstimateError,
+    FaultClock,
+    LoopBooks,
+    parse_estimate_error,
+    parse_fault_rate,
+    true_multipliers,
+)
+from gnnsched.simulator.policyspec import PolicyError, parse_policies, parse_policy
+from gnnsched.simulator.runner import materialise, run
+from gnnsched.simulator.workloads import JobTemplate, Workload
+from gnnsched.spec import parse_spec
+
+CLUSTER = "1x4xV100-32GB"
+
+
+@pytest.fixture(scope="module")
+def ix() -> Integrations:
+    return Integrations()
+
+
+def _workload(n: int, *, gap: float = 0.0, epochs: int = 150, backoff: int = 3, name: str = "loop") -> Workload:
+    """``n`` small GCN/SAGE training jobs (``gap`` seconds apart), 2 cores each: several run at once on the node."""
+    templates = []
+    for i in range(n):
+        arch = ("gcn", "sage")[i % 2]
+        spec = parse_spec({"mode": "train", "model": {"arch": arch, "layers": 3 + i % 3, "hidden": 64},
+                           "graph": {"dataset": "cora"}, "epochs": epochs})
+        templates.append(JobTemplate(name=f"{arch}-{i}", arrival=i * gap, spec=spec, cpu_milli=2000,
+                                     memory_bytes=4 * 2**30, backoff_limit=backoff))
+    return Workload(name=name, description="closed-loop test", templates=templates, cluster=CLUSTER)
+
+
+def _run(ix: Integrations, wl: Workload, policies: str, error: EstimateError = NO_ERROR, rate: float = 0.0,
+         seed: int = 0, jobs=None):
+    cl = parse_cluster(CLUSTER, None)
+    if jobs is None:
+        jobs = materialise(wl, cl, ix, scaling=False)
+    return run(wl, cl, parse_policies(policies), seed, ix, jobs=jobs, estimate_error=error, fault_rate=rate)
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+
+def test_estimate_error_parsing() -> None:
+    assert parse_estimate_error("none") == NO_ERROR
+    assert parse_estimate_error("lognormal:0.2") == EstimateError("lognormal", 0.2, 1.0)
+    assert parse_estimate_error("LogNormal:0.05:1.3") == EstimateError("lognormal", 0.05, 1.3)
+    for bad in ("gauss:0.2", "lognormal:", "lognormal:x", "lognormal:-0.1", "lognormal:0.2:0", "lognormal:0.2:1:3",
+                "lognormal:nan"):
+        with pytest.raises(FieldError) as exc:
+            parse_estimate_error(bad)
+        assert exc.value.field == "--estimate-error"
+    assert parse_fault_rate(1) == 1.0
+    for rate in (-1.0, math.inf, math.nan):
+        with pytest.raises(FieldError) as exc:
+            parse_fault_rate(rate)
+        assert exc.value.field == "--fault-rate"
+
+
+def test_calib_suffix() -> None:
+    assert parse_policy("lmcf-calib").calibration is False
+    assert parse_policy("lmcf").calibration is True
+    assert parse_policy("bqt+bypass0-calib@4").calibration is False
+    for bad in ("exclusive-calib", "sqtf-paper-calib"):
+        with pytest.raises(PolicyError, match="-calib"):
+            parse_policy(bad)
+
+
+def test_multipliers_are_seeded_and_lognormal() -> None:
+    wl_jobs = [type("J", (), {"id": i})() for i in range(4000)]
+    a = true_multipliers(wl_jobs, EstimateError("lognormal", 0.2, 1.3), seed=7)
+    assert a == true_multipliers(wl_jobs, EstimateError("lognormal", 0.2, 1.3), seed=7)
+    assert a != true_multipliers(wl_jobs, EstimateError("lognormal", 0.2, 1.3), seed=8)
+    logs = [math.log(v / 1.3) for v in a.values()]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+    assert abs(mean) < 0.02 and abs(sd - 0.2) < 0.02
+
+
+def test_fault_clock_counts_busy_time_only() -> None:
+    clock = FaultClock(rate_per_hour=3600.0, seed=1, gid=0)  # mean gap 1 busy-second
+    gap = clock.left
+    at = clock.busy(100.0)
+    assert at == pytest.approx(100.0 + gap)
+    token = clock.token
+    clock.idle(100.0 + gap / 2)  # idle before the fault: the planned one is void, half the gap is left
+    assert clock.token != token and clock.left == pytest.approx(gap / 2)
+    assert clock.busy(500.0) == pytest.approx(500.0 + gap / 2)
+    # the same stream for the same GPU and seed, another for another GPU
+    assert FaultClock(3600.0, 1, 0).left == gap and FaultClock(3600.0, 1, 1).left != gap
+
+
+# ------------------------------------------------------------------------------------------------ behaviour
+
+
+def test_no_errors_no_faults_changes_nothing(ix: Integrations) -> None:
+    wl = _workload(8)
+    cl = parse_cluster(CLUSTER, None)
+    jobs = materialise(wl, cl, ix, scaling=False)
+    policies = "exclusive,mps-naive,lmcf,bqt"
+    plain = run(wl, cl, parse_policies(policies), 0, ix, jobs=jobs)
+    explicit = _run(ix, wl, policies, NO_ERROR, 0.0, jobs=jobs)
+    assert plain.policies == explicit.policies
+    assert not explicit.closed_loop
+    for m in plain.policies.values():
+        assert m["memory_exceeded"] == m["resize_retries"] == m["fault_victims"] == m["jobs_lost"] == 0
+
+
+def test_overrun_fails_alone_and_is_resized(ix: Integrations) -> None:
+    """Bias 1.3 puts every true peak past the static 1.1 reservation: each gnnsched job fails once inside its own
+    limit (no OOM kill of anyone), is retried at next_reservation's size, and completes."""
+    wl = _workload(6)
+    rep = _run(ix, wl, "lmcf-calib,bqt-calib", EstimateError("lognormal", 0.0, 1.3))
+    for name, m in rep.policies.items():
+        assert m["oom_kills"] == 0, name
+        assert m["memory_exceeded"] == m["resize_retries"] == 6, name
+        assert m["completed"] == 6 and m["jobs_lost"] == 0, name
+        assert m["wasted_gpu_seconds"] > 0, name
+        for o in rep.results[name].outcomes:
+            assert o.attempts == 2 and o.status == "completed"
+    # the retry's size is the shared rule's
+    res = rep.results["lmcf-calib"]
+    assert res.extra["memory_exceeded"] == 6
+    old = 1000 * 2**20
+    assert next_reservation(old, old, 32 * 2**30, DEFAULT_RESIZE) == math.ceil(old * DEFAULT_RESIZE.growth)
+
+
+def test_resizes_are_bounded_and_a_job_past_every_gpu_is_not_lost(ix: Integrations) -> None:
+    """maxResizes bounds the retries: a true peak 40x the estimate still fits a V100 alone, but 1.1 x 1.5^3 of the
+    estimate does not reach it, so after 3 resizes the job is lost. At 400x no GPU could hold it: it fails the same
+    way but is not counted as lost. Nobody is OOM-killed either way."""
+    wl = _workload(3)
+    for bias, lost in ((40.0, 3), (400.0, 0)):
+        rep = _run(ix, wl, "lmcf-calib", EstimateError("lognormal", 0.0, bias))
+        m = rep.policies["lmcf-calib"]
+        assert m["resize_retries"] == 3 * DEFAULT_RESIZE.max_resizes and m["memory_exceeded"] == 3 * 4
+        assert m["oom_kills"] == 0 and m["completed"] == 0 and m["failed"] == 3
+        assert m["jobs_lost"] == lost, bias
+        for o in rep.results["lmcf-calib"].outcomes:
+            assert o.reason.startswith("MemoryExceeded") and o.attempts == 4
+
+
+def test_naive_mps_overrun_kills_and_loses_jobs(ix: Integrations) -> None:
+    """Under naive MPS an overrun is an OOM kill of the job that allocates past the GPU, charged to its backoffLimit
+    (0 here, the GNNJob default): twelve jobs whose true peaks are ~30x their ~0.4 GB estimate (11-13 GB, each fits
+    a V100 alone) spread three to a GPU, and the third on each GPU does not fit."""
+    wl = _workload(12, epochs=20000, backoff=0)
+    rep = _run(ix, wl, "mps-naive,exclusive", EstimateError("lognormal", 0.05, 30.0))
+    naive, excl = rep.policies["mps-naive"], rep.policies["exclusive"]
+    assert naive["oom_kills"] > 0 and naive["jobs_lost"] == naive["failed"] > 0
+    assert naive["wasted_gpu_seconds"] > 0
+    assert excl["oom_kills"] == 0 and excl["completed"] == 12  # alone, each fits
+
+
+def test_calibration_halves_resizes(ix: Integrations) -> None:
+    """Jobs that arrive over time: once a class has min_samples completed ratios, new estimates use its high
+    quantile and stop overrunning; the static factor (-calib) overruns every time."""
+    wl = _workload(30, gap=8.0, epochs=60)
+    rep = _run(ix, wl, "lmcf,lmcf-calib", EstimateError("lognormal", 0.05, 1.3))
+    calib, static = rep.policies["lmcf"], rep.policies["lmcf-calib"]
+    assert static["resize_retries"] == 30
+    assert calib["resize_retries"] * 2 <= static["resize_retries"]
+    assert calib["jobs_lost"] == static["jobs_lost"] == 0
+    factors = rep.results["lmcf"].extra["calibration"]
+    assert factors and all(1.3 <= f <= 1.6 for f in factors.values())
+
+
+def test_faults_requeue_victims_and_charge_baselines(ix: Integrations) -> None:
+    """A high fault rate (jobs share GPUs): gnnsched requeues the victims without charging them and completes every
+    job; naive MPS charges every failed pod to backoffLimit 0 and loses jobs."""
+    wl = _workload(12, epochs=40000, backoff=0)
+    rep = _run(ix, wl, "mps-naive,lmcf", NO_ERROR, rate=100.0, seed=3)
+    ours, naive = rep.policies["lmcf"], rep.policies["mps-naive"]
+    assert ours["faults"] > 0 and ours["fault_victims"] > 0
+    assert ours["oom_kills"] == 0
+    assert naive["faults"] > 0 and naive["failed"] > 0 and naive["jobs_lost"] > 0
+    # a gnnsched job fails only as a fault suspect charged past its backoffLimit
+    for o in rep.results["lmcf"].outcomes:
+        assert o.status == "completed" or o.reason.startswith("GPUFault: suspect")
+
+
+def test_cli_flags_and_bad_values(tmp_path) -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["simulate", "--estimate-error", "lognormal:abc", "--no-progress"])
+    assert bad.exit_code == 2
+    assert bad.output.strip().count("\n") == 0 and "--estimate-error" in bad.output
+    bad = runner.invoke(app, ["simulate", "--fault-rate", "-2", "--no-progress"])
+    assert bad.exit_code == 2 and "--fault-rate" in bad.output
+    bad = runner.invoke(app, ["simulate", "--backoff-limit", "11", "--no-progress"])
+    assert bad.exit_code == 2 and "--backoff-limit" in bad.output
+
+
+def test_backoff_limit_override(ix: Integrations) -> None:
+    """--backoff-limit replaces every job's: the same overrunning naive-MPS jobs survive their OOM kills with 3
+    retries and are lost with 0."""
+    wl = _workload(12, epochs=20000, backoff=3)
+    cl = parse_cluster(CLUSTER, None)
+    jobs = materialise(wl, cl, ix, scaling=False)
+    err = EstimateError("lognormal", 0.05, 30.0)
+    kept = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs, estimate_error=err)
+    strict = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs, estimate_error=err, backoff_limit=0)
+    assert strict.policies["mps-naive"]["jobs_lost"] > kept.policies["mps-naive"]["jobs_lost"]
+    assert all(o.job.backoff_limit == 0 for o in strict.results["mps-naive"].outcomes)
+
+
+def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:
+    """After a fault the GPU takes no admission for QUARANTINE_S (its clients exit, the MPS probe answers), under
+    gnnsched's gate and under the baselines alike; other GPUs keep admitting."""
+    wl = _workload(16, gap=1.0, epochs=40000, backoff=3)
+    rep = _run(ix, wl, "lmcf,mps-naive", NO_ERROR, rate=150.0, seed=5)
+    for name, res in rep.results.items():
+        faults = res.extra["fault_log"]
+        assert faults, name
+        for t, gid in faults:
+            during = [g for g in res.groups if g.gpu == gid and t <= g.t < t + QUARANTINE_S]
+            assert not during, (name, t, gid, during[:3])
+        assert any(t < g.t for t, _ in faults for g in res.groups), name  # work goes on after faults
+
+
+def test_loop_books_calibrated_and_exclusive_reservations(ix: Integrations) -> None:
+    """A class with min_samples recorded ratios uses their high quantile on the predicted need; -calib keeps the
+    static 1.1; a job suspected twice books the GPU's whole capacity."""
+    wl = _workload(2)
+    cl = parse_cluster(CLUSTER, None)
+    job = materialise(wl, cl, ix, scaling=False)[0]
+    model = "V100-32GB"
+    need = job.profile(model).peak_bytes
+    cap = 32 * 2**30
+    books = LoopBooks(error=NO_ERROR, fault_rate=0.0, seed=0, mode="gnnsched", largest_bytes=cap,
+                      capacity={model: cap})
+    static = LoopBooks(error=NO_ERROR, fault_rate=0.0, seed=0, mode="calib-off", largest_bytes=cap,
+                       capacity={model: cap})
+    first = books.attempt(job)
+    assert first.profile(model).admit_bytes == math.ceil(need * 1.1)  # too few samples: the static factor
+    for ratio in (1.2, 1.25, 1.3, 1.22, 1.28):
+        books.table = books.table.record(books._class(job, model), ratio)
+        static.table = static.table.record(static._class(job, model), ratio)
+    assert books.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.3)
+    assert static.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.1)
+    books.suspected[job.id] = 2
+    assert books.attempt(job).profile(model).admit_bytes == cap
+
+
+def test_cli_json_keys_and_columns(tmp_path) -> None:
+    """--estimate-error / --fault-rate on the CLI: the new keys per policy, the closed_loop block, the new columns."""
+    wl = tmp_path / "jobs.yaml"
+    wl.write_text("\n".join(
+        f"- {{apiVersion: gnnsched.io/v1alpha1, kind: GNNJob, metadata: {{name: j{i}}}, spec: {{mode: train, "
+        f"model: {{arch: gcn, layers: 3, hidden: 64}}, graph: {{dataset: cora}}, epochs: 2000, backoffLimit: 1}}, "
+        f"arrival: {i}}}" for i in range(4)) + "\n")
+    out = tmp_path / "out.json"
+    done = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf,lmcf-calib,mps-naive",
+                                    "--estimate-error", "lognormal:0.3:1.2", "--fault-rate", "5", "--json",
+                                    str(out), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    for column in ("mem-exc", "resized", "victims", "lost", "wasted GPU s"):
+        assert column in done.output
+    doc = json.loads(out.read_text())
+    assert doc["closed_loop"] == {"estimate_error": "lognormal:0.3:1.2", "fault_rate": 5.0}
+    for m in doc["policies"].values():
+        for key in ("memory_exceeded", "resize_retries", "fault_victims", "jobs_lost", "wasted_gpu_seconds"):
+            assert key in m
+    assert doc["policies"]["lmcf"]["oom_kills"] == 0
+    plain = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf", "--no-progress"])
+    assert plain.exit_code == 0 and "mem-exc" not in plain.output

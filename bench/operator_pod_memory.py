@@ -91,7 +91,7 @@ def child(mode: str, kubeconfig: str, settle: float, out: str) -> None:
                 return None
 
         main.build_registry = kopf_registry  # type: ignore[assignment]
-        main.pod_watcher = lambda o, context=None: NoWatch()  # type: ignore[assignment,misc]
+        main.pod_watcher = lambda o, context=None: NoWatch()  # type: ignore[assignment,misc,return-value]
 
     async def run() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
@@ -152,7 +152,7 @@ async def parent(args: argparse.Namespace) -> int:
                 await asyncio.sleep(1)
                 await cluster.create_job(manifest(name))
                 try:
-                    pod = await wait_for(lambda name=name: _pod_of(cluster, name), args.deadline,
+                    pod = await wait_for(lambda name=name: _pod_of(cluster, name), args.deadline,  # type: ignore[misc]
                                          what=f"{mode}: the job's pod")
                 except AssertionError as exc:
                     pod = None

@@ -29,7 +29,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -363,7 +363,7 @@ def run_checks(reader: ClusterReader, namespace: str, crds_dir: Path | None, run
               check_namespace(get, namespace)]
     labelled, nodes = gpu_nodes(get, gpu_label)
     checks += check_gpu_nodes(labelled, nodes, gpu_label, tolerations)
-    checks += check_node_agents(get, namespace, labelled, datetime.now(tz=UTC))
+    checks += check_node_agents(get, namespace, labelled, datetime.now(tz=timezone.utc))
     checks.append(check_other_device_plugin(labelled))
     if test_job:
         checks.append(run_test_job(reader, test_namespace, timeout))

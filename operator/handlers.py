@@ -8,8 +8,9 @@ Control flow (every step safe to repeat, so a kill at any point followed by a re
    deterministic names make a 409 mean "already created by me or a previous me", which is adopted after checking the
    owner uid, never retried blindly.
 2. Pod events (label ``app.kubernetes.io/managed-by=gnnsched``, selected by the API server: ``podwatch.py``) ->
-   ``sync_pod``: derive phase, node, GPU, group, times, observed peak and failure reason from the pod (``status.view_pod``); a failed pod is retried with the next
-   attempt's pod while ``attempts <= backoffLimit``; else the job fails with the container's reason.
+   ``sync_pod``: derive phase, node, GPU, group, times, observed peak and failure reason from the pod
+   (``status.view_pod``); a failed pod is retried with the next attempt's pod while ``attempts <= backoffLimit``;
+   else the job fails with the container's reason.
 3. A timer re-runs the same sync for non-terminal jobs, so a missed event or a transient API error only delays.
 4. GNNJob deleted -> its pods and ConfigMap are deleted (the finalizer holds the job until then; in a real cluster
    owner references would also let the garbage collector do it).

@@ -170,7 +170,7 @@ class Kube:
         """A ``core/v1`` Event about ``target`` (apiVersion, kind, metadata name/namespace/uid), as kopf posts them,
         for code that runs outside kopf's handler context."""
         meta = target.get("metadata") or {}
-        now = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         namespace = str(meta.get("namespace") or "default")
         body = {
             "apiVersion": "v1", "kind": "Event",
@@ -294,7 +294,7 @@ def connection_info(configuration: Any) -> Any:
     expiration = None
     if configuration.refresh_api_key_hook is not None:
         configuration.refresh_api_key_hook(configuration)
-        expiration = datetime.datetime.now(tz=datetime.UTC) + TOKEN_REFRESH_PERIOD
+        expiration = datetime.datetime.now(tz=datetime.timezone.utc) + TOKEN_REFRESH_PERIOD
     token = None
     auth = (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get("BearerToken")
     if auth:

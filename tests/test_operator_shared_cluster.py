@@ -201,7 +201,7 @@ def test_a_rotated_service_account_token_is_read_again(tmp_path: Path) -> None:
         token_filename=str(token), cert_filename=str(ca),
         environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"})
     loader.load_and_set(configuration)
-    before = datetime.datetime.now(tz=datetime.UTC)
+    before = datetime.datetime.now(tz=datetime.timezone.utc)
     info = connection_info(configuration)
     assert info.token == "first-token"
     assert info.expiration is not None and before < info.expiration <= before + datetime.timedelta(minutes=1, seconds=5)

@@ -9,10 +9,10 @@ Starts the emulated API server (``tests/kube_emulator.py``) holding ``--pods`` p
 * ``server-selector`` (after): ``operator/podwatch.py``, whose LIST and WATCH carry ``labelSelector``.
 
 Each run waits until the operator is ready, lets it settle ``--settle`` seconds (the initial listing is processed),
-creates one GNNJob and waits for its pod (the operator still works), then reports the process's resident set size
-(``VmRSS``), its peak (``VmHWM``), the Python heap traced by ``tracemalloc`` (current and peak, started before the
-operator), and how many pod events reached the operator's handler. The API server here sends every existing object
-again on each new watch (kmock); the watch timeout is set longer than the run so each mode makes one LIST and one
+measures, then creates one GNNJob and waits for its pod (the operator still works). It reports the process's
+resident set size (``VmRSS``), its peak (``VmHWM``), the Python heap traced by ``tracemalloc`` (current and peak,
+started before the operator), and how many pod events reached the operator's handler. The API server here sends every
+existing object again on each new watch (kmock); the watch timeout is set longer than the run so each mode makes one LIST and one
 WATCH, as against a real API server.
 
 Usage::
@@ -149,7 +149,8 @@ async def parent(args: argparse.Namespace) -> int:
                      "--settle", str(args.settle), "--out", str(out)],
                     stdout=subprocess.DEVNULL, stderr=(Path(tmp) / f"{mode}.log").open("wb"))
                 name = f"probe-{n}"
-                await asyncio.sleep(1)
+                while not out.exists() and proc.poll() is None:  # measured before any job (no torch loaded yet)
+                    await asyncio.sleep(0.5)
                 await cluster.create_job(manifest(name))
                 try:
                     pod = await wait_for(lambda name=name: _pod_of(cluster, name), args.deadline,  # type: ignore[misc]

@@ -12,8 +12,8 @@ Each run waits until the operator is ready, lets it settle ``--settle`` seconds 
 measures, then creates one GNNJob and waits for its pod (the operator still works). It reports the process's
 resident set size (``VmRSS``), its peak (``VmHWM``), the Python heap traced by ``tracemalloc`` (current and peak,
 started before the operator), and how many pod events reached the operator's handler. The API server here sends every
-existing object again on each new watch (kmock); the watch timeout is set longer than the run so each mode makes one LIST and one
-WATCH, as against a real API server.
+existing object again on each new watch (kmock); the watch timeout is set longer than the run so each mode makes one
+LIST and one WATCH, as against a real API server.
 
 Usage::
 

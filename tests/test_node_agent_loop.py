@@ -314,3 +314,38 @@ async def test_a_fatal_fault_drains_the_gpu_marks_victims_and_the_suspect_and_su
         assert "fault" in events and "fault-role" in events and "drained" in events
     finally:
         await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_client_dying_with_810_starts_the_drain_without_an_xid(node: Node) -> None:
+    """No Xid from the driver: the first sign is a client that MPS terminated (810). The GPU drains at once, the
+    client still running there is affected, and when it dies with an error of its own it is the suspect."""
+    pods = [job_pod(f"m{i}", 10 * GiB) for i in range(2)]
+    late, late_job = job_pod("late2", 5 * GiB)
+    add_pods(node.pods, [p for p, _ in pods] + [late], [j for _, j in pods] + [late_job])
+    agent = await node.start()
+    try:
+        conns = []
+        for p, _ in pods:
+            r, w = await _request(agent, p)
+            assert (await _reply(r))["status"] == "admitted"
+            conns.append(w)
+        uuid = node.backend.devices()[0].uuid
+        conns[0].close()
+        node.terminate("m0", 1, "RuntimeError: CUDA error: cudaErrorMpsClientTerminated")
+        await _until(lambda: agent.quarantine.draining(uuid))
+        drain = agent.quarantine.drains[uuid]
+        assert drain.reason == "MpsClientTerminated" and set(drain.affected) == {p["metadata"]["uid"] for p, _ in pods}
+        r_late, w_late = await _request(agent, late)
+        assert (await _reply(r_late, skip_queued=False))["status"] == "queued"
+        assert not any(ANN_FAULT in node.annotations(f"m{i}") for i in range(2))  # m1 has not ended yet
+        conns[1].close()
+        node.terminate("m1", 1, "CUDA error: unspecified launch failure")
+        await _until(lambda: all(ANN_FAULT in node.annotations(f"m{i}") for i in range(2)))
+        roles = {f"m{i}": FaultRecord.model_validate_json(node.annotations(f"m{i}")[ANN_FAULT]).role for i in range(2)}
+        assert roles == {"m0": "victim", "m1": "suspect"}
+        await agent._sample()
+        assert (await _reply(r_late))["status"] == "admitted"
+        w_late.close()
+    finally:
+        await node.stop()

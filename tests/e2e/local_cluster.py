@@ -163,6 +163,7 @@ class ClusterOptions:
     reserve: str = "1Gi"
     poll: float = 0.2
     quiet: bool = False
+    fake_gpu_memory: str | None = None  # the agents' --fake-gpu-memory (enforce[:FACTOR]): workers enforce MPS limits
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> tuple[int, int, str]:
@@ -443,7 +444,8 @@ class LocalCluster:
                 "--state-dir", str(node.state_dir),
                 # the kubelet stand-in runs containers as this user, not the pod's runAsUser (kubelet_standin.py)
                 "--jobs-uid", str(os.getuid()),
-                "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1"]
+                "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1",
+                *(["--fake-gpu-memory", self.opts.fake_gpu_memory] if self.opts.fake_gpu_memory else [])]
 
     def _start_node(self, node: NodeSetup) -> None:
         from kubelet_standin import KubeletStandIn
@@ -488,9 +490,10 @@ class LocalCluster:
             with contextlib.suppress(ApiError):
                 if predicate():
                     return
-            if proc is not None and not proc.alive():
-                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode if proc.popen else '?'}) while "
-                                   f"waiting for {what}:\n{proc.log_tail()}")
+            for p in [proc] if proc is not None else self.procs:
+                if p.popen is not None and not p.alive():
+                    raise RuntimeError(f"{p.name} exited ({p.popen.returncode}) while waiting for {what}:\n"
+                                       f"{p.log_tail()}")
             time.sleep(0.2)
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 

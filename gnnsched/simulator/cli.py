@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the simulator's modules load on first use (the CLI starts w
     from gnnsched.simulator.cluster import ClusterSpec
     from gnnsched.simulator.faults import EstimateError
     from gnnsched.simulator.policyspec import PolicySpec
-    from gnnsched.simulator.workloads import Fits, Workload
+    from gnnsched.simulator.workload_types import Fits, Workload
 
 
 def default_data_dir() -> Path:
@@ -31,8 +31,12 @@ def default_data_dir() -> Path:
 
 
 def simulate(
-    workload: str = typer.Option("", "--workload", "-w", help="Built-in workload name or a workload YAML file "
-                                 "(list of GNNJob manifests with an 'arrival' key). Default: cognn-mix."),
+    workload: str = typer.Option("", "--workload", "-w", help="Built-in workload name, a workload YAML file "
+                                 "(list of GNNJob manifests with an 'arrival' key), or a seeded generated workload "
+                                 "gen:KEY=VALUE,... with load (offered load x what one job per GPU serves, default "
+                                 "0.7), arrival (burst, poisson), mix (train, mixed, infer), size (small, medium, "
+                                 "large), jobs (default 40), burst (jobs per burst, default 10); e.g. "
+                                 "gen:load=1.5,arrival=burst,mix=train,size=large. Default: cognn-mix."),
     cluster: str = typer.Option("", "--cluster", "-c", help="Built-in cluster (v100, a100, pai32, small, openb), "
                                 "N[xG][xMODEL] such as 4x2xV100-32GB, or a YAML file. Default: the workload's."),
     policies: str = typer.Option("", "--policies", "-p", help="Comma-separated policies, e.g. "

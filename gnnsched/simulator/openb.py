@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from gnnsched.simulator.cluster import ClusterSpec
-from gnnsched.simulator.workloads import JobTemplate, Workload, WorkloadError
+from gnnsched.simulator.workload_types import JobTemplate, Workload, WorkloadError
 
 FULL = 1000
 

@@ -19,7 +19,7 @@ from gnnsched.simulator.faults import NO_ERROR, EstimateError, LoopBooks, true_m
 from gnnsched.simulator.metrics import summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
-from gnnsched.simulator.workloads import Workload
+from gnnsched.simulator.workload_types import Workload
 
 MAX_EPOCHS = 1_000_000
 
@@ -100,6 +100,8 @@ def materialise(workload: Workload, cluster: ClusterSpec, ix: Integrations, *, s
         # GNNSched batches: arrival slot k happens at k * T, T = the queue's mean standalone time on the reference
         # GPU, so mean 1 task per slot loads one GPU running jobs one at a time to ~100 %.
         period = sum(j.profile(ref).solo_s + startup_s for j in jobs) / max(len(jobs), 1)
+        if workload.reference.get("per_gpu"):  # the gen: family: slots of the mean job per GPU of the cluster
+            period /= max(cluster.gpu_count, 1)
         jobs = [_with_arrival(j, j.arrival * period) for j in jobs]
     return jobs
 

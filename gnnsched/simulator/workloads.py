@@ -13,57 +13,27 @@ from __future__ import annotations
 import csv
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gnnsched.datasets import get_dataset
-from gnnsched.errors import FieldError
-from gnnsched.gpus import GiB
+from gnnsched.simulator.openb import openb_workload
+from gnnsched.simulator.workload_types import (
+    DEFAULT_CPU_MILLI,
+    DEFAULT_MEMORY_BYTES,
+    Fits,
+    JobTemplate,
+    Workload,
+    WorkloadError,
+)
 from gnnsched.spec import GNNJobSpec, SpecError, parse_job, parse_spec
 
-DEFAULT_CPU_MILLI = 2000
-DEFAULT_MEMORY_BYTES = 8 * GiB
-
-
-class WorkloadError(FieldError):
-    """A workload (built-in name or YAML file) that cannot be simulated."""
-
-
-@dataclass(frozen=True)
-class JobTemplate:
-    """A job before its costs are known: a GNNJob spec (or a trace pod) and when it arrives."""
-
-    name: str
-    arrival: float
-    spec: GNNJobSpec | None
-    cpu_milli: int
-    memory_bytes: int
-    gpu_milli: int = 1000
-    num_gpus: int = 1
-    runtime_s: float | None = None
-    qos_factor: float | None = None
-    backoff_limit: int = 3
-    labels: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Workload:
-    """Jobs plus the setting the experiment was run in (defaults for the CLI)."""
-
-    name: str
-    description: str
-    templates: list[JobTemplate]
-    cluster: str = "v100"
-    policies: tuple[str, ...] = ()
-    horizon: float | None = None
-    max_clients: int | None = None
-    reference: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
+# the types live in workload_types (no generator imports them back); re-exported for the callers that import them
+# from here
+__all__ = ["DEFAULT_CPU_MILLI", "DEFAULT_MEMORY_BYTES", "BUILTIN", "Fits", "JobTemplate", "Workload", "WorkloadError",
+           "builtin_workload", "default_cluster", "resolve_workload"]
 
 # ---------------------------------------------------------------------------------------------------- file format
 def load_workload_file(path: Path) -> Workload:
@@ -173,10 +143,6 @@ def _subgraph_spec(arch: str, dataset: str, fraction: float, requests: int) -> G
     model: dict[str, Any] = {"arch": arch, "layers": 8, "hidden": 256}
     return parse_spec({"mode": "infer", "model": model, "requests": requests,
                        "graph": {"nodes": nodes, "edges": edges, "features": d.features, "classes": d.classes}})
-
-
-Fits = Callable[[GNNJobSpec, float], bool]
-"""``fits(spec, share)``: the job's admit bytes fit in ``share`` of the cluster's smallest GPU."""
 
 
 #: Share of the GPU one GNNSched subgraph task may take (its gate reservation). Chosen so that the paper's two
@@ -399,12 +365,136 @@ def resource_demand(seed: int, data_dir: Path, fits: Fits | None = None) -> Work
     )
 
 
+# ---------------------------------------------------------------------------------------------------- gen: family
+#: ``gen:`` keys and their defaults (``gen:`` alone is the default cell).
+GEN_DEFAULTS: dict[str, str] = {"load": "0.7", "arrival": "poisson", "mix": "mixed", "size": "medium", "jobs": "40",
+                                "burst": "10"}
+GEN_ARRIVALS = ("burst", "poisson")
+#: share of training jobs in each mix (the rest are inference jobs)
+GEN_MIXES: dict[str, float] = {"train": 0.8, "mixed": 0.5, "infer": 0.2}
+#: graph sizes (nodes, log-uniform between the bounds): small ~ Cora..arxiv-sized subgraphs, medium ~ arxiv..reddit,
+#: large ~ reddit..products; a draw that cannot run alone on the cluster's smallest GPU is shrunk until it can
+GEN_SIZES: dict[str, tuple[int, int]] = {"small": (10_000, 60_000), "medium": (60_000, 400_000),
+                                         "large": (400_000, 2_500_000)}
+#: share of the smallest GPU a generated job may need alone (so every job can run somewhere, with room to spare)
+GEN_FIT_SHARE = 0.9
+
+
+def parse_gen(text: str) -> dict[str, str]:
+    """``gen:load=0.7,arrival=poisson,mix=mixed,size=medium,jobs=40,burst=10`` into its keys (defaults filled in);
+    every bad key or value is a one-line :class:`WorkloadError` naming it."""
+    body = text.strip()[4:]
+    out = dict(GEN_DEFAULTS)
+    for part in filter(None, (p.strip() for p in body.split(","))):
+        key, eq, value = part.partition("=")
+        key, value = key.strip().lower(), value.strip().lower()
+        if not eq or key not in GEN_DEFAULTS:
+            raise WorkloadError("workload", f"gen: {part!r} is not KEY=VALUE with KEY one of {', '.join(GEN_DEFAULTS)}")
+        out[key] = value
+    where = "workload.gen"
+    try:
+        load = float(out["load"])
+    except ValueError:
+        load = -1.0
+    if not math.isfinite(load) or not 0.01 <= load <= 100:
+        raise WorkloadError(f"{where}.load", f"{out['load']!r}: must be a number between 0.01 and 100")
+    if out["arrival"] not in GEN_ARRIVALS:
+        raise WorkloadError(f"{where}.arrival", f"{out['arrival']!r}: must be one of {', '.join(GEN_ARRIVALS)}")
+    if out["mix"] not in GEN_MIXES:
+        raise WorkloadError(f"{where}.mix", f"{out['mix']!r}: must be one of {', '.join(GEN_MIXES)}")
+    if out["size"] not in GEN_SIZES:
+        raise WorkloadError(f"{where}.size", f"{out['size']!r}: must be one of {', '.join(GEN_SIZES)}")
+    for key, top in (("jobs", 10_000), ("burst", 10_000)):
+        if not out[key].isdigit() or not 1 <= int(out[key]) <= top:
+            raise WorkloadError(f"{where}.{key}", f"{out[key]!r}: must be a whole number between 1 and {top}")
+    return out
+
+
+def _gen_graph(rng: random.Random, size: str) -> dict[str, int]:
+    lo, hi = GEN_SIZES[size]
+    nodes = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+    degree = rng.uniform(5.0, 30.0)
+    return {"nodes": nodes, "edges": max(1, int(nodes * degree)), "features": rng.choice((100, 128, 300, 500, 602)),
+            "classes": rng.choice((7, 16, 41, 47))}
+
+
+#: recurring job shapes per (size, mode) in one seed's draw (a cluster's jobs repeat; the estimator's cache, keyed on
+#: the shape, then serves every cell of a grid that shares the seed)
+GEN_SHAPES = 16
+
+
+def _gen_shapes(size: str, mode: str, seed: int) -> list[dict[str, Any]]:
+    """The seed's pool of job shapes (spec without its work) for ``size`` and ``mode``: architecture, depth 2-4,
+    width 64-256 (GAT: 1-4 heads), a synthetic graph of ``size``."""
+    rng = random.Random(f"gen-shapes-{size}-{mode}-{seed}")
+    out = []
+    for _ in range(GEN_SHAPES):
+        arch = rng.choice(("gcn", "sage", "gat", "gin"))
+        model: dict[str, Any] = {"arch": arch, "layers": rng.randint(2, 4), "hidden": rng.choice((64, 128, 256))}
+        if arch == "gat":
+            model["heads"] = rng.choice((1, 2, 4))
+        out.append({"mode": mode, "model": model, "graph": _gen_graph(rng, size)})
+    return out
+
+
+def generated(text: str, seed: int, fits: Fits | None = None) -> Workload:
+    """The seeded ``gen:`` family: workloads nobody tuned for, as a new user would bring them.
+
+    ``jobs`` jobs, ``mix`` of training and inference (``GEN_MIXES``), graphs of ``size`` (``GEN_SIZES``: synthetic
+    graphs, 5-30 edges per node, real datasets' feature and class counts), random architecture, depth 2-4, width
+    64-256; training runs 20-200 epochs, inference serves 100-2000 requests with a QoS target of 2 x its solo time
+    (start-up included). Arrivals are in units of the mean job's service time per GPU (``runner.materialise``
+    multiplies by the mean solo time plus start-up on the cluster's GPU and divides by its GPU count), so ``load`` is
+    the offered load against what the cluster serves one job per GPU: ``poisson`` draws exponential gaps of mean
+    ``1 / load``; ``burst`` sends clumps of ``burst`` jobs at once, ``burst / load`` apart. The same text and seed
+    give the same jobs."""
+    keys = parse_gen(text)
+    canon = "gen:" + ",".join(f"{k}={keys[k]}" for k in GEN_DEFAULTS)
+    rng = random.Random(f"{canon}-{seed}")
+    load, jobs, burst = float(keys["load"]), int(keys["jobs"]), int(keys["burst"])
+    train_share = GEN_MIXES[keys["mix"]]
+    pools = {mode: _gen_shapes(keys["size"], mode, seed) for mode in ("train", "infer")}
+    templates = []
+    t = 0.0
+    for i in range(jobs):
+        # poisson: exponential gaps of mean 1 / load from t = 0; burst: clumps of ``burst`` at once
+        poisson = keys["arrival"] == "poisson"
+        t = (t + rng.expovariate(load) if i else 0.0) if poisson else (i // burst) * burst / load
+        mode = "train" if rng.random() < train_share else "infer"
+        shape = rng.choice(pools[mode])
+        work = {"epochs": rng.randint(20, 200)} if mode == "train" else {"requests": rng.randint(100, 2000)}
+        graph = dict(shape["graph"])
+        spec = parse_spec({**shape, **work, "graph": graph})
+        shrinks = 0
+        while fits is not None and not fits(spec, GEN_FIT_SHARE):
+            shrinks += 1
+            if shrinks > 40:
+                raise WorkloadError("workload", f"{canon}: job {i} does not fit the cluster's smallest GPU")
+            graph = {**graph, "nodes": max(100, int(graph["nodes"] * 0.8)), "edges": max(1, int(graph["edges"] * 0.8))}
+            spec = parse_spec({**shape, **work, "graph": graph})
+        templates.append(JobTemplate(
+            name=f"{mode}-{spec.model.arch}-{i:03d}", arrival=t, spec=spec, cpu_milli=DEFAULT_CPU_MILLI,
+            memory_bytes=DEFAULT_MEMORY_BYTES, qos_factor=2.0 if mode == "infer" else None,
+            labels={"mode": mode, "size": keys["size"]},
+        ))
+    return Workload(
+        name=canon, description=f"{jobs} generated jobs ({keys['mix']} mix, {keys['size']} graphs, {keys['arrival']} "
+                                f"arrivals at load {load:g})",
+        templates=templates, cluster="small", max_clients=None,
+        policies=("exclusive", "temporal", "mps-naive", "mps-base", "bmc+sjf"),
+        reference={"period_slots": True, "per_gpu": True},
+    )
+
+
 BUILTIN: dict[str, str] = {
     **{f"cognn-{q}": f"CoGNN {q.upper()} training queue (seed 002)" for q in ("gcn", "sage", "gat", "gin", "mix")},
     **{f"gnnsched-{q}-{load}": f"GNNSched {q.upper()} inference queue, {load} load (seed 000)"
        for q in ("gcn", "sage", "gin", "mix") for load in ("low", "high")},
     "resource-demand": "70 jobs/h for 12 h on 32 GPUs / 384 cores / 2 TB, +-adaptive scaling (seed 004)",
     "openb": "openb trace replay on its 1,213-node cluster, GPU shares, FGD fragmentation (needs ../shared/data)",
+    "gen:": "seeded generated jobs: load (x what one job per GPU serves), arrival (burst, poisson), mix "
+                         "(train, mixed, infer), size (small, medium, large), jobs, burst; gen:KEY=VALUE,... e.g. "
+             "gen:load=1.5,arrival=burst,mix=train,size=large",
 }
 DEFAULT_WORKLOAD = "cognn-mix"
 
@@ -416,6 +506,8 @@ def default_cluster(name: str) -> str:
         return "pai32"
     if key == "openb":
         return "openb"
+    if key.startswith("gen:"):
+        return "small"
     if key in BUILTIN:
         return "v100"
     return "small"
@@ -423,6 +515,8 @@ def default_cluster(name: str) -> str:
 
 def builtin_workload(name: str, seed: int, data_dir: Path, fits: Fits | None = None) -> Workload:
     key = name.strip().lower()
+    if key.startswith("gen:"):
+        return generated(key, seed, fits)
     if key.startswith("cognn-") and key[6:] in ("gcn", "sage", "gat", "gin", "mix"):
         return cognn(key[6:], seed)
     if key.startswith("gnnsched-"):
@@ -432,14 +526,15 @@ def builtin_workload(name: str, seed: int, data_dir: Path, fits: Fits | None = N
     if key == "resource-demand":
         return resource_demand(seed, data_dir, fits)
     if key == "openb":
-        from gnnsched.simulator.openb import openb_workload
-
         return openb_workload(seed, data_dir)
     raise WorkloadError("workload", f"unknown built-in workload {name!r}; known: {', '.join(BUILTIN)}")
 
 
 def is_file(text: str) -> bool:
-    return text.strip().lower() not in BUILTIN and (text.endswith((".yaml", ".yml")) or Path(text).exists())
+    low = text.strip().lower()
+    if low in BUILTIN or low.startswith("gen:"):
+        return False
+    return text.endswith((".yaml", ".yml")) or Path(text).exists()
 
 
 def resolve_workload(text: str, seed: int, data_dir: Path, fits: Fits | None = None) -> Workload:

@@ -1,0 +1,174 @@
+"""Robustness grid: gnnsched's default configuration against the baselines on workloads nobody tuned for.
+
+For every cell of (offered load x arrivals x mix x graph size x cluster x seed) it generates a ``gen:`` workload
+(:func:`gnnsched.simulator.workloads.generated`) and simulates it under
+
+* gnnsched's default configuration, read from the chart (``charts/gnnsched/values.yaml``: ``node.agent.policy``,
+  ``node.agent.bypassLimit``, ``queuePriority`` and ``scheduler.nodeResourcesScoring``), and
+* the baselines that pay the same pod start-up: ``exclusive``, ``mps-naive`` and ``mps-base``; ``temporal``
+  (PipeSwitch's pre-initialised workers: no start-up) runs beside them and is reported, not bounded.
+
+It prints, per cell, the ratio of gnnsched's mean JCT and p99 JCT to the best baseline's (the lowest of the three),
+gnnsched's jobs lost and OOM kills, and temporal's mean ratio; then the cells where gnnsched gains the most and the
+least. Exit status 1 when any cell is worse than ``--bound`` (1.02) in mean JCT, or gnnsched loses a job or has an OOM
+kill in any cell; 0 otherwise.
+
+    python bench/robustness.py [--quick] [--seeds 2] [--jobs 40] [--policy TEXT] [--json FILE]
+
+``--quick`` is the CI slice (a few cells, one seed, under a minute). ``--policy`` replaces the chart's default (to
+compare candidate defaults on the same grid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gnnsched.simulator.adapters import Integrations
+from gnnsched.simulator.cli import default_data_dir, fits_on
+from gnnsched.simulator.cluster import parse_cluster
+from gnnsched.simulator.policyspec import parse_policies
+from gnnsched.simulator.runner import run
+from gnnsched.simulator.workloads import builtin_workload
+
+LOADS = (0.3, 0.7, 1.0, 1.5)
+ARRIVALS = ("burst", "poisson")
+MIXES = ("train", "mixed", "infer")
+SIZES = ("small", "medium", "large")
+CLUSTERS = ("1x4xV100-32GB", "2x4xV100-32GB", "2x4xA100-80GB", "1x2xV100-32GB")
+BASELINES = ("exclusive", "mps-naive", "mps-base")
+REPORTED = ("temporal",)
+#: the CI slice: one cell per cluster, spread over the loads, arrivals, mixes and sizes
+QUICK = (
+    (0.3, "burst", "mixed", "medium", "2x4xV100-32GB"),
+    (1.5, "poisson", "train", "large", "1x2xV100-32GB"),
+    (0.7, "poisson", "infer", "small", "1x4xV100-32GB"),
+    (1.0, "burst", "mixed", "large", "2x4xA100-80GB"),
+)
+CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gnnsched" / "values.yaml"
+
+
+def chart_default_policy(values: Path = CHART_VALUES) -> str:
+    """The simulator policy that runs what the chart installs by default: the gate's grouping policy and backfill
+    limit, the operator's runtime-bucket PriorityClasses (``+sjfN``) when ``queuePriority.enabled``, and
+    ``+pack`` when kube-scheduler scores ``MostAllocated``."""
+    doc = yaml.safe_load(values.read_text(encoding="utf-8"))
+    agent = doc["node"]["agent"]
+    text = str(agent["policy"])
+    queue = doc.get("queuePriority") or {}
+    if queue.get("enabled"):
+        text += f"+sjf{int(queue.get('perDoubling', 2))}"
+    text += f"+bypass{int(agent.get('bypassLimit', 4))}"
+    if str((doc.get("scheduler") or {}).get("nodeResourcesScoring", "")) == "MostAllocated":
+        text += "+pack"
+    return text
+
+
+@dataclass
+class Cell:
+    """One grid cell's outcome."""
+
+    load: float
+    arrival: str
+    mix: str
+    size: str
+    cluster: str
+    seed: int
+    metrics: dict[str, dict[str, Any]]
+    ours: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.cluster} load={self.load:g} {self.arrival} {self.mix} {self.size} s{self.seed}"
+
+    def best_baseline(self, metric: str) -> tuple[str, float]:
+        vals = {b: self.metrics[b][metric] for b in BASELINES if self.metrics[b].get(metric) is not None}
+        name = min(vals, key=vals.__getitem__)
+        return name, float(vals[name])
+
+    def ratio(self, metric: str, policy: str | None = None) -> float:
+        _, best = self.best_baseline(metric)
+        mine = self.metrics[policy or self.ours].get(metric)
+        return float("inf") if mine is None else float(mine) / best
+
+    @property
+    def lost(self) -> int:
+        """Jobs that arrived and did not complete (failed, unschedulable or never finished: the runs have no
+        horizon, so every job that can run does)."""
+        m = self.metrics[self.ours]
+        return int(m["arrived"]) - int(m["completed"])
+
+    @property
+    def oom(self) -> int:
+        return int(self.metrics[self.ours].get("oom_kills", 0))
+
+
+def run_cell(ix: Integrations, load: float, arrival: str, mix: str, size: str, cluster: str, seed: int, jobs: int,
+             ours: str) -> Cell:
+    cl = parse_cluster(cluster)
+    text = f"gen:load={load:g},arrival={arrival},mix={mix},size={size},jobs={jobs}"
+    wl = builtin_workload(text, seed, default_data_dir(), fits=fits_on(cl, ix))
+    specs = parse_policies(",".join((ours, *BASELINES, *REPORTED)))
+    report = run(wl, cl, specs, seed, ix, record_timeline=False)
+    return Cell(load, arrival, mix, size, cluster, seed, report.policies, ours)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the CI slice: 4 cells, 1 seed, 24 jobs each")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per cell (full grid)")
+    ap.add_argument("--jobs", type=int, default=None, help="jobs per cell (default 40; 24 with --quick)")
+    ap.add_argument("--policy", default=None, help="gnnsched configuration to test (default: the chart's)")
+    ap.add_argument("--bound", type=float, default=1.02, help="largest mean-JCT ratio to the best baseline allowed")
+    ap.add_argument("--json", type=Path, default=None, help="write every cell's metrics here")
+    args = ap.parse_args(argv)
+    ours = args.policy or chart_default_policy()
+    parse_policies(ours)
+    jobs = args.jobs or (24 if args.quick else 40)
+    if args.quick:
+        grid = [(*c, 0) for c in QUICK]
+    else:
+        grid = [(ld, a, m, s, c, seed) for c, ld, a, m, s, seed in
+                itertools.product(CLUSTERS, LOADS, ARRIVALS, MIXES, SIZES, range(args.seeds))]
+    ix = Integrations()
+    started = time.perf_counter()
+    print(f"gnnsched default configuration: {ours} (chart {CHART_VALUES.name}); baselines {', '.join(BASELINES)}; "
+          f"{len(grid)} cells x {jobs} jobs")
+    print(f"{'cell':56s} {'best base':>10s} {'mean':>6s} {'p99':>6s} {'lost':>4s} {'oom':>4s} {'temporal':>8s}")
+    cells: list[Cell] = []
+    for load, arrival, mix, size, cluster, seed in grid:
+        cell = run_cell(ix, load, arrival, mix, size, cluster, seed, jobs, ours)
+        cells.append(cell)
+        best, _ = cell.best_baseline("jct_mean_s")
+        flag = " <-- worse" if cell.ratio("jct_mean_s") > args.bound else ""
+        print(f"{cell.key:56s} {best:>10s} {cell.ratio('jct_mean_s'):6.3f} {cell.ratio('jct_p99_s'):6.3f} "
+              f"{cell.lost:4d} {cell.oom:4d} {cell.ratio('jct_mean_s', 'temporal'):8.3f}{flag}", flush=True)
+    elapsed = time.perf_counter() - started
+    means = sorted(cells, key=lambda c: c.ratio("jct_mean_s"))
+    worse = [c for c in cells if c.ratio("jct_mean_s") > args.bound]
+    lost = sum(c.lost for c in cells)
+    oom = sum(c.oom for c in cells)
+    print(f"\n{len(cells)} cells in {elapsed:.1f} s; mean-JCT ratio to the best baseline: "
+          f"min {means[0].ratio('jct_mean_s'):.3f} ({means[0].key}), "
+          f"max {means[-1].ratio('jct_mean_s'):.3f} ({means[-1].key})")
+    p99 = sorted(c.ratio("jct_p99_s") for c in cells)
+    print(f"p99 ratio: min {p99[0]:.3f}, max {p99[-1]:.3f}; cells worse than {args.bound}: {len(worse)}; "
+          f"gnnsched jobs lost {lost}, OOM kills {oom}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([{"cell": c.key, "load": c.load, "arrival": c.arrival, "mix": c.mix,
+                                          "size": c.size, "cluster": c.cluster, "seed": c.seed, "policy": ours,
+                                          "ratio_mean": c.ratio("jct_mean_s"), "ratio_p99": c.ratio("jct_p99_s"),
+                                          "lost": c.lost, "metrics": c.metrics} for c in cells], indent=1))
+    return 1 if worse or lost or oom else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

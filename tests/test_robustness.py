@@ -1,0 +1,118 @@
+"""The ``gen:`` workload family and the robustness grid's CI slice (``bench/robustness.py --quick``)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gnnsched.simulator.workloads import (
+    GEN_SIZES,
+    WorkloadError,
+    default_cluster,
+    generated,
+    is_file,
+    parse_gen,
+    resolve_workload,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_import_circle_between_generators_and_types():
+    """``openb`` and ``workload_types`` import nothing from ``workloads`` (the generators import them, not back)."""
+    for name in ("openb.py", "workload_types.py"):
+        tree = ast.parse((ROOT / "gnnsched" / "simulator" / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "gnnsched.simulator.workloads" not in imported, name
+    # either module first, in a fresh interpreter
+    for first in ("gnnsched.simulator.openb", "gnnsched.simulator.workloads"):
+        out = subprocess.run([sys.executable, "-c", f"import {first}; import gnnsched.simulator.workloads as w; "
+                              "print(w.builtin_workload.__name__)"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+
+
+def test_gen_is_seeded_and_canonical():
+    a = generated("gen:load=1.5,arrival=burst", 3)
+    b = generated("gen: arrival=burst , load=1.5", 3)
+    assert a.name == b.name == "gen:load=1.5,arrival=burst,mix=mixed,size=medium,jobs=40,burst=10"
+    assert [t.spec for t in a.templates] == [t.spec for t in b.templates]
+    assert [t.spec for t in generated("gen:load=1.5,arrival=burst", 4).templates] != [t.spec for t in a.templates]
+
+
+def test_gen_arrivals_follow_the_load():
+    """Arrivals are in mean-service-per-GPU units: a burst of 10 every 10 / load; Poisson gaps of mean 1 / load."""
+    burst = generated("gen:load=2,arrival=burst,jobs=30,burst=10", 0).templates
+    assert [t.arrival for t in burst] == [0.0] * 10 + [5.0] * 10 + [10.0] * 10
+    slow = generated("gen:load=0.3,arrival=poisson,jobs=400", 0).templates
+    fast = generated("gen:load=1.5,arrival=poisson,jobs=400", 0).templates
+    gap_slow, gap_fast = slow[-1].arrival / 399, fast[-1].arrival / 399
+    assert 1 / 0.3 * 0.85 < gap_slow < 1 / 0.3 * 1.15 and 1 / 1.5 * 0.85 < gap_fast < 1 / 1.5 * 1.15
+    assert generated("gen:", 0).reference == {"period_slots": True, "per_gpu": True}
+
+
+@pytest.mark.parametrize(("mix", "lo", "hi"), [("train", 0.65, 0.95), ("mixed", 0.35, 0.65), ("infer", 0.05, 0.35)])
+def test_gen_mix_and_qos(mix: str, lo: float, hi: float):
+    ts = generated(f"gen:mix={mix},jobs=200", 1).templates
+    train = [t for t in ts if t.spec is not None and t.spec.mode == "train"]
+    assert lo < len(train) / len(ts) < hi
+    for t in ts:
+        assert (t.qos_factor == 2.0) == (t.spec is not None and t.spec.mode == "infer")
+
+
+def test_gen_sizes_and_fit():
+    for size, (lo, hi) in GEN_SIZES.items():
+        nodes = [t.spec.graph.nodes for t in generated(f"gen:size={size},jobs=60", 0).templates if t.spec]
+        assert all(lo <= n <= hi for n in nodes), size
+    # a predicate that takes nothing over 150k nodes: large graphs are shrunk until they fit
+    fitted = generated("gen:size=large,jobs=20", 0, fits=lambda spec, share: (spec.graph.nodes or 0) <= 150_000)
+    assert all(t.spec is not None and (t.spec.graph.nodes or 0) <= 150_000 for t in fitted.templates)
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("gen:load=0", "workload.gen.load"), ("gen:load=x", "workload.gen.load"),
+    ("gen:arrival=trickle", "workload.gen.arrival"), ("gen:mix=all", "workload.gen.mix"),
+    ("gen:size=huge", "workload.gen.size"), ("gen:jobs=0", "workload.gen.jobs"), ("gen:burst=-1", "workload.gen.burst"),
+    ("gen:colour=red", "workload"), ("gen:load", "workload"),
+])
+def test_gen_bad_input_names_the_field(text: str, field: str):
+    with pytest.raises(WorkloadError) as err:
+        parse_gen(text)
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_gen_resolves_from_the_cli_text(tmp_path: Path):
+    assert not is_file("gen:load=1") and default_cluster("gen:load=1") == "small"
+    assert resolve_workload("GEN:load=1", 0, tmp_path).name.startswith("gen:load=1,")
+
+
+def test_cli_help_documents_gen():
+    out = subprocess.run([sys.executable, "-m", "gnnsched.cli", "simulate", "--help"], capture_output=True, text=True,
+                         timeout=120, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "gen:KEY=VALUE" in out.stdout and "arrival" in out.stdout
+
+
+def test_robustness_quick_slice(tmp_path: Path):
+    """The CI slice runs the chart's default and the baselines on 4 cells; its exit status is the bound's verdict on
+    what it printed, gnnsched loses no job and has no OOM kill in any cell."""
+    out_json = tmp_path / "cells.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "robustness.py"), "--quick", "--json", str(out_json)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode in (0, 1), proc.stderr
+    cells = json.loads(out_json.read_text())
+    assert len(cells) == 4
+    for c in cells:
+        assert set(c["metrics"]) >= {c["policy"], "exclusive", "mps-naive", "mps-base", "temporal"}
+        best = min(c["metrics"][b]["jct_mean_s"] for b in ("exclusive", "mps-naive", "mps-base"))
+        assert c["ratio_mean"] == pytest.approx(c["metrics"][c["policy"]]["jct_mean_s"] / best)
+        assert c["lost"] == 0 and c["metrics"][c["policy"]]["oom_kills"] == 0, c["cell"]
+        assert c["cell"] in proc.stdout
+    worse = [c for c in cells if c["ratio_mean"] > 1.02]
+    assert proc.returncode == (1 if worse else 0)
+    assert f"cells worse than 1.02: {len(worse)}" in proc.stdout

@@ -218,6 +218,74 @@ def _operator_export_history(
 
 app.add_typer(operator_app, name="operator")
 
+
+# doctor (issue 20): `gnnsched doctor` - a preflight of the current kubeconfig context for administrators
+@app.command("doctor")
+def _doctor(
+    namespace: str = typer.Option("gnnsched", "--namespace", "-n", help="Namespace gnnsched's chart is installed in."),
+    kubeconfig: str = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG, then "
+                                                               "~/.kube/config, as kubectl finds it)."),
+    context: str = typer.Option(None, "--context", help="Kubeconfig context (default: the current one)."),
+    crds: str = typer.Option(None, "--crds", help="Directory of the CRDs to compare with (default: this "
+                                                  "checkout's crds/)."),
+    runtime_class: str = typer.Option(DEFAULT_JOB_RUNTIME_CLASS, "--runtime-class",
+                                      help="RuntimeClass job pods use (chart: jobs.runtimeClassName; '' = none)."),
+    gpu_node_label: str = typer.Option("nvidia.com/gpu.present=true", "--gpu-node-label",
+                                       help="key=value label of GPU nodes (chart: node.nodeSelector)."),
+    tolerations: str = typer.Option(None, "--tolerations", help="Job pods' tolerations as JSON (chart: "
+                                                               "jobs.tolerations; default: nvidia.com/gpu)."),
+    run_test_job: bool = typer.Option(False, "--run-test-job", help="Also run one tiny GNNJob to Succeeded "
+                                                                    "(created, watched, deleted)."),
+    test_namespace: str = typer.Option("default", "--test-namespace", help="Namespace of the test GNNJob."),
+    timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="Seconds the test GNNJob may take."),
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON instead of the checklist."),
+) -> None:
+    """Check that the cluster in the current kubeconfig context can run gnnsched: the scheduler's version against
+    the API server, the CRDs, the jobs' RuntimeClass, Pod Security of the namespace, GPU node labels and taints,
+    every node agent (Ready, MPS up, compute mode, shared /dev/shm), a second device plugin on the GPU nodes, and
+    optionally one test job. Prints a checklist with a fix for each failure; exits 1 when there is a blocker
+    (docs/doctor.md)."""
+    import json
+    from pathlib import Path
+
+    from gnnsched.cliutil import fail
+    from gnnsched.doctor import ClusterReader, DoctorError, default_crds_dir, render, run_checks
+
+    if "=" not in gpu_node_label:
+        fail(f"--gpu-node-label: {gpu_node_label!r} is not key=value")
+    if tolerations:
+        try:
+            tol = json.loads(tolerations)
+        except ValueError as exc:
+            fail(f"--tolerations: not JSON: {exc}")
+        if not isinstance(tol, list) or not all(isinstance(t, dict) for t in tol):
+            fail("--tolerations: must be a JSON list of objects")
+    else:
+        tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    crds_dir = Path(crds) if crds else default_crds_dir()
+    if crds and not Path(crds).is_dir():
+        fail(f"--crds: {crds} is not a directory")
+    try:
+        import kubernetes
+
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=kubeconfig, context=context,
+                                           client_configuration=configuration)
+        reader = ClusterReader(kubernetes.client.ApiClient(configuration))
+    except Exception as exc:  # noqa: BLE001 - no kubeconfig, bad context: one line
+        fail(f"--kubeconfig: {exc}", code=1)
+    try:
+        checks = run_checks(reader, namespace, crds_dir, runtime_class, gpu_node_label, tol, test_job=run_test_job,
+                            test_namespace=test_namespace, timeout=timeout)
+    except DoctorError as exc:
+        fail(str(exc), code=1)
+    if as_json:
+        typer.echo(json.dumps([c.model_dump() for c in checks], indent=2))
+    else:
+        typer.echo(render(checks))
+    if any(c.status == "FAIL" for c in checks):
+        raise typer.Exit(1)
+
 from gnnsched.simulator.cli import simulate as _simulate  # noqa: E402  (simulator; heavy imports inside)
 
 app.command("simulate")(_simulate)

@@ -7,9 +7,10 @@ Control flow (every step safe to repeat, so a kill at any point followed by a re
    plan into the status *before* creating anything, then ensure the ConfigMap and the pod of the current attempt:
    deterministic names make a 409 mean "already created by me or a previous me", which is adopted after checking the
    owner uid, never retried blindly.
-2. Pod events (label ``app.kubernetes.io/managed-by=gnnsched``) -> ``sync_pod``: derive phase, node, GPU, group,
-   times, observed peak and failure reason from the pod (``status.view_pod``); a failed pod is retried with the next
-   attempt's pod while ``attempts <= backoffLimit``; else the job fails with the container's reason.
+2. Pod events (label ``app.kubernetes.io/managed-by=gnnsched``, selected by the API server: ``podwatch.py``) ->
+   ``sync_pod``: derive phase, node, GPU, group, times, observed peak and failure reason from the pod
+   (``status.view_pod``); a failed pod is retried with the next attempt's pod while ``attempts <= backoffLimit``;
+   else the job fails with the container's reason.
 3. A timer re-runs the same sync for non-terminal jobs, so a missed event or a transient API error only delays.
 4. GNNJob deleted -> its pods and ConfigMap are deleted (the finalizer holds the job until then; in a real cluster
    owner references would also let the garbage collector do it).
@@ -22,8 +23,10 @@ else becomes a condition on the job. No malformed or partial object can make a h
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, cast
 
@@ -51,6 +54,16 @@ from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
 
+from .admission import (
+    REFUSED,
+    PodCreateRefused,
+    create_backoff_seconds,
+    job_field,
+    never_admissible,
+    refusal_message,
+    refusal_reason,
+    rejected_fields,
+)
 from .calibration import CalibrationStore
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
@@ -200,6 +213,9 @@ class Operator:
         self.metrics = metrics or OperatorMetrics()
         self.calibration = CalibrationStore(kube, self.metrics, lambda: self.planner.calibration_policy)
         self.metrics_port: int | None = None  # the bound port once ``main.run_async`` serves the metrics
+        self.pod_watcher: Any = None  # the running podwatch.PodWatcher once ``main.run_async`` started it
+        self._job_locks: dict[str, threading.Lock] = {}
+        self._job_locks_guard = threading.Lock()
 
     # ------------------------------------------------------------------ events and status writes
 
@@ -207,8 +223,11 @@ class Operator:
         import kopf
 
         try:
-            target = kopf.Body(cast(kopf.RawBody, _event_target(body)))
-            kopf.event(target, type=type_, reason=reason, message=message[:1000])
+            try:
+                target = kopf.Body(cast(kopf.RawBody, _event_target(body)))
+                kopf.event(target, type=type_, reason=reason, message=message[:1000])
+            except LookupError:  # outside kopf's per-object context (the pod watch's threads): post it directly
+                self.kube.post_event(_event_target(body), type_, reason, message[:1000])
         except Exception:  # noqa: BLE001 - an event is informative; failing to post must not fail the handler
             log.warning("could not post event %s for %s", reason, _dict(body.get("metadata")).get("name"))
 
@@ -255,7 +274,13 @@ class Operator:
         status = _dict(body.get("status"))
         self._seen(body, status)
         try:
-            self.reconcile_job(body, status)
+            with self._job_lock(body, wait=True):
+                current = self._current(body, status)
+                if current is not None:
+                    self.reconcile_job(*current)
+        except PodCreateRefused as exc:
+            self.metrics.api_errors.labels("job", "true").inc()
+            raise kopf.TemporaryError(str(exc), delay=create_backoff_seconds(int(_.get("retry") or 0))) from None
         except KubeError as exc:
             self.metrics.api_errors.labels("job", str(exc.transient).lower()).inc()
             if exc.transient:
@@ -289,18 +314,11 @@ class Operator:
         if status.get("phase") in TERMINAL or _dict(body.get("metadata")).get("deletionTimestamp"):
             return
         try:
-            if status.get("phase") == "Unschedulable" and status.get("podName") is None:
-                self.reconcile_job(body, status)  # GPUs may have joined since
-                return
-            if status.get("podName") is None:
-                self.reconcile_job(body, status)
-                return
-            ref = _job_ref(body)
-            pod = self.kube.read_pod(ref.namespace, str(status["podName"]))
-            if pod is None:
-                self.reconcile_job(body, status)
-            else:
-                self._apply_pod(body, status, pod, deleted=False)
+            with self._job_lock(body, wait=False) as mine:
+                if mine:
+                    self._resync(body, status)
+        except PodCreateRefused as exc:
+            log.info("resync of %s: %s", _dict(body.get("metadata")).get("name"), exc)  # the condition says it
         except KubeError as exc:
             self.metrics.api_errors.labels("resync", str(exc.transient).lower()).inc()
             if exc.transient:
@@ -308,6 +326,53 @@ class Operator:
             log.warning("resync of %s: %s", _dict(body.get("metadata")).get("name"), exc)
         except Exception:  # noqa: BLE001
             log.exception("resync of %s failed", _dict(body.get("metadata")).get("name"))
+
+    @contextlib.contextmanager
+    def _job_lock(self, body: dict[str, Any], wait: bool) -> Iterator[bool]:
+        """One reconcile of a job at a time. The resync timer can fire while the create handler is still planning
+        (the first trace takes seconds) from a body without a status yet; it then skips (``False``) instead of
+        planning the job a second time. The create handler waits for a running resync."""
+        uid = str(_dict(body.get("metadata")).get("uid") or "")
+        with self._job_locks_guard:
+            lock = self._job_locks.setdefault(uid, threading.Lock())
+        got = lock.acquire(blocking=wait)
+        try:
+            yield got
+        finally:
+            if got:
+                lock.release()
+
+    def _current(self, body: dict[str, Any], status: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The job as stored now when ``body`` shows no pod yet (kopf's body may predate another handler's status
+        write: planning from it would plan the job twice); None when the job is gone or finished."""
+        if status.get("podName") is not None:
+            return body, status
+        try:
+            ref = _job_ref(body)
+        except SpecError:
+            return body, status  # a partial object: reconcile_job reports it
+        fresh = self.kube.read_job(ref.namespace, ref.name)
+        if fresh is None or _dict(fresh.get("metadata")).get("uid") != ref.uid:
+            return None
+        fresh_status = _dict(fresh.get("status"))
+        if fresh_status.get("phase") in TERMINAL:
+            return None
+        return fresh, fresh_status
+
+    def _resync(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        ref = _job_ref(body)
+        current = self._current(body, status)
+        if current is None:
+            return
+        body, status = current
+        if status.get("podName") is None:
+            self.reconcile_job(body, status)  # not planned yet, or Unschedulable: GPUs may have joined since
+            return
+        pod = self.kube.read_pod(ref.namespace, str(status["podName"]))
+        if pod is None:
+            self.reconcile_job(body, status)
+        else:
+            self._apply_pod(body, status, pod, deleted=False)
 
     def on_spec_update(self, body: Any, **_: Any) -> None:
         """A spec edit after the pod exists is not applied (pods are immutable); say so instead of ignoring it."""
@@ -433,23 +498,51 @@ class Operator:
         self._write(body, status, new, message=_estimated_message(plan))
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
-        pod = self._ensure(
-            ref,
-            body,
-            build_pod(
-                body,
-                spec,
-                plan,
-                attempt,
-                self.config.image,
-                self.config.scheduler_name,
-                priority_class,
-                settings=self.config.pods,
-                worker_device=self.config.worker_device,
-            ),
-            kind="Pod",
-        )
-        self._apply_pod(body, status, pod, deleted=False)
+        pod = self._create_pod(ref, body, status, build_pod(body, spec, plan, attempt, self.config.image,
+                                                            self.config.scheduler_name, priority_class,
+                                                            settings=self.config.pods,
+                                                            worker_device=self.config.worker_device))
+        if pod is not None:
+            self._apply_pod(body, status, pod, deleted=False)
+
+    def _create_pod(self, ref: JobRef, body: dict[str, Any], status: dict[str, Any],
+                    obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create (or adopt) the attempt's pod; a refusal by admission is shown and retried (``admission.py``).
+
+        Returns the pod, or None when the job failed because the pod can never be admitted. Raises
+        ``PodCreateRefused`` (transient: kopf retries the create handler with back-off) after writing the
+        ``PodCreated=False`` condition and a ``FailedCreate`` Warning event."""
+        name = obj["metadata"]["name"]
+        generation = _dict(body.get("metadata")).get("generation")
+        try:
+            pod = self._ensure(ref, body, obj, kind="Pod")
+        except KubeError as exc:
+            if exc.status not in REFUSED:
+                raise
+            if never_admissible(exc):
+                field = job_field(rejected_fields(exc)[0])
+                self._fail(body, status, "Failed", "PodCreated", "PodSpecInvalid",
+                           f"{field}: the API server refused pod {name}: {exc.message}")
+                return None
+            message = refusal_message(exc, name)
+            new = dict(status)
+            new["conditions"] = set_condition(status.get("conditions"), "PodCreated", "False", refusal_reason(exc),
+                                              message, now_rfc3339(), generation if isinstance(generation, int)
+                                              else None)
+            new["message"] = message
+            self._write(body, status, new)
+            self._event(body, "Warning", "FailedCreate", message)
+            raise PodCreateRefused(exc.status, message, exc.details) from None
+        previous = next((c for c in status.get("conditions") or [] if isinstance(c, dict)
+                         and c.get("type") == "PodCreated"), None)
+        if previous is not None and previous.get("status") == "False":
+            new = dict(status)
+            new["conditions"] = set_condition(status.get("conditions"), "PodCreated", "True", "Created",
+                                              f"pod {name} was admitted", now_rfc3339(),
+                                              generation if isinstance(generation, int) else None)
+            new["message"] = None
+            self._write(body, status, new)
+        return pod
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
                        pod: str) -> str | None:
@@ -742,11 +835,12 @@ class Operator:
         self._event(job, "Normal", "Retrying" if ctype == "Retrying" else "NextAttempt",
                     f"creating pod {pod_name(ref.name, next_attempt)}")
         job_now = dict(job, status={**status})
-        pod = self._ensure(ref, job_now, build_pod(job, spec, plan, next_attempt, self.config.image,
-                                                   self.config.scheduler_name, priority_class,
-                                                   settings=self.config.pods,
-                                                   worker_device=self.config.worker_device), kind="Pod")
-        self._apply_pod(job, status, pod, deleted=False)
+        pod = self._create_pod(ref, job_now, status, build_pod(job, spec, plan, next_attempt, self.config.image,
+                                                               self.config.scheduler_name, priority_class,
+                                                               settings=self.config.pods,
+                                                               worker_device=self.config.worker_device))
+        if pod is not None:
+            self._apply_pod(job, status, pod, deleted=False)
 
     def _calibration_table(self) -> CalibrationTable | None:
         """The cluster's calibration table; ``None`` (static factor) when it cannot be read for a lasting reason."""
@@ -853,6 +947,6 @@ def build_registry(op: Operator) -> Any:
     kopf.on.update(**jobs, id="spec-update", field="spec")(op.on_spec_update)
     kopf.timer(**jobs, id="resync", interval=config.resync_seconds, idle=config.resync_seconds,
                when=lambda status, **_: _dict(status).get("phase") not in TERMINAL)(op.on_resync)
-    kopf.on.event("", "v1", "pods", registry=registry, labels={LABEL_MANAGED_BY: MANAGED_BY_VALUE},
-                  id="pod-sync")(op.on_pod_event)
+    # Pod events do not come through kopf: main.run_async runs podwatch.PodWatcher, which asks the API server for
+    # this operator's pods only (labelSelector); kopf would receive every pod of the cluster and filter here.
     return registry

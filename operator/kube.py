@@ -9,20 +9,24 @@ object reaches the handlers' own validation instead of failing inside the client
 
 from __future__ import annotations
 
+import datetime
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from gnnsched.contract import GNNCALIBRATION_PLURAL, GNNJOB_PLURAL, GPUNODE_PLURAL, GROUP, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
+TOKEN_REFRESH_PERIOD = datetime.timedelta(minutes=1)  # the kubernetes client's own re-read period
 
 
 class KubeError(Exception):
     """An API call failed; ``status`` is the HTTP status (0 when the server could not be reached)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, details: dict[str, Any] | None = None) -> None:
         self.status = status
         self.message = message
+        self.details = details or {}  # the Status body's ``details`` (``causes`` with ``field`` for a 422)
         super().__init__(f"HTTP {status}: {message}" if status else message)
 
     @property
@@ -54,7 +58,7 @@ class Kube:
         try:
             response = fn(*args, _preload_content=False, **kwargs)
         except self._exception as exc:
-            raise KubeError(int(exc.status or 0), _reason(exc)) from None
+            raise KubeError(int(exc.status or 0), _reason(exc), _details(exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeError(0, f"cannot reach the API server: {exc}") from None
         try:
@@ -90,6 +94,58 @@ class Kube:
         data = self._call(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
         return [item for item in data.get("items") or [] if isinstance(item, dict)]
 
+    def list_pods_page(self, namespace: str | None, label_selector: str) -> dict[str, Any]:
+        """One LIST of pods (a namespace's, or every namespace's when ``namespace`` is None) filtered by
+        ``label_selector`` on the server; the raw ``PodList`` with its ``metadata.resourceVersion``."""
+        if namespace is None:
+            return self._call(self._core.list_pod_for_all_namespaces, label_selector=label_selector)
+        return self._call(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+
+    def watch_pods(self, namespace: str | None, label_selector: str, resource_version: str | None,
+                   timeout_seconds: int, on_open: Any = None) -> Iterator[dict[str, Any]]:
+        """Watch events (``{"type", "object"}`` dicts) of the pods ``label_selector`` selects, filtered on the server.
+
+        The server ends the stream after ``timeout_seconds``; the client gives up reading 30 s after that (a stalled
+        connection). ``on_open(response)`` receives the open response so that another thread can close it to stop
+        the watch at once. Raises ``KubeError`` as the other calls do.
+        """
+        import urllib3
+
+        kwargs: dict[str, Any] = dict(label_selector=label_selector, watch=True, allow_watch_bookmarks=True,
+                                      timeout_seconds=timeout_seconds, _preload_content=False,
+                                      _request_timeout=(10, timeout_seconds + 30))
+        if resource_version:
+            kwargs["resource_version"] = resource_version
+        response: Any
+        try:
+            if namespace is None:
+                response = self._core.list_pod_for_all_namespaces(**kwargs)
+            else:
+                response = self._core.list_namespaced_pod(namespace, **kwargs)
+        except self._exception as exc:
+            raise KubeError(int(exc.status or 0), _reason(exc), _details(exc)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(0, f"cannot reach the API server: {exc}") from None
+        if on_open is not None:
+            on_open(response)
+        buffer = b""
+        try:
+            for chunk in response.stream(amt=None, decode_content=False):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    event = _json_object(line)
+                    if event is not None:
+                        yield event
+            event = _json_object(buffer)
+            if event is not None:
+                yield event
+        except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError) as exc:
+            # A closed or reset stream (including our own close on stop): the caller re-watches or stops.
+            raise KubeError(0, f"watch stream ended: {exc}") from None
+        finally:
+            response.release_conn()
+
     def create_config_map(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call(self._core.create_namespaced_config_map, namespace, body)
 
@@ -109,6 +165,23 @@ class Kube:
             if exc.status == 404:
                 return False
             raise
+
+    def post_event(self, target: dict[str, Any], type_: str, reason: str, message: str) -> dict[str, Any]:
+        """A ``core/v1`` Event about ``target`` (apiVersion, kind, metadata name/namespace/uid), as kopf posts them,
+        for code that runs outside kopf's handler context."""
+        meta = target.get("metadata") or {}
+        now = datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace = str(meta.get("namespace") or "default")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name') or 'gnnjob'}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": target.get("apiVersion"), "kind": target.get("kind"),
+                               "name": meta.get("name"), "namespace": namespace, "uid": meta.get("uid")},
+            "reason": reason[:128], "message": message, "type": type_,
+            "source": {"component": "gnnsched-operator"}, "reportingComponent": "gnnsched-operator",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        return self._call(self._core.create_namespaced_event, namespace, body)
 
     # --- GNNJobs and GPUNodes ---
 
@@ -185,10 +258,43 @@ def _reason(exc: Any) -> str:
     return str(exc.reason or "error")
 
 
+def _details(exc: Any) -> dict[str, Any]:
+    """The ``details`` of the API server's ``Status`` body (a 422 lists the rejected fields in ``causes``)."""
+    try:
+        body = json.loads(exc.body or b"{}")
+    except (ValueError, TypeError):
+        return {}
+    details = body.get("details") if isinstance(body, dict) else None
+    return details if isinstance(details, dict) else {}
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def connection_info(configuration: Any) -> Any:
-    """kopf's credentials from the same client configuration, so the watcher and the handlers see one cluster."""
+    """kopf's credentials from the same client configuration, so the watcher and the handlers see one cluster.
+
+    Rotating service-account tokens: kubelet rewrites the projected token file before the old token expires (it
+    rotates at 80 % of the token's lifetime, an hour by default). The ``kubernetes`` client's in-cluster loader
+    installs ``refresh_api_key_hook``, which re-reads the file at most a minute after the last read, on every call of
+    this process's own client. kopf keeps its own copy, so the hook is run here and the credentials are given an
+    ``expiration`` one refresh period ahead: kopf's vault then drops them and calls the login handler again (it does
+    the same at once on a 401), which reads the current file.
+    """
     import kopf
 
+    expiration = None
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook(configuration)
+        expiration = datetime.datetime.now(tz=datetime.timezone.utc) + TOKEN_REFRESH_PERIOD
     token = None
     auth = (configuration.api_key or {}).get("authorization") or (configuration.api_key or {}).get("BearerToken")
     if auth:
@@ -204,4 +310,5 @@ def connection_info(configuration: Any) -> Any:
         certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
         default_namespace=None,
+        expiration=expiration,
     )

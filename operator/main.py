@@ -9,14 +9,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from typing import Any
 
+from gnnsched.contract import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 from gnnsched.kubeclient import load_client_configuration
 
 from .handlers import Operator, OperatorConfig, build_registry
 from .kube import Kube
 from .planning import Planner
+from .podwatch import PodWatcher
 
 
 def make_operator(config: OperatorConfig, kubeconfig: str | None = None, context: str | None = None) -> Operator:
@@ -33,6 +36,20 @@ async def run_async(op: Operator, stop_flag: asyncio.Event | threading.Event | N
 
     registry = build_registry(op)
     namespaces = op.config.namespaces
+    watchers: list[PodWatcher] = []
+
+    @kopf.on.startup(registry=registry)
+    async def _start_pod_watch(**_: Any) -> None:
+        # Started from kopf's start-up so that its threads carry kopf's context (events, settings).
+        watcher = pod_watcher(op, contextvars.copy_context())
+        watcher.start()
+        watchers.append(watcher)
+
+    @kopf.on.cleanup(registry=registry)
+    async def _stop_pod_watch(**_: Any) -> None:
+        while watchers:
+            await asyncio.to_thread(watchers.pop().stop)
+
     server = None
     if op.config.metrics_port is not None:
         from gnnsched.metrics_http import serve_metrics
@@ -51,9 +68,25 @@ async def run_async(op: Operator, stop_flag: asyncio.Event | threading.Event | N
                                if op.config.health_port else None),
         )
     finally:
+        while watchers:
+            await asyncio.to_thread(watchers.pop().stop)
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def pod_watcher(op: Operator, context: contextvars.Context | None = None) -> PodWatcher:
+    """The watch on the operator's own pods (label ``app.kubernetes.io/managed-by=gnnsched``, selected by the API
+    server), delivering to ``op.on_pod_event``; ``op.pod_watcher`` keeps it for inspection."""
+
+    def handle(body: dict[str, Any], event_type: str | None) -> None:
+        op.on_pod_event(body, event={"type": event_type} if event_type else None)
+
+    watcher = PodWatcher(op.kube, f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}", handle,
+                         namespaces=op.config.namespaces or None, workers=op.config.workers,
+                         timeout_seconds=op.config.watch_client_timeout, context=context)
+    op.pod_watcher = watcher
+    return watcher
 
 
 def run(config: OperatorConfig, kubeconfig: str | None = None, context: str | None = None) -> None:

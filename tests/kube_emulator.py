@@ -8,8 +8,9 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * a JSON-patch whose ``test`` op fails is answered 422 (kmock answers 500), which kopf treats as "retry next cycle";
 * create assigns ``uid``, ``creationTimestamp``, ``generation`` and the namespace (owner references need the uid);
 * writes are serialised so that the ``test`` check and the write are atomic;
+* ``/api/v1/namespaces[/NAME]`` is routed to the namespaces resource (kmock reads it as a namespace prefix);
 * core discovery reports ``groupVersion: v1`` (kmock says ``/v1``, which hides core resources from kubectl);
-* list honours equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
+* list and watch honour equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
 * matching a request to kmock's reactions looks at that request only (kmock rescans every request so far: quadratic),
   and only recent requests are remembered;
 * ``POST pods/<name>/binding`` binds as kube-apiserver's binding subresource does (``BindingREST`` in
@@ -36,9 +37,21 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kmock._internal import enums, rendering
+from kmock._internal import enums, parsing, rendering
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _parse_path(path: str, _original: Any = parsing.parse_path) -> Any:
+    """kmock 0.8 reads ``/api/v1/namespaces[/NAME]`` as a namespace prefix with no resource, so the list and the GET
+    of namespaces themselves fail (500 / 404); the real API server routes them to the ``namespaces`` resource."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (3, 4):
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _original(path)
+
+
+parsing.parse_path = _parse_path  # the emulator's module-wide fix (rendering calls parsing.parse_path)
 _CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emulator_request", default=None)
 
 
@@ -66,6 +79,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     before_write: Any = attrs.field(default=None)
     # Test hook: awaited after a write was applied, before the response is sent (to lose responses).
     after_write: Any = attrs.field(default=None)
+    # ``GET /version``'s gitVersion (kmock answers a fixed k3s version); None keeps kmock's answer.
+    server_version: str | None = attrs.field(default=None)
 
     def _next_version(self) -> str:
         return str(next(self._versions))
@@ -216,7 +231,7 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             timeout = float(request.params.get("timeoutSeconds") or 0)
         except ValueError:
             timeout = 0.0
-        stream = super()._serve_watch(request)
+        stream = self._selected(request, super()._serve_watch(request))
         if timeout <= 0:
             async for item in stream:
                 yield item
@@ -235,22 +250,33 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             if close is not None:
                 await close()
 
+    async def _selected(self, request: rendering.Request, stream: Any) -> Any:
+        """Watch events of the objects the request's ``labelSelector`` selects (kmock sends every object)."""
+        terms = _selector_terms(request.params.get("labelSelector"))
+        async for item in stream:
+            if terms and isinstance(item, dict) and isinstance(item.get("object"), dict) \
+                    and not _matches(item["object"], terms):
+                continue
+            yield item
+
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)
-        selector = request.params.get("labelSelector")
-        if selector and isinstance(result, dict):
-            terms = [t.split("=", 1) for t in selector.replace("==", "=").split(",") if "=" in t]
-            result["items"] = [
-                item
-                for item in result["items"]
-                if all((item.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in terms)
-            ]
+        terms = _selector_terms(request.params.get("labelSelector"))
+        if terms and isinstance(result, dict):
+            result["items"] = [item for item in result["items"] if _matches(item, terms)]
         return result
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_version(request)
         if isinstance(result, dict) and result.get("groupVersion", "").startswith("/"):
             result["groupVersion"] = result["groupVersion"][1:]
+        return result
+
+    async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
+        result = await super()._serve_server_version(request)
+        if self.server_version and isinstance(result, dict):
+            major, minor = self.server_version.lstrip("v").split(".")[:2]
+            result.update(gitVersion=self.server_version, major=major, minor=minor)
         return result
 
     async def _serve_table(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -294,6 +320,18 @@ def _is_binding(request: rendering.Request) -> bool:
     resource = request.resource
     return (request.method == "POST" and request.subresource == "binding" and request.name is not None
             and resource is not None and resource.plural == "pods" and not resource.group)
+
+
+def _selector_terms(selector: Any) -> list[list[str]]:
+    """Equality terms of a label selector (``a=b,c==d``), the only kind the operator and the tests send."""
+    if not isinstance(selector, str) or not selector:
+        return []
+    return [t.split("=", 1) for t in selector.replace("==", "=").split(",") if "=" in t]
+
+
+def _matches(obj: dict[str, Any], terms: list[list[str]]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in terms)
 
 
 def _cell(value: Any) -> Any:

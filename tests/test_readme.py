@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 DOCS = [README] + [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
-DAEMONS = {"extender", "node-agent", "mps-daemon", "device-plugin", "operator", "gate"}
+# Commands that run until stopped or need a cluster: their documented flags are checked, they are not run.
+DAEMONS = {"extender", "node-agent", "mps-daemon", "device-plugin", "operator", "gate", "doctor"}
 GNNSCHED = [sys.executable, "-c", "from gnnsched.cli import main; main()"]
 
 

@@ -236,9 +236,17 @@ def plan_admissions(
 
 
 def plan_decision(
-    policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree], bypass_limit: int = 0
+    policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree], bypass_limit: int = 0, *,
+    spread: bool = False,
 ) -> Plan:
     """``plan_admissions`` plus the bypass counts the caller must keep for the next decision.
+
+    ``spread`` (the gate's ``--spread``): on a node where more than one GPU has a free client slot, the decision is
+    made in rounds of one task per GPU (each round: GPUs in order of most free bytes, the policy's order, the same
+    memory bound and backfill rule), so a task joins a GPU that already received one in this decision only when
+    every GPU with room got one first. Without it each GPU takes a whole group in turn, and a burst on an idle node
+    piles onto the first GPU while the others stay idle (measured with ``bench/robustness.py``). A node with one
+    usable GPU plans as without it.
 
     Bounded-bypass backfill (``bypass_limit > 0``): each GPU scans what remains of the order; a task that does not
     fit the group's remaining room is skipped and stays queued, a later task that fits joins — overtaking every task
@@ -253,6 +261,8 @@ def plan_decision(
     if not items:
         return Plan([], {})
     gpus = list(gpus)
+    if spread and len(items) > 1 and sum(1 for g in gpus if g.free_slots > 0) > 1:
+        return _plan_spread(p, items, gpus, bypass_limit)
     if len(items) == 1:
         # One queued task (the common decision on a busy node): every policy's order is that task, it joins the
         # first group it fits and no task is overtaken, so the plan is the task on the first GPU in the GPUs' order
@@ -273,6 +283,39 @@ def plan_decision(
     if bypass_limit == 0:
         return Plan(_plan_prefix(p, order, gpus), {})
     return _plan_backfill(p, order, gpus, bypass_limit)
+
+
+def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int) -> Plan:
+    """``plan_decision(..., spread=True)``: rounds of :func:`plan_decision` with one free slot per GPU, the GPUs'
+    free bytes and slots and the tasks' bypass counts carried from round to round; a GPU's admissions over the
+    rounds are one group (one :class:`Admission` per GPU, tasks in the order they joined)."""
+    by_key = {t.key: t for t in items}
+    left = list(items)
+    free = {g.index: g for g in gpus}
+    groups: dict[int, list[Task]] = {}
+    counts: dict[str, int] = {}
+    while left:
+        round_gpus = [GPUFree(index=g.index, free_bytes=g.free_bytes, free_slots=min(g.free_slots, 1),
+                              capacity_bytes=g.capacity_bytes) for g in free.values()]
+        plan = plan_decision(p, left, round_gpus, bypass_limit)
+        if not plan.admissions:
+            break
+        for key, count in plan.bypassed.items():
+            counts[key] = count
+            t = by_key[key]
+            by_key[key] = Task(key=t.key, bytes=t.bytes, seq=t.seq, qt_seconds=t.qt_seconds, intensity=t.intensity,
+                               bypassed=count)
+        taken: set[str] = set()
+        for a in plan.admissions:
+            g = free[a.gpu_index]
+            free[a.gpu_index] = GPUFree(index=g.index, free_bytes=g.free_bytes - a.bytes,
+                                        free_slots=g.free_slots - len(a.tasks), capacity_bytes=g.capacity_bytes)
+            groups.setdefault(a.gpu_index, []).extend(a.tasks)
+            taken.update(t.key for t in a.tasks)
+        left = [by_key[t.key] for t in left if t.key not in taken]
+    admitted = {t.key for tasks in groups.values() for t in tasks}
+    out = [Admission(gpu_index=i, tasks=tuple(tasks)) for i, tasks in groups.items()]
+    return Plan(out, {k: c for k, c in counts.items() if k not in admitted})
 
 
 def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree]) -> list[Admission]:

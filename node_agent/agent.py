@@ -89,6 +89,7 @@ class AgentOptions:
     metrics_addr: str = "0.0.0.0"
     live_memory_check: bool = True
     bypass_limit: int = DEFAULT_BYPASS_LIMIT  # 0: strict prefix of the policy's order; N: bounded-bypass backfill
+    spread: bool = False  # plan in rounds of one task per GPU (gnnsched.policies.plan_decision)
     end_wait: float = 30.0  # seconds to wait for a pod's container status after its gated process exited
     fault_window: float = 30.0  # a client that exited this recently on a GPU shares a fault found after it exited
     peak_write_growth: float = 0.01  # rewrite a pod's observed peak once it grew by this fraction (and at its end)
@@ -161,7 +162,7 @@ class NodeAgent:
 
     async def start(self) -> GateServer:
         books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check,
-                      bypass_limit=self.opts.bypass_limit)
+                      bypass_limit=self.opts.bypass_limit, spread=self.opts.spread)
         self._dirty = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         restored = await asyncio.to_thread(self._restore_drains, books)

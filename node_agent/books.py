@@ -95,6 +95,7 @@ class Books:
         policy: Policy | str,
         live_memory_check: bool = False,
         bypass_limit: int = DEFAULT_BYPASS_LIMIT,
+        spread: bool = False,
     ) -> None:
         if not gpus:
             raise ValueError("gpus: the gate needs at least one GPU")
@@ -108,6 +109,9 @@ class Books:
         # 0: admissions are a strict prefix of the policy's order; N > 0: bounded-bypass backfill (policies module
         # docstring). The per-entry counts live in Entry.bypassed; an agent restart starts them from 0 again.
         self.bypass_limit = bypass_limit
+        # True: plan in rounds of one task per GPU (policies.plan_decision's spread), so a burst does not pile onto
+        # one GPU while the node's others are idle
+        self.spread = spread
         self.queued: dict[str, Entry] = {}
         self.running: dict[str, Entry] = {}
         self._tasks: dict[str, Task] = {}  # the policies' view of each queued entry, built once per request
@@ -226,7 +230,7 @@ class Books:
                 # outside the gate, or memory a finished job has not given back yet, shrinks it).
                 room = min(room, g.total_bytes - g.used_bytes)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes))
-        result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit)
+        result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread)
         plan: list[Admission] = result.admissions
         for key, count in result.bypassed.items():  # overtaken entries stay queued; keep their counts
             e = self.queued[key]

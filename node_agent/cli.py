@@ -49,6 +49,12 @@ def node_agent(
         help="Backfill: a queued pod that does not fit may be overtaken by at most N pods later in the policy's order "
         "before it blocks them (0: admit a strict prefix of the order, no overtaking).",
     ),
+    spread: bool = typer.Option(
+        False,
+        "--spread/--no-spread",
+        help="Plan each admission decision in rounds of one pod per GPU, so a burst spreads over the node's GPUs "
+        "instead of grouping onto the one with most free memory while others stay idle (the chart turns it on).",
+    ),
     reserve_bytes: str = typer.Option(
         "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
     ),
@@ -255,6 +261,7 @@ def node_agent(
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
+        spread=spread,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
         workload_env=workload_env,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.

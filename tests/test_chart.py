@@ -35,7 +35,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "extra-node-selectors": {
         "node": {"extraNodeSelector": {"pool": "a100", "topology.kubernetes.io/zone": "zone-a"},
-                 "agent": {"policy": "lmcf", "bypassLimit": 0}}
+                 "agent": {"policy": "lmcf", "bypassLimit": 0, "spread": False}}
     },
     "components-off": {"operator": {"enabled": False}, "scheduler": {"enabled": False}},
 }
@@ -270,6 +270,7 @@ def test_daemonset_mounts_match_the_components_defaults(chart):
     agent, plugin = by_name["agent"], by_name["device-plugin"]
     assert arg_value(agent, "--gate-socket") == contract.DEFAULT_GATE_SOCKET
     assert arg_value(agent, "--bypass-limit") == str(DEFAULT_BYPASS_LIMIT)  # the chart runs what the simulator measures
+    assert "--spread" in agent["args"]  # node.agent.spread: true (bench/robustness.py's +spread)
     assert arg_value(agent, "--mps-pipe-dir") == contract.DEFAULT_MPS_PIPE_DIR
     assert arg_value(plugin, "--plugin-dir") == contract.DEFAULT_DEVICE_PLUGIN_DIR
     assert arg_value(agent, "--metrics-port") == str(contract.DEFAULT_AGENT_METRICS_PORT)
@@ -298,6 +299,7 @@ def test_extra_node_selectors_are_merged(chart):
     assert selector == {"nvidia.com/gpu.present": "true", "pool": "a100", "topology.kubernetes.io/zone": "zone-a"}
     assert arg_value(containers(docs)["agent"], "--policy") == "lmcf"
     assert arg_value(containers(docs)["agent"], "--bypass-limit") == "0"
+    assert "--no-spread" in containers(docs)["agent"]["args"]
 
 
 def test_security_contexts(chart):

@@ -270,3 +270,37 @@ def test_one_task_plan_is_the_general_plan(size: int, bypassed: int, gpus: list,
         got = plan_decision(p, [task], free, limit)
         want = pol._plan_backfill(p, [task], free, limit) if limit else pol.Plan(pol._plan_prefix(p, [task], free), {})
         assert got == want
+
+
+def test_spread_puts_a_burst_on_every_idle_gpu_first():
+    """Without spread the GPU with most free bytes takes the whole group while the others idle; with it each GPU
+    gets one task per round, in the policy's order, before any GPU gets a second."""
+    ts = _tasks([(10, 5.0)] * 6)
+    gpus = [GPUFree(i, 80, 48, 80) for i in range(4)]
+    piled = plan_decision("bmc", ts, gpus).admissions
+    assert [(a.gpu_index, len(a.tasks)) for a in piled] == [(0, 6)]
+    spread = plan_decision("bmc", ts, gpus, spread=True).admissions
+    assert sorted((a.gpu_index, len(a.tasks)) for a in spread) == [(0, 2), (1, 2), (2, 1), (3, 1)]
+    assert sorted(t.key for a in spread for t in a.tasks) == sorted(t.key for t in ts)
+    # the order still decides who goes first: FIFO under base, the first four tasks get a GPU to themselves
+    firsts = {a.tasks[0].key for a in plan_decision("base", ts, gpus, spread=True).admissions}
+    assert firsts == {"t0", "t1", "t2", "t3"}
+
+
+def test_spread_keeps_the_memory_bound_and_the_backfill_counts():
+    ts = _tasks([(70, 1.0), (30, 2.0), (30, 3.0), (30, 4.0)])
+    gpus = [GPUFree(0, 60, 48, 80), GPUFree(1, 50, 48, 80)]
+    d = plan_decision("base", ts, gpus, bypass_limit=4, spread=True)
+    for a in d.admissions:
+        assert a.bytes <= next(g.free_bytes for g in gpus if g.index == a.gpu_index)
+    admitted = sorted(t.key for a in d.admissions for t in a.tasks)
+    assert admitted == ["t1", "t2", "t3"]  # t0 fits neither GPU now; three later tasks overtook it
+    assert d.bypassed == {"t0": 3}
+    strict = plan_decision("base", ts, gpus, bypass_limit=0, spread=True)
+    assert strict.admissions == [] and strict.bypassed == {}  # the strict prefix: nothing passes t0
+
+
+def test_spread_on_one_usable_gpu_is_the_plain_plan():
+    ts = _tasks([(10, 1.0), (20, 2.0), (30, 3.0)])
+    gpus = [GPUFree(0, 80, 48, 80), GPUFree(1, 80, 0, 80)]
+    assert plan_decision("lmcf", ts, gpus, spread=True) == plan_decision("lmcf", ts, gpus)

@@ -277,7 +277,7 @@ class Integrations:
             policy = self.memo.get(("policy", sim.base))
             if policy is None:  # the enum, so plan_admissions does not parse the name at every call
                 policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
-            decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit)
+            decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit, spread=sim.policy.spread)
             plan = decision.admissions
             # The gate keeps each queued task's bypass count between decisions (node_agent.books.Entry.bypassed).
             if decision.bypassed:

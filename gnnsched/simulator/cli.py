@@ -46,7 +46,9 @@ def simulate(
                                  "bqt. Suffixes: +scaling, +uvm (MPS and -paper), -interference, +sjf[N] (gnnsched: "
                                  "pods carry runtime-bucket PriorityClasses, kube-scheduler's queue tries the "
                                  "shortest predicted first), +bypassN (gnnsched: the gate's backfill limit, "
-                                 "node-agent --bypass-limit N; default 4, +bypass0 = strict policy order), @N."),
+                                 "node-agent --bypass-limit N; default 4, +bypass0 = strict policy order), "
+                                 "+spread (gnnsched: the gate plans one pod per GPU per round, node-agent --spread), "
+                                 "@N."),
     seed: int = typer.Option(0, "--seed", help="Seed of the built-in workload generators."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the metrics as JSON here."),
     plots: Path | None = typer.Option(None, "--plots", help="Write PNG plots (JCT CDF, utilisation, group memory)."),

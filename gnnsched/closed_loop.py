@@ -28,9 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gnnsched.errors import FieldError
 
 Outcome = Literal["succeeded", "memory-exceeded", "fault"]
-"""How one attempt ended, as the worker's result line (or the gate keeper, for a custom container) reports it:
-``memory-exceeded`` is a CUDA out-of-memory error inside the attempt's own limit (retry larger); ``fault`` is a fatal
-GPU or MPS error (the fault-domain rules decide who is charged); anything else that fails is an ordinary failure."""
+"""How one attempt ended, as the worker's result line (or the node agent's attempt-result annotation, for a custom
+container) reports it: ``memory-exceeded`` is a CUDA out-of-memory error inside the attempt's own limit (retry
+larger); ``fault`` is a fatal GPU or MPS error (the fault-domain rules decide who is charged); anything else that
+fails is an ordinary failure."""
 
 ContainerKind = Literal["builtin", "custom"]
 """``builtin``: the pod runs ``gnnsched worker`` (the estimate is for exactly the code that runs); ``custom``: the
@@ -112,8 +113,10 @@ def failed_request_bytes(text: str) -> int | None:
 class AttemptResult(BaseModel):
     """The JSON result line an attempt leaves in ``$GNNSCHED_RESULT_FILE`` (the termination message) and on stdout.
 
-    Written by ``gnnsched worker`` for built-in jobs, and by the gate keeper for a custom container that died without
-    writing one. Keys are snake_case, as the worker's result line has always been; unknown keys are kept out."""
+    Written by ``gnnsched worker`` for built-in jobs. For a custom container that failed without one, the node agent
+    writes the outcome it classified as the pod annotation ``gnnsched.io/attempt-result`` (``source: gate``): the
+    container's own gate keeper dies with its PID 1, so it cannot write the termination message.
+    Keys are snake_case, as the worker's result line has always been; unknown keys are kept out."""
 
     model_config = ConfigDict(extra="ignore")
 

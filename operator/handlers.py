@@ -27,6 +27,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field, model_validator
@@ -76,7 +77,15 @@ from .podspec import (
     job_label,
     pod_name,
 )
-from .resize import SUSPECT_EXCLUSIVE_AFTER, AttemptFacts, attempt_facts, decide
+from .resize import (
+    AGENT_VERDICT_SECONDS,
+    SUSPECT_EXCLUSIVE_AFTER,
+    AttemptFacts,
+    attempt_facts,
+    decide,
+    settle_without_verdict,
+    verdict_wait_seconds,
+)
 from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
 
 log = logging.getLogger("gnnsched.operator")
@@ -693,7 +702,22 @@ class Operator:
                     attempt: int, now: str, pod: dict[str, Any] | None = None) -> None:
         """A failed attempt: requeue a fault victim, resize a memory-exceeded attempt, else charge it to
         ``backoffLimit`` (``operator/resize.py`` has the rules). The next attempt's reservation, counters and pod
-        name go into one status patch before its pod is created, so a restart resumes exactly there."""
+        name go into one status patch before its pod is created, so a restart resumes exactly there.
+
+        While the node agent's verdict on the pod may still come (``verdict_wait_seconds``), nothing is decided: the
+        status says what it waits for, and the pod event that carries the verdict, or the resync timer after the
+        bound, brings the pod here again."""
+        facts = attempt_facts(pod) if pod is not None else AttemptFacts()
+        wait = verdict_wait_seconds(facts, datetime.now(timezone.utc))
+        if wait > 0 and facts.finished_at is not None:
+            what = "fault record" if facts.awaits == "fault" else "attempt result"
+            deadline = (facts.finished_at + timedelta(seconds=AGENT_VERDICT_SECONDS)).astimezone(timezone.utc)
+            new["message"] = (f"pod {view.name} failed; waiting for the node agent's {what} "
+                              f"(until {deadline.strftime('%Y-%m-%dT%H:%M:%SZ')} at the latest)")
+            self._write(job, status, new, message=new["message"])
+            return
+        if facts.awaits is not None:
+            facts = settle_without_verdict(facts)
         generation = _dict(job.get("metadata")).get("generation")
         try:
             spec: GNNJobSpec | None = parse_spec(job.get("spec"))
@@ -706,7 +730,6 @@ class Operator:
         self._event(job, "Warning", "PodFailed", detail)
         # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
         plan = self._stored_plan(status, None, any_generation=True)
-        facts = attempt_facts(pod) if pod is not None else AttemptFacts()
         priority_class = _dict(_dict(pod).get("spec")).get("priorityClassName")
         priority_class = priority_class if isinstance(priority_class, str) and priority_class else None
         if plan is not None and facts.outcome == "memory-exceeded":

@@ -9,33 +9,54 @@ Order of the rules, first match wins:
 1. The node agent marked the pod a **victim** of a co-located fatal MPS fault (``gnnsched.io/fault``, role
    ``victim``): requeue with the same reservation, not charged to ``backoffLimit`` (condition ``Requeued``, reason
    ``CoLocatedFault``). Bounded by ``MAX_REQUEUES`` so a GPU that keeps faulting cannot loop a job forever.
-2. The attempt ran out of its GPU memory reservation (``memory-exceeded``: the worker's result line, else PyTorch's or
-   CUDA's out-of-memory text in the termination message): retry with ``next_reservation``, capped at the largest
+2. The attempt ran out of its GPU memory reservation (``memory-exceeded``: the worker's result line, else the node
+   agent's ``gnnsched.io/attempt-result`` annotation, else PyTorch's or CUDA's out-of-memory text in the termination
+   message): retry with ``next_reservation``, capped at the largest
    GPU; not charged to ``backoffLimit``; bounded by ``spec.memory.maxResizes``. No GPU can hold more: the job fails
    with ``ExceedsLargestGPU``; resizes used up: it fails with ``MemoryExceeded``.
 3. Anything else is charged to ``backoffLimit`` as before. A pod the agent marked the **suspect** of a fault is
    charged normally, and a job suspected twice runs its later attempts alone on a GPU (``exclusive``).
+
+Before any rule, the operator may have to wait for the node agent (``verdict_wait_seconds``). The agent writes its
+verdict on a pod (``gnnsched.io/fault``, ``gnnsched.io/attempt-result``) only after the pod's container status
+appears, so the verdict can land seconds after the pod is ``Failed``. A gated attempt that failed with a GPU fault
+but no fault record yet, or that failed with no outcome of its own (a custom container that died silently at its MPS
+limit), is decided only once the verdict arrives (the pod event re-triggers) or ``AGENT_VERDICT_SECONDS`` after the
+pod finished (the resync timer re-triggers). The wait is measured from the pod's finish time, not from when the
+operator saw it, so a restarted operator waits no longer and decides the same way. At the bound, a fault without a
+record counts as a victim when the attempt's own error is ``cudaErrorMpsClientTerminated`` (810), else it is charged.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
 from gnnsched.closed_loop import (
+    MPS_CLIENT_TERMINATED,
     AttemptResult,
     FaultRecord,
     Outcome,
     ResizePolicy,
     classify_log,
     failed_request_bytes,
+    is_mps_victim_text,
     next_reservation,
 )
-from gnnsched.contract import ANN_FAULT, ANN_OBSERVED_PEAK_BYTES, JOB_CONTAINER_NAME
+from gnnsched.contract import (
+    ANN_ADMITTED_AT,
+    ANN_ATTEMPT_RESULT,
+    ANN_FAULT,
+    ANN_FINISHED_AT,
+    ANN_GPU,
+    ANN_OBSERVED_PEAK_BYTES,
+    JOB_CONTAINER_NAME,
+)
 
-from .status import last_json_object
+from .status import last_json_object, parse_time
 
 MAX_REQUEUES = 10
 """Fault requeues a job may take without being charged; beyond it a victim is charged to ``backoffLimit``."""
@@ -43,6 +64,10 @@ UNKNOWN_CAP = 2**62
 """The cap a resize uses while no GPUNode reports a healthy GPU."""
 SUSPECT_EXCLUSIVE_AFTER = 2
 """A job suspected this many times of a fatal MPS fault runs its later attempts alone on a GPU."""
+AGENT_VERDICT_SECONDS = 30.0
+"""How long after a gated pod finished the operator waits for the node agent's verdict on it (fault record, attempt
+result). The agent waits up to 30 s for the container status and annotates right after it, so its verdict lands
+within seconds of the finish time; the bound only matters when the agent is down."""
 
 
 class AttemptFacts(BaseModel):
@@ -55,6 +80,13 @@ class AttemptFacts(BaseModel):
     """What the attempt showed it needs at least (held + the failed request), when it said."""
     observed_peak_bytes: int | None = None
     detail: str = ""
+    awaits: Literal["fault", "attempt-result"] | None = None
+    """The node agent's verdict this attempt still lacks: a fault record for a GPU fault, or any outcome for a gated
+    container that failed without saying how (``verdict_wait_seconds`` bounds the wait)."""
+    finished_at: datetime | None = None
+    gpu: str | None = None
+    victim_of_810: bool = False
+    """The attempt's own error is ``cudaErrorMpsClientTerminated``: the MPS server ended it for another's fault."""
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -71,9 +103,11 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def attempt_facts(pod: Any) -> AttemptFacts:
-    """The outcome of a finished attempt from its pod: the worker's result line in the termination message (the
-    gate keeper writes one for a custom container too), else ``classify_log`` on the message (kubelet's log tail
-    with ``FallbackToLogsOnError``), plus the agent's fault record and NVML peak. Never raises."""
+    """The outcome of a finished attempt from its pod: the worker's result line in the termination message, else the
+    node agent's ``gnnsched.io/attempt-result`` annotation (a custom container's gate keeper dies with its PID 1, so
+    the agent writes the outcome it classified from the log tail or from NVML usage at the MPS limit), else
+    ``classify_log`` on the message (kubelet's log tail with ``FallbackToLogsOnError``), plus the agent's fault
+    record and NVML peak. Never raises."""
     pod = _dict(pod)
     annotations = _dict(_dict(pod.get("metadata")).get("annotations"))
     facts = AttemptFacts()
@@ -97,6 +131,12 @@ def attempt_facts(pod: Any) -> AttemptFacts:
             facts.result = AttemptResult.model_validate(line)
         except ValidationError:
             facts.result = None
+    raw_result = annotations.get(ANN_ATTEMPT_RESULT)
+    if facts.result is None and isinstance(raw_result, str) and raw_result:
+        try:
+            facts.result = AttemptResult.model_validate(json.loads(raw_result))
+        except (ValueError, ValidationError):
+            facts.result = None  # a malformed annotation is ignored, like a malformed fault record
     if facts.result is not None:
         facts.outcome = facts.result.outcome
         facts.needed_bytes = facts.result.needed_bytes()
@@ -110,10 +150,43 @@ def attempt_facts(pod: Any) -> AttemptFacts:
             # What NVML saw the process hold at the limit, plus the request that failed (custom containers).
             if request is not None and facts.observed_peak_bytes is not None:
                 facts.needed_bytes = facts.observed_peak_bytes + request
+    code = terminated.get("exitCode")
+    own_text = message + "\n" + ((facts.result.message or "") if facts.result is not None else "")
+    facts.victim_of_810 = code == MPS_CLIENT_TERMINATED or is_mps_victim_text(own_text)
+    facts.finished_at = parse_time(annotations.get(ANN_FINISHED_AT)) or parse_time(terminated.get("finishedAt"))
+    gpu = annotations.get(ANN_GPU)
+    facts.gpu = gpu if isinstance(gpu, str) and gpu else None
+    gated = facts.gpu is not None or bool(annotations.get(ANN_ADMITTED_AT))
+    failed = isinstance(code, int) and code != 0 and terminated.get("reason") != "OOMKilled"
+    if facts.outcome == "fault" and facts.fault is None:
+        facts.awaits = "fault"
+    elif gated and failed and facts.outcome is None and facts.result is None and facts.fault is None:
+        facts.awaits = "attempt-result"
     if facts.outcome == "memory-exceeded":
         facts.detail = "out of GPU memory within its reservation" + (
             f" (needed at least {facts.needed_bytes} bytes)" if facts.needed_bytes is not None else "")
     return facts
+
+
+def verdict_wait_seconds(facts: AttemptFacts, now: datetime) -> float:
+    """Seconds left to wait for the node agent's verdict on a failed attempt; 0 means decide now.
+
+    Measured from the pod's finish time (a pod without one is decided at once), so the answer depends only on the
+    pod and the clock: a restarted operator neither waits again from zero nor forgets that it was waiting."""
+    if facts.awaits is None or facts.finished_at is None:
+        return 0.0
+    return max(0.0, AGENT_VERDICT_SECONDS - (now - facts.finished_at).total_seconds())
+
+
+def settle_without_verdict(facts: AttemptFacts) -> AttemptFacts:
+    """The facts to decide on once the wait is over and the agent said nothing: a GPU fault whose own error is 810
+    is a victim of another client (the MPS server ended it), so it gets a victim record; anything else is judged by
+    its own failure (a fault that is not 810 is charged, as a suspect would be)."""
+    if facts.awaits != "fault" or not facts.victim_of_810 or facts.finished_at is None:
+        return facts
+    record = FaultRecord(gpu=facts.gpu or "unknown", role="victim", reason="MpsClientTerminated",
+                         at=facts.finished_at)
+    return facts.model_copy(update={"fault": record, "awaits": None})
 
 
 DecisionKind = Literal["requeue", "resize", "exceeds-largest", "resizes-exhausted", "charge"]

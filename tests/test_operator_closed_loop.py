@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import shutil
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from gnnsched.closed_loop import AttemptResult, CalibrationPolicy, next_reservat
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_ATTEMPT,
+    ANN_ATTEMPT_RESULT,
     ANN_EXCLUSIVE,
     ANN_FAULT,
     ANN_GPU,
@@ -67,10 +69,16 @@ def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
     return found[0]
 
 
-def ended(phase: str, message: str, reason: str = "Error", code: int = 1) -> dict[str, Any]:
+def ended(phase: str, message: str, reason: str = "Error", code: int = 1,
+          finished_at: str = "2026-01-01T10:00:09Z") -> dict[str, Any]:
     return {"status": {"phase": phase, "containerStatuses": [{"name": "gnn", "state": {"terminated": {
         "exitCode": code, "reason": reason, "startedAt": "2026-01-01T10:00:00Z",
-        "finishedAt": "2026-01-01T10:00:09Z", "message": message}}}]}}
+        "finishedAt": finished_at, "message": message}}}]}}
+
+
+def ago(seconds: float) -> str:
+    """An RFC 3339 time ``seconds`` before now (the operator's wait for the agent counts from the finish time)."""
+    return (datetime.now(timezone.utc) - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def oom_line(limit: int, held: int, requested: int) -> str:
@@ -337,3 +345,86 @@ async def test_attempt_that_ran_out_while_the_operator_was_down_is_resized_exact
             names = sorted(p["metadata"]["name"] for p in await cluster.pods())
     assert names == ["gcn-cora-0", "gcn-cora-1"]
     assert job is not None and job["status"]["resizes"] == 1 and job["status"]["attempts"] == 2
+
+
+async def test_custom_container_dead_at_its_limit_is_resized_from_the_agents_attempt_result(tmp_path: Path) -> None:
+    """A custom container killed at its MPS limit leaves no result line and no out-of-memory text (its gate keeper
+    died with PID 1). The agent annotates ``attempt-result`` only after the container status appears: the operator
+    waits for it instead of charging the job, then resizes from it."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest(command=["python", "train.py"]))  # backoffLimit 0
+            old = int((await pod(cluster, "gcn-cora-0"))["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {ANN_GPU: "GPU-a100-0"}}})
+            await cluster.patch_pod("gcn-cora-0", ended("Failed", "", code=137, finished_at=ago(0)))
+
+            async def waiting() -> Any:
+                job = await cluster.get_job("gcn-cora")
+                return job if job and "waiting for the node agent's attempt result" in str(
+                    job["status"].get("message")) else None
+            await wait_for(waiting, 20, what="the job waiting for the agent's verdict")
+            await asyncio.sleep(3.0)  # a resync period: still undecided, not charged
+            waited = await cluster.get_job("gcn-cora")
+            names_while_waiting = [p["metadata"]["name"] for p in await cluster.pods()]
+            verdict = AttemptResult(outcome="memory-exceeded", observed_peak_bytes=old, limit_bytes=old,
+                                    held_bytes=old, source="gate").line()
+            await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {ANN_ATTEMPT_RESULT: verdict}}})
+            second = await pod(cluster, "gcn-cora-1")
+            job = await cluster.get_job("gcn-cora")
+    assert waited is not None and waited["status"]["phase"] != "Failed" and names_while_waiting == ["gcn-cora-0"]
+    assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) == next_reservation(old, old, CAPACITY)
+    assert job is not None and job["status"]["resizes"] == 1 and job["status"].get("retriesUsed") is None
+    assert condition(job, "Resized")["reason"] == "MemoryExceeded"
+
+
+async def test_fault_record_landing_after_the_failure_requeues_the_victim(tmp_path: Path) -> None:
+    """The agent's fault record lands seconds after the pod failed: the operator must not charge it meanwhile."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest())  # backoffLimit 0: a charge would fail the job
+            await pod(cluster, "gcn-cora-0")
+            await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {ANN_GPU: "GPU-a100-0"}}})
+            await cluster.patch_pod("gcn-cora-0", ended("Failed", "CUDA error: cudaErrorMpsClientTerminated",
+                                                        finished_at=ago(0)))
+
+            async def waiting() -> Any:
+                job = await cluster.get_job("gcn-cora")
+                return job if job and "waiting for the node agent's fault record" in str(
+                    job["status"].get("message")) else None
+            await wait_for(waiting, 20, what="the job waiting for the fault record")
+            await asyncio.sleep(3.0)
+            waited = await cluster.get_job("gcn-cora")
+            await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {ANN_FAULT: fault("victim")}}})
+            await pod(cluster, "gcn-cora-1")
+            job = await cluster.get_job("gcn-cora")
+    assert waited is not None and waited["status"]["phase"] != "Failed" and waited["status"].get("requeues") is None
+    assert job is not None and job["status"]["requeues"] == 1 and condition(job, "Requeued")["reason"] == \
+        "CoLocatedFault"
+
+
+async def test_without_a_fault_record_810_is_requeued_and_another_fault_charged_after_the_bound(
+        tmp_path: Path) -> None:
+    """No record ever comes (the agent is down). The bound counts from the pods' finish times, so an operator started
+    after the failures decides the same: the client that died with 810 is a victim, the other fault is charged."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest("victim"))
+            await cluster.create_job(manifest("culprit"))
+            await pod(cluster, "victim-0")
+            await pod(cluster, "culprit-0")
+        for name, text in (("victim-0", "CUDA error: cudaErrorMpsClientTerminated"),
+                           ("culprit-0", "CUDA error: an illegal memory access was encountered")):
+            await cluster.patch_pod(name, {"metadata": {"annotations": {ANN_GPU: "GPU-a100-0"}}})
+            await cluster.patch_pod(name, ended("Failed", text, finished_at=ago(26)))
+        async with running_operator(cluster):
+            await pod(cluster, "victim-1")
+            culprit = await job_in_phase(cluster, "culprit", "Failed")
+            victim = await cluster.get_job("victim")
+            names = sorted(p["metadata"]["name"] for p in await cluster.pods())
+    assert victim is not None and victim["status"]["requeues"] == 1
+    requeued = condition(victim, "Requeued")
+    assert requeued["reason"] == "CoLocatedFault" and "GPU-a100-0" in requeued["message"]
+    assert culprit["status"].get("requeues") is None and names == ["culprit-0", "victim-0", "victim-1"]

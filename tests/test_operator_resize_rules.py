@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from gnnsched.closed_loop import (
@@ -13,17 +14,27 @@ from gnnsched.closed_loop import (
     CalibrationPolicy,
     CalibrationTable,
 )
-from gnnsched.contract import ANN_FAULT, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_GPU, ANN_OBSERVED_PEAK_BYTES
 from gnnsched.operator.calibration import derived_fields
-from gnnsched.operator.resize import MAX_REQUEUES, attempt_facts, decide
+from gnnsched.operator.resize import (
+    AGENT_VERDICT_SECONDS,
+    MAX_REQUEUES,
+    attempt_facts,
+    decide,
+    settle_without_verdict,
+    verdict_wait_seconds,
+)
 
 MiB = 2**20
 GiB = 2**30
 
 
 def failed_pod(message: str, reason: str = "Error", annotations: dict[str, str] | None = None,
-               sidecar_first: bool = False) -> dict[str, Any]:
-    gnn = {"name": "gnn", "state": {"terminated": {"exitCode": 1, "reason": reason, "message": message}}}
+               sidecar_first: bool = False, finished_at: str | None = None) -> dict[str, Any]:
+    terminated: dict[str, Any] = {"exitCode": 1, "reason": reason, "message": message}
+    if finished_at is not None:
+        terminated["finishedAt"] = finished_at
+    gnn = {"name": "gnn", "state": {"terminated": terminated}}
     sidecar = {"name": "mesh", "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": ""}}}
     return {"metadata": {"name": "j-0", "annotations": annotations or {}},
             "status": {"phase": "Failed", "containerStatuses": [sidecar, gnn] if sidecar_first else [gnn]}}
@@ -87,3 +98,51 @@ def test_calibration_summary_shows_each_class_factor() -> None:
     assert fields["factors"][builtin.key()] == {"factor": 1.3, "samples": 2, "calibrated": True}
     assert "V100-32GB.gcn.train.builtin=1.3" in fields["summary"]
     assert "V100-32GB.sage.train.custom=1.1 (static, 1 samples)" in fields["summary"]
+
+
+FINISHED = datetime(2026, 1, 1, 10, 0, 9, tzinfo=timezone.utc)
+
+
+def gated_pod(message: str, reason: str = "Error", **annotations: str) -> dict[str, Any]:
+    return failed_pod(message, reason=reason, annotations={ANN_GPU: "GPU-0", **annotations},
+                      finished_at="2026-01-01T10:00:09Z")
+
+
+def test_agent_attempt_result_is_the_outcome_when_the_message_has_no_result_line() -> None:
+    """A custom container that died silently at its MPS limit: only the agent's annotation says memory-exceeded."""
+    verdict = AttemptResult(outcome="memory-exceeded", observed_peak_bytes=10 * GiB, limit_bytes=10 * GiB,
+                            held_bytes=10 * GiB, source="gate").line()
+    facts = attempt_facts(gated_pod("Killed", **{ANN_ATTEMPT_RESULT: verdict}))
+    assert facts.outcome == "memory-exceeded" and facts.needed_bytes == 10 * GiB and facts.awaits is None
+    assert decide(facts, admit_bytes=10 * GiB, resizes=0, max_resizes=3, requeues=0,
+                  largest_gpu_bytes=39 * GiB).kind == "resize"
+    # the worker's own line wins over the annotation; a malformed annotation is ignored
+    own = AttemptResult(outcome="succeeded", observed_peak_bytes=GiB).line()
+    assert attempt_facts(gated_pod(own, **{ANN_ATTEMPT_RESULT: verdict})).outcome == "succeeded"
+    junk = attempt_facts(gated_pod("Killed", **{ANN_ATTEMPT_RESULT: "{broken"}))
+    assert junk.outcome is None and junk.awaits == "attempt-result"
+
+
+def test_verdict_wait_is_bounded_from_the_finish_time() -> None:
+    fault_text = "RuntimeError: CUDA error: cudaErrorMpsClientTerminated"
+    facts = attempt_facts(gated_pod(fault_text))
+    assert facts.outcome == "fault" and facts.awaits == "fault" and facts.victim_of_810
+    assert verdict_wait_seconds(facts, FINISHED + timedelta(seconds=10)) == AGENT_VERDICT_SECONDS - 10
+    assert verdict_wait_seconds(facts, FINISHED + timedelta(seconds=AGENT_VERDICT_SECONDS)) == 0
+    # the record arrived: nothing to wait for
+    with_record = attempt_facts(gated_pod(fault_text, **fault("victim")))
+    assert with_record.awaits is None and verdict_wait_seconds(with_record, FINISHED) == 0
+    # an ordinary failure of a pod that never reached a GPU has no agent verdict coming
+    assert attempt_facts(failed_pod("boom", finished_at="2026-01-01T10:00:09Z")).awaits is None
+    assert attempt_facts(gated_pod("boom")).awaits == "attempt-result"
+    assert attempt_facts(gated_pod("boom", reason="OOMKilled")).awaits is None
+
+
+def test_after_the_bound_810_is_a_victim_and_another_fault_is_charged() -> None:
+    args: dict[str, Any] = {"admit_bytes": 10 * GiB, "resizes": 0, "max_resizes": 3, "requeues": 0,
+                            "largest_gpu_bytes": 39 * GiB}
+    victim = settle_without_verdict(attempt_facts(gated_pod("CUDA error: cudaErrorMpsClientTerminated")))
+    assert victim.fault is not None and victim.fault.role == "victim" and victim.fault.gpu == "GPU-0"
+    assert victim.fault.at == FINISHED and decide(victim, **args).kind == "requeue"
+    own = settle_without_verdict(attempt_facts(gated_pod("CUDA error: an illegal memory access was encountered")))
+    assert own.fault is None and decide(own, **args).kind == "charge"

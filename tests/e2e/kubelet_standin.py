@@ -52,7 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
+# The harness forks its processes (preexec_fn) while this stand-in's gRPC threads run: gRPC's fork handlers must be
+# off before grpc loads, or a child can abort in gRPC's poller before exec (see tests/conftest.py).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
 from kubeapi import ALL_PODS, NODES, PODS, Api, ApiError, now
 
 from gnnsched.device_plugin.v1beta1 import api_pb2 as pb

@@ -742,7 +742,22 @@ class Simulation:
         gpu = run.gpu
         job = run.job
         out = self.outcomes[job.id]
-        prof = job.profile(gpu.model)
+        self._take_off_gpu(run)
+        if self.loop is not None:
+            self.loop.completed(job, gpu.model)
+        out.status = "completed"
+        out.finish = self.now
+        self._unbind(out, gpu.node)
+        self._resolve(job)
+        self._rerate(gpu)
+        self._refresh_slots(gpu.node)
+        self.dirty_nodes.add(gpu.node.idx)
+        self.pending_dirty = True
+
+    def _take_off_gpu(self, run: Run) -> None:
+        """The GPU's side of a run ending, completed or not: its bytes, its client slot, idle accounting."""
+        gpu = run.gpu
+        prof = run.job.profile(gpu.model)
         gpu.running.remove(run)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
         gpu.used -= prof.peak_bytes
@@ -754,16 +769,6 @@ class Simulation:
             if gpu.fault_clock is not None:
                 gpu.fault_clock.idle(self.now)
         self.running_count -= 1
-        if self.loop is not None:
-            self.loop.completed(job, gpu.model)
-        out.status = "completed"
-        out.finish = self.now
-        self._unbind(out, gpu.node)
-        self._resolve(job)
-        self._rerate(gpu)
-        self._refresh_slots(gpu.node)
-        self.dirty_nodes.add(gpu.node.idx)
-        self.pending_dirty = True
 
     # ------------------------------------------------------------------ the closed loop
     def _void(self, event: tuple) -> bool:
@@ -781,20 +786,9 @@ class Simulation:
         void, its GPU time so far is wasted, its node's books are freed. The caller re-rates the GPU."""
         gpu, job = run.gpu, run.job
         out = self.outcomes[job.id]
-        prof = job.profile(gpu.model)
-        gpu.running.remove(run)
         run.killed = True
         run.token += 1
-        self.changed_gpus.add((gpu.node.idx, gpu.index))
-        gpu.used -= prof.peak_bytes
-        if self.is_gnnsched:
-            gpu.committed -= prof.admit_bytes
-            self._count_size(prof.admit_bytes, -1)
-        if not gpu.running:
-            self.idle_gpus += 1
-            if gpu.fault_clock is not None:
-                gpu.fault_clock.idle(self.now)
-        self.running_count -= 1
+        self._take_off_gpu(run)
         self.wasted_s += self.now - (out.start if out.start is not None else self.now)
         self._unbind(out, gpu.node)
         self._refresh_slots(gpu.node)

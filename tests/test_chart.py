@@ -479,7 +479,10 @@ def test_network_policies_admit_only_metrics_and_health_ports(chart):
     peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     docs = render(chart, {"networkPolicy": {"enabled": True, "metricsFrom": peers}})
     policies = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in by_kind(docs, "NetworkPolicy")}
-    assert set(policies) == {"operator", "scheduler", "node"}
+    assert set(policies) == {"operator", "scheduler", "node", "mps"}  # every pod of the release (checkov CKV2_K8S_6)
+    mps = policies.pop("mps")
+    assert mps["spec"]["policyTypes"] == ["Ingress"] and mps["spec"]["ingress"] == []  # listens on nothing
+    assert mps["spec"]["podSelector"]["matchLabels"] == node_daemonset(docs, "mps")["spec"]["selector"]["matchLabels"]
     for component, policy in policies.items():
         workload = next(d for d in docs if d["kind"] in ("Deployment", "DaemonSet")
                         and d["metadata"]["labels"]["app.kubernetes.io/component"] == component)

@@ -926,21 +926,22 @@ def cuda_allocation_events(
         return sizes.get(kind, workspace_bytes if kind.startswith("cublas-workspace") else 0)
 
     window = [ev for ev in events[start:] if ev is not None]
-    step: list[tuple[int, Hashable, int]] = []  # one step, workers interleaved; markers as zero-byte allocations
+    # One step, workers interleaved, as (sign, key, bytes, record); markers as zero-byte allocations.
+    step: list[tuple[int, Hashable, int, int]] = []
     for sign, idx in window:
         nbytes = records[idx].nbytes
         if workers > 1 and records[idx].alloc_at < start:  # a pre-step storage: one copy, freed by the first worker
-            step.append((sign, idx, nbytes))
+            step.append((sign, idx, nbytes, idx))
         elif workers > 1:
-            step.extend((sign, (w, idx), nbytes) for w in range(workers))
+            step.extend((sign, (w, idx), nbytes, idx) for w in range(workers))
         else:
-            step.append((sign, idx, nbytes))
-    kept_keys = _kept_in_step(step)
+            step.append((sign, idx, nbytes, idx))
+    freed_in_step = {key for sign, key, _, _ in step if sign < 0}
+    kept_keys = {key for sign, key, _, _ in step if sign > 0 and key not in freed_in_step}
     previous: dict[int, list[Hashable]] = {}  # size -> what the previous step kept, oldest first
     for rep in range(max(1, steps)):
         kept: dict[int, list[Hashable]] = {}
-        for sign, key, nbytes in step:
-            base = key[1] if isinstance(key, tuple) else key
+        for sign, key, nbytes, base in step:
             if records[base].marker is not None:
                 if rep == 0 and (size := workspace(base)) > 0:
                     out.append((1, ("workspace", key), size))
@@ -957,12 +958,6 @@ def cuda_allocation_events(
                 out.append((-1, previous[nbytes].pop(0), nbytes))
         previous = kept
     return _pair_reused_frees(out)
-
-
-def _kept_in_step(step: list[tuple[int, Hashable, int]]) -> set[Hashable]:
-    """Keys the step allocates and never frees (what it leaves for the next step: gradients, outputs)."""
-    freed = {key for sign, key, _ in step if sign < 0}
-    return {key for sign, key, _ in step if sign > 0 and key not in freed}
 
 
 def _pair_reused_frees(events: list[tuple[int, Hashable, int]]) -> list[tuple[int, Hashable, int]]:

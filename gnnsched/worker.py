@@ -37,6 +37,7 @@ from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_byt
 from gnnsched.fake_gpu_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
 from gnnsched.spec import GNNJobSpec
+from gnnsched.storage_booking import storage_booking_mode
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,14 @@ class ConcurrentMeter:
         self._resident = {id(t.untyped_storage()) for t in resident}
         self._resident_refs = [t.untyped_storage() for t in resident]  # keep ids stable while the meter lives
 
-    def _add(self, key: int, nbytes: int) -> None:
+    def _book(self, key: int, nbytes: int) -> int | None:
         with self._lock:
+            if key in self._known or key in self._resident:
+                return None
             self._known.add(key)
             self.live += nbytes
             self.peak = max(self.peak, self.live)
+            return nbytes
 
     def _drop(self, key: int, nbytes: int) -> None:
         with self._lock:
@@ -194,27 +198,8 @@ class ConcurrentMeter:
             self.live -= nbytes
 
     def thread_mode(self) -> Any:
-        import weakref
-
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        meter = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                        storage = t.untyped_storage()
-                        key = id(storage)
-                        if key not in meter._known and key not in meter._resident:
-                            nbytes = storage.nbytes()
-                            meter._add(key, nbytes)
-                            weakref.finalize(storage, meter._drop, key, nbytes)
-                return out
-
-        return _Mode()
+        """This thread's dispatch mode adding to the shared count."""
+        return storage_booking_mode(self._book, self._drop)
 
 
 def _resident_tensors(model: Any, graph: Graph) -> list[torch.Tensor]:

@@ -14,7 +14,8 @@ attempt twice. Writes are merge patches conditional on ``metadata.resourceVersio
 so two recorders never lose each other's samples.
 
 Reset: delete the object (``kubectl delete gnncalibration default``; every class falls back to the static factor
-until it or its pool has ``min_samples`` again), or drop one class with a merge patch setting ``status.ratios.<class>`` to null.
+until it or its pool has ``min_samples`` again), or drop one class with a merge patch setting
+``status.ratios.<class>`` to null.
 The factors and the summary are recomputed from the ratios on every read, so a hand edit cannot leave them stale.
 """
 

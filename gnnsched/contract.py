@@ -81,6 +81,10 @@ ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
 the
 gated workload; tests set it directly."""
+ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
+"""Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
+descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has
+answered (admitted, with the environment to apply; or rejected). Only the built-in worker reads it."""
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 """Set by the operator to the container's termination-message path. The worker is meant to write its final JSON result
 line (``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes``, ``seconds``, ``steps``, and for an

@@ -62,7 +62,8 @@ CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gnnsched" / "va
 def chart_default_policy(values: Path = CHART_VALUES) -> str:
     """The simulator policy that runs what the chart installs by default: the gate's grouping policy and backfill
     limit, ``+spread`` when ``node.agent.spread``, the operator's runtime-bucket PriorityClasses (``+sjfN``) when
-    ``queuePriority.enabled``, and ``+pack`` when kube-scheduler scores ``MostAllocated``."""
+    ``queuePriority.enabled``, ``+pack`` when kube-scheduler scores ``MostAllocated``, and ``+prestart`` when the
+    operator runs the built-in worker behind ``gnnsched gate --prestart`` (``operator.workerPrestart``)."""
     doc = yaml.safe_load(values.read_text(encoding="utf-8"))
     agent = doc["node"]["agent"]
     text = str(agent["policy"])
@@ -74,6 +75,8 @@ def chart_default_policy(values: Path = CHART_VALUES) -> str:
         text += "+spread"
     if str((doc.get("scheduler") or {}).get("nodeResourcesScoring", "")) == "MostAllocated":
         text += "+pack"
+    if (doc.get("operator") or {}).get("workerPrestart", True):
+        text += "+prestart"
     return text
 
 

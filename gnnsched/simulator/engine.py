@@ -609,8 +609,8 @@ class Simulation:
         node.queue.append(job)
         self.binds += 1
         self.bind_seq[job.id] = self.binds
-        if self.policy.prestart:
-            self.bound_at[job.id] = self.now
+        if self.policy.prestart and job.spec is not None and not job.spec.command:
+            self.bound_at[job.id] = self.now  # the built-in worker starts up at once (a user's command cannot)
         size = job.profile(node.gpus[0].model).admit_bytes
         self._count_size(size, 1)
         node.queue_sizes[size] = node.queue_sizes.get(size, 0) + 1

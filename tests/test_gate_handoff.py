@@ -44,6 +44,8 @@ def test_admission_applies_the_gates_environment_and_removes_the_guards(monkeypa
     monkeypatch.setenv(ENV_GATE_HANDOFF_FD, "99")
     env = {"CUDA_VISIBLE_DEVICES": "GPU-1234", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=512M",
            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    for name in env:  # recorded by monkeypatch (delenv of an absent name is not), so restored whatever is written
+        monkeypatch.setenv(name, "")
     fd = _pipe_with(Handoff(status="admitted", env=env, unset=[NVML_CHECK_ENV]).line())
     got = await_admission(fd)
     assert got.status == "admitted"

@@ -420,11 +420,8 @@ def run_job(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     fake_memory: FakeGPUMemory | None = None,
-<<<<<<< HEAD
-    prepared: Prepared | None = None,
-=======
     limit_bytes: int | None = None,
->>>>>>> main
+    prepared: Prepared | None = None,
 ) -> WorkerResult:
     """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
 
@@ -436,18 +433,12 @@ def run_job(
     if prepared is None:
         torch.manual_seed(seed)
     fake_mode = fake_memory.mode() if fake_memory is not None else nullcontext()
-<<<<<<< HEAD
-    with _PeakMeter(device, profiled_steps(spec)) as meter_, fake_mode:
+    with _PeakMeter(device, profiled_steps(spec), limit_bytes) as meter_, fake_mode:
         if prepared is None:
             graph = make_graph(spec, seed, root)
             model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
         else:
             graph, model = _on_device(prepared, device)
-=======
-    with _PeakMeter(device, profiled_steps(spec), limit_bytes) as meter_, fake_mode:
-        graph = make_graph(spec, seed, root)
-        model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
->>>>>>> main
         inputs = _StepInputs(spec, graph, device, seed)
         total = steps_for(spec, graph, epochs)
         if on_start is not None:
@@ -532,11 +523,7 @@ def run_attempt(
     an ordinary failure)."""
     try:
         result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
-<<<<<<< HEAD
-                         on_start=on_start, fake_memory=fake_memory, prepared=prepared)
-=======
-                         on_start=on_start, fake_memory=fake_memory, limit_bytes=limit_bytes)
->>>>>>> main
+                         on_start=on_start, fake_memory=fake_memory, limit_bytes=limit_bytes, prepared=prepared)
     except torch.OutOfMemoryError as exc:
         text = str(exc)
         if fake_memory is not None:

@@ -290,6 +290,11 @@ def test_daemonset_mounts_match_the_components_defaults(chart):
             value = arg_value(container, flag)
             assert value in mounts or str(Path(value).parent) in mounts, (container["name"], flag)
     assert pod["hostPID"] is True  # SO_PEERCRED pids are resolved in the host PID namespace
+    # every process that opens the GPU backend knows its node: fake GPUs' UUIDs derive from it and must agree
+    node_name = {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    mps_daemon = node_daemonset(docs, "mps")["spec"]["template"]["spec"]["containers"][0]
+    for container in (agent, plugin, mps_daemon):
+        assert node_name in container["env"], container["name"]
 
 
 def test_extra_node_selectors_are_merged(chart):

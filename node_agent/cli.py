@@ -372,7 +372,8 @@ def mps_daemon(
     reset_on_exit: bool = typer.Option(
         False,
         "--reset-on-exit",
-        help="On SIGTERM also do what --disable does (default: leave the daemon to running jobs).",
+        help="On SIGTERM also do what --disable does (default: exit without quit; in a pod the daemon ends with the "
+             "container).",
     ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:

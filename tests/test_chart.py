@@ -506,6 +506,7 @@ def test_mps_daemon_runs_apart_privileged_with_shared_shm(chart):
     assert node_daemonset(docs)["spec"]["updateStrategy"]["type"] == "RollingUpdate"  # the agent rolls freely
     pod = mps["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False and pod["runtimeClassName"] == "nvidia"
+    assert pod["hostPID"] is True  # NVIDIA's mps.enableHostPID default: the MPS server finds its PID via /proc/self
     assert pod["nodeSelector"] == node_daemonset(docs)["spec"]["template"]["spec"]["nodeSelector"]
     (daemon,) = pod["containers"]
     assert daemon["securityContext"]["privileged"] is True and daemon["args"][0] == "mps-daemon"

@@ -130,7 +130,8 @@ def test_cli_runs_publishes_and_leaves_the_daemon_on_sigterm_then_disable(tmp_pa
         assert h.pinned_mem_limits == {"0": "15360M", "1": "15360M"} and len(h.gpus) == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-        # The daemon outlives its supervisor: running jobs keep their MPS server through an upgrade.
+        # SIGTERM sends no quit (only --reset-on-exit does): outside a container the daemon is still there. In a pod
+        # it ends with the container anyway (docs/node-agent.md); OnDelete keeps upgrades from stopping it.
         assert (tmp_path / "pipe" / "fake-mps.pid").exists()
         cp = subprocess.run(GNNSCHED + args + ["--disable"], env=env, capture_output=True, text=True, timeout=60)
         assert cp.returncode == 0, cp.stderr

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from fake_mps import kill_fake_mps
 
 from gnnsched.node_agent.mps import MPSConfig, MPSError, MPSManager
 
@@ -23,9 +24,7 @@ def mps(tmp_path, monkeypatch):
     m = MPSManager(cfg)
     yield m
     m.stop()
-    pid_file = cfg.pipe_directory / "fake-mps.pid"
-    if pid_file.exists():
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    kill_fake_mps(cfg.pipe_directory)
 
 
 def _commands(m: MPSManager) -> list[str]:

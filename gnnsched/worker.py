@@ -3,7 +3,7 @@
 The worker is what a job's pod runs (behind the gate). It builds the graph and the model with the same functions the
 estimator traces (``gnnsched.models``), runs the job's steps (training epochs or inference requests) and reports one
 JSON line, a ``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes`` (on CPU the peak of live
-tensor bytes, from ``torch.profiler`` allocation events over the first ``PROFILED_STEPS`` steps; on CUDA what the GPU
+tensor bytes, from ``torch.profiler`` allocation events over the first steps (``profiled_steps``); on CUDA what the GPU
 counts: ``torch.cuda.max_memory_reserved`` plus the CUDA context), ``seconds`` (wall time of the steps), ``steps`` and
 ``limit_bytes`` (the MPS limit it ran under).
 
@@ -245,16 +245,28 @@ def steps_for(spec: GNNJobSpec, graph: Graph, epochs: int | None) -> int:
 
 
 PROFILED_STEPS = 20
-"""On CPU the profiler records the first this-many steps, then stops: its event buffer grows with every operator,
-so profiling a million-request job whole would cost more memory than the job. Full-batch steps after the first are
-identical, so the steady-state peak is among them; for mini-batches it is the peak over the first batches."""
+"""On CPU the profiler records the first this-many mini-batch steps, then stops: its event buffer grows with every
+operator, so profiling a million-request job whole would cost more memory than the job; the peak is the peak over the
+first batches."""
+
+PROFILED_FULL_BATCH_STEPS = 3
+"""Full-batch steps after the second are identical (the first creates the optimizer's state, the second is the steady
+state the estimator predicts), so three are profiled. Profiling is not free: measured on the shared two-core machine,
+a step of ``examples/gin-train-custom.yaml`` took 7.4-8.1 s plain and 9.0-14.6 s under the memory profiler, so
+profiling 20 of its 50 epochs cost about a minute for nothing."""
+
+
+def profiled_steps(spec: GNNJobSpec) -> int:
+    """How many of the job's first steps the CPU memory profiler records (see the two constants above)."""
+    return PROFILED_STEPS if spec.batching.mode == "minibatch" else min(PROFILED_STEPS, PROFILED_FULL_BATCH_STEPS)
 
 
 class _PeakMeter:
     """Peak live tensor bytes of a run: the profiler's allocation events on CPU, CUDA's allocator stats on GPU."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, profiled: int = PROFILED_STEPS) -> None:
         self.device = device
+        self.profiled = profiled
         self._prof: Any = None
         self._peak: int | None = None
 
@@ -270,7 +282,7 @@ class _PeakMeter:
         return self
 
     def step_done(self, index: int) -> None:
-        if self._prof is not None and index + 1 == PROFILED_STEPS:
+        if self._prof is not None and index + 1 == self.profiled:
             self._stop()
 
     def _stop(self) -> None:
@@ -321,7 +333,8 @@ def run_job(
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     torch.manual_seed(seed)
-    with _PeakMeter(device) as meter_, fake_memory.mode() if fake_memory is not None else nullcontext():
+    fake_mode = fake_memory.mode() if fake_memory is not None else nullcontext()
+    with _PeakMeter(device, profiled_steps(spec)) as meter_, fake_mode:
         graph = make_graph(spec, seed, root)
         model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
         inputs = _StepInputs(spec, graph, device, seed)

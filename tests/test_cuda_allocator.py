@@ -260,7 +260,8 @@ def test_calibration_file_replaces_the_static_safety_factor(tmp_path: Path) -> N
     # Nearest-rank 0.95 quantile of 6 ratios: the 6th smallest, 1.4.
     assert data["safety_factor"] == 1.4
     assert data["calibration"] == {"class": "A100-80GB.gcn.train.builtin", "factor": 1.4, "samples": 6,
-                                   "calibrated": True}
+                                   "calibrated": True, "source": "class", "pool": "A100-80GB.*.train.builtin",
+                                   "pool_samples": 0}
     assert data["admit_bytes"] == math.ceil((data["pmc_bytes"] + data["device_overhead_bytes"]) * 1.4)
 
 
@@ -276,7 +277,20 @@ def test_calibration_for_another_gpu_model_and_too_few_samples_keep_the_static_f
     assert code == 0, err
     data = json.loads(out)
     assert data["safety_factor"] == 1.1 and data["calibration"]["samples"] == 2
-    assert data["calibration"]["calibrated"] is False
+    assert data["calibration"]["calibrated"] is False and data["calibration"]["source"] == "static"
+
+
+def test_calibration_file_pool_serves_an_architecture_without_samples(tmp_path: Path) -> None:
+    """gcn has no ratios of its own on V100-32GB train: its pool (sage and gat there) gives the factor."""
+    table = tmp_path / "calib.json"
+    table.write_text(json.dumps({"ratios": {"V100-32GB.sage.train.builtin": [1.2, 1.3, 1.25],
+                                            "V100-32GB.gat.train.builtin": [1.35, 1.3],
+                                            "V100-32GB.gcn.infer.builtin": [2.0] * 6}}))
+    code, out, err = _cli_estimate("--calibration", str(table), "--gpu-model", "V100-32GB")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["safety_factor"] == 1.35
+    assert data["calibration"]["source"] == "pool" and data["calibration"]["pool_samples"] == 5
 
 
 @pytest.mark.parametrize(

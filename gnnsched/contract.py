@@ -81,6 +81,15 @@ ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
 the
 gated workload; tests set it directly."""
+ENV_FAKE_GPU_FAULTS = "GNNSCHED_FAKE_GPU_FAULTS"
+"""A directory whose files, named after GPU UUIDs and holding an Xid number, are fatal faults on fake GPUs
+(``gnnsched.fake_gpu_faults``): the node agent's fake backend reports them as Xid events, and a gated worker on that
+GPU fails as an MPS client of a terminated server does. Set only where the GPU is fake (``node-agent --gpus fake:...
+--fake-gpu-faults DIR`` hands it to the gated workload)."""
+ENV_ADMITTED_AT = "GNNSCHED_ADMITTED_AT"
+"""RFC 3339 time at which the gate admitted the workload to its GPU (set by ``gnnsched gate`` beside
+``CUDA_VISIBLE_DEVICES``): a fake GPU's fault written after it terminates the workload
+(``gnnsched.fake_gpu_faults``)."""
 ENV_CPU_REQUEST = "GNNSCHED_CPU_REQUEST"
 """The container's CPU request in whole CPUs, rounded up (the downward API's ``resourceFieldRef`` ``requests.cpu``
 with divisor 1; 0 when the pod requests none). Set by the operator; the worker sizes torch's intra-op thread pool

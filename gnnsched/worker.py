@@ -34,6 +34,7 @@ import torch
 from torch._C._profiler import _EventType
 
 from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
+from gnnsched.fake_gpu_faults import FakeGPUFaultWatch
 from gnnsched.fake_gpu_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
 from gnnsched.spec import GNNJobSpec
@@ -326,10 +327,13 @@ def run_job(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    fault_watch: FakeGPUFaultWatch | None = None,
 ) -> WorkerResult:
     """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
 
-    ``fake_memory``: count (and limit) device bytes as a fake GPU would; the observed peak is then its count."""
+    ``fake_memory``: count (and limit) device bytes as a fake GPU would; the observed peak is then its count.
+    ``fault_watch``: a fake GPU's fatal faults; checked after every step, it raises CUDA's MPS client-terminated
+    error as the next CUDA call after a real fault would."""
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     torch.manual_seed(seed)
@@ -349,13 +353,15 @@ def run_job(
                 with torch.profiler.record_function(STEP_MARK):
                     run_step(model, next(stream), spec.mode)
                 meter_.step_done(index)
+                if fault_watch is not None:
+                    fault_watch.check()
                 if progress is not None:
                     progress(1)
         else:
             meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
             with torch.profiler.record_function(STEP_MARK):
                 pass  # marks the resident level when serving starts (child threads are invisible to the profiler)
-            _serve_parallel(model, inputs, total, workers, progress, meter, fake_memory)
+            _serve_parallel(model, inputs, total, workers, progress, meter, fake_memory, fault_watch)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -375,6 +381,7 @@ def _serve_parallel(
     progress: Callable[[int], None] | None,
     meter: ConcurrentMeter | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    fault_watch: FakeGPUFaultWatch | None = None,
 ) -> None:
     """N threads share ``model`` and the graph; thread i serves requests i, i+N, ... (inference only)."""
     lock = threading.Lock()
@@ -387,9 +394,11 @@ def _serve_parallel(
                 stream = inputs.stream(rank)
                 for _ in range(rank, total, workers):
                     run_step(model, next(stream), "infer")
-                    if progress is not None:
-                        with lock:
+                    with lock:
+                        if progress is not None:
                             progress(1)
+                        if fault_watch is not None:
+                            fault_watch.check()
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
@@ -412,6 +421,7 @@ def run_attempt(
     on_start: Callable[[int], None] | None = None,
     limit_bytes: int | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    fault_watch: FakeGPUFaultWatch | None = None,
 ) -> AttemptResult:
     """One attempt of the job, ended as the closed loop sees it: ``succeeded``, ``memory-exceeded`` or ``fault``.
 
@@ -420,7 +430,7 @@ def run_attempt(
     an ordinary failure)."""
     try:
         result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
-                         on_start=on_start, fake_memory=fake_memory)
+                         on_start=on_start, fake_memory=fake_memory, fault_watch=fault_watch)
     except torch.OutOfMemoryError as exc:
         text = str(exc)
         if fake_memory is not None:

@@ -92,6 +92,14 @@ def worker_command(
             except ValueError as exc:
                 raise UserError(str(exc)) from None
             fake = FakeGPUMemory(limit_bytes=limit_bytes, footprint=footprint)
+        from gnnsched.fake_gpu_faults import watch_from_env
+
+        try:
+            fault_watch = watch_from_env(os.environ)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if fault_watch is not None and device != "cpu":
+            raise UserError("GNNSCHED_FAKE_GPU_FAULTS: a fake GPU runs the job on the CPU; not with --device cuda")
         threads = intra_op_threads(os.environ, len(os.sched_getaffinity(0)))
         from gnnsched.worker import run_attempt
 
@@ -136,6 +144,7 @@ def worker_command(
             on_start=lambda total: bar.update(task, total=total),
             limit_bytes=limit_bytes,
             fake_memory=fake,
+            fault_watch=fault_watch,
         )
     line = result.line() + "\n"
     sys.stdout.write(line)

@@ -145,6 +145,7 @@ class NodeSetup:
     state_dir: Path
     event_log: Path
     metrics_port: int
+    fault_dir: Path | None = None  # the fake GPUs' fault files (--fake-gpu-faults), when the cluster has them
     agent: Proc | None = None
     plugin: Proc | None = None
     kubelet: Any = None
@@ -164,6 +165,7 @@ class ClusterOptions:
     poll: float = 0.2
     quiet: bool = False
     fake_gpu_memory: str | None = None  # the agents' --fake-gpu-memory (enforce[:FACTOR]): workers enforce MPS limits
+    fake_gpu_faults: bool = False  # the agents' --fake-gpu-faults: inject_fault() makes a fake GPU fail
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> tuple[int, int, str]:
@@ -392,10 +394,12 @@ class LocalCluster:
         d = self.dir / name
         node = NodeSetup(name=name, dir=d, plugin_dir=d / "device-plugins", gate_socket=d / "run" / "gate.sock",
                          mps_pipe_dir=d / "mps", mps_log_dir=d / "mps-log", mps_shm_dir=d / "mps-shm",
-                         state_dir=d / "state", event_log=d / "gate-events.jsonl", metrics_port=_free_port())
+                         state_dir=d / "state", event_log=d / "gate-events.jsonl", metrics_port=_free_port(),
+                         fault_dir=d / "gpu-faults" if self.opts.fake_gpu_faults else None)
         for p in (node.plugin_dir, node.gate_socket.parent, node.mps_pipe_dir, node.mps_log_dir, node.mps_shm_dir,
-                  node.state_dir):
-            p.mkdir(parents=True, exist_ok=True)
+                  node.state_dir, node.fault_dir):
+            if p is not None:
+                p.mkdir(parents=True, exist_ok=True)
         mib = self.gpu_bytes // 2**20
         labels = {
             "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -449,7 +453,20 @@ class LocalCluster:
                 # the kubelet stand-in runs containers as this user, not the pod's runAsUser (kubelet_standin.py)
                 "--jobs-uid", str(os.getuid()),
                 "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1",
-                *(["--fake-gpu-memory", self.opts.fake_gpu_memory] if self.opts.fake_gpu_memory else [])]
+                *(["--fake-gpu-memory", self.opts.fake_gpu_memory] if self.opts.fake_gpu_memory else []),
+                *(["--fake-gpu-faults", str(node.fault_dir)] if node.fault_dir is not None else [])]
+
+    def inject_fault(self, node_name: str, gpu_uuid: str, xid: int = 31) -> None:
+        """A fatal fault on a fake GPU, at the hardware boundary (``gnnsched.fake_gpu_faults``): the node's agent sees
+        the Xid, every gated worker running on that GPU fails as an MPS client of a terminated server. The file is
+        written whole, then renamed, so neither side reads it half-written."""
+        node = next(n for n in self.nodes if n.name == node_name)
+        if node.fault_dir is None:
+            raise RuntimeError("inject_fault: start the cluster with fake_gpu_faults=True")
+        tmp = node.fault_dir / f".{gpu_uuid}.tmp"
+        tmp.write_text(f"{xid}\n")
+        tmp.replace(node.fault_dir / gpu_uuid)
+        self.say(f"fault    Xid {xid} on {node_name} GPU {gpu_uuid}")
 
     def _start_node(self, node: NodeSetup) -> None:
         from kubelet_standin import KubeletStandIn

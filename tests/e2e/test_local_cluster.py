@@ -25,7 +25,7 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from jobs import EXAMPLES, small_job, tiny_example, too_big_job  # noqa: E402
+from jobs import EXAMPLES, generated_small_jobs, small_job, tiny_example, too_big_job  # noqa: E402
 from local_cluster import ClusterOptions, LocalCluster, committed_series, gnnjob_table  # noqa: E402
 
 from gnnsched.contract import ANN_GPU  # noqa: E402
@@ -127,6 +127,20 @@ def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
                              and f'gpu="{gpu}"' in k)
             assert 0 <= committed <= cap
     assert mid["operator"].get("gnnsched_operator_pods_created_total", 0) >= mid["pods"] >= 1, mid["operator"]
+
+
+def test_generated_small_jobs_all_succeed(cluster: LocalCluster) -> None:
+    """"Any set of small GNNJobs": random ones of every architecture and mode (``E2E_SEED`` replays a set)."""
+    seed = int(os.environ.get("E2E_SEED", "16"))
+    docs = generated_small_jobs(seed, 8)
+    names = {d["metadata"]["name"] for d in docs}
+    cluster.submit(docs)
+    jobs = cluster.wait_jobs(names)
+    phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs}
+    assert phases == dict.fromkeys(names, "Succeeded"), f"E2E_SEED={seed}\n{gnnjob_table(jobs)}"
+    for j in jobs:
+        assert j["status"]["observedPeakBytes"] > 0 and j["status"]["attempts"] == 1, j["status"]
+    assert cluster.report(jobs)["violations"] == []
 
 
 def test_unschedulable_job_says_why(cluster: LocalCluster) -> None:

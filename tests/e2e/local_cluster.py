@@ -697,11 +697,19 @@ class LocalCluster:
         self.stop()
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP: ends the run like Ctrl-C, exit status 128 + the signal's number, as a shell reports it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
     """SIGTERM/SIGHUP end the run like Ctrl-C does: through ``KeyboardInterrupt`` and the cleanup below."""
     def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        raise _Terminated(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -753,9 +761,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.json_out.write_text(json.dumps(result, indent=2) + "\n")
             ok = len(jobs) == len(names) and all(j["phase"] == "Succeeded" for j in result["jobs"])
             code = 0 if ok and not result["violations"] else 1
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print("interrupted: stopping the cluster", file=sys.stderr)
-            code = 130
+            code = 128 + exc.signum if isinstance(exc, _Terminated) else 130
         except (RuntimeError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             code = 1

@@ -70,6 +70,7 @@ def test_a_faults_victims_are_requeued_and_succeed(cluster: LocalCluster) -> Non
     cluster.submit(docs)
     jobs = cluster.wait_jobs(names, tick=tick)
     assert hit, "no GPU ever ran two of the jobs at once"
+    timeline = "\n".join(e["text"] for e in cluster.timeline)
     phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs}
     assert phases == dict.fromkeys(names, "Succeeded"), gnnjob_table(jobs)
 
@@ -78,15 +79,16 @@ def test_a_faults_victims_are_requeued_and_succeed(cluster: LocalCluster) -> Non
     for name in victims:
         pod = pods[name]
         record = FaultRecord.model_validate_json(pod["metadata"]["annotations"][ANN_FAULT])
-        assert (record.role, record.gpu, record.xid) == ("victim", hit["gpu"], XID), record
-        assert pod["status"]["phase"] == "Failed"
+        # the driver's Xid is named whichever reached the agent first, the Xid or a victim's error 810
+        assert (record.role, record.gpu, record.xid) == ("victim", hit["gpu"], XID), (name, record)
+        assert pod["status"]["phase"] == "Failed", (name, pod["status"])
         message = pod["status"]["containerStatuses"][0]["state"]["terminated"].get("message", "")
         assert '"outcome":"fault"' in message and "cudaErrorMpsClientTerminated" in message, message
     victim_jobs = {n.rsplit("-", 1)[0] for n in victims}
     for j in jobs:
         name, st = j["metadata"]["name"], j["status"]
         # a victim's job ran again (attempt 2, a new pod that succeeded); the others ran once
-        assert st["attempts"] == (2 if name in victim_jobs else 1), (name, st)
+        assert st["attempts"] == (2 if name in victim_jobs else 1), (name, st, hit, timeline)
         if name in victim_jobs:
             assert pods[f"{name}-1"]["status"]["phase"] == "Succeeded"
     # the agent drained the GPU on the fault and gave it back once its clients were gone

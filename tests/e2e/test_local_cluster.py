@@ -296,7 +296,8 @@ def _ours(marker: str) -> list[int]:
     return found
 
 
-def test_ctrl_c_leaves_no_process_or_socket(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_leaves_no_process_or_socket(tmp_path: Path, sig: int, code: int) -> None:
     job = tmp_path / "job.yaml"
     import yaml
 
@@ -304,12 +305,32 @@ def test_ctrl_c_leaves_no_process_or_socket(tmp_path: Path) -> None:
     keep = Path(tempfile.mkdtemp(prefix="e2e-"))  # short: unix socket paths are limited to 107 bytes
     request_cleanup = keep
     try:
-        _interrupt_mid_run(job, keep)
+        _interrupt_mid_run(job, keep, sig, code)
     finally:
         shutil.rmtree(request_cleanup, ignore_errors=True)
 
 
-def _interrupt_mid_run(job: Path, keep: Path) -> None:
+def test_a_failed_run_leaves_no_process_or_socket(tmp_path: Path) -> None:
+    """The failure path (``--timeout`` passed with a job still running): exit 1, and nothing left behind."""
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(small_job("too-slow", epochs=100000)))
+    keep = Path(tempfile.mkdtemp(prefix="e2e-"))
+    try:
+        proc = subprocess.run([sys.executable, str(SCRIPT), str(job), "--nodes", "1", "--timeout", "20", "--keep",
+                               str(keep)], capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "too-slow" in proc.stdout  # the table is printed on failure too
+        run_dir = next(keep.glob("run-*"))
+        time.sleep(0.5)
+        assert _ours(str(run_dir)) == []
+        assert [p for p in run_dir.rglob("*") if p.is_socket()] == []
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
+def _interrupt_mid_run(job: Path, keep: Path, sig: int = signal.SIGINT, code: int = 130) -> None:
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(job), "--nodes", "1", "--keep", str(keep)],
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stderr is not None
@@ -322,9 +343,12 @@ def _interrupt_mid_run(job: Path, keep: Path) -> None:
             break
     run_dir = next(keep.glob("run-*"))
     assert _ours(str(run_dir)), "no process of the cluster found while it runs"
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole foreground group
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # what Ctrl-C in a terminal sends: the whole foreground group
+    else:
+        proc.send_signal(sig)  # what a supervisor sends: the harness alone, which must stop everything it started
     proc.wait(timeout=60)
-    assert proc.returncode == 130, "".join(lines)
+    assert proc.returncode == code, "".join(lines)
     time.sleep(0.5)
     assert _ours(str(run_dir)) == []
     assert [p for p in run_dir.rglob("*") if p.is_socket()] == []

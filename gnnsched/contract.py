@@ -34,6 +34,10 @@ ANN_JOB = f"{GROUP}/job"  # "<namespace>/<name>" of the owning GNNJob
 ANN_ADMIT_BYTES = f"{GROUP}/admit-bytes"  # int: what the gate reserves on one GPU for this pod
 ANN_PMC_BYTES = f"{GROUP}/pmc-bytes"  # int: predicted peak memory consumption (before overhead and safety factor)
 ANN_PREDICTED_RUNTIME = f"{GROUP}/predicted-runtime-seconds"  # float
+PREDICTED_RUNTIME_RESOLUTION_S = 0.001
+"""The predicted runtime is kept to the millisecond, and a prediction is never below one millisecond: the extender
+takes only a positive runtime in the annotation, and a tiny job's sub-millisecond prediction rounded to ``0.000``
+made its pod unschedulable (found by the local cluster's generated small jobs)."""
 ANN_INTENSITY = f"{GROUP}/intensity"  # "memory" | "compute": arithmetic-intensity class for interference pairing
 ANN_ATTEMPT = f"{GROUP}/attempt"  # int, 1-based: which attempt of its GNNJob this pod is (resizes and requeues count)
 ANN_EXCLUSIVE = f"{GROUP}/exclusive"

@@ -215,6 +215,7 @@ class _StepInputs:
         self.minibatch = spec.batching.mode == "minibatch"
         self.device = device
         self.seed = seed
+        self._sample_lock = threading.Lock()
         if self.minibatch:
             self.sampler: NeighborSampler | None = NeighborSampler(graph, spec)
             self.graph = graph
@@ -229,7 +230,17 @@ class _StepInputs:
                 yield self.graph
         epoch = 0
         while True:
-            for batch in self.sampler.batches(seed=self.seed + 1000 * rank + epoch):
+            batches = self.sampler.batches(seed=self.seed + 1000 * rank + epoch)
+            while True:
+                # One sampler serves every inference thread, and its global-to-local id map is a scratch buffer that
+                # each batch writes and clears: two threads sampling at once corrupted each other's edge indices
+                # (IndexError in message passing, found by the local cluster's generated jobs). The lock serialises
+                # the sampling only; the forward passes still run in parallel, and the map stays one copy, as the
+                # estimator counts it.
+                with self._sample_lock:
+                    batch = next(batches, None)
+                if batch is None:
+                    break
                 yield batch.to(self.device)
             epoch += 1
 

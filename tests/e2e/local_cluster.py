@@ -31,6 +31,7 @@ import ctypes
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -69,8 +70,22 @@ class InputError(Exception):
     """Bad input to the harness; the message names the field."""
 
 
+PORT_RANGE = (20000, 32000)
+"""Where the cluster's ports are drawn: below Linux's ephemeral range (32768-60999), which every other process that
+binds port 0 or connects anywhere draws from. A port handed to a component is closed until the component binds it,
+and a free ephemeral port was taken in that gap on the shared machine (the operator exited: Address already in use)."""
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    for _ in range(200):
+        port = random.randrange(*PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range is crowded: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

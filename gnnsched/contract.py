@@ -78,7 +78,8 @@ ENV_POD_UID = "GNNSCHED_POD_UID"
 ENV_POD_NAME = "GNNSCHED_POD_NAME"
 ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
 ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
-ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<bytes>": the per-client limit the gate sets
+ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<MiB>M": the per-client limit the gate sets (a bare byte
+# count is silently ignored by the driver: measured on an H100, docs/gpu-measurements.md)
 ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 """``enforce`` or ``enforce:FACTOR``: the worker runs on a fake GPU that enforces ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
 (``gnnsched.fake_gpu_memory``): it raises PyTorch's CUDA out-of-memory error once its device bytes (live tensor bytes
@@ -94,6 +95,10 @@ ENV_ADMITTED_AT = "GNNSCHED_ADMITTED_AT"
 """RFC 3339 time at which the gate admitted the workload to its GPU (set by ``gnnsched gate`` beside
 ``CUDA_VISIBLE_DEVICES``): a fake GPU's fault written after it terminates the workload
 (``gnnsched.fake_gpu_faults``)."""
+ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
+"""Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
+descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has
+answered (admitted, with the environment to apply; or rejected). Only the built-in worker reads it."""
 ENV_CPU_REQUEST = "GNNSCHED_CPU_REQUEST"
 """The container's CPU request in whole CPUs, rounded up (the downward API's ``resourceFieldRef`` ``requests.cpu``
 with divisor 1; 0 when the pod requests none). Set by the operator; the worker sizes torch's intra-op thread pool

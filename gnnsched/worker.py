@@ -18,10 +18,16 @@ seed: read-only weights need one copy), each serving its share of the requests.
 
 Mini-batch jobs (sage/gat with ``batching.mode: minibatch``) sample neighbours with ``gnnsched.models``' pure-torch
 sampler: an epoch visits every labelled node once in batches; an inference request is one sampled batch.
+
+Start-up behind the wait: under ``gnnsched gate --prestart`` the worker builds the graph and the model on the CPU
+(:func:`prepare_job`) before its admission, and only after it moves them to the device (``prepared=`` of
+:func:`run_job`), so the process's start-up overlaps its wait at the gate and no device memory is touched before it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -276,9 +282,10 @@ def profiled_steps(spec: GNNJobSpec) -> int:
 class _PeakMeter:
     """Peak live tensor bytes of a run: the profiler's allocation events on CPU, CUDA's allocator stats on GPU."""
 
-    def __init__(self, device: str, profiled: int = PROFILED_STEPS) -> None:
+    def __init__(self, device: str, profiled: int = PROFILED_STEPS, limit_bytes: int | None = None) -> None:
         self.device = device
         self.profiled = profiled
+        self.limit_bytes = limit_bytes
         self._prof: Any = None
         self._peak: int | None = None
 
@@ -313,20 +320,107 @@ class _PeakMeter:
 
     def peak(self) -> int:
         if self.device == "cuda":
-            return int(torch.cuda.max_memory_reserved()) + cuda_context_bytes()
+            return int(torch.cuda.max_memory_reserved()) + cuda_context_bytes(self.limit_bytes)
         if self._peak is None:
             raise RuntimeError("peak() before the meter stopped")
         return self._peak
 
 
-def cuda_context_bytes() -> int:
-    """The CUDA context of this process on its GPU, from the GPU catalogue (``gnnsched.gpus``; unverified constants,
-    300 MiB for an unknown model): what NVML and the MPS limit count beside the caching allocator's reserved bytes."""
+def cuda_context_bytes(limit_bytes: int | None = None) -> int:
+    """What this process holds on its GPU beside the caching allocator's reserved bytes (the CUDA context, loaded
+    kernels, library state), which NVML and the MPS memory limit count: measured where the GPU tells, else the
+    catalogue's constant (``gnnsched.gpus``).
+
+    Measured on an H100 (docs/gpu-measurements.md): 610 MiB after the first tensor, 742 MiB after GNN training steps
+    (kernels load lazily, so it grows with what the job ran; hence measured at the end). Under an MPS memory limit
+    the driver reports this client's free memory as the limit minus everything the client holds, so the context is
+    limit - free - reserved, in any PID namespace. Without a limit, NVML's used memory of this PID minus reserved,
+    when the PID is visible to NVML (not from inside a container's PID namespace)."""
+    reserved = int(torch.cuda.memory_reserved())
+    if limit_bytes:
+        free, _total = torch.cuda.mem_get_info()
+        held = limit_bytes - int(free)
+        if held >= reserved:
+            return held - reserved
+    used = _nvml_used_by_this_process()
+    if used is not None and used >= reserved:
+        return used - reserved
     from gnnsched.gpus import GPUModel, match_device_name
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     model = match_device_name(props.name, int(props.total_memory))
     return model.context_bytes if model is not None else int(GPUModel.model_fields["context_bytes"].default)
+
+
+@dataclass
+class Prepared:
+    """The CPU-side start-up of a job, done before its admission: its graph and its model, both in host memory."""
+
+    graph: Graph | None
+    model: Any
+    seconds: float  # wall time of the graph load and the model build
+
+    def take(self) -> tuple[Graph, Any]:
+        """Hand the graph and the model over once (the run drops this record's references, so a CPU run's copies do
+        not double the job's host memory)."""
+        if self.graph is None:
+            raise RuntimeError("a prepared job runs once")
+        graph, model = self.graph, self.model
+        self.graph = self.model = None
+        return graph, model
+
+
+def prepare_job(spec: GNNJobSpec, seed: int = 0, root: str | Path | None = None) -> Prepared:
+    """Build the graph and the model on the CPU, touching no device: what the worker does while it waits at the gate.
+
+    Seeds torch exactly as :func:`run_job` does before it builds them, so a prepared run draws the same weights,
+    dropout masks and samples as a plain one."""
+    started = time.perf_counter()
+    torch.manual_seed(seed)
+    graph = make_graph(spec, seed, root)
+    model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device="cpu")
+    return Prepared(graph=graph, model=model, seconds=time.perf_counter() - started)
+
+
+def _on_device(prepared: Prepared, device: str) -> tuple[Graph, Any]:
+    """The prepared graph and model, now on ``device`` (after admission).
+
+    On CUDA the model's parameters move (the optimizer keeps the same parameter objects, as ``build_model`` relies
+    on); the graph moves with the step inputs. On the CPU both are copied: the copies are made inside the run's peak
+    meters (the profiler, a fake GPU's count), which count only what is allocated while they run, so a prepared run
+    observes the same resident bytes as one that builds its graph and model there, and a fake GPU's limit applies to
+    them as a real GPU's does to the host-to-device copy."""
+    g, model = prepared.take()
+    if device == "cpu":
+        model = model._apply(lambda t: t.clone())
+        graph = Graph(x=g.x.clone(), edge_index=g.edge_index.clone(), y=g.y.clone(), target=g.target.clone(),
+                      layout=g.layout)
+        del g
+        return graph, model
+    return g, model.to(device)
+
+
+def _nvml_used_by_this_process() -> int | None:
+    """NVML's used device memory of this PID on any GPU, ``None`` when NVML or the PID is not visible."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML (no driver, a CPU-only test machine): the caller falls back
+        return None
+    try:
+        pid = os.getpid()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == pid and proc.usedGpuMemory:
+                    return int(proc.usedGpuMemory)
+        return None
+    except pynvml.NVMLError:
+        return None
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
 
 
 def run_job(
@@ -339,19 +433,27 @@ def run_job(
     on_start: Callable[[int], None] | None = None,
     fake_memory: FakeGPUMemory | None = None,
     fault_watch: FakeGPUFaultWatch | None = None,
+    limit_bytes: int | None = None,
+    prepared: Prepared | None = None,
 ) -> WorkerResult:
     """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
 
     ``fake_memory``: count (and limit) device bytes as a fake GPU would; the observed peak is then its count.
     ``fault_watch``: a fake GPU's fatal faults; checked after every step, it raises CUDA's MPS client-terminated
-    error as the next CUDA call after a real fault would."""
+    error as the next CUDA call after a real fault would.
+    ``prepared``: the graph and model :func:`prepare_job` built before admission (``seed`` and ``root`` are then
+    theirs); they are moved to ``device`` here."""
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
-    torch.manual_seed(seed)
+    if prepared is None:
+        torch.manual_seed(seed)
     fake_mode = fake_memory.mode() if fake_memory is not None else nullcontext()
-    with _PeakMeter(device, profiled_steps(spec)) as meter_, fake_mode:
-        graph = make_graph(spec, seed, root)
-        model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
+    with _PeakMeter(device, profiled_steps(spec), limit_bytes) as meter_, fake_mode:
+        if prepared is None:
+            graph = make_graph(spec, seed, root)
+            model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
+        else:
+            graph, model = _on_device(prepared, device)
         inputs = _StepInputs(spec, graph, device, seed)
         total = steps_for(spec, graph, epochs)
         if on_start is not None:
@@ -433,6 +535,7 @@ def run_attempt(
     limit_bytes: int | None = None,
     fake_memory: FakeGPUMemory | None = None,
     fault_watch: FakeGPUFaultWatch | None = None,
+    prepared: Prepared | None = None,
 ) -> AttemptResult:
     """One attempt of the job, ended as the closed loop sees it: ``succeeded``, ``memory-exceeded`` or ``fault``.
 
@@ -441,13 +544,14 @@ def run_attempt(
     an ordinary failure)."""
     try:
         result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
-                         on_start=on_start, fake_memory=fake_memory, fault_watch=fault_watch)
+                         on_start=on_start, fake_memory=fake_memory, fault_watch=fault_watch,
+                         limit_bytes=limit_bytes, prepared=prepared)
     except torch.OutOfMemoryError as exc:
         text = str(exc)
         if fake_memory is not None:
             held, requested, peak = fake_memory.held_at_failure, fake_memory.failed_request, fake_memory.peak
         elif device == "cuda":
-            context = cuda_context_bytes()
+            context = cuda_context_bytes(limit_bytes)
             held = int(torch.cuda.memory_reserved()) + context
             requested = failed_request_bytes(text)
             peak = int(torch.cuda.max_memory_reserved()) + context
@@ -462,7 +566,7 @@ def run_attempt(
         peak = None
         if device == "cuda":
             try:
-                peak = int(torch.cuda.max_memory_reserved()) + cuda_context_bytes()
+                peak = int(torch.cuda.max_memory_reserved()) + cuda_context_bytes(limit_bytes)
             except RuntimeError:  # the context itself may be gone after a fatal error
                 peak = None
         elif fake_memory is not None:

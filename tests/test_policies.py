@@ -266,9 +266,11 @@ def test_one_task_plan_is_the_general_plan(size: int, bypassed: int, gpus: list,
 
     task = Task(key="t", bytes=size, seq=3, qt_seconds=5.0, bypassed=bypassed)
     free = [GPUFree(index=i, free_bytes=b, free_slots=s, capacity_bytes=40 * GiB) for b, s, i in gpus]
+    by_room = sorted(free, key=lambda g: (-g.free_bytes, g.index))  # the general plans take the GPUs in order
     for p in Policy:
         got = plan_decision(p, [task], free, limit)
-        want = pol._plan_backfill(p, [task], free, limit) if limit else pol.Plan(pol._plan_prefix(p, [task], free), {})
+        want = (pol._plan_backfill(p, [task], by_room, limit) if limit
+                else pol.Plan(pol._plan_prefix(p, [task], by_room), {}))
         assert got == want
 
 

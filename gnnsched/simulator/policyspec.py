@@ -23,7 +23,10 @@ Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnns
 (MPS baselines and the ``-paper`` variants: oversubscription pages over the host link instead of OOM-killing),
 ``+bypassN`` (gnnsched: the gate's bounded-bypass backfill with limit ``N``, as ``node-agent --bypass-limit N``;
 ``+bypass0`` is the strict prefix of the policy's order; without it the gate's default applies), ``+spread`` (gnnsched:
-the gate plans in rounds of one task per GPU, as ``node-agent --spread``, the chart's default),
+the gate plans in rounds of one task per GPU, least loaded GPU first, as ``node-agent --spread``, the chart's
+default), ``+pays`` (gnnsched: a task joins a GPU where others run only when the interference model predicts that
+finishes sooner than waiting for an idle GPU, :func:`gnnsched.policies.share_pays`, as ``node-agent
+--share-when-pays``),
 ``-calib`` (gnnsched, with ``--estimate-error`` or ``--fault-rate``: new estimates keep the static safety factor
 instead of the calibration table's, see :mod:`gnnsched.simulator.faults`),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
@@ -48,7 +51,7 @@ from gnnsched.queue_order import DEFAULT_PER_DOUBLING, MAX_PER_DOUBLING
 from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, LEAST_ALLOCATED, MOST_ALLOCATED
 
 # one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
-_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread)(?P<n>\d*)")
+_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays)(?P<n>\d*)")
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
@@ -79,6 +82,7 @@ class PolicySpec:
     pack: bool = False  # ``+pack``: NodeResourcesFit scores with MostAllocated
     calibration: bool = True  # ``-calib`` turns it off: new estimates keep the static safety factor
     spread: bool = False  # ``+spread``: the gate plans in rounds of one task per GPU (policies.plan_decision)
+    share: bool = False  # ``+pays``: a task joins running clients only when that pays (policies.share_pays)
 
     @property
     def scoring_strategy(self) -> str:
@@ -133,11 +137,12 @@ def parse_policy(text: str) -> PolicySpec:
     pack = False
     calibration = True
     spread = False
+    share = False
     while suffix:
         m = _SUFFIX.match(suffix)
         if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, -interference, -paper, -calib, "
+                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, -interference, -paper, -calib, "
                               "@N)")
         token, digits = m.group("token"), m.group("n")
         suffix = suffix[m.end():]
@@ -155,6 +160,8 @@ def parse_policy(text: str) -> PolicySpec:
             pack = True
         elif token == "+spread":
             spread = True
+        elif token == "+pays":
+            share = True
         elif token == "-calib":
             calibration = False
         elif token == "+sjf":
@@ -177,11 +184,14 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"{text!r}: -interference applies to gnnsched policies only")
     if spread and (base not in GNNSCHED_POLICIES or paper):
         raise PolicyError(f"{text!r}: +spread applies to gnnsched policies only (the gate's planning rule)")
+    if share and (base not in GNNSCHED_POLICIES or paper):
+        raise PolicyError(f"{text!r}: +pays applies to gnnsched policies only (the gate's share rule)")
     if sjf and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
                       max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit,
-                      pack=pack, calibration=calibration, spread=spread)
+                      pack=pack, calibration=calibration, spread=spread,
+                      share=share)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

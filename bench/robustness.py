@@ -59,7 +59,8 @@ CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gnnsched" / "va
 
 def chart_default_policy(values: Path = CHART_VALUES) -> str:
     """The simulator policy that runs what the chart installs by default: the gate's grouping policy and backfill
-    limit, ``+spread`` when ``node.agent.spread``, ``+pays`` when ``node.agent.shareWhenPays``, the operator's runtime-bucket PriorityClasses (``+sjfN``) when
+    limit, ``+spread`` when ``node.agent.spread``, ``+pays`` when ``node.agent.shareWhenPays``, the operator's
+    runtime-bucket PriorityClasses (``+sjfN``) when
     ``queuePriority.enabled``, and ``+pack`` when kube-scheduler scores ``MostAllocated``."""
     doc = yaml.safe_load(values.read_text(encoding="utf-8"))
     agent = doc["node"]["agent"]

@@ -46,7 +46,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from gnnsched.interference import load_default
 
@@ -496,6 +496,10 @@ def _share_rule(p: Policy, queue: Sequence[Task], gpus: Sequence[GPUFree]) -> Al
     return allows
 
 
+def _allows_on(allows: Allows, g: GPUFree, t: Task, members: Sequence[Task]) -> bool:
+    return allows(t, g, members)
+
+
 def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree], allows: Allows | None = None) -> list[Admission]:
     """The strict-prefix rule: each GPU (in the order given) takes the first group of the remaining order or
     nothing."""
@@ -508,8 +512,8 @@ def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree], allows: Allo
         if g.free_slots <= 0 or g.free_bytes < order[i].bytes:
             continue
         threshold = group_threshold(p, remaining_bytes, g.capacity_bytes)
-        n = _take_group(order, i, g.free_bytes, g.free_slots, threshold,
-                        None if allows is None else (lambda t, members, g=g: allows(t, g, members)))
+        n = _take_group(order, i, g.free_bytes, g.free_slots, threshold, None if allows is None else partial(
+            _allows_on, allows, g))
         if n == 0:
             continue
         group = tuple(order[i : i + n])

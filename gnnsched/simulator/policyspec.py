@@ -51,7 +51,8 @@ from gnnsched.queue_order import DEFAULT_PER_DOUBLING, MAX_PER_DOUBLING
 from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, LEAST_ALLOCATED, MOST_ALLOCATED
 
 # one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
-_SUFFIX = re.compile(r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays)(?P<n>\d*)")
+_SUFFIX = re.compile(
+    r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays)(?P<n>\d*)")
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
@@ -142,8 +143,8 @@ def parse_policy(text: str) -> PolicySpec:
         m = _SUFFIX.match(suffix)
         if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, -interference, -paper, -calib, "
-                              "@N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, -interference, -paper, "
+                              "-calib, @N)")
         token, digits = m.group("token"), m.group("n")
         suffix = suffix[m.end():]
         if digits and token not in ("+sjf", "+bypass"):

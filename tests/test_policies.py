@@ -326,9 +326,9 @@ def test_spread_sends_a_lone_task_to_the_idle_gpu_not_the_one_with_most_free_byt
     gpus = [_busy(0, 70, 30.0), GPUFree(1, 60, 48, 80)]
     assert plan_decision("sqtf", t, gpus).admissions[0].gpu_index == 0  # without spread: most free bytes
     assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 1
-    # fewest clients first, then the soonest idle, then most free bytes
-    gpus = [_busy(0, 70, 30.0, 1.0), _busy(1, 60, 20.0), _busy(2, 75, 40.0)]
-    assert [g.index for g in sorted(gpus, key=load_key)] == [1, 2, 0]
+    # the soonest idle first, then fewest clients, then most free bytes
+    gpus = [_busy(0, 70, 30.0, 1.0), _busy(1, 60, 20.0), _busy(2, 75, 40.0), _busy(3, 75, 30.0), _busy(4, 60, 30.0)]
+    assert [g.index for g in sorted(gpus, key=load_key)] == [1, 3, 4, 0, 2]
     assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 1
     # the memory bound still decides first: the least loaded GPU without room is passed over
     gpus = [_busy(0, 70, 30.0, 1.0), _busy(1, 5, 20.0)]

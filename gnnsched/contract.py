@@ -81,6 +81,11 @@ ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
 the
 gated workload; tests set it directly."""
+ENV_CPU_REQUEST = "GNNSCHED_CPU_REQUEST"
+"""The container's CPU request in whole CPUs, rounded up (the downward API's ``resourceFieldRef`` ``requests.cpu``
+with divisor 1; 0 when the pod requests none). Set by the operator; the worker sizes torch's intra-op thread pool
+from it: torch defaults to one thread per core of the *node*, so a job that asked for 2 CPUs on a 64-core node would
+run 64 threads and, beside other jobs, the node's cores would be oversubscribed many times over."""
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 """Set by the operator to the container's termination-message path. The worker is meant to write its final JSON result
 line (``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes``, ``seconds``, ``steps``, and for an

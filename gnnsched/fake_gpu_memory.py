@@ -8,11 +8,11 @@ development node sets it: it is the hardware boundary, never a production code p
 bytes its tensors would hold and raises the same ``torch.OutOfMemoryError`` with PyTorch's message shape once an
 allocation would pass the limit.
 
-The count: every tensor storage an operator creates, from its creation until its last reference dies (a dispatch mode,
-as ``gnnsched.worker.ConcurrentMeter`` counts parallel inference), times the value's *footprint* factor: what the device
-holds per byte of live tensors. ``enforce`` is 1.0; ``enforce:1.3`` models a job whose real device footprint is 1.3×
-what the CPU counts (the caching allocator's reserved segments over allocated bytes, or a user script's extra buffers),
-so a test can make a job overrun an estimate that is byte-exact on the CPU.
+The count: every tensor storage an operator creates, from its creation until its last reference dies (a dispatch
+mode, ``gnnsched.storage_booking``, shared with ``gnnsched.worker.ConcurrentMeter``), times the value's *footprint*
+factor: what the device holds per byte of live tensors. ``enforce`` is 1.0; ``enforce:1.3`` models a job whose real
+device footprint is 1.3× what the CPU counts (the caching allocator's reserved segments over allocated bytes, or a
+user script's extra buffers), so a test can make a job overrun an estimate that is byte-exact on the CPU.
 
 Value grammar: ``enforce`` or ``enforce:FACTOR`` with 1.0 <= FACTOR <= 10.
 """
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from gnnsched.contract import ENV_FAKE_GPU_MEMORY
 from gnnsched.errors import FieldError
+from gnnsched.storage_booking import storage_booking_mode
 
 MAX_FOOTPRINT = 10.0
 
@@ -79,11 +79,15 @@ class FakeGPUMemory:
     def device_bytes(self, nbytes: int) -> int:
         return math.ceil(nbytes * self.footprint)
 
-    def _add(self, key: int, device: int) -> None:
-        """Book one new storage; raises ``torch.OutOfMemoryError`` (booking nothing) when it would pass the limit."""
+    def _book(self, key: int, nbytes: int) -> int | None:
+        """Book one new storage's device bytes (None: already booked, or empty); raises ``torch.OutOfMemoryError``
+        (booking nothing) when it would pass the limit."""
         import torch
 
+        device = self.device_bytes(nbytes)
         with self._lock:
+            if key in self._known or device == 0:
+                return None
             if self.limit_bytes is not None and self.held + device > self.limit_bytes:
                 self.failed_request, self.held_at_failure = device, self.held
                 free = max(0, self.limit_bytes - self.held)
@@ -96,6 +100,7 @@ class FakeGPUMemory:
             self._known.add(key)
             self.held += device
             self.peak = max(self.peak, self.held)
+            return device
 
     def _drop(self, key: int, device: int) -> None:
         with self._lock:
@@ -105,27 +110,4 @@ class FakeGPUMemory:
 
     def mode(self) -> Any:
         """A ``TorchDispatchMode`` that books every CPU storage an operator creates (enter one per thread)."""
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        memory = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-                import torch
-
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                        storage = t.untyped_storage()
-                        key = id(storage)
-                        if key in memory._known:
-                            continue
-                        device = memory.device_bytes(storage.nbytes())
-                        if device == 0:
-                            continue
-                        memory._add(key, device)
-                        weakref.finalize(storage, memory._drop, key, device)
-                return out
-
-        return _Mode()
+        return storage_booking_mode(self._book, self._drop)

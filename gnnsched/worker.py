@@ -3,7 +3,7 @@
 The worker is what a job's pod runs (behind the gate). It builds the graph and the model with the same functions the
 estimator traces (``gnnsched.models``), runs the job's steps (training epochs or inference requests) and reports one
 JSON line, a ``gnnsched.closed_loop.AttemptResult``: ``outcome``, ``observed_peak_bytes`` (on CPU the peak of live
-tensor bytes, from ``torch.profiler`` allocation events over the first ``PROFILED_STEPS`` steps; on CUDA what the GPU
+tensor bytes, from ``torch.profiler`` allocation events over the first steps (``profiled_steps``); on CUDA what the GPU
 counts: ``torch.cuda.max_memory_reserved`` plus the CUDA context), ``seconds`` (wall time of the steps), ``steps`` and
 ``limit_bytes`` (the MPS limit it ran under).
 
@@ -37,6 +37,7 @@ from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_byt
 from gnnsched.fake_gpu_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
 from gnnsched.spec import GNNJobSpec
+from gnnsched.storage_booking import storage_booking_mode
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,14 @@ class ConcurrentMeter:
         self._resident = {id(t.untyped_storage()) for t in resident}
         self._resident_refs = [t.untyped_storage() for t in resident]  # keep ids stable while the meter lives
 
-    def _add(self, key: int, nbytes: int) -> None:
+    def _book(self, key: int, nbytes: int) -> int | None:
         with self._lock:
+            if key in self._known or key in self._resident:
+                return None
             self._known.add(key)
             self.live += nbytes
             self.peak = max(self.peak, self.live)
+            return nbytes
 
     def _drop(self, key: int, nbytes: int) -> None:
         with self._lock:
@@ -194,27 +198,8 @@ class ConcurrentMeter:
             self.live -= nbytes
 
     def thread_mode(self) -> Any:
-        import weakref
-
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        meter = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                        storage = t.untyped_storage()
-                        key = id(storage)
-                        if key not in meter._known and key not in meter._resident:
-                            nbytes = storage.nbytes()
-                            meter._add(key, nbytes)
-                            weakref.finalize(storage, meter._drop, key, nbytes)
-                return out
-
-        return _Mode()
+        """This thread's dispatch mode adding to the shared count."""
+        return storage_booking_mode(self._book, self._drop)
 
 
 def _resident_tensors(model: Any, graph: Graph) -> list[torch.Tensor]:
@@ -260,16 +245,28 @@ def steps_for(spec: GNNJobSpec, graph: Graph, epochs: int | None) -> int:
 
 
 PROFILED_STEPS = 20
-"""On CPU the profiler records the first this-many steps, then stops: its event buffer grows with every operator,
-so profiling a million-request job whole would cost more memory than the job. Full-batch steps after the first are
-identical, so the steady-state peak is among them; for mini-batches it is the peak over the first batches."""
+"""On CPU the profiler records the first this-many mini-batch steps, then stops: its event buffer grows with every
+operator, so profiling a million-request job whole would cost more memory than the job; the peak is the peak over the
+first batches."""
+
+PROFILED_FULL_BATCH_STEPS = 3
+"""Full-batch steps after the second are identical (the first creates the optimizer's state, the second is the steady
+state the estimator predicts), so three are profiled. Profiling is not free: measured on the shared two-core machine,
+a step of ``examples/gin-train-custom.yaml`` took 7.4-8.1 s plain and 9.0-14.6 s under the memory profiler, so
+profiling 20 of its 50 epochs cost about a minute for nothing."""
+
+
+def profiled_steps(spec: GNNJobSpec) -> int:
+    """How many of the job's first steps the CPU memory profiler records (see the two constants above)."""
+    return PROFILED_STEPS if spec.batching.mode == "minibatch" else min(PROFILED_STEPS, PROFILED_FULL_BATCH_STEPS)
 
 
 class _PeakMeter:
     """Peak live tensor bytes of a run: the profiler's allocation events on CPU, CUDA's allocator stats on GPU."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, profiled: int = PROFILED_STEPS) -> None:
         self.device = device
+        self.profiled = profiled
         self._prof: Any = None
         self._peak: int | None = None
 
@@ -285,7 +282,7 @@ class _PeakMeter:
         return self
 
     def step_done(self, index: int) -> None:
-        if self._prof is not None and index + 1 == PROFILED_STEPS:
+        if self._prof is not None and index + 1 == self.profiled:
             self._stop()
 
     def _stop(self) -> None:
@@ -336,7 +333,8 @@ def run_job(
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     torch.manual_seed(seed)
-    with _PeakMeter(device) as meter_, fake_memory.mode() if fake_memory is not None else nullcontext():
+    fake_mode = fake_memory.mode() if fake_memory is not None else nullcontext()
+    with _PeakMeter(device, profiled_steps(spec)) as meter_, fake_mode:
         graph = make_graph(spec, seed, root)
         model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
         inputs = _StepInputs(spec, graph, device, seed)

@@ -49,6 +49,7 @@ from gnnsched.contract import (
     API_VERSION,
     DEFAULT_JOB_RUNTIME_CLASS,
     DEFAULT_JOBS_UID,
+    ENV_CPU_REQUEST,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
@@ -283,6 +284,9 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": ENV_RESULT_FILE, "value": TERMINATION_LOG},
+        # The worker sizes torch's thread pool by this (torch alone would use every core of the node).
+        {"name": ENV_CPU_REQUEST, "valueFrom": {"resourceFieldRef": {
+            "containerName": CONTAINER_NAME, "resource": "requests.cpu", "divisor": "1"}}},
     ]
     pod: dict[str, Any] = {
         "apiVersion": "v1",

@@ -27,6 +27,7 @@ from gnnsched.contract import (
     ANN_JOB,
     ANN_PMC_BYTES,
     ANN_PREDICTED_RUNTIME,
+    ENV_CPU_REQUEST,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
@@ -109,8 +110,12 @@ async def test_create_makes_one_gated_pod_and_status_has_the_pmc(tmp_path: Path)
     assert requests.get("memory") == status["scaledResources"]["memory"]
     assert container["command"][:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]
     assert container["command"][5:] == ["/etc/gnnsched/job.yaml", "--device", "cuda", "--no-progress"]
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "fieldRef" in
+           e.get("valueFrom", {})}
     assert env == {ENV_POD_UID: "metadata.uid", ENV_POD_NAME: "metadata.name", ENV_POD_NAMESPACE: "metadata.namespace"}
+    # The worker sizes its thread pool by the CPU request: whole CPUs, rounded up, through the downward API.
+    assert {"name": ENV_CPU_REQUEST, "valueFrom": {"resourceFieldRef": {
+        "containerName": container["name"], "resource": "requests.cpu", "divisor": "1"}}} in container["env"]
     assert {"name": ENV_RESULT_FILE, "value": container["terminationMessagePath"]} in container["env"]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert spec["volumes"] == [{"name": "job-spec", "configMap": {"name": "gcn-cora-spec"}}]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -277,3 +278,65 @@ def test_cpu_profiling_stops_after_the_first_steps_and_keeps_the_peak(monkeypatc
     result = run_job(spec)
     assert result.steps == 6
     assert result.observed_peak_bytes == pytest.approx(estimate(spec).pmc_bytes, rel=0.005)
+
+
+@pytest.mark.parametrize(
+    ("env", "available", "threads"),
+    [
+        ({}, 8, None),  # no request known: torch's default
+        ({"GNNSCHED_CPU_REQUEST": "0"}, 8, None),  # the pod requests no CPU
+        ({"GNNSCHED_CPU_REQUEST": "2"}, 64, 2),  # two CPUs asked on a 64-core node: two threads, not 64
+        ({"GNNSCHED_CPU_REQUEST": "8"}, 2, 2),  # never more than the CPUs this process may run on
+        ({"GNNSCHED_CPU_REQUEST": "2", "OMP_NUM_THREADS": "3"}, 8, None),  # an explicit choice wins
+    ],
+)
+def test_worker_threads_follow_the_cpu_request(env, available, threads):
+    from gnnsched.worker_cli import intra_op_threads
+
+    assert intra_op_threads(env, available) == threads
+
+
+@pytest.mark.parametrize("value", ["two", "-1", "1.5"])
+def test_cli_bad_cpu_request_is_one_line_naming_it(tmp_path, monkeypatch, value):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("GNNSCHED_CPU_REQUEST", value)
+    job = _job(tmp_path, "  mode: train\n  model: {arch: gcn}\n  graph: {dataset: cora}\n")
+    result = runner.invoke(app, ["worker", str(job), "--no-progress"])
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "GNNSCHED_CPU_REQUEST" in lines[0], result.stderr
+
+
+def test_cli_sets_the_thread_pool_from_the_cpu_request(tmp_path, monkeypatch):
+    from gnnsched import worker
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("GNNSCHED_CPU_REQUEST", "2")
+    expected = min(2, len(os.sched_getaffinity(0)))
+    if expected == torch.get_num_threads():
+        pytest.skip("one CPU only: the request cannot change the thread count here")
+    seen: list[int] = []
+    real = worker.run_attempt
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "run_attempt", spy)
+    before = torch.get_num_threads()
+    job = _job(tmp_path, "  mode: train\n  model: {arch: gcn}\n  graph: {dataset: cora}\n  epochs: 1\n")
+    try:
+        result = runner.invoke(app, ["worker", str(job), "--no-progress"])
+    finally:
+        torch.set_num_threads(before)
+    assert result.exit_code == 0, result.output
+    assert seen == [expected]
+
+
+def test_full_batch_jobs_profile_three_steps_minibatch_jobs_twenty():
+    from gnnsched.worker import PROFILED_FULL_BATCH_STEPS, PROFILED_STEPS, profiled_steps
+
+    assert profiled_steps(_spec("gcn", epochs=50)) == PROFILED_FULL_BATCH_STEPS == 3
+    minibatch = parse_spec({"mode": "train", "model": {"arch": "sage"}, "graph": {"dataset": "cora"},
+                            "batching": {"mode": "minibatch", "batchSize": 64, "fanouts": [5, 5]}})
+    assert profiled_steps(minibatch) == PROFILED_STEPS

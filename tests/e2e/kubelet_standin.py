@@ -11,9 +11,10 @@ What it does, each step as kubelet does it (``pkg/kubelet``):
   ``GetPreferredAllocation`` when the plugin offers it, then ``Allocate`` returns envs and mounts.
 * **Container start** (``kuberuntime_container.go`` ``startContainer``, ``kubelet_pods.go``
   ``GenerateRunContainerOptions`` and ``makeEnvironmentVariables``): env = Allocate's envs, then the container's
-  ``env`` (``value`` and downward-API ``fieldRef``: ``metadata.name``, ``metadata.namespace``, ``metadata.uid``,
+  ``env`` (``value``, downward-API ``fieldRef``: ``metadata.name``, ``metadata.namespace``, ``metadata.uid``,
   ``spec.nodeName``, ``spec.serviceAccountName``, ``status.hostIP``, ``status.podIP``, and ``metadata.labels['k']``/
-  ``metadata.annotations['k']``), later names winning; ``command`` + ``args``; volumes (configMap files, emptyDir);
+  ``metadata.annotations['k']``, and ``resourceFieldRef`` for ``requests``/``limits`` ``cpu``/``memory``), later
+  names winning; ``command`` + ``args``; volumes (configMap files, emptyDir);
   the termination-message file.
 * **Pod status** (``status/status_manager.go``, ``kubelet_pods.go`` ``generateAPIPodStatus``): ``Pending`` with the
   container ``waiting: ContainerCreating``, then ``Running`` (``startTime``, ``running.startedAt``, ``Ready``), then
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -93,6 +95,30 @@ def field_ref(pod: dict[str, Any], path: str, host_ip: str) -> str:
         if path.startswith(prefix + "['") and path.endswith("']"):
             return str((source or {}).get(path[len(prefix) + 2:-2], ""))
     raise ValueError(f"unsupported fieldRef fieldPath {path!r}")
+
+
+def resource_field_ref(pod: dict[str, Any], ref: dict[str, Any], allocatable: dict[str, Any]) -> str:
+    """The downward API's ``resourceFieldRef`` value (``pkg/api/v1/resource/helpers.go``
+    ``ExtractContainerResourceValue``): ``requests.``/``limits.`` ``cpu``/``memory`` of the named container (the one
+    being started when ``containerName`` is empty) divided by ``divisor`` (default 1) and rounded up; a missing limit
+    is the node's allocatable (``MergeContainerResourceLimits``), a missing request 0."""
+    from gnnsched.quantity import parse_quantity
+
+    name = ref.get("containerName") or ""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    container = next((c for c in containers if not name or c.get("name") == name), None)
+    if container is None:
+        raise ValueError(f"resourceFieldRef: no container {name!r} in the pod")
+    kind, _, resource = str(ref.get("resource", "")).partition(".")
+    if kind not in ("requests", "limits") or resource not in ("cpu", "memory"):
+        raise ValueError(f"unsupported resourceFieldRef resource {ref.get('resource')!r}")
+    value = ((container.get("resources") or {}).get(kind) or {}).get(resource)
+    if value is None:
+        value = allocatable.get(resource, "0") if kind == "limits" else "0"
+    divisor = parse_quantity(str(ref.get("divisor") or "1"))
+    if divisor <= 0:
+        raise ValueError(f"resourceFieldRef divisor must be positive, got {ref.get('divisor')!r}")
+    return str(math.ceil(parse_quantity(str(value)) / divisor))
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -304,8 +330,13 @@ class KubeletStandIn:
                     env[item["name"]] = str(item["value"])
                 elif (item.get("valueFrom") or {}).get("fieldRef"):
                     env[item["name"]] = field_ref(pod, item["valueFrom"]["fieldRef"]["fieldPath"], self.host_ip)
+                elif (item.get("valueFrom") or {}).get("resourceFieldRef"):
+                    node = self.api.get(f"{NODES}/{self.node}")
+                    env[item["name"]] = resource_field_ref(pod, item["valueFrom"]["resourceFieldRef"],
+                                                           (node.get("status") or {}).get("allocatable") or {})
                 else:
-                    raise ValueError(f"env {item.get('name')}: only value and fieldRef are supported here")
+                    raise ValueError(f"env {item.get('name')}: only value, fieldRef and resourceFieldRef are "
+                                     "supported here")
             argv = [*(c.get("command") or []), *(c.get("args") or [])]
             if not argv:
                 raise ValueError("container has no command (no image entrypoint without a container runtime)")

@@ -340,17 +340,21 @@ class LocalCluster:
 
     # -- environment -------------------------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
-        """What every process of ours gets: this Python's bin dir first on PATH, the kubeconfig, quiet threads."""
+        """What every process of ours gets (the control plane and, through the kubelet stand-ins, the containers):
+        this Python's bin dir first on PATH, the kubeconfig. No thread setting: a job's worker sizes its own thread
+        pool from its pod's CPU request (``GNNSCHED_CPU_REQUEST``), as it must on a real node."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
         env["KUBECONFIG"] = str(self.kubeconfig)
-        env.setdefault("OMP_NUM_THREADS", "1")  # two cores shared by every job: no thread oversubscription
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.opts.extra_env)
         return env
 
     def _proc(self, name: str, argv: list[str], log_name: str | None = None) -> Proc:
-        proc = Proc(name, argv, self.dir / (log_name or f"{name}.log"), self.env())
+        env = self.env()
+        # The daemons get one thread each, as their pods' small CPU requests would give them; the jobs need the cores.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        proc = Proc(name, argv, self.dir / (log_name or f"{name}.log"), env)
         self.procs.append(proc)
         proc.start()
         return proc

@@ -232,6 +232,23 @@ def test_committed_series_counts_overlap(tmp_path: Path) -> None:
     assert [(v["t"], v["committed"]) for v in out["violations"]] == [(2, 1100), (6, 1200)]
 
 
+def test_kubelet_resolves_resource_field_refs_as_kubelet_does() -> None:
+    from kubelet_standin import resource_field_ref
+
+    pod = {"spec": {"containers": [{"name": "job", "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}}}]}}
+    node = {"cpu": "32", "memory": "128Gi"}
+    assert resource_field_ref(pod, {"containerName": "job", "resource": "requests.cpu", "divisor": "1"}, node) == "2"
+    assert resource_field_ref(pod, {"resource": "requests.cpu", "divisor": "1m"}, node) == "1500"
+    assert resource_field_ref(pod, {"resource": "requests.memory", "divisor": "1Mi"}, node) == "1024"
+    assert resource_field_ref(pod, {"resource": "limits.cpu"}, node) == "32"  # no limit: the node's allocatable
+    bare = {"spec": {"containers": [{"name": "job"}]}}
+    assert resource_field_ref(bare, {"resource": "requests.cpu", "divisor": "1"}, node) == "0"
+    with pytest.raises(ValueError, match="unsupported resourceFieldRef"):
+        resource_field_ref(pod, {"resource": "requests.nvidia.com/gpu"}, node)
+    with pytest.raises(ValueError, match="no container"):
+        resource_field_ref(pod, {"containerName": "other", "resource": "requests.cpu"}, node)
+
+
 def _run_script(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60, **kw)
 

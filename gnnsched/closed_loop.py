@@ -214,6 +214,14 @@ class CalibrationClass(BaseModel):
         """``V100-32GB.gcn.train.builtin``: a valid ConfigMap/CR map key, readable in ``kubectl get -o yaml``."""
         return ".".join((self.gpu_model, self.arch, self.mode, self.container))
 
+    def pool(self, other: CalibrationClass) -> bool:
+        """Whether ``other`` is in this class's pool: the same GPU model, mode and container, any architecture."""
+        return (other.gpu_model, other.mode, other.container) == (self.gpu_model, self.mode, self.container)
+
+    def pool_key(self) -> str:
+        """``V100-32GB.*.train.builtin``: how the pool is shown (never stored: the table keeps fine classes only)."""
+        return ".".join((self.gpu_model, "*", self.mode, self.container))
+
     @classmethod
     def parse(cls, key: str) -> CalibrationClass:
         parts = key.rsplit(".", 3)
@@ -230,8 +238,15 @@ class CalibrationPolicy(BaseModel):
 
     ``quantile`` of the last ``window`` observed ÷ predicted ratios, once a class has ``min_samples``; never below
     ``floor`` (an estimate is never shrunk below the prediction itself) and never above ``cap`` (one runaway custom
-    script must not make a whole class unschedulable: resizes handle outliers). Below ``min_samples`` the static
-    factor stays."""
+    script must not make a whole class unschedulable: resizes handle outliers).
+
+    A class with fewer than ``min_samples`` ratios borrows its *pool* with ``pooled`` (the default): every class on
+    the same GPU model, mode and kind of container, whatever the architecture. Why: the errors the loop corrects
+    are mostly the GPU's (unverified CUDA constants, the context, the caching allocator's segments) and the
+    container's, which every architecture shares, while a fine class of a mixed queue gets its ``min_samples``
+    only after most of its jobs have already started at the static factor (a queue of 20 jobs over 4
+    architectures has about 5 per class: calibrated, if ever, for its last job). The class's own ratios take over
+    as soon as it has ``min_samples``. Below ``min_samples`` in the pool too, the static factor stays."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -242,6 +257,8 @@ class CalibrationPolicy(BaseModel):
     cap: float = Field(default=2.0, ge=1.0, le=10.0)
     static_factor: float = Field(default=1.10, ge=1.0)
     """The estimator's static CUDA safety factor (``gnnsched.estimator.DEFAULT_SAFETY_FACTOR_CUDA``)."""
+    pooled: bool = True
+    """A class with too few ratios uses its pool's (same GPU model, mode and container; any architecture)."""
 
 
 DEFAULT_CALIBRATION = CalibrationPolicy()
@@ -260,8 +277,13 @@ def high_quantile(values: Iterable[float], q: float) -> float:
 class CalibrationFactor(BaseModel):
     factor: float
     samples: int
+    """The class's own recent ratios (the pool's are counted in ``pool_samples``)."""
     calibrated: bool
-    """False while the class has fewer than ``min_samples`` ratios and the static factor applies."""
+    """False while neither the class nor its pool has ``min_samples`` ratios and the static factor applies."""
+    source: Literal["class", "pool", "static"] = "static"
+    """Whose ratios gave the factor: the class's own, its pool's (too few of its own), or none (static)."""
+    pool_samples: int = 0
+    """The pool's recent ratios (every class of the pool, this one included), when the pool was consulted."""
 
 
 class CalibrationTable(BaseModel):
@@ -292,11 +314,25 @@ class CalibrationTable(BaseModel):
         return CalibrationTable(ratios={**self.ratios, key: kept})
 
     def factor(self, cls: CalibrationClass, policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> CalibrationFactor:
+        """The safety factor for a new estimate of ``cls``: the high quantile of its own recent ratios once it has
+        ``min_samples``, else of its pool's (``CalibrationPolicy.pooled``), else the static factor."""
         recent = self.ratios.get(cls.key(), [])[-policy.window:]
-        if len(recent) < policy.min_samples:
-            return CalibrationFactor(factor=policy.static_factor, samples=len(recent), calibrated=False)
-        value = min(policy.cap, max(policy.floor, high_quantile(recent, policy.quantile)))
-        return CalibrationFactor(factor=round(value, 4), samples=len(recent), calibrated=True)
+        if len(recent) >= policy.min_samples:
+            return CalibrationFactor(factor=self._bounded(recent, policy), samples=len(recent), calibrated=True,
+                                     source="class")
+        if policy.pooled:
+            pool = [r for key, ratios in sorted(self.ratios.items()) if cls.pool(CalibrationClass.parse(key))
+                    for r in ratios[-policy.window:]]
+            if len(pool) >= policy.min_samples:
+                return CalibrationFactor(factor=self._bounded(pool, policy), samples=len(recent), calibrated=True,
+                                         source="pool", pool_samples=len(pool))
+            return CalibrationFactor(factor=policy.static_factor, samples=len(recent), calibrated=False,
+                                     pool_samples=len(pool))
+        return CalibrationFactor(factor=policy.static_factor, samples=len(recent), calibrated=False)
+
+    @staticmethod
+    def _bounded(ratios: list[float], policy: CalibrationPolicy) -> float:
+        return round(min(policy.cap, max(policy.floor, high_quantile(ratios, policy.quantile))), 4)
 
 
 def load_calibration_file(path: str | Path) -> CalibrationTable:

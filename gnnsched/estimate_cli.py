@@ -84,7 +84,9 @@ def estimate_command(
     if calibrated is None:
         typer.echo(f"safety factor:    {result.safety_factor}")
     else:
-        source = "calibrated" if calibrated["calibrated"] else "static: too few samples"
+        source = {"class": "calibrated", "pool": f"calibrated from its pool {calibrated['pool']}, "
+                  f"{calibrated['pool_samples']} samples",
+                  "static": "static: too few samples"}[calibrated["source"]]
         typer.echo(f"safety factor:    {result.safety_factor} ({calibrated['class']}, {calibrated['samples']} "
                    f"samples, {source})")
     typer.echo(f"admit:            {_human(result.admit_bytes)} ({result.admit_bytes} bytes)")
@@ -104,7 +106,8 @@ def _load_calibration(path: Path) -> Any:
 
 def _calibration_factor(table: Any, spec: Any, gpu_model: str) -> dict[str, Any]:
     """The job's calibration class (GPU model, arch, mode, built-in or custom container) and the factor the table
-    gives it: the calibrated high quantile once the class has enough samples, else the static factor."""
+    gives it: the calibrated high quantile once the class (or else its pool) has enough samples, else the static
+    factor."""
     from gnnsched.closed_loop import CalibrationClass
 
     cls = CalibrationClass(
@@ -112,4 +115,5 @@ def _calibration_factor(table: Any, spec: Any, gpu_model: str) -> dict[str, Any]
         container="custom" if (spec.image or spec.command) else "builtin",
     )
     got = table.factor(cls)
-    return {"class": cls.key(), "factor": got.factor, "samples": got.samples, "calibrated": got.calibrated}
+    return {"class": cls.key(), "factor": got.factor, "samples": got.samples, "calibrated": got.calibrated,
+            "source": got.source, "pool": cls.pool_key(), "pool_samples": got.pool_samples}

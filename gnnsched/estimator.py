@@ -106,6 +106,14 @@ _META = torch.device("meta")
 _NO_SEQUENCE_NR = 2**64 - 1
 """``Node._sequence_nr()`` of AccumulateGrad nodes (UINT64_MAX)."""
 _INPLACE_IN_PLAIN_RUN = {_aten.add.Tensor, _aten.index_add.default}
+# Steps the CUDA replay runs (``cuda_allocation_events``): the measurement in bench/pmc_accuracy.py --device cuda
+# runs three, and on an H100 every case's reserved peak was reached by the third.
+CUDA_STEPS = 3
+# Operators PyTorch runs through cuBLAS on CUDA: the first one on a thread takes that thread's cuBLAS workspace.
+_CUBLAS_OPS = {
+    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten.addbmm.default,
+    _aten.mv.default, _aten.addmv.default,
+}
 """Backward ops autograd runs in place outside a dispatch mode (gradient accumulation, index_select's backward)."""
 
 
@@ -147,6 +155,9 @@ class _Record:
     phase: str  # setup | forward | backward | optimizer
     alloc_at: int  # index into the event list
     free_at: int | None = None
+    # A zero-byte record that marks where the CUDA process would take a library workspace from the caching allocator
+    # (``cuda_allocation_events`` turns it into that allocation): ``cublas-workspace:<phase>``, ``cublaslt-workspace``.
+    marker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +258,7 @@ class _LivenessMode(TorchDispatchMode):
         self.owners: list[int] = []
         self.boundaries: list[int] = []
         self.param_layers: list[int] = []
+        self._workspaces_marked: set[str] = set()
 
     # --- bookkeeping -------------------------------------------------------------------------------------------
 
@@ -286,6 +298,31 @@ class _LivenessMode(TorchDispatchMode):
 
     def record_of(self, tensor: torch.Tensor) -> int | None:
         return self._by_storage.get(id(tensor.untyped_storage()))
+
+    def mark_workspaces(self, func: Any) -> None:
+        """After a cuBLAS operator's output: mark where the step's thread takes its cuBLAS workspace (the first such
+        operator of the forward, on the main thread, and of the backward, on the autograd engine's device thread)
+        and, at the first ``addmm`` (a bias epilogue, run through cuBLASLt), the cuBLASLt workspace.
+
+        Measured on an H100 (torch 2.11, docs/gpu-measurements.md): both are taken right after the operator's output
+        is allocated and kept for the process; where they land among the step's cached blocks decides how the
+        allocator fragments, so a model that put them at the step's start under-predicted reserved memory by up
+        to 200 MiB on mid-sized graphs."""
+        if self.phase not in ("forward", "backward"):
+            return
+        kinds = [f"cublas-workspace:{self.phase}"]
+        if func is _aten.addmm.default:
+            kinds.append("cublaslt-workspace")
+        for kind in kinds:
+            if kind in self._workspaces_marked:
+                continue
+            self._workspaces_marked.add(kind)
+            idx = len(self.records)
+            self.records.append(_Record(0, self.phase, len(self.events), marker=kind))
+            self.events.append((1, idx))
+            if self.labelling:
+                self.labels.append(self.block)
+                self.owners.append(self.block)
 
     def records_of(self, tensors: Iterable[torch.Tensor]) -> set[int]:
         """The records of the tensors' storages (a storage allocated before tracing began has none)."""
@@ -330,6 +367,8 @@ class _LivenessMode(TorchDispatchMode):
             idx = self.track(t)
             if idx is not None:
                 created.append(idx)
+        if func in _CUBLAS_OPS:
+            self.mark_workspaces(func)
         if self.labelling and self.phase == "optimizer" and isinstance(out, (list, tuple)) and created:
             self._label_per_parameter(out, created)
         if func in (_aten.ne.Tensor, _aten.eq.Tensor) and isinstance(out, torch.Tensor) and out.dim() == 1:
@@ -785,7 +824,7 @@ def _splice(
         r = key[1]
         idx = len(out_records)
         index[key] = idx
-        out_records.append(_Record(records[r].nbytes, records[r].phase, len(out_events)))
+        out_records.append(_Record(records[r].nbytes, records[r].phase, len(out_events), marker=records[r].marker))
         for k in member.get(r, ()):
             out_sets[k].add(idx)
         return idx
@@ -851,16 +890,26 @@ def _splice(
     return Trace(records=out_records, events=out_events, window_start=window_start, traced_layers=depth), out_sets
 
 
-def cuda_allocation_events(trace: Trace, workers: int = 1, workspace_bytes: int = 0) -> list[tuple[int, Hashable, int]]:
-    """The trace's allocations and frees, in program order, as the CUDA caching allocator of the job sees them.
+def cuda_allocation_events(
+    trace: Trace, workers: int = 1, workspace_bytes: int = 0, lt_workspace_bytes: int = 0, steps: int = CUDA_STEPS
+) -> list[tuple[int, Hashable, int]]:
+    """The trace's allocations and frees, in program order, as the CUDA caching allocator of a fresh job process sees
+    them over its first ``steps`` steps.
 
-    Everything before the measured step is replayed as traced (what it cached stays reserved). At the step's start
-    each of the ``workers`` threads' cuBLAS workspaces is allocated and kept: PyTorch takes one per (handle, stream)
-    from the caching allocator on the first cuBLAS call and keeps it for the process (CublasHandlePool.cpp v2.6.0
-    lines 166-167 and 213-215). For ``workers`` > 1 (parallel inference: threads on the one default stream, hence one
-    allocator pool) the step is replayed once per worker, interleaved event by event, so that all workers reach their
-    peak together, the worst case ``estimate`` counts; a pre-step storage the step frees is freed once. Cancelled
-    events are skipped; zero-byte storages pass through (the model skips them).
+    Everything before the measured step is replayed as traced (what it cached stays reserved). The step is then
+    replayed ``steps`` times: a job's reserved memory can grow after its first step, when a block kept from one step
+    (a gradient, a workspace) sits inside a segment the next step's large transient buffers would have reused.
+    A later step frees what the step before it kept where the traced step frees the pre-step storage of the same
+    size (the previous step's gradients, say); a free with no such storage is dropped, which can only raise the
+    replayed use. In the first step each workspace marker (``_LivenessMode.mark_workspaces``) becomes the workspace
+    it marks, kept for the process: ``workspace_bytes`` for a thread's cuBLAS workspace (PyTorch takes one per
+    (handle, stream) and handles are per thread, CublasHandlePool.cpp v2.6.0 lines 166-167 and 213-215: the forward
+    and the autograd engine's backward thread each hold one) and ``lt_workspace_bytes`` for cuBLASLt's.
+
+    For ``workers`` > 1 (parallel inference: threads on the one default stream, hence one allocator pool) each step
+    is replayed once per worker, interleaved event by event, so that all workers reach their peak together, the
+    worst case ``estimate`` counts; each worker takes its own workspaces; a pre-step storage the step frees is freed
+    once. Cancelled events are skipped; zero-byte storages pass through (the model skips them).
 
     The in-place correction leaves an accumulation's output without an allocation (it reuses its input's buffer,
     whose own free is cancelled): the output's free is the free of that buffer, taken here as the most recently
@@ -870,29 +919,54 @@ def cuda_allocation_events(trace: Trace, workers: int = 1, workspace_bytes: int 
     out: list[tuple[int, Hashable, int]] = [
         (ev[0], ev[1], records[ev[1]].nbytes) for ev in events[:start] if ev is not None
     ]
-    out.extend((1, ("cublas-workspace", w), workspace_bytes) for w in range(workers if workspace_bytes > 0 else 0))
+    sizes = {"cublaslt-workspace": lt_workspace_bytes}
+
+    def workspace(idx: int) -> int:
+        kind = records[idx].marker or ""
+        return sizes.get(kind, workspace_bytes if kind.startswith("cublas-workspace") else 0)
+
     window = [ev for ev in events[start:] if ev is not None]
-    if workers <= 1:
-        out.extend((sign, idx, records[idx].nbytes) for sign, idx in window)
-    else:
-        for sign, idx in window:
-            nbytes = records[idx].nbytes
-            if records[idx].alloc_at < start:  # a pre-step storage: one copy, freed by the first worker
-                out.append((sign, idx, nbytes))
-            else:
-                out.extend((sign, (w, idx), nbytes) for w in range(workers))
-    return _pair_reused_frees(out, workspaces=workers if workspace_bytes > 0 else 0)
+    # One step, workers interleaved, as (sign, key, bytes, record); markers as zero-byte allocations.
+    step: list[tuple[int, Hashable, int, int]] = []
+    for sign, idx in window:
+        nbytes = records[idx].nbytes
+        if workers > 1 and records[idx].alloc_at < start:  # a pre-step storage: one copy, freed by the first worker
+            step.append((sign, idx, nbytes, idx))
+        elif workers > 1:
+            step.extend((sign, (w, idx), nbytes, idx) for w in range(workers))
+        else:
+            step.append((sign, idx, nbytes, idx))
+    freed_in_step = {key for sign, key, _, _ in step if sign < 0}
+    kept_keys = {key for sign, key, _, _ in step if sign > 0 and key not in freed_in_step}
+    previous: dict[int, list[Hashable]] = {}  # size -> what the previous step kept, oldest first
+    for rep in range(max(1, steps)):
+        kept: dict[int, list[Hashable]] = {}
+        for sign, key, nbytes, base in step:
+            if records[base].marker is not None:
+                if rep == 0 and (size := workspace(base)) > 0:
+                    out.append((1, ("workspace", key), size))
+                continue
+            if sign > 0:
+                out.append((1, (rep, key) if rep else key, nbytes))
+                if key in kept_keys:
+                    kept.setdefault(nbytes, []).append((rep, key) if rep else key)
+            elif rep == 0:
+                out.append((-1, key, nbytes))
+            elif records[base].alloc_at >= start:  # the step's own storage (or an in-place output, paired below)
+                out.append((-1, (rep, key), nbytes))
+            elif previous.get(nbytes):  # a pre-step storage: what the previous step kept in its place
+                out.append((-1, previous[nbytes].pop(0), nbytes))
+        previous = kept
+    return _pair_reused_frees(out)
 
 
-def _pair_reused_frees(
-    events: list[tuple[int, Hashable, int]], workspaces: int = 0
-) -> list[tuple[int, Hashable, int]]:
+def _pair_reused_frees(events: list[tuple[int, Hashable, int]]) -> list[tuple[int, Hashable, int]]:
     """Point each free of a never-allocated key at the live, never-freed storage of the same size allocated last (the
     buffer the in-place correction says it reused; never a cuBLAS workspace); a free with no such buffer is dropped
     (dropping a free can only raise the replayed use)."""
     allocated = {key for sign, key, _ in events if sign > 0}
     freed = {key for sign, key, _ in events if sign < 0}
-    freed.update(("cublas-workspace", w) for w in range(workspaces))  # kept for the process, never a reused buffer
+    freed.update(key for sign, key, _ in events if sign > 0 and isinstance(key, tuple) and key[0] == "workspace")
     spare: dict[int, list[Hashable]] = {}  # size -> live allocations the trace never frees, oldest first
     fixed: list[tuple[int, Hashable, int]] = []
     for sign, key, nbytes in events:
@@ -912,7 +986,9 @@ def _cuda_device_terms(trace: Trace, peak: int, gpu: GPUModel, workers: int) -> 
     """(overhead over ``peak``, peak reserved, peak allocated) on ``gpu``: the allocator model's reserved peak (with
     the cuBLAS workspaces) plus the optional fragmentation allowance, and the per-process CUDA context and MPS
     client costs the allocator never sees."""
-    result = replay(cuda_allocation_events(trace, workers, gpu.cublas_workspace_bytes))
+    result = replay(
+        cuda_allocation_events(trace, workers, gpu.cublas_workspace_bytes, gpu.cublaslt_workspace_bytes)
+    )
     reserved = result.reserved_bytes
     allowance = math.ceil(gpu.allocator_overhead_fraction * reserved)
     overhead = gpu.context_bytes + gpu.mps_client_bytes + reserved + allowance - peak

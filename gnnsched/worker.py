@@ -22,6 +22,8 @@ sampler: an epoch visits every labelled node once in batches; an inference reque
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -264,9 +266,10 @@ def profiled_steps(spec: GNNJobSpec) -> int:
 class _PeakMeter:
     """Peak live tensor bytes of a run: the profiler's allocation events on CPU, CUDA's allocator stats on GPU."""
 
-    def __init__(self, device: str, profiled: int = PROFILED_STEPS) -> None:
+    def __init__(self, device: str, profiled: int = PROFILED_STEPS, limit_bytes: int | None = None) -> None:
         self.device = device
         self.profiled = profiled
+        self.limit_bytes = limit_bytes
         self._prof: Any = None
         self._peak: int | None = None
 
@@ -301,20 +304,59 @@ class _PeakMeter:
 
     def peak(self) -> int:
         if self.device == "cuda":
-            return int(torch.cuda.max_memory_reserved()) + cuda_context_bytes()
+            return int(torch.cuda.max_memory_reserved()) + cuda_context_bytes(self.limit_bytes)
         if self._peak is None:
             raise RuntimeError("peak() before the meter stopped")
         return self._peak
 
 
-def cuda_context_bytes() -> int:
-    """The CUDA context of this process on its GPU, from the GPU catalogue (``gnnsched.gpus``; unverified constants,
-    300 MiB for an unknown model): what NVML and the MPS limit count beside the caching allocator's reserved bytes."""
+def cuda_context_bytes(limit_bytes: int | None = None) -> int:
+    """What this process holds on its GPU beside the caching allocator's reserved bytes (the CUDA context, loaded
+    kernels, library state), which NVML and the MPS memory limit count: measured where the GPU tells, else the
+    catalogue's constant (``gnnsched.gpus``).
+
+    Measured on an H100 (docs/gpu-measurements.md): 610 MiB after the first tensor, 742 MiB after GNN training steps
+    (kernels load lazily, so it grows with what the job ran; hence measured at the end). Under an MPS memory limit
+    the driver reports this client's free memory as the limit minus everything the client holds, so the context is
+    limit - free - reserved, in any PID namespace. Without a limit, NVML's used memory of this PID minus reserved,
+    when the PID is visible to NVML (not from inside a container's PID namespace)."""
+    reserved = int(torch.cuda.memory_reserved())
+    if limit_bytes:
+        free, _total = torch.cuda.mem_get_info()
+        held = limit_bytes - int(free)
+        if held >= reserved:
+            return held - reserved
+    used = _nvml_used_by_this_process()
+    if used is not None and used >= reserved:
+        return used - reserved
     from gnnsched.gpus import GPUModel, match_device_name
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     model = match_device_name(props.name, int(props.total_memory))
     return model.context_bytes if model is not None else int(GPUModel.model_fields["context_bytes"].default)
+
+
+def _nvml_used_by_this_process() -> int | None:
+    """NVML's used device memory of this PID on any GPU, ``None`` when NVML or the PID is not visible."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML (no driver, a CPU-only test machine): the caller falls back
+        return None
+    try:
+        pid = os.getpid()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == pid and proc.usedGpuMemory:
+                    return int(proc.usedGpuMemory)
+        return None
+    except pynvml.NVMLError:
+        return None
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
 
 
 def run_job(
@@ -326,6 +368,7 @@ def run_job(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    limit_bytes: int | None = None,
 ) -> WorkerResult:
     """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
 
@@ -334,7 +377,7 @@ def run_job(
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     torch.manual_seed(seed)
     fake_mode = fake_memory.mode() if fake_memory is not None else nullcontext()
-    with _PeakMeter(device, profiled_steps(spec)) as meter_, fake_mode:
+    with _PeakMeter(device, profiled_steps(spec), limit_bytes) as meter_, fake_mode:
         graph = make_graph(spec, seed, root)
         model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
         inputs = _StepInputs(spec, graph, device, seed)
@@ -420,13 +463,13 @@ def run_attempt(
     an ordinary failure)."""
     try:
         result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
-                         on_start=on_start, fake_memory=fake_memory)
+                         on_start=on_start, fake_memory=fake_memory, limit_bytes=limit_bytes)
     except torch.OutOfMemoryError as exc:
         text = str(exc)
         if fake_memory is not None:
             held, requested, peak = fake_memory.held_at_failure, fake_memory.failed_request, fake_memory.peak
         elif device == "cuda":
-            context = cuda_context_bytes()
+            context = cuda_context_bytes(limit_bytes)
             held = int(torch.cuda.memory_reserved()) + context
             requested = failed_request_bytes(text)
             peak = int(torch.cuda.max_memory_reserved()) + context
@@ -441,7 +484,7 @@ def run_attempt(
         peak = None
         if device == "cuda":
             try:
-                peak = int(torch.cuda.max_memory_reserved()) + cuda_context_bytes()
+                peak = int(torch.cuda.max_memory_reserved()) + cuda_context_bytes(limit_bytes)
             except RuntimeError:  # the context itself may be gone after a fatal error
                 peak = None
         elif fake_memory is not None:

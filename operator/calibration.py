@@ -14,7 +14,8 @@ attempt twice. Writes are merge patches conditional on ``metadata.resourceVersio
 so two recorders never lose each other's samples.
 
 Reset: delete the object (``kubectl delete gnncalibration default``; every class falls back to the static factor
-until it has ``min_samples`` again), or drop one class with a merge patch setting ``status.ratios.<class>`` to null.
+until it or its pool has ``min_samples`` again), or drop one class with a merge patch setting
+``status.ratios.<class>`` to null.
 The factors and the summary are recomputed from the ratios on every read, so a hand edit cannot leave them stale.
 """
 
@@ -52,8 +53,11 @@ def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_
     parts: list[str] = []
     for key in sorted(table.ratios):
         result = table.factor(CalibrationClass.parse(key), policy)
-        factors[key] = {"factor": result.factor, "samples": result.samples, "calibrated": result.calibrated}
-        parts.append(f"{key}={result.factor:g}" + ("" if result.calibrated else f" (static, {result.samples} samples)"))
+        factors[key] = {"factor": result.factor, "samples": result.samples, "calibrated": result.calibrated,
+                        "source": result.source}
+        note = {"class": "", "pool": f" (pool, {result.samples} own samples)",
+                "static": f" (static, {result.samples} samples)"}[result.source]
+        parts.append(f"{key}={result.factor:g}{note}")
     return {
         "factors": factors,
         "classes": len(factors),

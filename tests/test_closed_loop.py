@@ -125,7 +125,8 @@ def test_calibration_static_until_enough_samples_then_quantile_with_floor_and_ca
     table = CalibrationTable()
     for ratio in (1.2, 1.25):
         table = table.record(cls, ratio, policy)
-    assert table.factor(cls, policy).model_dump() == {"factor": 1.10, "samples": 2, "calibrated": False}
+    assert table.factor(cls, policy).model_dump() == {"factor": 1.10, "samples": 2, "calibrated": False,
+                                                      "source": "static", "pool_samples": 2}
     table = table.record(cls, 1.3, policy)
     assert table.factor(cls, policy).factor == 1.3 and table.factor(cls, policy).calibrated
     # Over-estimates never shrink the factor below 1.0; a runaway class is capped.
@@ -144,6 +145,36 @@ def test_calibration_static_until_enough_samples_then_quantile_with_floor_and_ca
     # Classes are separate.
     other = CalibrationClass(gpu_model="V100-32GB", arch="gcn", mode="train", container="custom")
     assert table.factor(other, policy).calibrated is False
+
+
+def test_calibration_pool_serves_a_class_with_too_few_samples() -> None:
+    """A class with fewer than min_samples ratios uses the high quantile of its pool (same GPU model, mode and
+    container, any architecture) once the pool has min_samples; its own ratios take over at min_samples; other GPU
+    models, modes and containers are not in the pool; ``pooled=False`` keeps the static factor."""
+    policy = CalibrationPolicy(min_samples=3, quantile=0.95)
+    gcn = CalibrationClass(gpu_model="V100-32GB", arch="gcn", mode="train")
+    sage = CalibrationClass(gpu_model="V100-32GB", arch="sage", mode="train")
+    gat = CalibrationClass(gpu_model="V100-32GB", arch="gat", mode="train")
+    table = CalibrationTable().record(gcn, 1.30, policy).record(sage, 1.25, policy)
+    got = table.factor(gat, policy)
+    assert (got.source, got.factor, got.samples, got.pool_samples) == ("static", 1.10, 0, 2)
+    table = table.record(sage, 1.40, policy)
+    got = table.factor(gat, policy)
+    assert (got.source, got.factor, got.calibrated, got.samples, got.pool_samples) == ("pool", 1.40, True, 0, 3)
+    assert gat.pool_key() == "V100-32GB.*.train.builtin"
+    # Not in the pool: another GPU model, mode or container.
+    for other in (CalibrationClass(gpu_model="A100-80GB", arch="gat", mode="train"),
+                  CalibrationClass(gpu_model="V100-32GB", arch="gat", mode="infer"),
+                  CalibrationClass(gpu_model="V100-32GB", arch="gat", mode="train", container="custom")):
+        assert table.factor(other, policy).source == "static"
+    # The class's own ratios win once it has min_samples, even when the pool says more.
+    for _ in range(3):
+        table = table.record(gat, 1.05, policy)
+    got = table.factor(gat, policy)
+    assert (got.source, got.factor, got.samples) == ("class", 1.05, 3)
+    # Pooling off: a class is on its own.
+    off = CalibrationPolicy(min_samples=3, pooled=False)
+    assert table.factor(CalibrationClass(gpu_model="V100-32GB", arch="gin", mode="train"), off).source == "static"
 
 
 def test_static_factor_is_the_estimators() -> None:

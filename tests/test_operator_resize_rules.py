@@ -95,9 +95,15 @@ def test_calibration_summary_shows_each_class_factor() -> None:
     table = CalibrationTable().record(builtin, 1.2, policy).record(builtin, 1.3, policy).record(custom, 1.5, policy)
     fields = derived_fields(table, policy)
     assert fields["classes"] == 2 and fields["calibratedClasses"] == 1
-    assert fields["factors"][builtin.key()] == {"factor": 1.3, "samples": 2, "calibrated": True}
+    assert fields["factors"][builtin.key()] == {"factor": 1.3, "samples": 2, "calibrated": True, "source": "class"}
     assert "V100-32GB.gcn.train.builtin=1.3" in fields["summary"]
     assert "V100-32GB.sage.train.custom=1.1 (static, 1 samples)" in fields["summary"]
+    # A class with one sample of its own borrows its pool's factor (same GPU model, mode, container).
+    gat = CalibrationClass(gpu_model="V100-32GB", arch="gat", mode="train")
+    fields = derived_fields(table.record(gat, 1.25, policy), policy)
+    assert fields["factors"][gat.key()] == {"factor": 1.3, "samples": 1, "calibrated": True, "source": "pool"}
+    assert "V100-32GB.gat.train.builtin=1.3 (pool, 1 own samples)" in fields["summary"]
+    assert fields["calibratedClasses"] == 2
 
 
 FINISHED = datetime(2026, 1, 1, 10, 0, 9, tzinfo=timezone.utc)

@@ -20,6 +20,7 @@ from gnnsched.errors import FieldError
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.faults import (
+    BASELINE_BACKOFF_LIMIT,
     NO_ERROR,
     QUARANTINE_S,
     EstimateError,
@@ -214,17 +215,40 @@ def test_cli_flags_and_bad_values(tmp_path) -> None:
     assert bad.exit_code == 2 and "--backoff-limit" in bad.output
 
 
-def test_backoff_limit_override(ix: Integrations) -> None:
-    """--backoff-limit replaces every job's: the same overrunning naive-MPS jobs survive their OOM kills with 3
-    retries and are lost with 0."""
+def test_baselines_fail_the_job_by_default_and_backoff_limit_overrides(ix: Integrations) -> None:
+    """In a closed-loop run a baseline's failed pod fails its job (BASELINE_BACKOFF_LIMIT 0) whatever the workload
+    says (3 here), while gnnsched keeps the workload's backoffLimit; --backoff-limit replaces every job's: with 3 the
+    same overrunning naive-MPS jobs survive their OOM kills. The open-loop engine keeps the workload's."""
+    default = parse_spec({"mode": "train", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}}).backoff_limit
+    assert BASELINE_BACKOFF_LIMIT == 0 == default
     wl = _workload(12, epochs=20000, backoff=3)
     cl = parse_cluster(CLUSTER, None)
     jobs = materialise(wl, cl, ix, scaling=False)
     err = EstimateError("lognormal", 0.05, 30.0)
-    kept = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs, estimate_error=err)
-    strict = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs, estimate_error=err, backoff_limit=0)
+    strict = run(wl, cl, parse_policies("mps-naive,lmcf"), 0, ix, jobs=jobs, estimate_error=err)
+    kept = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs, estimate_error=err, backoff_limit=3)
     assert strict.policies["mps-naive"]["jobs_lost"] > kept.policies["mps-naive"]["jobs_lost"]
     assert all(o.job.backoff_limit == 0 for o in strict.results["mps-naive"].outcomes)
+    assert all(o.job.backoff_limit == 3 for o in strict.results["lmcf"].outcomes)
+    assert all(o.job.backoff_limit == 3 for o in kept.results["mps-naive"].outcomes)
+    plain = run(wl, cl, parse_policies("mps-naive"), 0, ix, jobs=jobs)
+    assert all(o.job.backoff_limit == 3 for o in plain.results["mps-naive"].outcomes)
+
+
+def test_memory_exceeded_attempt_is_recorded_as_a_lower_bound(ix: Integrations) -> None:
+    """As the operator does, a memory-exceeded attempt records (bytes it needed) / predicted in the calibration
+    table: in the model it held its limit, so the ratio is the factor it ran at, never above the job's true one."""
+    wl = _workload(2)
+    cl = parse_cluster(CLUSTER, None)
+    job = materialise(wl, cl, ix, scaling=False)[0]
+    model = "V100-32GB"
+    cap = 32 * 2**30
+    books = LoopBooks(error=EstimateError("lognormal", 0.0, 1.5), fault_rate=0.0, seed=0, mode="gnnsched",
+                      largest_bytes=cap, capacity={model: cap}, multipliers={job.id: 1.5})
+    first = books.attempt(job)
+    assert books.exceeds(first, model) and books.resized(first, model)
+    (ratios,) = books.table.ratios.values()
+    assert ratios == [pytest.approx(1.1, abs=1e-3)] and ratios[0] <= 1.5
 
 
 def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:

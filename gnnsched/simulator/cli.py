@@ -66,7 +66,9 @@ def simulate(
                                      "by --seed): a fault kills every client on the GPU, which then drains."),
     backoff_limit: int | None = typer.Option(None, "--backoff-limit", help="Every job's backoffLimit (0-10: failed "
                                              "pods a job survives) in place of the workload's (3 in the built-in "
-                                             "generators; a workload file's spec.backoffLimit, default 0)."),
+                                             "generators; a workload file's spec.backoffLimit, default 0). "
+                                             "Without it a closed-loop run's baselines get 0: a failed pod fails "
+                                             "the job."),
 ) -> None:
     """Simulate a cluster of GPU nodes: arrivals, the operator's estimate, placement, node queues with grouping
     policies behind the memory-safety gate, MPS co-location with interference, completion. Prints a comparison."""

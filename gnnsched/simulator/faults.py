@@ -22,8 +22,9 @@ What each policy does is decided here, with the operator's own rules from :mod:`
   ``backoffLimit``; a job suspected twice runs later attempts alone on a GPU. Completed attempts record observed ÷
   predicted in a :class:`~gnnsched.closed_loop.CalibrationTable` per :class:`~gnnsched.closed_loop.CalibrationClass`,
   and new estimates use its factor (``-calib``: the static factor always).
-* Baselines behave as Kubernetes does: every failed pod is charged against the job's ``backoffLimit`` (retried with
-  kubelet's back-off while attempts remain). Naive MPS has no per-client limit, so a true peak that does not fit what
+* Baselines behave as Kubernetes does: a failed pod fails the job (:data:`BASELINE_BACKOFF_LIMIT`; with
+  ``--backoff-limit N`` every failed pod is charged against ``N``, retried with kubelet's back-off while attempts
+  remain). Naive MPS has no per-client limit, so a true peak that does not fit what
   is left of the GPU OOM-kills the job that allocates it; exclusive fails a job whose true peak exceeds the GPU.
 """
 
@@ -47,6 +48,13 @@ from gnnsched.closed_loop import (
 )
 from gnnsched.errors import FieldError
 from gnnsched.simulator.model import JobProfile, SimJob
+
+BASELINE_BACKOFF_LIMIT = 0
+"""A baseline job's retry budget in a closed-loop run (unless ``--backoff-limit`` sets every job's). The baselines
+run as Kubernetes runs a pod without gnnsched's operator: nothing classifies a failure as a misestimate or a fault's
+victim, so, as issue 15 puts it, a failed pod fails the job; and the one budget a GNNJob has by default,
+``spec.backoffLimit``, is 0 (``gnnsched.spec``). The open-loop engine keeps the workload's own (the built-in
+generators' 3), so every figure without ``--estimate-error``/``--fault-rate`` is unchanged."""
 
 QUARANTINE_S = 10.0
 """Seconds a faulted GPU admits nothing: its clients exit (the MPS server terminated them) and the agent's probe
@@ -245,6 +253,11 @@ class LoopBooks:
         reservation fits any GPU, or ``max_resizes`` is used up)."""
         self.memory_exceeded += 1
         jid = attempt.id
+        # The operator records a memory-exceeded attempt too (operator/handlers.py: the larger of its observed peak
+        # and the bytes it needed, held + the failed request): a lower bound of the job's ratio. Without it only the
+        # attempts that fitted would be recorded at first, and the early factor would be biased low (survivors).
+        # The model's attempt held about its limit when it failed: the limit is its needed bytes.
+        self._record(attempt, model, attempt.profile(model).admit_bytes)
         if self.resizes.get(jid, 0) >= self.resize.max_resizes:
             return False
         old = attempt.profile(model).admit_bytes
@@ -266,7 +279,10 @@ class LoopBooks:
         if not self.gnnsched:
             return
         # observed (the attempt reached its true peak: it completed under its limit) over the job's prediction
-        ratio = self.true_peak(attempt, model) / max(self.predicted[attempt.id][model], 1)
+        self._record(attempt, model, self.true_peak(attempt, model))
+
+    def _record(self, attempt: SimJob, model: str, observed: int) -> None:
+        ratio = observed / max(self.predicted[attempt.id][model], 1)
         self.table = self.table.record(self._class(attempt, model), ratio, self.calibration_policy)
 
     def summary(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import ClusterSpec
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import RunResult, Simulation
-from gnnsched.simulator.faults import NO_ERROR, EstimateError, LoopBooks, true_multipliers
+from gnnsched.simulator.faults import BASELINE_BACKOFF_LIMIT, NO_ERROR, EstimateError, LoopBooks, true_multipliers
 from gnnsched.simulator.metrics import summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
@@ -133,7 +133,9 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         estimate_error: EstimateError = NO_ERROR, fault_rate: float = 0.0,
         backoff_limit: int | None = None) -> Report:
     """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``fault_rate``, the
-    closed loop of :mod:`gnnsched.simulator.faults`: the same true peaks and fault streams for every policy)."""
+    closed loop of :mod:`gnnsched.simulator.faults`: the same true peaks and fault streams for every policy).
+    ``backoff_limit``: every job's; without it the workload's, except a closed-loop run's baselines, which get
+    :data:`~gnnsched.simulator.faults.BASELINE_BACKOFF_LIMIT`."""
     placement_only = [p for p in policies if p.base in PLACEMENT_ONLY]
     if placement_only:
         return _run_openb(workload, cluster, policies, seed, progress)
@@ -147,9 +149,16 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
     if estimate_error.active or fault_rate > 0:
         report.closed_loop = {"estimate_error": estimate_error.text(), "fault_rate": fault_rate}
     multipliers = true_multipliers(jobs, estimate_error, seed) if estimate_error.active else {}
+    baseline_jobs: list[SimJob] | None = None
     for spec in policies:
         loop = closed_loop_books(spec, cluster, estimate_error, fault_rate, seed, multipliers)
-        sim = Simulation(jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
+        run_jobs = jobs
+        if loop is not None and not loop.gnnsched and backoff_limit is None:
+            # a closed-loop baseline: a failed pod fails the job (faults.BASELINE_BACKOFF_LIMIT)
+            if baseline_jobs is None:
+                baseline_jobs = [replace(j, backoff_limit=BASELINE_BACKOFF_LIMIT) for j in jobs]
+            run_jobs = baseline_jobs
+        sim = Simulation(run_jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                          startup_s=startup_s, record_timeline=record_timeline,
                          progress=partial(progress, spec.text) if progress else None, loop=loop)
         result = sim.run()

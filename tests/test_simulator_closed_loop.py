@@ -190,6 +190,27 @@ def test_calibration_halves_resizes(ix: Integrations) -> None:
     assert factors and all(1.3 <= f <= 1.6 for f in factors.values())
 
 
+def test_calibration_pools_architectures_with_too_few_jobs_each(ix: Integrations) -> None:
+    """A mixed queue of four architectures, four jobs each, arriving over time: no class ever has min_samples (5)
+    ratios of its own, so only the pool (same GPU model, mode, container) can calibrate; it does, and halves the
+    resizes against -calib."""
+    templates = []
+    for i in range(16):
+        arch = ("gcn", "sage", "gat", "gin")[i % 4]
+        model = {"arch": arch, "layers": 3, "hidden": 64, **({"heads": 2} if arch == "gat" else {})}
+        spec = parse_spec({"mode": "train", "model": model, "graph": {"dataset": "cora"}, "epochs": 60})
+        templates.append(JobTemplate(name=f"{arch}-{i}", arrival=i * 8.0, spec=spec, cpu_milli=2000,
+                                     memory_bytes=4 * 2**30, backoff_limit=0))
+    wl = Workload(name="pool", description="four architectures", templates=templates, cluster=CLUSTER)
+    rep = _run(ix, wl, "lmcf,lmcf-calib", EstimateError("lognormal", 0.05, 1.3))
+    calib, static = rep.policies["lmcf"], rep.policies["lmcf-calib"]
+    assert static["resize_retries"] == 16
+    assert calib["resize_retries"] * 2 <= static["resize_retries"]
+    assert calib["jobs_lost"] == static["jobs_lost"] == 0
+    table = rep.results["lmcf"].extra["calibration"]
+    assert len(table) == 4 and all(1.3 <= f <= 1.6 for f in table.values())
+
+
 def test_faults_requeue_victims_and_charge_baselines(ix: Integrations) -> None:
     """A high fault rate (jobs share GPUs): gnnsched requeues the victims without charging them and completes every
     job; naive MPS charges every failed pod to backoffLimit 0 and loses jobs."""

@@ -14,10 +14,12 @@ gnnsched's jobs lost and OOM kills, and temporal's mean ratio; then the cells wh
 least. Exit status 1 when any cell is worse than ``--bound`` (1.02) in mean JCT, or gnnsched loses a job or has an OOM
 kill in any cell; 0 otherwise.
 
-    python bench/robustness.py [--quick] [--seeds 2] [--jobs 40] [--policy TEXT] [--json FILE]
+    python bench/robustness.py [--quick] [--seeds 2] [--jobs 40] [--policy TEXT] [--also TEXT ...] [--json FILE]
 
 ``--quick`` is the CI slice (a few cells, one seed, under a minute). ``--policy`` replaces the chart's default (to
-compare candidate defaults on the same grid).
+compare candidate defaults on the same grid). ``--also`` runs more configurations in the same runs (same workloads,
+same seed) and reports each one's mean-JCT ratio beside the default's, not bounded: e.g. ``--also
+bmc+sjf2+bypass4+spread+prestart`` shows what the start-up behind the gate (``+prestart``) would change.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gnnsched" / "va
 def chart_default_policy(values: Path = CHART_VALUES) -> str:
     """The simulator policy that runs what the chart installs by default: the gate's grouping policy and backfill
     limit, ``+spread`` when ``node.agent.spread``, ``+pays`` when ``node.agent.shareWhenPays``, the operator's
-    runtime-bucket PriorityClasses (``+sjfN``) when
-    ``queuePriority.enabled``, and ``+pack`` when kube-scheduler scores ``MostAllocated``."""
+    runtime-bucket PriorityClasses (``+sjfN``) when ``queuePriority.enabled``, ``+pack`` when kube-scheduler scores
+    ``MostAllocated``, and ``+prestart`` when the operator runs the built-in worker behind ``gnnsched gate
+    --prestart`` (``operator.workerPrestart``)."""
     doc = yaml.safe_load(values.read_text(encoding="utf-8"))
     agent = doc["node"]["agent"]
     text = str(agent["policy"])
@@ -75,6 +78,8 @@ def chart_default_policy(values: Path = CHART_VALUES) -> str:
         text += "+pays"
     if str((doc.get("scheduler") or {}).get("nodeResourcesScoring", "")) == "MostAllocated":
         text += "+pack"
+    if (doc.get("operator") or {}).get("workerPrestart", True):
+        text += "+prestart"
     return text
 
 
@@ -90,6 +95,7 @@ class Cell:
     seed: int
     metrics: dict[str, dict[str, Any]]
     ours: str
+    also: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -123,13 +129,13 @@ class Cell:
 
 
 def run_cell(ix: Integrations, load: float, arrival: str, mix: str, size: str, cluster: str, seed: int, jobs: int,
-             ours: str) -> Cell:
+             ours: str, also: tuple[str, ...] = ()) -> Cell:
     cl = parse_cluster(cluster)
     text = f"gen:load={load:g},arrival={arrival},mix={mix},size={size},jobs={jobs}"
     wl = builtin_workload(text, seed, default_data_dir(), fits=fits_on(cl, ix))
-    specs = parse_policies(",".join((ours, *BASELINES, *REPORTED)))
+    specs = parse_policies(",".join((ours, *also, *BASELINES, *REPORTED)))
     report = run(wl, cl, specs, seed, ix, record_timeline=False)
-    return Cell(load, arrival, mix, size, cluster, seed, report.policies, ours)
+    return Cell(load, arrival, mix, size, cluster, seed, report.policies, ours, also)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,31 +143,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the CI slice: 4 cells, 1 seed, 24 jobs each")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per cell (full grid)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per cell (default 40; 24 with --quick)")
+    ap.add_argument("--mix", action="append", choices=MIXES, default=None,
+                    help="full grid: only these mixes (repeatable; default all)")
+    ap.add_argument("--cluster", action="append", choices=CLUSTERS, default=None,
+                    help="full grid: only these clusters (repeatable; default all)")
     ap.add_argument("--policy", default=None, help="gnnsched configuration to test (default: the chart's)")
+    ap.add_argument("--also", action="append", default=[], metavar="POLICY",
+                    help="another configuration to run in the same runs and report beside (repeatable)")
     ap.add_argument("--bound", type=float, default=1.02, help="largest mean-JCT ratio to the best baseline allowed")
     ap.add_argument("--json", type=Path, default=None, help="write every cell's metrics here")
     args = ap.parse_args(argv)
     ours = args.policy or chart_default_policy()
-    parse_policies(ours)
+    also = tuple(args.also)
+    parse_policies(",".join((ours, *also)))
     jobs = args.jobs or (24 if args.quick else 40)
     if args.quick:
         grid = [(*c, 0) for c in QUICK]
     else:
         grid = [(ld, a, m, s, c, seed) for c, ld, a, m, s, seed in
-                itertools.product(CLUSTERS, LOADS, ARRIVALS, MIXES, SIZES, range(args.seeds))]
+                itertools.product(args.cluster or CLUSTERS, LOADS, ARRIVALS, args.mix or MIXES, SIZES,
+                                  range(args.seeds))]
     ix = Integrations()
     started = time.perf_counter()
     print(f"gnnsched default configuration: {ours} (chart {CHART_VALUES.name}); baselines {', '.join(BASELINES)}; "
           f"{len(grid)} cells x {jobs} jobs")
-    print(f"{'cell':56s} {'best base':>10s} {'mean':>6s} {'p99':>6s} {'lost':>4s} {'oom':>4s} {'temporal':>8s}")
+    for i, name in enumerate(also, 1):
+        print(f"  also{i}: {name}")
+    head = "".join(f" {'also' + str(i):>6s}" for i in range(1, len(also) + 1))
+    print(f"{'cell':56s} {'best base':>10s} {'mean':>6s} {'p99':>6s} {'lost':>4s} {'oom':>4s} {'temporal':>8s}{head}")
     cells: list[Cell] = []
     for load, arrival, mix, size, cluster, seed in grid:
-        cell = run_cell(ix, load, arrival, mix, size, cluster, seed, jobs, ours)
+        cell = run_cell(ix, load, arrival, mix, size, cluster, seed, jobs, ours, also)
         cells.append(cell)
         best, _ = cell.best_baseline("jct_mean_s")
         flag = " <-- worse" if cell.ratio("jct_mean_s") > args.bound else ""
         print(f"{cell.key:56s} {best:>10s} {cell.ratio('jct_mean_s'):6.3f} {cell.ratio('jct_p99_s'):6.3f} "
-              f"{cell.lost:4d} {cell.oom:4d} {cell.ratio('jct_mean_s', 'temporal'):8.3f}{flag}", flush=True)
+              f"{cell.lost:4d} {cell.oom:4d} {cell.ratio('jct_mean_s', 'temporal'):8.3f}"
+              + "".join(f" {cell.ratio('jct_mean_s', name):6.3f}" for name in also) + flag, flush=True)
     elapsed = time.perf_counter() - started
     means = sorted(cells, key=lambda c: c.ratio("jct_mean_s"))
     worse = [c for c in cells if c.ratio("jct_mean_s") > args.bound]
@@ -173,10 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     p99 = sorted(c.ratio("jct_p99_s") for c in cells)
     print(f"p99 ratio: min {p99[0]:.3f}, max {p99[-1]:.3f}; cells worse than {args.bound}: {len(worse)}; "
           f"gnnsched jobs lost {lost}, OOM kills {oom}")
+    for i, name in enumerate(also, 1):
+        ratios = sorted(c.ratio("jct_mean_s", name) for c in cells)
+        gain = sorted(c.ratio("jct_mean_s", name) / c.ratio("jct_mean_s") for c in cells)
+        a_lost = sum(int(c.metrics[name]["arrived"]) - int(c.metrics[name]["completed"]) for c in cells)
+        a_oom = sum(int(c.metrics[name].get("oom_kills", 0)) for c in cells)
+        print(f"also{i} {name}: mean-JCT ratio to the best baseline min {ratios[0]:.3f}, max {ratios[-1]:.3f}, "
+              f"cells worse than {args.bound}: {sum(r > args.bound for r in ratios)}; its mean JCT / the default's: "
+              f"min {gain[0]:.3f}, median {gain[len(gain) // 2]:.3f}, max {gain[-1]:.3f}; "
+              f"jobs lost {a_lost}, OOM kills {a_oom}")
     if args.json is not None:
         args.json.write_text(json.dumps([{"cell": c.key, "load": c.load, "arrival": c.arrival, "mix": c.mix,
                                           "size": c.size, "cluster": c.cluster, "seed": c.seed, "policy": ours,
                                           "ratio_mean": c.ratio("jct_mean_s"), "ratio_p99": c.ratio("jct_p99_s"),
+                                          "also": {name: c.ratio("jct_mean_s", name) for name in also},
                                           "lost": c.lost, "metrics": c.metrics} for c in cells], indent=1))
     return 1 if worse or lost or oom else 0
 

@@ -68,6 +68,10 @@ def _operator(
     worker_device: str = typer.Option("cuda", "--worker-device",
                                       help="Device of the built-in worker in job pods: cuda (GPU nodes) or cpu "
                                            "(nodes whose GPUs are fake, e.g. tests/e2e/local_cluster.py)."),
+    worker_prestart: bool = typer.Option(
+        True, "--worker-prestart/--no-worker-prestart",
+        help="The built-in worker imports, loads its graph and builds its model on the CPU while it waits at the "
+             "gate (gnnsched gate --prestart), then touches the GPU once admitted."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),
@@ -170,7 +174,8 @@ def _operator(
         fail(str(exc))
     fields = {"pods": pods, "namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
-              "scheduler_name": scheduler_name, "worker_device": worker_device, "health_port": health_port or None,
+              "scheduler_name": scheduler_name, "worker_device": worker_device,
+              "worker_prestart": worker_prestart, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority,
               "queue_priority_base": queue_priority_base, "queue_priority_prefix": queue_priority_prefix,
               "queue_priority_per_doubling": queue_priority_per_doubling}

@@ -82,6 +82,10 @@ ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
 the
 gated workload; tests set it directly."""
+ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
+"""Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
+descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has
+answered (admitted, with the environment to apply; or rejected). Only the built-in worker reads it."""
 ENV_CPU_REQUEST = "GNNSCHED_CPU_REQUEST"
 """The container's CPU request in whole CPUs, rounded up (the downward API's ``resourceFieldRef`` ``requests.cpu``
 with divisor 1; 0 when the pod requests none). Set by the operator; the worker sizes torch's intra-op thread pool

@@ -18,6 +18,10 @@ seed: read-only weights need one copy), each serving its share of the requests.
 
 Mini-batch jobs (sage/gat with ``batching.mode: minibatch``) sample neighbours with ``gnnsched.models``' pure-torch
 sampler: an epoch visits every labelled node once in batches; an inference request is one sampled batch.
+
+Start-up behind the wait: under ``gnnsched gate --prestart`` the worker builds the graph and the model on the CPU
+(:func:`prepare_job`) before its admission, and only after it moves them to the device (``prepared=`` of
+:func:`run_job`), so the process's start-up overlaps its wait at the gate and no device memory is touched before it.
 """
 
 from __future__ import annotations
@@ -336,6 +340,54 @@ def cuda_context_bytes(limit_bytes: int | None = None) -> int:
     return model.context_bytes if model is not None else int(GPUModel.model_fields["context_bytes"].default)
 
 
+@dataclass
+class Prepared:
+    """The CPU-side start-up of a job, done before its admission: its graph and its model, both in host memory."""
+
+    graph: Graph | None
+    model: Any
+    seconds: float  # wall time of the graph load and the model build
+
+    def take(self) -> tuple[Graph, Any]:
+        """Hand the graph and the model over once (the run drops this record's references, so a CPU run's copies do
+        not double the job's host memory)."""
+        if self.graph is None:
+            raise RuntimeError("a prepared job runs once")
+        graph, model = self.graph, self.model
+        self.graph = self.model = None
+        return graph, model
+
+
+def prepare_job(spec: GNNJobSpec, seed: int = 0, root: str | Path | None = None) -> Prepared:
+    """Build the graph and the model on the CPU, touching no device: what the worker does while it waits at the gate.
+
+    Seeds torch exactly as :func:`run_job` does before it builds them, so a prepared run draws the same weights,
+    dropout masks and samples as a plain one."""
+    started = time.perf_counter()
+    torch.manual_seed(seed)
+    graph = make_graph(spec, seed, root)
+    model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device="cpu")
+    return Prepared(graph=graph, model=model, seconds=time.perf_counter() - started)
+
+
+def _on_device(prepared: Prepared, device: str) -> tuple[Graph, Any]:
+    """The prepared graph and model, now on ``device`` (after admission).
+
+    On CUDA the model's parameters move (the optimizer keeps the same parameter objects, as ``build_model`` relies
+    on); the graph moves with the step inputs. On the CPU both are copied: the copies are made inside the run's peak
+    meters (the profiler, a fake GPU's count), which count only what is allocated while they run, so a prepared run
+    observes the same resident bytes as one that builds its graph and model there, and a fake GPU's limit applies to
+    them as a real GPU's does to the host-to-device copy."""
+    g, model = prepared.take()
+    if device == "cpu":
+        model = model._apply(lambda t: t.clone())
+        graph = Graph(x=g.x.clone(), edge_index=g.edge_index.clone(), y=g.y.clone(), target=g.target.clone(),
+                      layout=g.layout)
+        del g
+        return graph, model
+    return g, model.to(device)
+
+
 def _nvml_used_by_this_process() -> int | None:
     """NVML's used device memory of this PID on any GPU, ``None`` when NVML or the PID is not visible."""
     try:
@@ -369,17 +421,24 @@ def run_job(
     on_start: Callable[[int], None] | None = None,
     fake_memory: FakeGPUMemory | None = None,
     limit_bytes: int | None = None,
+    prepared: Prepared | None = None,
 ) -> WorkerResult:
     """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
 
-    ``fake_memory``: count (and limit) device bytes as a fake GPU would; the observed peak is then its count."""
+    ``fake_memory``: count (and limit) device bytes as a fake GPU would; the observed peak is then its count.
+    ``prepared``: the graph and model :func:`prepare_job` built before admission (``seed`` and ``root`` are then
+    theirs); they are moved to ``device`` here."""
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
-    torch.manual_seed(seed)
+    if prepared is None:
+        torch.manual_seed(seed)
     fake_mode = fake_memory.mode() if fake_memory is not None else nullcontext()
     with _PeakMeter(device, profiled_steps(spec), limit_bytes) as meter_, fake_mode:
-        graph = make_graph(spec, seed, root)
-        model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
+        if prepared is None:
+            graph = make_graph(spec, seed, root)
+            model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
+        else:
+            graph, model = _on_device(prepared, device)
         inputs = _StepInputs(spec, graph, device, seed)
         total = steps_for(spec, graph, epochs)
         if on_start is not None:
@@ -455,6 +514,7 @@ def run_attempt(
     on_start: Callable[[int], None] | None = None,
     limit_bytes: int | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    prepared: Prepared | None = None,
 ) -> AttemptResult:
     """One attempt of the job, ended as the closed loop sees it: ``succeeded``, ``memory-exceeded`` or ``fault``.
 
@@ -463,7 +523,7 @@ def run_attempt(
     an ordinary failure)."""
     try:
         result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
-                         on_start=on_start, fake_memory=fake_memory, limit_bytes=limit_bytes)
+                         on_start=on_start, fake_memory=fake_memory, limit_bytes=limit_bytes, prepared=prepared)
     except torch.OutOfMemoryError as exc:
         text = str(exc)
         if fake_memory is not None:

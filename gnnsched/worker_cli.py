@@ -6,12 +6,18 @@ JSON line on stdout (and in ``$GNNSCHED_RESULT_FILE``): a ``gnnsched.closed_loop
 
 Exit status: 0 when the attempt succeeded; 1 when it ended ``memory-exceeded`` (CUDA out of memory inside its MPS
 limit) or ``fault`` (a fatal GPU/MPS error), after writing the result line that says which; 2 for bad input.
+
+Started by ``gnnsched gate --prestart`` (``$GNNSCHED_GATE_HANDOFF_FD`` set), the worker first does its CPU-side
+start-up (imports, graph, model), then waits for the gate's hand-off (``gnnsched.gate_handoff``) and only then reads
+its MPS limit and fake-GPU settings and touches the device; it exits 3 when the gate rejected it and 4 when no
+admission came (as the gate would).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -58,8 +64,15 @@ def worker_command(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
 ) -> None:
     """Run a GNN job (train epochs or serve inference requests) and print its observed peak memory as JSON."""
+    began = time.perf_counter()
     with user_errors():
+        from gnnsched.gate_handoff import NotAdmitted, await_admission, handoff_fd
         from gnnsched.spec import load_job
+
+        try:
+            gate_fd = handoff_fd()
+        except NotAdmitted as exc:
+            raise UserError(str(exc)) from None
 
         if device not in ("cpu", "cuda"):
             raise UserError(f"--device: must be cpu or cuda, got {device!r}")
@@ -69,6 +82,27 @@ def worker_command(
                 raise UserError("--epochs: applies only to training jobs (spec.mode is infer)")
             if epochs < 1:
                 raise UserError(f"--epochs: must be at least 1, got {epochs}")
+        threads = intra_op_threads(os.environ, len(os.sched_getaffinity(0)))
+    prepared = None
+    if gate_fd is not None:
+        # Start-up behind the wait: imports, graph and model on the CPU now, the device only once admitted.
+        from gnnsched.worker import prepare_job
+
+        if threads is not None:  # the start-up runs on the pod's CPUs too
+            import torch
+
+            torch.set_num_threads(threads)
+        prepared = prepare_job(spec, seed)
+        ready = time.perf_counter()
+        typer.echo(f"gnnsched worker: ready in {ready - began:.2f} s (imports, graph and model on the CPU; "
+                   "no device touched); waiting for the gate", err=True)
+        try:
+            await_admission(gate_fd)
+        except NotAdmitted as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(exc.exit_code) from None
+        typer.echo(f"gnnsched worker: admitted after {time.perf_counter() - ready:.2f} s at the gate", err=True)
+    with user_errors():
         from gnnsched.closed_loop import parse_mps_memory_limit
 
         limit_bytes = None
@@ -92,7 +126,6 @@ def worker_command(
             except ValueError as exc:
                 raise UserError(str(exc)) from None
             fake = FakeGPUMemory(limit_bytes=limit_bytes, footprint=footprint)
-        threads = intra_op_threads(os.environ, len(os.sched_getaffinity(0)))
         from gnnsched.worker import run_attempt
 
         if threads is not None:
@@ -136,6 +169,7 @@ def worker_command(
             on_start=lambda total: bar.update(task, total=total),
             limit_bytes=limit_bytes,
             fake_memory=fake,
+            prepared=prepared,
         )
     line = result.line() + "\n"
     sys.stdout.write(line)

@@ -299,13 +299,18 @@ def gate(
     container: str = typer.Option(
         "", "--container", help="Container name, when several containers of one pod are gated."
     ),
+    prestart: bool = typer.Option(
+        False, "--prestart",
+        help="Start CMD at once, with no GPU visible, while a keeper waits at the gate; CMD must read the admission "
+             "from $GNNSCHED_GATE_HANDOFF_FD before it uses a GPU (the built-in `gnnsched worker` does).",
+    ),
 ) -> None:
     """Wait at the node agent's gate, then exec CMD with the admitted GPU and MPS limits: gnnsched gate -- CMD
     [ARGS]."""
     from gnnsched.node_agent.gate_client import EXIT_NO_AGENT, GateUsageError, run
 
     try:
-        run(list(ctx.args), socket_path, wait_seconds, container)
+        run(list(ctx.args), socket_path, wait_seconds, container, prestart)
     except GateUsageError as exc:
         fail(str(exc))
     except OSError as exc:  # never let typer turn an EPIPE into a silent exit 1: say what broke

@@ -9,6 +9,15 @@ command in place — same pid, so the workload still receives the container's si
 The keeper holds the gate connection for as long as the workload lives (it watches the workload's pid through a
 pidfd, so it does not poll): the connection's end is the agent's release signal. If the agent restarts, the keeper
 reconnects and re-books the running workload (``resume``), so the new agent rebuilds its books from the live clients.
+With ``--prestart`` (``gnnsched gate --prestart -- gnnsched worker ...``, the built-in worker only) the order is
+turned around so that the wait at the gate overlaps the workload's CPU-side start-up: the gate connects and asks for
+admission from its own pid (so the agent books the workload's pid, as before), forks the keeper, which waits on that
+connection, and ``exec``s the workload at once with ``CUDA_VISIBLE_DEVICES`` empty. Once admitted, the keeper writes
+the admission's environment on a pipe (``gnnsched.gate_handoff``) that the worker reads after its imports, graph and
+model are ready and before it touches a GPU; then the keeper holds the connection as above. The keeper watches the
+workload from the first moment: a workload that exits while still queued closes the connection, which cancels its
+place in the queue; an agent restart before admission is answered by reconnecting (from the keeper) as the plain
+gate does.
 Nothing here is imported by ``gnnsched --help``.
 """
 
@@ -20,11 +29,13 @@ import select
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
 from gnnsched.contract import (
     DEFAULT_GATE_SOCKET,
+    ENV_GATE_HANDOFF_FD,
     ENV_GATE_SOCKET,
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
@@ -43,6 +54,18 @@ _MAX_REPLY = 64 * 1024  # bytes: no agent reply is anywhere near this
 
 class GateUsageError(Exception):
     """Missing/bad input to the gate client; the message names the field."""
+
+
+class NotAdmitted(Exception):
+    """The wait ended without an admission: rejected, or no agent answered in time. ``code`` is the exit status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WorkloadGone(Exception):
+    """The workload the keeper waits for (``--prestart``) exited before its admission."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +92,10 @@ def _log(msg: str) -> None:
     print(f"gnnsched gate: {msg}", file=sys.stderr, flush=True)
 
 
-def _connect(path: str, deadline: float) -> socket.socket | None:
-    """Connect, retrying while the agent is absent (restarting) until ``deadline``."""
+def _connect(path: str, deadline: float, gone: Callable[[float], bool] | None = None) -> socket.socket | None:
+    """Connect, retrying while the agent is absent (restarting) until ``deadline``. ``gone(timeout)``: waits up to
+    ``timeout`` seconds for the workload to exit and says whether it did (``--prestart``); then
+    :class:`WorkloadGone`."""
     delay = _FIRST_DELAY
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -81,26 +106,71 @@ def _connect(path: str, deadline: float) -> socket.socket | None:
             s.close()
             if time.monotonic() >= deadline:
                 return None
-            time.sleep(delay)
+            if gone is not None:
+                if gone(delay):
+                    raise WorkloadGone() from None
+            else:
+                time.sleep(delay)
             delay = min(_MAX_DELAY, delay * 2)
 
 
-def _read_line(f: object) -> dict | None:
-    """One JSON object line, or ``None`` when the connection ended, broke (reset, timeout) or sent garbage."""
-    try:
-        line = f.readline()  # type: ignore[attr-defined]
-    except OSError:
-        return None
-    if not line:
-        return None
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        return None
-    return msg if isinstance(msg, dict) else None
+class _Lines:
+    """Newline-delimited JSON objects from the agent; with ``gone`` (``--prestart``), waiting also watches the
+    workload and raises :class:`WorkloadGone` when it exits."""
+
+    def __init__(self, sock: socket.socket, watch: int | None, gone: Callable[[float], bool] | None) -> None:
+        self.sock = sock
+        self.watch = watch  # a pidfd on the workload, or None (then ``gone`` is polled)
+        self.gone = gone
+        self.buf = b""
+
+    def next(self) -> dict | None:
+        """One JSON object line, or ``None`` when the connection ended, broke (reset) or sent garbage."""
+        while b"\n" not in self.buf:
+            if self.gone is not None:
+                if self.watch is not None:
+                    ready, _, _ = select.select([self.sock.fileno(), self.watch], [], [])
+                    if self.watch in ready:
+                        raise WorkloadGone()
+                else:
+                    ready, _, _ = select.select([self.sock.fileno()], [], [], 0.5)
+                    if not ready:
+                        if self.gone(0):
+                            raise WorkloadGone()
+                        continue
+            try:
+                chunk = self.sock.recv(4096)
+            except OSError:
+                return None
+            if not chunk or len(self.buf) + len(chunk) > _MAX_REPLY:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return None
+        return msg if isinstance(msg, dict) else None
 
 
 def wait_admission(ident: PodIdentity, path: str, wait_seconds: float) -> tuple[socket.socket, dict]:
+    """Block until admitted; returns the connection (still open) and the admission reply. A rejection, or
+    ``wait_seconds`` without any agent answering, is logged and exits the process (see :func:`wait_for_admission`)."""
+    try:
+        return wait_for_admission(ident, path, wait_seconds)
+    except NotAdmitted as exc:
+        _log(str(exc))
+        sys.exit(exc.code)
+
+
+def wait_for_admission(
+    ident: PodIdentity,
+    path: str,
+    wait_seconds: float,
+    first: socket.socket | None = None,
+    watch: int | None = None,
+    gone: Callable[[float], bool] | None = None,
+) -> tuple[socket.socket, dict]:
     """Block until admitted; returns the connection (still open) and the admission reply.
 
     Every way a connection can fail before the admission — refused, reset, broken pipe, EOF — means the agent went
@@ -109,29 +179,43 @@ def wait_admission(ident: PodIdentity, path: str, wait_seconds: float) -> tuple[
     so our end of the old connection can see EOF while the dying agent's *listening* socket still accepts; an
     immediate reconnect then lands in that listener's backlog and is reset a moment later, and the request we send
     on it fails with ``EPIPE`` (or the read with ``ECONNRESET``). Only a rejection, or ``wait_seconds`` without any
-    agent answering, ends the wait.
+    agent answering, ends the wait: :class:`NotAdmitted`.
+
+    ``first``: a connection already made (the ``--prestart`` gate connects from the workload's pid before it forks
+    the keeper that waits here); ``watch``/``gone``: the workload to watch while waiting (a pidfd, and a function
+    that waits for its exit up to a timeout); its exit raises :class:`WorkloadGone`.
     """
     deadline = time.monotonic() + wait_seconds
     announced = False
     pause = 0.0  # before the next connect: grows while connections die unanswered, reset by any answer
     while True:
         if pause:
-            time.sleep(pause)
-        sock = _connect(path, deadline)
+            if gone is not None:
+                if gone(pause):
+                    raise WorkloadGone()
+            else:
+                time.sleep(pause)
+        if first is not None:
+            sock: socket.socket | None = first
+        else:
+            sock = _connect(path, deadline, gone) if gone is not None else _connect(path, deadline)
+        first = None
         if sock is None:
-            _log(f"no node agent at {path} after {wait_seconds:.0f} s")
-            sys.exit(EXIT_NO_AGENT)
+            raise NotAdmitted(EXIT_NO_AGENT, f"no node agent at {path} after {wait_seconds:.0f} s")
         pause = min(_MAX_DELAY, max(_FIRST_DELAY, pause * 2))
         try:
             sock.sendall(ident.request("admit"))
-            f = sock.makefile("rb")
         except OSError:  # connected to a dying agent (see above): ask the next one
             sock.close()
             continue
+        lines = _Lines(sock, watch, gone)
         while True:
-            msg = _read_line(f)
+            try:
+                msg = lines.next()
+            except WorkloadGone:
+                sock.close()
+                raise
             if msg is None:  # the agent went away while we waited: ask the next one
-                f.close()
                 sock.close()
                 break
             deadline = time.monotonic() + wait_seconds  # an agent answered: the wait limit starts again
@@ -141,10 +225,9 @@ def wait_admission(ident: PodIdentity, path: str, wait_seconds: float) -> tuple[
                 _log(f"queued at position {msg.get('position')}")
                 announced = True
             elif status == "rejected":
-                _log(f"rejected ({msg.get('reason')}): {msg.get('message')}")
-                sys.exit(EXIT_REJECTED)
+                sock.close()
+                raise NotAdmitted(EXIT_REJECTED, f"rejected ({msg.get('reason')}): {msg.get('message')}")
             elif status == "admitted":
-                f.close()
                 return sock, msg
 
 
@@ -259,13 +342,17 @@ def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, p
                 # no answer (the connection broke: a dying agent, or one still starting): retry
 
 
-def run(cmd: list[str], socket_path: str | None, wait_seconds: float, container: str = "") -> NoReturn:
-    """The whole client: identify, wait, fork the keeper, exec the workload."""
+def run(cmd: list[str], socket_path: str | None, wait_seconds: float, container: str = "",
+        prestart: bool = False) -> NoReturn:
+    """The whole client: identify, wait, fork the keeper, exec the workload (``prestart``: exec first, see the
+    module's docstring)."""
     if not cmd:
         raise GateUsageError("COMMAND: missing (usage: gnnsched gate -- CMD [ARGS])")
     env = dict(os.environ)
     ident = PodIdentity.from_env(env, container)
     path = socket_path or env.get(ENV_GATE_SOCKET) or DEFAULT_GATE_SOCKET
+    if prestart:
+        _run_prestart(cmd, env, ident, path, wait_seconds)
     sock, admitted = wait_admission(ident, path, wait_seconds)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -280,8 +367,100 @@ def run(cmd: list[str], socket_path: str | None, wait_seconds: float, container:
         finally:
             os._exit(0)
     sock.close()  # the keeper's copy keeps the connection open
+    _exec(cmd, workload_env(env, admitted))
+
+
+def _exec(cmd: list[str], env: dict[str, str]) -> NoReturn:
     try:
-        os.execvpe(cmd[0], cmd, workload_env(env, admitted))
+        os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
         _log(f"cannot run {cmd[0]!r}: {exc}")
         os._exit(EXIT_EXEC_FAILED)
+
+
+def prestart_env(env: dict[str, str], handoff_fd: int) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """The workload's environment until its admission, and what the hand-off must restore and remove afterwards.
+
+    Until admitted it sees no GPU (``CUDA_VISIBLE_DEVICES`` empty) and ``torch.cuda.is_available()`` asks NVML
+    instead of initialising the CUDA driver (``PYTORCH_NVML_BASED_CUDA_CHECK=1``): a library that probes CUDA at import
+    neither reaches a GPU nor fixes the driver's device list before the admitted one is set."""
+    from gnnsched.gate_handoff import NVML_CHECK_ENV
+
+    before = dict(env)
+    before[ENV_GATE_HANDOFF_FD] = str(handoff_fd)
+    before["CUDA_VISIBLE_DEVICES"] = ""
+    before[NVML_CHECK_ENV] = "1"
+    restore = {NVML_CHECK_ENV: env[NVML_CHECK_ENV]} if NVML_CHECK_ENV in env else {}
+    unset = [] if NVML_CHECK_ENV in env else [NVML_CHECK_ENV]
+    return before, restore, unset
+
+
+def _run_prestart(cmd: list[str], env: dict[str, str], ident: PodIdentity, path: str, wait_seconds: float) -> NoReturn:
+    """``--prestart``: connect (from this pid, which becomes the workload's), fork the keeper that waits for the
+    admission and hands it over, exec the workload now."""
+    sock = _connect(path, time.monotonic() + wait_seconds)
+    if sock is None:
+        _log(f"no node agent at {path} after {wait_seconds:.0f} s")
+        sys.exit(EXIT_NO_AGENT)
+    read_end, write_end = os.pipe()
+    before, restore, unset = prestart_env(env, read_end)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    me = os.getpid()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(read_end)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(devnull, 1)
+            _prestart_keeper(sock, write_end, me, ident, path, wait_seconds, restore, unset)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    sock.close()  # the keeper's copy keeps the connection (and the queue place) open
+    os.set_inheritable(read_end, True)
+    _exec(cmd, before)
+
+
+def _prestart_keeper(sock: socket.socket, handoff: int, ppid: int, ident: PodIdentity, path: str,
+                     wait_seconds: float, restore: dict[str, str], unset: list[str]) -> None:
+    """Wait at the gate for the workload (our parent), hand the admission over on ``handoff``, then keep it."""
+    from gnnsched.gate_handoff import Handoff
+
+    pidfd, gone_now = _parent_gone_waiter(ppid)
+    if gone_now:
+        return
+
+    def gone(timeout: float) -> bool:
+        if pidfd is not None:
+            r, _, _ = select.select([pidfd], [], [], timeout)
+            return bool(r)
+        time.sleep(timeout)
+        return os.getppid() != ppid
+
+    try:
+        sock, admitted = wait_for_admission(ident, path, wait_seconds, first=sock, watch=pidfd, gone=gone)
+    except WorkloadGone:  # closing the connection (on exit) takes it out of the queue
+        return
+    except NotAdmitted as exc:
+        _log(str(exc))
+        status = "rejected" if exc.code == EXIT_REJECTED else "no-agent"
+        _write_all(handoff, Handoff(status=status, exit_code=exc.code, message=f"gnnsched gate: {exc}").line())
+        return
+    message = Handoff(status="admitted", env={**workload_env({}, admitted), **restore}, unset=unset)
+    if not _write_all(handoff, message.line()):
+        return  # the workload is gone (nobody reads): closing the connection releases the admission
+    os.close(handoff)
+    if pidfd is not None:
+        os.close(pidfd)
+    keeper(sock, ppid, ident, admitted, path)
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        return False
+    return True

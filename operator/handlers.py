@@ -106,6 +106,8 @@ class OperatorConfig(BaseModel):
     scheduler_name: str = SCHEDULER_NAME  # the kube-scheduler profile that calls the gnnsched extender
     # Device of the built-in worker: cuda on GPU nodes, cpu where the agents' GPUs are fake (no CUDA behind them).
     worker_device: Literal["cuda", "cpu"] = "cuda"
+    # The built-in worker does its CPU start-up while it waits at the gate (gnnsched gate --prestart).
+    worker_prestart: bool = True
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)
     # Shortest-predicted-first queue order (gnnsched.queue_order): give each pod the PriorityClass of its predicted
@@ -501,7 +503,8 @@ class Operator:
         pod = self._create_pod(ref, body, status, build_pod(body, spec, plan, attempt, self.config.image,
                                                             self.config.scheduler_name, priority_class,
                                                             settings=self.config.pods,
-                                                            worker_device=self.config.worker_device))
+                                                            worker_device=self.config.worker_device,
+                                                            worker_prestart=self.config.worker_prestart))
         if pod is not None:
             self._apply_pod(body, status, pod, deleted=False)
 
@@ -838,7 +841,8 @@ class Operator:
         pod = self._create_pod(ref, job_now, status, build_pod(job, spec, plan, next_attempt, self.config.image,
                                                                self.config.scheduler_name, priority_class,
                                                                settings=self.config.pods,
-                                                               worker_device=self.config.worker_device))
+                                                               worker_device=self.config.worker_device,
+                                                               worker_prestart=self.config.worker_prestart))
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)
 

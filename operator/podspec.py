@@ -236,27 +236,31 @@ def build_config_map(job: dict[str, Any]) -> dict[str, Any]:
 WORKER_DEVICES = ("cuda", "cpu")
 
 
-def container_command(spec: GNNJobSpec, worker_device: str = "cuda") -> list[str]:
+def container_command(spec: GNNJobSpec, worker_device: str = "cuda", prestart: bool = True) -> list[str]:
     """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker.
 
     ``worker_device``: where the built-in worker runs its model, ``cuda`` on GPU nodes; ``cpu`` for clusters whose
     nodes have no CUDA device behind the (fake) GPUs the agents manage, such as the local cluster of ``tests/e2e``.
-    The gate still admits the job's predicted GPU bytes either way."""
+    The gate still admits the job's predicted GPU bytes either way.
+
+    ``prestart``: the built-in worker runs behind ``gnnsched gate --prestart``, so its imports, graph load and model
+    build overlap its wait at the gate (it reads its admission before it touches the GPU). A user's command never
+    does: it may not know the hand-off, and would then run with no GPU visible."""
     if spec.command:
-        workload = [*spec.command, *(spec.args or [])]
-    else:
-        workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", worker_device, "--no-progress",
-                    *(spec.args or [])]
-    return ["gnnsched", "gate", "--", *workload]
+        return ["gnnsched", "gate", "--", *spec.command, *(spec.args or [])]
+    workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", worker_device, "--no-progress",
+                *(spec.args or [])]
+    return ["gnnsched", "gate", *(["--prestart"] if prestart else []), "--", *workload]
 
 
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
               scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
-              settings: JobPodSettings | None = None, worker_device: str = "cuda") -> dict[str, Any]:
+              settings: JobPodSettings | None = None, worker_device: str = "cuda",
+              worker_prestart: bool = True) -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
     ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
     ``settings``: UID, RuntimeClass, tolerations and nodeSelector (``JobPodSettings()`` defaults when None).
-    ``worker_device``: see ``container_command``.
+    ``worker_device``, ``worker_prestart``: see ``container_command``.
     Raises ``SpecError`` when the job's nodeSelector contradicts the operator's."""
     settings = settings if settings is not None else JobPodSettings()
     node_selector = settings.node_selector_for(spec)
@@ -309,7 +313,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
                 {
                     "name": CONTAINER_NAME,
                     "image": spec.image or image,
-                    "command": container_command(spec, worker_device),
+                    "command": container_command(spec, worker_device, worker_prestart),
                     "env": env,
                     "resources": {"requests": requests, "limits": limits},
                     "terminationMessagePath": TERMINATION_LOG,

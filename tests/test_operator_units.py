@@ -88,6 +88,16 @@ def _plan(**changes: Any) -> Plan:
     return Plan(**{**fields, **changes})
 
 
+def test_builtin_worker_starts_up_behind_the_gate_and_a_user_command_never_does() -> None:
+    """``gnnsched gate --prestart`` only for the built-in worker, which reads its admission before using the GPU; a
+    user's command may not, and would run with no GPU visible, so it keeps the plain gate."""
+    spec = parse_spec(SPEC)
+    assert container_command(spec)[:6] == ["gnnsched", "gate", "--prestart", "--", "gnnsched", "worker"]
+    assert container_command(spec, prestart=False)[:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]
+    user = parse_spec({**SPEC, "command": ["python", "train.py"]})
+    assert container_command(user, prestart=True) == ["gnnsched", "gate", "--", "python", "train.py"]
+
+
 def test_user_command_is_wrapped_by_the_gate_and_unknown_runtime_leaves_no_annotation() -> None:
     spec = parse_spec({**SPEC, "image": "me/mine:1", "command": ["python", "train.py"], "args": ["--fast"]})
     assert container_command(spec) == ["gnnsched", "gate", "--", "python", "train.py", "--fast"]

@@ -181,8 +181,61 @@ def test_chart_default_reads_the_share_rule(tmp_path: Path):
     sys.modules.setdefault("robustness", robustness)  # its dataclass looks its module up
     spec.loader.exec_module(robustness)
     doc = yaml.safe_load(robustness.CHART_VALUES.read_text())
-    assert robustness.chart_default_policy() == "sqtf+sjf2+bypass4+spread"
+    assert robustness.chart_default_policy().startswith("sqtf+sjf2+bypass4+spread")
+    assert "+pays" not in robustness.chart_default_policy()
     doc["node"]["agent"]["shareWhenPays"] = True
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(doc))
-    assert robustness.chart_default_policy(path).endswith("+spread+pays")
+    assert "+spread+pays" in robustness.chart_default_policy(path)
+
+
+def _two_exclusive_jobs(second_arrival: float, custom_command: bool = False) -> list:
+    """Two jobs on one V100-32GB whose reservations (20 GiB each) cannot share it: the second waits at the gate."""
+    from gnnsched.simulator.model import JobProfile, SimJob
+    from gnnsched.spec import parse_spec
+
+    gib = 2**30
+    prof = JobProfile(admit_bytes=20 * gib, peak_bytes=18 * gib, solo_s=100.0, predicted_s=100.0, sm_util=0.5)
+    spec = parse_spec({"mode": "train", "model": {"arch": "gcn"}, "epochs": 100,
+                       "graph": {"nodes": 1000, "edges": 5000, "features": 8, "classes": 2}})
+    if custom_command:
+        spec = spec.model_copy(update={"command": ["python", "train.py"]})
+    return [SimJob(id=i, name=f"j{i}", arrival=at, mode="train", cpu_milli=1000, memory_bytes=gib, spec=spec,
+                   profiles={"V100-32GB": prof}) for i, at in enumerate((0.0, second_arrival))]
+
+
+@pytest.mark.parametrize("second_arrival", [0.0, 100.0 + 4.4 - 1.5])
+def test_prestart_hides_the_start_up_behind_the_wait_at_the_gate(second_arrival: float):
+    """``+prestart``: a pod's start-up runs from its bind, so a job that waited ``w`` at the gate pays only
+    ``max(0, STARTUP_S - w)`` after its admission. The first job (no wait) is unchanged; the second saves the whole
+    start-up when it waited longer than that (a burst), and exactly its wait when it waited less."""
+    from gnnsched.simulator.adapters import Integrations
+    from gnnsched.simulator.cluster import parse_cluster
+    from gnnsched.simulator.costs import STARTUP_S
+    from gnnsched.simulator.policyspec import parse_policies
+    from gnnsched.simulator.runner import run
+    from gnnsched.simulator.workload_types import Workload
+
+    jobs = _two_exclusive_jobs(second_arrival)
+    wl = Workload(name="two", description="two jobs that cannot share a GPU", templates=[])
+    rep = run(wl, parse_cluster("1x1xV100-32GB"), parse_policies("bmc,bmc+prestart"), 0, Integrations(),
+              record_timeline=False, jobs=jobs)
+    plain = [o.jct for o in rep.results["bmc"].outcomes]
+    pre = [o.jct for o in rep.results["bmc+prestart"].outcomes]
+    assert plain[0] == pytest.approx(STARTUP_S + 100.0) and pre[0] == pytest.approx(plain[0])
+    waited = plain[0] - second_arrival  # the second is admitted when the first finishes
+    assert plain[1] == pytest.approx(waited + STARTUP_S + 100.0)
+    assert pre[1] == pytest.approx(plain[1] - min(waited, STARTUP_S))
+    # a user's own command (spec.command) runs behind the plain gate: nothing changes
+    custom = run(wl, parse_cluster("1x1xV100-32GB"), parse_policies("bmc+prestart"), 0, Integrations(),
+                 record_timeline=False, jobs=_two_exclusive_jobs(second_arrival, custom_command=True))
+    assert [o.jct for o in custom.results["bmc+prestart"].outcomes] == pytest.approx(plain)
+
+
+def test_prestart_suffix_parses_for_gnnsched_policies_only():
+    from gnnsched.simulator.policyspec import PolicyError, parse_policy
+
+    assert parse_policy("bmc+sjf2+bypass4+spread+prestart").prestart and not parse_policy("bmc+spread").prestart
+    for bad in ("exclusive+prestart", "mps-naive+prestart", "sqtf-paper+prestart"):
+        with pytest.raises(PolicyError, match="prestart"):
+            parse_policy(bad)

@@ -280,6 +280,46 @@ def test_cpu_profiling_stops_after_the_first_steps_and_keeps_the_peak(monkeypatc
     assert result.observed_peak_bytes == pytest.approx(estimate(spec).pmc_bytes, rel=0.005)
 
 
+@pytest.mark.parametrize("spec", [_spec(epochs=2), _spec("sage", mode="infer", requests=3),
+                                  _spec("sage", epochs=1, batching={"mode": "minibatch", "batchSize": 128,
+                                                                      "fanouts": [5, 5]})],
+                         ids=["full-batch-train", "infer", "minibatch-train"])
+def test_a_prepared_run_observes_what_a_plain_run_does(spec):
+    """Start-up behind the wait: the graph and model built before admission are moved to the device after it, inside
+    the run's meters, so the observed peak (the profiler's, and a fake GPU's count) is the plain run's. (Parallel
+    inference is left out: its concurrent peak depends on how the threads interleave, run to run.)"""
+    from gnnsched.fake_gpu_memory import FakeGPUMemory
+    from gnnsched.worker import prepare_job
+
+    plain = run_job(spec, seed=3)
+    prepared = prepare_job(spec, seed=3)
+    assert prepared.seconds > 0
+    again = run_job(spec, seed=3, prepared=prepared)
+    assert again.steps == plain.steps
+    assert again.observed_peak_bytes == pytest.approx(plain.observed_peak_bytes, rel=0.001)
+    with pytest.raises(RuntimeError, match="runs once"):
+        prepared.take()
+    fake_plain = run_job(spec, seed=3, fake_memory=FakeGPUMemory(limit_bytes=None))
+    fake_prepared = run_job(spec, seed=3, fake_memory=FakeGPUMemory(limit_bytes=None),
+                            prepared=prepare_job(spec, seed=3))
+    assert fake_prepared.observed_peak_bytes == pytest.approx(fake_plain.observed_peak_bytes, rel=0.001)
+
+
+def test_prepare_job_builds_what_run_job_builds_from_the_same_seed():
+    """Same seeding order as ``run_job``: the prepared graph and weights are the ones a plain run would build."""
+    from gnnsched.models import build_model, make_graph
+    from gnnsched.worker import prepare_job
+
+    spec = _spec("gcn", epochs=2)
+    graph, model = prepare_job(spec, seed=5).take()
+    torch.manual_seed(5)
+    g = make_graph(spec, 5, None)
+    m = build_model(spec, features=g.layout.features, classes=g.layout.classes)
+    assert torch.equal(graph.x, g.x) and torch.equal(graph.edge_index, g.edge_index)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), m.parameters(), strict=True))
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
 @pytest.mark.parametrize(
     ("env", "available", "threads"),
     [

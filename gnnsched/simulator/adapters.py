@@ -413,7 +413,7 @@ class PlacementView:
             if entry is None:
                 prof = run.job.profile(g.model)
                 start = sim.outcomes[run.job.id].start or 0.0
-                entry = run.placement_entry = (start + sim.startup_s + prof.predicted_s, prof.admit_bytes,
+                entry = run.placement_entry = (start + run.startup_s + prof.predicted_s, prof.admit_bytes,
                                                prof.sm_util, prof.mem_util)
             running.append(entry)
         cap_clients = sim.per_gpu_cap

@@ -99,7 +99,7 @@ class Run:
     """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
-                 "out", "sm_util", "intensity", "admit_bytes", "killed")
+                 "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
                  out: JobOutcome) -> None:
@@ -118,6 +118,7 @@ class Run:
         self.starting = starting
         self.placement_entry: tuple | None = None  # adapters.PlacementView's (end, bytes, sm, mem) of this run
         self.killed = False  # the attempt ended before completing (fault, memory exceeded): its events are void
+        self.startup_s = 0.0  # start-up this attempt still paid after its admission (Simulation._startup)
 
 
 @dataclass
@@ -261,6 +262,8 @@ class Simulation:
         # adapters.next_group: bind counter per queued job (the queue's order) and each job's policy Task
         self.binds = 0
         self.bind_seq: dict[int, int] = {}
+        # +prestart: job id -> when its pod was bound to its node (its container, and its CPU start-up, began)
+        self.bound_at: dict[int, float] = {}
         self.task_cache: dict[int, tuple] = {}
         self.queue_tasks: dict[int, tuple] = {}  # adapters.next_group: node idx -> (node.queue, its Tasks)
         # the gate's backfill rule (policies.plan_decision) and each queued job's bypass count, kept between decisions
@@ -606,6 +609,8 @@ class Simulation:
         node.queue.append(job)
         self.binds += 1
         self.bind_seq[job.id] = self.binds
+        if self.policy.prestart and job.spec is not None and not job.spec.command:
+            self.bound_at[job.id] = self.now  # the built-in worker starts up at once (a user's command cannot)
         size = job.profile(node.gpus[0].model).admit_bytes
         self._count_size(size, 1)
         node.queue_sizes[size] = node.queue_sizes.get(size, 0) + 1
@@ -664,9 +669,16 @@ class Simulation:
             self.groups.append(GroupRecord(self.now, gpu.gid, len(gpu.running), gpu.committed, gpu.used,
                                            gpu.total))
 
-    def _startup(self) -> float:
-        """Start-up a process pays before its first step (none under temporal sharing: pre-initialised workers)."""
-        return 0.0 if self.base == "temporal" else self.startup_s
+    def _startup(self, job: SimJob) -> float:
+        """Start-up a process pays after its admission, before its first step: none under temporal sharing
+        (pre-initialised workers); with ``+prestart`` only what is left of it, because the worker did its CPU-side
+        start-up (imports, graph, model) from the moment its pod was bound, while it waited at the gate."""
+        if self.base == "temporal":
+            return 0.0
+        bound = self.bound_at.pop(job.id, None)
+        if bound is None:
+            return self.startup_s
+        return max(0.0, self.startup_s - (self.now - bound))
 
     def _start(self, job: SimJob, gpu: GpuState, rerate: bool = True) -> bool:
         """Start ``job`` on ``gpu``. Returns False when it was OOM-killed on the spot."""
@@ -694,12 +706,13 @@ class Simulation:
                 pending_immediate.pop(job.id, None)
         self.reserved_at.pop(job.id, None)
         self.changed_gpus.add((gpu.node.idx, gpu.index))
+        startup = self._startup(job)
         if (not self.uvm) and gpu.used + prof.peak_bytes > gpu.total:
             # The allocation that does not fit fails: CUDA out of memory, the process exits. It gets that far only
             # after its start-up (imports, CUDA context, loading the graph), so a kill costs the start-up plus the
             # restart back-off before the next attempt.
             out.oom_kills += 1
-            self.wasted_s += self._startup()
+            self.wasted_s += startup
             if self.is_gnnsched:
                 self._count_size(prof.admit_bytes, -1)
             self._unbind(out, gpu.node)
@@ -707,18 +720,18 @@ class Simulation:
             if out.attempts > job.backoff_limit:
                 out.status = "failed"
                 out.reason = "OOMKilled"
-                out.finish = self.now + self._startup()
+                out.finish = self.now + startup
                 self._resolve(job)
             else:
                 out.status = "backoff"
-                delay = self._startup() + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (out.attempts - 1))
+                delay = startup + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (out.attempts - 1))
                 self._push(self.now + delay, RETRY, job)
             return False
         out.status = "running"
         out.ran = True
         solo = prof.solo_s * (job.scaled_solo_factor if self.policy.scaling else 1.0)
-        startup = self._startup()
         run = Run(job, gpu, solo, self.now, starting=startup > 0, out=out)
+        run.startup_s = startup
         if startup > 0:
             self._push(self.now + startup, STARTED, run)
         if not gpu.running:

@@ -26,7 +26,10 @@ Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnns
 the gate plans in rounds of one task per GPU, least loaded GPU first, as ``node-agent --spread``, the chart's
 default), ``+pays`` (gnnsched: a task joins a GPU where others run only when the interference model predicts that
 finishes sooner than waiting for an idle GPU, :func:`gnnsched.policies.share_pays`, as ``node-agent
---share-when-pays``),
+--share-when-pays``), ``+prestart``
+(gnnsched: a pod's start-up begins when it is bound to its node, not when it is admitted: the built-in worker imports,
+loads its graph and builds its model on the CPU while it waits at the gate, ``gnnsched gate --prestart``, so only what
+is left of ``STARTUP_S`` after the wait delays its first step),
 ``-calib`` (gnnsched, with ``--estimate-error`` or ``--fault-rate``: new estimates keep the static safety factor
 instead of the calibration table's, see :mod:`gnnsched.simulator.faults`),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
@@ -52,7 +55,9 @@ from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, LEAST_ALLOCATED,
 
 # one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
 _SUFFIX = re.compile(
-    r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays)(?P<n>\d*)")
+    r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays|\+prestart)"
+    r"(?P<n>\d*)"
+)
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
 PLACEMENT_ONLY = ("best-fit", "fgd")
@@ -84,6 +89,7 @@ class PolicySpec:
     calibration: bool = True  # ``-calib`` turns it off: new estimates keep the static safety factor
     spread: bool = False  # ``+spread``: the gate plans in rounds of one task per GPU (policies.plan_decision)
     share: bool = False  # ``+pays``: a task joins running clients only when that pays (policies.share_pays)
+    prestart: bool = False  # ``+prestart``: the worker's CPU start-up runs while it waits at the gate
 
     @property
     def scoring_strategy(self) -> str:
@@ -139,12 +145,13 @@ def parse_policy(text: str) -> PolicySpec:
     calibration = True
     spread = False
     share = False
+    prestart = False
     while suffix:
         m = _SUFFIX.match(suffix)
         if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, -interference, -paper, "
-                              "-calib, @N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, +prestart, "
+                              "-interference, -paper, -calib, @N)")
         token, digits = m.group("token"), m.group("n")
         suffix = suffix[m.end():]
         if digits and token not in ("+sjf", "+bypass"):
@@ -163,6 +170,8 @@ def parse_policy(text: str) -> PolicySpec:
             spread = True
         elif token == "+pays":
             share = True
+        elif token == "+prestart":
+            prestart = True
         elif token == "-calib":
             calibration = False
         elif token == "+sjf":
@@ -187,12 +196,13 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"{text!r}: +spread applies to gnnsched policies only (the gate's planning rule)")
     if share and (base not in GNNSCHED_POLICIES or paper):
         raise PolicyError(f"{text!r}: +pays applies to gnnsched policies only (the gate's share rule)")
+    if prestart and (base not in GNNSCHED_POLICIES or paper):
+        raise PolicyError(f"{text!r}: +prestart applies to gnnsched policies only (the start-up before the gate)")
     if sjf and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
                       max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit,
-                      pack=pack, calibration=calibration, spread=spread,
-                      share=share)
+                      pack=pack, calibration=calibration, spread=spread, share=share, prestart=prestart)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

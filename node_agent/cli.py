@@ -51,10 +51,18 @@ def node_agent(
         "before it blocks them (0: admit a strict prefix of the order, no overtaking).",
     ),
     spread: bool = typer.Option(
-        False,
+        True,
         "--spread/--no-spread",
-        help="Plan each admission decision in rounds of one pod per GPU, so a burst spreads over the node's GPUs "
-        "instead of grouping onto the one with most free memory while others stay idle (the chart turns it on).",
+        help="Plan each admission decision in rounds of one pod per GPU, least loaded GPU first (soonest idle, "
+        "then fewest running pods), so pods spread over the node's GPUs instead of grouping onto the one with most "
+        "free memory while others stay idle (the default, as in the chart).",
+    ),
+    share_when_pays: bool = typer.Option(
+        False,
+        "--share-when-pays/--share-on-memory",
+        help="Let a pod join a GPU where others run only when the interference model predicts that finishes the "
+        "work sooner than waiting for an idle GPU (and an inference pod's latency target holds); default: on "
+        "memory alone (the robustness grid: the rule does not pay, docs/node-agent.md).",
     ),
     reserve_bytes: str = typer.Option(
         "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
@@ -135,6 +143,13 @@ def node_agent(
         help="With --gpus fake: enforce[:FACTOR] makes every admitted gnnsched worker enforce its MPS memory limit as "
              "a real GPU would (GNNSCHED_FAKE_GPU_MEMORY; development and tests).",
     ),
+    fake_gpu_faults: Path | None = typer.Option(
+        None,
+        "--fake-gpu-faults",
+        help="With --gpus fake: a directory whose files, named after a GPU UUID and holding an Xid number, are fatal "
+             "faults on that GPU: the agent sees the Xid and every admitted gnnsched worker there fails as an MPS "
+             "client of a terminated server (GNNSCHED_FAKE_GPU_FAULTS; development and tests).",
+    ),
 ) -> None:
     """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics."""
     import asyncio
@@ -189,6 +204,14 @@ def node_agent(
         except ValueError as exc:
             fail(f"--fake-gpu-memory: {exc}")
         workload_env[ENV_FAKE_GPU_MEMORY] = fake_gpu_memory.strip()
+    if fake_gpu_faults is not None:
+        from gnnsched.contract import ENV_FAKE_GPU_FAULTS
+
+        if not gpus.strip().startswith("fake:"):
+            fail("--fake-gpu-faults: only with --gpus fake:NxSIZE (a real GPU faults by itself)")
+        if not fake_gpu_faults.is_dir():
+            fail(f"--fake-gpu-faults: {fake_gpu_faults} is not a directory")
+        workload_env[ENV_FAKE_GPU_FAULTS] = str(fake_gpu_faults.resolve())
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
@@ -203,7 +226,7 @@ def node_agent(
         fail("--jobs-uid: the UID check needs Linux (SO_PEERCRED); use --jobs-uid -1 elsewhere")
     name = node_name or socket.gethostname()
     try:
-        backend = open_backend(gpus, node_name=name)
+        backend = open_backend(gpus, node_name=name, fault_dir=fake_gpu_faults)
     except BackendSpecError as exc:
         fail(str(exc))
     except GPUBackendError as exc:
@@ -262,7 +285,7 @@ def node_agent(
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
-        spread=spread,
+        spread=spread, share_when_pays=share_when_pays,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
         workload_env=workload_env,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.

@@ -76,6 +76,10 @@ ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
 ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
 ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<MiB>M": the per-client limit the gate sets (a bare byte
 # count is silently ignored by the driver: measured on an H100, docs/gpu-measurements.md)
+ENV_NODE_NAME = "NODE_NAME"
+"""The Kubernetes node a node-side process runs on (the chart sets it from the downward API's ``spec.nodeName`` in
+the agent, device plugin and MPS daemon containers): the agent's ``--node-name`` default and the seed of fake GPUs'
+UUIDs (``gnnsched.gpu_backend.fake_uuid_prefix``)."""
 ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 """``enforce`` or ``enforce:FACTOR``: the worker runs on a fake GPU that enforces ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
 (``gnnsched.fake_gpu_memory``): it raises PyTorch's CUDA out-of-memory error once its device bytes (live tensor bytes

@@ -10,7 +10,9 @@ Choose one with :func:`open_backend`, whose ``spec`` is what the CLIs take as ``
 * ``"nvml"`` (default): the real driver. If NVML cannot be loaded (no driver, no library) it raises
   :class:`NVMLUnavailableError`, which the CLIs print as one line and exit non-zero.
 * ``"fake:NxSIZE[xMODEL]"``, e.g. ``"fake:2x80Gi"`` or ``"fake:4x40GixA100-40GB"``: N fake GPUs of SIZE bytes
-  (a Kubernetes quantity) named MODEL (default ``"Fake-GPU"``).
+  (a Kubernetes quantity) named MODEL (default ``"Fake-GPU"``). Their UUIDs are derived from the node's name
+  (``--node-name``, else ``$NODE_NAME``, else the hostname): two nodes' fake GPUs have distinct UUIDs, as real GPUs do,
+  while the agent, the device plugin and the MPS daemon of one node, which each open the backend, agree.
 
 Health: :meth:`GPUBackend.health_events` blocks up to a timeout for Xid (hardware/driver) errors; a GPU that had
 a critical Xid stays unhealthy until the process restarts (a human has to look at it). Xids that an application
@@ -23,11 +25,16 @@ Heavy import: ``pynvml`` is imported only when the NVML backend is opened, so ``
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
+
+from gnnsched.contract import ENV_NODE_NAME
 
 __all__ = [
     "APPLICATION_XIDS",
@@ -184,8 +191,9 @@ def parse_fake_spec(spec: str, field: str = "--gpus") -> tuple[int, int, str]:
     return count, total, model
 
 
-def open_backend(spec: str = "nvml") -> GPUBackend:
-    """Open the backend named by ``spec`` (the ``--gpus`` flag).
+def open_backend(spec: str = "nvml", node_name: str | None = None) -> GPUBackend:
+    """Open the backend named by ``spec`` (the ``--gpus`` flag); ``node_name`` names the node whose fake GPUs these
+    are (default: :func:`local_node_name`), so that fake UUIDs differ between nodes.
 
     Raises :class:`BackendSpecError` for a malformed spec and :class:`NVMLUnavailableError` when ``"nvml"`` is
     asked for on a machine where NVML does not load.
@@ -195,12 +203,28 @@ def open_backend(spec: str = "nvml") -> GPUBackend:
         return NVMLBackend()
     if s.startswith("fake:"):
         count, total, model = parse_fake_spec(s)
-        return FakeGPUBackend(count=count, total_bytes=total, name=model)
+        prefix = fake_uuid_prefix(node_name or local_node_name())
+        return FakeGPUBackend(count=count, total_bytes=total, name=model, uuid_prefix=prefix)
     raise BackendSpecError("--gpus", f"expected 'nvml' or 'fake:NxSIZE[xMODEL]' (e.g. fake:2x80Gi), got {spec!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # fake
+
+
+def local_node_name() -> str:
+    """This node's name as the node-side processes know it: ``$NODE_NAME`` (the chart sets it from the downward
+    API's ``spec.nodeName`` in every node container), else the hostname."""
+    return os.environ.get(ENV_NODE_NAME) or socket.gethostname()
+
+
+def fake_uuid_prefix(node_name: str) -> str:
+    """The first UUID group of ``node_name``'s fake GPUs: 8 hex digits of the name's SHA-256.
+
+    Why: GPU UUIDs are unique cluster-wide on real hardware, and the extender's cache, the operator's records and
+    the GNNJob status name a GPU by its UUID alone; fake GPUs with one UUID on every node made two nodes' GPUs look
+    like one. A hash (not a counter) needs no coordination, so each process of a node derives the same value."""
+    return hashlib.sha256(node_name.encode()).hexdigest()[:8]
 
 
 def fake_uuid(index: int, prefix: str = "00000000") -> str:

@@ -18,6 +18,7 @@ from gnnsched.contract import (
     DEFAULT_MPS_SHM_DIR,
     DEFAULT_NODE_STATE_DIR,
     ENV_JOBS_UID,
+    ENV_NODE_NAME,
     MPS_MAX_CLIENTS_PER_GPU,
 )
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT
@@ -33,7 +34,7 @@ def node_agent(
         "nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."
     ),
     node_name: str | None = typer.Option(
-        None, "--node-name", envvar="NODE_NAME", help="Kubernetes node name (default: hostname)."
+        None, "--node-name", envvar=ENV_NODE_NAME, help="Kubernetes node name (default: hostname)."
     ),
     gate_socket: Path = typer.Option(
         Path(DEFAULT_GATE_SOCKET), "--gate-socket", help="Unix socket the gate listens on."
@@ -200,8 +201,9 @@ def node_agent(
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")
     if jobs_uid >= 0 and not IS_LINUX:
         fail("--jobs-uid: the UID check needs Linux (SO_PEERCRED); use --jobs-uid -1 elsewhere")
+    name = node_name or socket.gethostname()
     try:
-        backend = open_backend(gpus)
+        backend = open_backend(gpus, node_name=name)
     except BackendSpecError as exc:
         fail(str(exc))
     except GPUBackendError as exc:
@@ -210,7 +212,6 @@ def node_agent(
     if not devices:
         fail(f"--gpus {gpus}: no GPUs found", code=1)
 
-    name = node_name or socket.gethostname()
     pods: PodLookup
     if pods_file is not None:
         pods = FilePodLookup(pods_file)
@@ -376,7 +377,8 @@ def mps_daemon(
     reset_on_exit: bool = typer.Option(
         False,
         "--reset-on-exit",
-        help="On SIGTERM also do what --disable does (default: leave the daemon to running jobs).",
+        help="On SIGTERM also do what --disable does (default: exit without quit; in a pod the daemon ends with the "
+             "container).",
     ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:

@@ -21,9 +21,14 @@ What it does, following NVIDIA's ``cmd/mps-control-daemon/mps/daemon.go`` (Start
 6. ``--mount-shm`` (run once from a privileged init container, as NVIDIA's ``mount-shm``) makes the shared
    ``<mps root>/shm`` a tmpfs that the daemon's container and, through the device plugin, every job mount at
    ``/dev/shm``; the health file says whether the daemon's ``/dev/shm`` really is it;
-7. on SIGTERM, leaves the daemon running by default (running jobs keep their server; the next ``mps-daemon`` adopts
-   it). ``--disable`` (run once, e.g. from a pre-delete hook or by hand) quits the daemon, puts compute mode back
-   to DEFAULT by UUID and publishes "disabled"; ``--reset-on-exit`` does the same on SIGTERM.
+7. on SIGTERM, exits without sending ``quit`` by default. In a pod that does not keep the daemon: a container's
+   processes end with its main one (the kernel kills a PID namespace with its init; with ``hostPID`` runc kills what
+   is left in the container's cgroup), so running jobs lose their server whenever this container stops, and the
+   DaemonSet's ``OnDelete`` strategy is what keeps upgrades from stopping it. ``start`` uses a daemon that already
+   answers on the pipe directory (one run outside the pod, e.g. on the host by an admin) instead of starting a
+   second one; a daemon of an earlier ``mps-daemon`` container is never there to be used. ``--disable`` (run once,
+   e.g. from a pre-delete hook or by hand) quits the daemon, puts compute mode back to DEFAULT by UUID and publishes
+   "disabled"; ``--reset-on-exit`` does the same on SIGTERM.
 """
 
 from __future__ import annotations

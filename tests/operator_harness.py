@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -116,9 +117,21 @@ async def emulated_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         yield Cluster(k8s, url, write_kubeconfig(tmp_path / "kubeconfig", url))
 
 
+STOP_SECONDS = 60.0
+"""How long the operator may take to stop after its stop flag (it takes about one second: the pod watch's join)."""
+
+
 @contextlib.asynccontextmanager
 async def running_operator(cluster: Cluster, planner: Any = None, **config: Any) -> AsyncIterator[Any]:
-    """The real operator in this event loop (kopf's threads run the sync handlers), stopped on exit."""
+    """The real operator on its own event loop in a thread, stopped gracefully and joined on exit.
+
+    Why a loop of its own: kopf assumes it owns its loop, as it does in production (a process of its own). On stop it
+    cancels every task created after it started (``kopf._core.reactor.running.run_tasks``), which here would be the
+    emulator's connection handlers too, and it waits 5 s for them first; a kopf cancelled in the middle of that stop
+    abandons its watcher, whose shielded clean-up (``Scheduler.close``) then waits forever once the test's own loop
+    teardown has cancelled the scheduler's helper tasks (the teardown hang seen under CPU load). On its own loop kopf
+    stops in about a second, and a stop that does not finish fails the test here, naming it, instead of hanging.
+    """
     from gnnsched.operator.handlers import OperatorConfig
     from gnnsched.operator.main import make_operator, run_async
 
@@ -126,20 +139,35 @@ async def running_operator(cluster: Cluster, planner: Any = None, **config: Any)
     op = make_operator(OperatorConfig(**settings), kubeconfig=str(cluster.kubeconfig))
     if planner is not None:
         op.planner = planner
-    stop = asyncio.Event()
-    ready = asyncio.Event()
-    task = asyncio.create_task(run_async(op, stop_flag=stop, ready_flag=ready))
+    stop = threading.Event()
+    ready = threading.Event()
+    crashed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            asyncio.run(run_async(op, stop_flag=stop, ready_flag=ready))
+        except BaseException as exc:  # reported in the test's task below
+            crashed.append(exc)
+
+    thread = threading.Thread(target=serve, name="operator-under-test", daemon=True)
+    thread.start()
+    body_failed = False
     try:
-        await asyncio.wait_for(ready.wait(), 30)
+        if not await asyncio.to_thread(ready.wait, 30):
+            raise AssertionError(f"the operator was not ready within 30 s: {crashed or 'no error'}")
         yield op
+    except BaseException:
+        body_failed = True
+        raise
     finally:
         stop.set()
-        # kopf's graceful stop waits for open watch streams to end (seconds); the tests are done with it by now.
-        done, _ = await asyncio.wait({task}, timeout=1.0)
-        if not done:
-            task.cancel()
-            await asyncio.wait({task}, timeout=10.0)
+        await asyncio.to_thread(thread.join, STOP_SECONDS)
         op.kube.close()
+        if not body_failed:  # never mask the test's own failure
+            if thread.is_alive():
+                raise AssertionError(f"the operator did not stop within {STOP_SECONDS:.0f} s of its stop flag")
+            if crashed:
+                raise AssertionError(f"the operator ended with {crashed[0]!r}") from crashed[0]
 
 
 async def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1,

@@ -290,6 +290,11 @@ def test_daemonset_mounts_match_the_components_defaults(chart):
             value = arg_value(container, flag)
             assert value in mounts or str(Path(value).parent) in mounts, (container["name"], flag)
     assert pod["hostPID"] is True  # SO_PEERCRED pids are resolved in the host PID namespace
+    # every process that opens the GPU backend knows its node: fake GPUs' UUIDs derive from it and must agree
+    node_name = {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    mps_daemon = node_daemonset(docs, "mps")["spec"]["template"]["spec"]["containers"][0]
+    for container in (agent, plugin, mps_daemon):
+        assert node_name in container["env"], container["name"]
 
 
 def test_extra_node_selectors_are_merged(chart):
@@ -501,6 +506,7 @@ def test_mps_daemon_runs_apart_privileged_with_shared_shm(chart):
     assert node_daemonset(docs)["spec"]["updateStrategy"]["type"] == "RollingUpdate"  # the agent rolls freely
     pod = mps["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False and pod["runtimeClassName"] == "nvidia"
+    assert pod["hostPID"] is True  # NVIDIA's mps.enableHostPID default: the MPS server finds its PID via /proc/self
     assert pod["nodeSelector"] == node_daemonset(docs)["spec"]["template"]["spec"]["nodeSelector"]
     (daemon,) = pod["containers"]
     assert daemon["securityContext"]["privileged"] is True and daemon["args"][0] == "mps-daemon"

@@ -6,16 +6,15 @@ its termination file. The same job admitted 1.5x larger (the operator's default 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from fake_mps import stop_agent
 from gate_helpers import job_pod, write_pods
 
 from gnnsched.closed_loop import AttemptResult
@@ -82,15 +81,7 @@ def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succe
                 results[m["name"]] = (run.returncode, AttemptResult.model_validate_json(result_file.read_text()),
                                       run.stderr)
         finally:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-            pid_file = pipe / "fake-mps.pid"
-            if pid_file.exists():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            stop_agent(agent, pipe)
     code, small_result, stderr = results["small"]
     mib = 2**20
     assert code == 1 and small_result.outcome == "memory-exceeded", stderr

@@ -11,11 +11,9 @@ fourth pod is not admitted until the clients are gone *and* MPS answers its prob
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
 
 from gnnsched.closed_loop import FaultRecord
@@ -244,15 +243,6 @@ def test_fatal_fault_two_victims_one_suspect_nothing_admitted_until_clients_gone
         for p in workloads.values():
             if p.poll() is None:
                 p.kill()
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-        pid_file = pipe / "fake-mps.pid"
-        if pid_file.exists():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        stop_agent(agent, pipe)
         for handle in logs:
             handle.close()

@@ -8,7 +8,6 @@ the bytes committed per GPU at every instant.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -21,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
 
 from gnnsched.contract import ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID
@@ -135,16 +135,7 @@ class Agent:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        pid_file = self.tmp / "mps" / "fake-mps.pid"
-        if pid_file.exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        stop_agent(self.proc, self.tmp / "mps")
 
     def metric(self, name: str) -> float | None:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import threading
 import time
 
 import pytest
 
+from gnnsched.contract import ENV_NODE_NAME
 from gnnsched.gpu_backend import (
     APPLICATION_XIDS,
     BackendSpecError,
@@ -15,6 +18,8 @@ from gnnsched.gpu_backend import (
     NVMLBackend,
     NVMLUnavailableError,
     fake_uuid,
+    fake_uuid_prefix,
+    local_node_name,
     open_backend,
     parse_fake_spec,
 )
@@ -60,11 +65,12 @@ def test_bad_specs_name_the_flag(spec, needle):
 
 
 def test_fake_satisfies_protocol_and_reports_devices():
-    b = open_backend("fake:2x80Gi")
+    b = open_backend("fake:2x80Gi", node_name="node-a")
     assert isinstance(b, GPUBackend)
     devs = b.devices()
     assert [d.index for d in devs] == [0, 1]
-    assert [d.uuid for d in devs] == [fake_uuid(0), fake_uuid(1)]
+    prefix = fake_uuid_prefix("node-a")
+    assert [d.uuid for d in devs] == [fake_uuid(0, prefix), fake_uuid(1, prefix)]
     assert len({d.uuid for d in devs}) == 2
     assert all(d.total_bytes == 80 * GI and d.used_bytes == 0 and d.healthy for d in devs)
     assert devs[0].free_bytes == 80 * GI
@@ -161,3 +167,19 @@ def test_nvml_real_devices():
         assert isinstance(b.health_events(0.01), list)
     finally:
         b.close()
+
+
+def test_two_nodes_fake_gpus_have_distinct_uuids_and_one_nodes_processes_agree(monkeypatch):
+    """Real GPU UUIDs are unique cluster-wide (the extender and the operator name a GPU by its UUID alone); the agent,
+    the device plugin and the MPS daemon of one node each open the backend and must see the same UUIDs."""
+    uuids = {node: [d.uuid for d in open_backend("fake:2x16Gi", node_name=node).devices()]
+             for node in ("node-1", "node-2")}
+    assert not set(uuids["node-1"]) & set(uuids["node-2"])
+    shape = r"GPU-[0-9a-f]{8}-0000-4000-8000-[0-9a-f]{12}"  # NVML's 8-4-4-4-12
+    assert all(re.fullmatch(shape, u) for u in uuids["node-1"] + uuids["node-2"])
+    assert [d.uuid for d in open_backend("fake:2x16Gi", node_name="node-1").devices()] == uuids["node-1"]
+    monkeypatch.setenv(ENV_NODE_NAME, "node-2")  # the device plugin and the MPS daemon: NODE_NAME from the chart
+    assert local_node_name() == "node-2"
+    assert [d.uuid for d in open_backend("fake:2x16Gi").devices()] == uuids["node-2"]
+    monkeypatch.delenv(ENV_NODE_NAME)
+    assert local_node_name() == socket.gethostname()

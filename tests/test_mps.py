@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from fake_mps import kill_fake_mps
 
 from gnnsched.node_agent.mps import MPSConfig, MPSError, MPSManager
 
@@ -23,9 +24,7 @@ def mps(tmp_path, monkeypatch):
     m = MPSManager(cfg)
     yield m
     m.stop()
-    pid_file = cfg.pipe_directory / "fake-mps.pid"
-    if pid_file.exists():
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    kill_fake_mps(cfg.pipe_directory)
 
 
 def _commands(m: MPSManager) -> list[str]:
@@ -44,6 +43,20 @@ def test_start_configures_and_probes(mps: MPSManager) -> None:
     assert "set_default_device_pinned_mem_limit 1 78G" in cmds
     # A healthy probe does not restart anything.
     assert mps.check() and _commands(mps).count("-d") == 1
+
+
+def test_start_uses_a_daemon_that_already_answers_on_the_pipe_directory(mps: MPSManager) -> None:
+    """A daemon someone else started (an admin, on the host) is used, not doubled; the defaults are still applied.
+    (A daemon of an earlier mps-daemon container is never there: it ends with that container, docs/node-agent.md.)"""
+    import subprocess
+
+    env = mps.env()
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30)
+    pid = int((mps.config.pipe_directory / "fake-mps.pid").read_text())
+    assert mps.check() is True and mps.restarts == 0
+    cmds = _commands(mps)
+    assert cmds.count("-d") == 1 and int((mps.config.pipe_directory / "fake-mps.pid").read_text()) == pid
+    assert "set_default_device_pinned_mem_limit 1 78G" in cmds
 
 
 def test_restart_when_daemon_dies(mps: MPSManager) -> None:

@@ -4,7 +4,6 @@ in the node state directory, ``--disable``; and the agent reading that health (`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -15,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from fake_mps import kill_fake_mps
 
 from gnnsched.contract import MPS_SHM_SOURCE, MPSDaemonHealth
 from gnnsched.node_agent.mps import MPSConfig, MPSManager
@@ -28,13 +28,6 @@ UUIDS = ["GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-000
 pytestmark = [pytest.mark.timeout(60)]
 
 
-def _kill_fake_daemon(pipe: Path) -> None:
-    pid_file = pipe / "fake-mps.pid"
-    if pid_file.exists():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-
-
 @pytest.fixture
 def service(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{FAKES}{os.pathsep}{os.environ['PATH']}")
@@ -43,7 +36,7 @@ def service(tmp_path, monkeypatch):
                     start_timeout=5, command_timeout=5)
     svc = MPSDaemonService(MPSManager(cfg), tmp_path / "state", jobs_uid=os.getuid())
     yield svc
-    _kill_fake_daemon(cfg.pipe_directory)
+    kill_fake_mps(cfg.pipe_directory)
 
 
 def _commands(svc: MPSDaemonService) -> list[str]:
@@ -89,7 +82,7 @@ def test_directories_change_owner_to_the_jobs_uid(tmp_path, monkeypatch) -> None
         for d in (cfg.pipe_directory, cfg.log_directory):
             assert d.stat().st_uid == 65532 and oct(d.stat().st_mode & 0o777) == "0o755"
     finally:
-        _kill_fake_daemon(cfg.pipe_directory)
+        kill_fake_mps(cfg.pipe_directory)
 
 
 def test_auto_limit_is_the_gpu_less_the_reserve() -> None:
@@ -130,7 +123,8 @@ def test_cli_runs_publishes_and_leaves_the_daemon_on_sigterm_then_disable(tmp_pa
         assert h.pinned_mem_limits == {"0": "15360M", "1": "15360M"} and len(h.gpus) == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-        # The daemon outlives its supervisor: running jobs keep their MPS server through an upgrade.
+        # SIGTERM sends no quit (only --reset-on-exit does): outside a container the daemon is still there. In a pod
+        # it ends with the container anyway (docs/node-agent.md); OnDelete keeps upgrades from stopping it.
         assert (tmp_path / "pipe" / "fake-mps.pid").exists()
         cp = subprocess.run(GNNSCHED + args + ["--disable"], env=env, capture_output=True, text=True, timeout=60)
         assert cp.returncode == 0, cp.stderr
@@ -142,7 +136,7 @@ def test_cli_runs_publishes_and_leaves_the_daemon_on_sigterm_then_disable(tmp_pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        _kill_fake_daemon(tmp_path / "pipe")
+        kill_fake_mps(tmp_path / "pipe")
 
 
 @pytest.mark.parametrize("flag, needle", [
@@ -256,7 +250,7 @@ def test_agent_restart_leaves_the_mps_daemon_and_readiness_follows_it(tmp_path) 
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        _kill_fake_daemon(pipe)
+        kill_fake_mps(pipe)
 
 
 MEMINFO = "MemTotal:       131072000 kB\nMemFree:        1000 kB\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from fake_mps import kill_fake_mps
 from gate_helpers import GiB, add_pods, job_pod, write_pods
 
 from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES, GPUNodeStatus
@@ -56,9 +57,7 @@ async def agent(tmp_path, monkeypatch):
     status_task.cancel()
     await a.close()
     mps.stop()
-    pid_file = tmp_path / "mps" / "fake-mps.pid"
-    if pid_file.exists():
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    kill_fake_mps(tmp_path / "mps")
 
 
 async def _admit(a: NodeAgent, pod: dict) -> tuple[dict, asyncio.StreamWriter]:

@@ -11,13 +11,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
+from fake_mps import kill_fake_mps
 from gate_helpers import GiB, add_pods, job_pod, write_pods
 
 from gnnsched.closed_loop import AttemptResult, FaultRecord
@@ -166,10 +165,7 @@ def node(tmp_path, monkeypatch):
     write_pods(tmp_path / "pods.json", [], [])
     n = Node(tmp_path)
     yield n
-    pid_file = tmp_path / "mps" / "fake-mps.pid"
-    if pid_file.exists():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    kill_fake_mps(tmp_path / "mps")
 
 
 async def _request(agent: NodeAgent, pod: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

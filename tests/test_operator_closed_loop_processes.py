@@ -11,10 +11,8 @@ what the CPU counts: so the first reservation is really too small by about 1.3 /
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fake_mps import stop_agent
 from gate_helpers import add_pods, write_pods
 from operator_harness import Cluster, GiB, emulated_cluster, running_operator, wait_for
 
@@ -126,15 +125,7 @@ async def test_a_job_at_1_3x_its_estimate_succeeds_after_exactly_one_resize(tmp_
                     done = await wait_for(finished, 60, what="the job to finish")
                     names = sorted(p["metadata"]["name"] for p in await cluster.pods())
                 finally:
-                    agent.send_signal(signal.SIGTERM)
-                    try:
-                        agent.wait(10)
-                    except subprocess.TimeoutExpired:
-                        agent.kill()
-                    pid_file = pipe / "fake-mps.pid"
-                    if pid_file.exists():
-                        with contextlib.suppress(ProcessLookupError, ValueError):
-                            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                    stop_agent(agent, pipe)
     first_result = AttemptResult.model_validate_json(first_message.strip().splitlines()[-1])
     second_result = AttemptResult.model_validate_json(second_message.strip().splitlines()[-1])
     assert first_result.outcome == "memory-exceeded", first_message

@@ -13,11 +13,9 @@ that arrives meanwhile is not admitted on that GPU until its clients are gone an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
 from operator_harness import Cluster, emulated_cluster, running_operator, wait_for
 
@@ -224,15 +223,7 @@ async def test_fault_through_the_operator_requeues_two_victims_and_charges_the_s
                 for p in workloads.values():
                     if p.poll() is None:
                         p.kill()
-                agent.send_signal(signal.SIGTERM)
-                try:
-                    agent.wait(10)
-                except subprocess.TimeoutExpired:
-                    agent.kill()
-                pid_file = pipe / "fake-mps.pid"
-                if pid_file.exists():
-                    with contextlib.suppress(ProcessLookupError, ValueError):
-                        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                stop_agent(agent, pipe)
                 for handle in logs:
                     handle.close()
     roles = {n: FaultRecord.model_validate_json(records[n]).role for n in JOBS}

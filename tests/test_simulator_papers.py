@@ -144,6 +144,36 @@ def test_reference_rows_name_the_papers_best():
     assert paper["simulated"] == pytest.approx(33 / 40, abs=1e-4)
 
 
+def test_best_vs_other_compares_jcts_over_the_jobs_both_completed():
+    """Naive MPS runs every job at once: jobs that do not fit fail with OOM (backoff limit 0) and its mean JCT is over
+    the survivors only. The best-vs-other row must compare gnnsched and it over the jobs both completed."""
+    from dataclasses import replace
+
+    from gnnsched.simulator.metrics import completed_jcts, summarise
+
+    jobs = [replace(_job(i, 0.38, 10.0 + 20 * i), backoff_limit=0) for i in range(5)]
+    cluster = uniform_cluster(1, 1, V100)
+    ix = Integrations()
+    results = {name: Simulation(jobs, cluster, parse_policy(name), ix, startup_s=0.0).run()
+               for name in ("mps-naive", "sqtf")}
+    metrics = {name: summarise(r) for name, r in results.items()}
+    naive, ours = completed_jcts(results["mps-naive"]), completed_jcts(results["sqtf"])
+    assert len(ours) == 5 and 0 < len(naive) < 5  # the job sets differ
+    wl = gnnsched_queue("gcn", "low", seed=0)
+    other = next(r for r in compare_reference(wl, metrics, results) if r.get("against") == "other")
+    assert other["compare"] == "sqtf vs mps-naive"
+    both = sorted(naive)
+    expected = (sum(ours[i] for i in both) / len(both)) / (sum(naive[i] for i in both) / len(both))
+    assert other["simulated"] == pytest.approx(expected, rel=1e-3)
+    assert other["note"].startswith(f"over the {len(both)} jobs both completed (sqtf completed 5, mps-naive ")
+    assert other["verdict"] == ("better" if expected < 1 else "worse")
+    # the same rows without the runs: each mean over its own jobs, and the note says so
+    alone = next(r for r in compare_reference(wl, metrics) if r.get("against") == "other")
+    assert alone["simulated"] == pytest.approx(metrics["sqtf"]["jct_mean_s"] / metrics["mps-naive"]["jct_mean_s"],
+                                               rel=1e-3)
+    assert "the means are over different job sets" in alone["note"]
+
+
 @pytest.mark.parametrize("capped_lmcf", [50.0, 20.0])
 def test_cognn_paper_policies_include_cognn_itself_at_two_workers(capped_lmcf: float):
     """On a CoGNN queue, ``lmcf``/``bmc``/``base`` run at the workload's 2-worker cap are CoGNN's own policies (Table

@@ -50,10 +50,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
     deployed = sum(1 for o in arrived if o.ran)
     return {
         "makespan_s": round(makespan, 3),
-        "jct_mean_s": _r(sum(jcts) / len(jcts)) if jcts else None,
-        "jct_median_s": _r(_pct(jcts, 0.5)) if jcts else None,
-        "jct_p90_s": _r(_pct(jcts, 0.9)) if jcts else None,
-        "jct_p99_s": _r(_pct(jcts, 0.99)) if jcts else None,
+        **{metric: jct_stat(jcts, metric) for metric in JCT_STATS},
         "queue_mean_s": _r(sum(queues) / len(queues)) if queues else None,
         "qos_violation_rate": _r(violations / len(with_qos), 4) if with_qos else None,
         "oom_kills": sum(o.oom_kills for o in outs),
@@ -79,6 +76,24 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "jobs_lost": int(res.extra.get("jobs_lost", 0)),
         "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),
     }
+
+
+JCT_STATS = {"jct_mean_s": None, "jct_median_s": 0.5, "jct_p90_s": 0.9, "jct_p99_s": 0.99}
+"""The JCT figures of :func:`summarise`: a mean (None) or the quantile each one is."""
+
+
+def completed_jcts(res: RunResult) -> dict[int, float]:
+    """Job id -> JCT of the jobs that arrived within the run and completed (what the ``jct_*`` figures are over)."""
+    return {o.job.id: o.jct for o in res.outcomes
+            if o.job.arrival <= res.end_time and o.status == "completed" and o.jct is not None}
+
+
+def jct_stat(jcts: list[float], metric: str) -> float | None:
+    """``metric`` (one of :data:`JCT_STATS`) over ``jcts``, rounded as :func:`summarise` rounds it."""
+    if not jcts:
+        return None
+    q = JCT_STATS[metric]
+    return _r(sum(jcts) / len(jcts)) if q is None else _r(_pct(sorted(jcts), q))
 
 
 def _r(x: float, nd: int = 3) -> float:

@@ -16,7 +16,7 @@ from gnnsched.simulator.cluster import ClusterSpec
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import RunResult, Simulation
 from gnnsched.simulator.faults import BASELINE_BACKOFF_LIMIT, NO_ERROR, EstimateError, LoopBooks, true_multipliers
-from gnnsched.simulator.metrics import summarise
+from gnnsched.simulator.metrics import JCT_STATS, completed_jcts, jct_stat, summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
 from gnnsched.simulator.workload_types import Workload
@@ -164,7 +164,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         result = sim.run()
         report.results[spec.text] = result
         report.policies[spec.text] = summarise(result)
-    report.reference = compare_reference(workload, report.policies)
+    report.reference = compare_reference(workload, report.policies, report.results)
     return report
 
 
@@ -219,11 +219,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: bool,
-             among: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+             among: tuple[str, ...] | None = None,
+             results: dict[str, RunResult] | None = None) -> dict[str, Any] | None:
     """gnnsched's best policy against the best other policy of the same run, on the workload's headline metric;
     with ``among``, against the best of those policies only (the paper's own, when the run has them). A paper's
     policy may be one of gnnsched's run in the paper's setting (CoGNN's LMCF is ``lmcf`` capped at the paper's 2
-    workers): it then counts as the paper's, not as gnnsched's."""
+    workers): it then counts as the paper's, not as gnnsched's.
+
+    A JCT figure is over the jobs a policy completed, so two policies' figures may be over different jobs (one that
+    OOM-killed or left unfinished its longest jobs looks faster). With the runs' ``results``, the two picked policies
+    are compared over the jobs both completed (the row's ``simulated`` and verdict; each one's own figure stays in
+    ``metrics``); without them, a row whose job sets may differ says so in its ``note``."""
     from gnnsched.simulator.policyspec import parse_policy
 
     if not metric:
@@ -238,24 +244,44 @@ def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: boo
     pick = max if higher else min
     a = pick(ours, key=ours.__getitem__)
     b = pick(theirs, key=theirs.__getitem__)
-    better = ours[a] > theirs[b] if higher else ours[a] < theirs[b]
-    verdict = "better" if better else ("tie" if abs(ours[a] - theirs[b]) <= 1e-9 * max(abs(theirs[b]), 1) else "worse")
+    value_a, value_b, note = ours[a], theirs[b], None
+    if metric in JCT_STATS and results is not None and a in results and b in results:
+        jcts_a, jcts_b = completed_jcts(results[a]), completed_jcts(results[b])
+        if jcts_a.keys() != jcts_b.keys():
+            both = sorted(jcts_a.keys() & jcts_b.keys())
+            common_a = jct_stat([jcts_a[i] for i in both], metric)
+            common_b = jct_stat([jcts_b[i] for i in both], metric)
+            if common_a is None or common_b is None:
+                return None  # no job both completed: nothing to compare
+            value_a, value_b = common_a, common_b
+            note = (f"over the {len(both)} jobs both completed ({a} completed {len(jcts_a)}, {b} {len(jcts_b)}"
+                    f"{_oom_note(metrics[b])}); each one's own {metric} is over its own jobs")
+    elif metric in JCT_STATS:
+        done_a, done_b = metrics[a].get("completed"), metrics[b].get("completed")
+        if done_a is not None and done_b is not None and done_a != done_b:
+            note = (f"{b} completed {done_b} jobs{_oom_note(metrics[b])}, {a} {done_a}: "
+                    "the means are over different job sets")
+    better = value_a > value_b if higher else value_a < value_b
+    verdict = "better" if better else ("tie" if abs(value_a - value_b) <= 1e-9 * max(abs(value_b), 1) else "worse")
     claim = "gnnsched's best policy against the best other policy" if among is None else \
         "gnnsched's best policy against the paper's best policy"
     row = {"paper": "this run", "claim": claim, "against": "other" if among is None else "paper",
            "metric": metric, "compare": f"{a} vs {b}", "paper_value": None,
-           "simulated": round(ours[a] / theirs[b], 4) if theirs[b] else None, "unit": "x", "gnnsched_wins": better,
+           "simulated": round(value_a / value_b, 4) if value_b else None, "unit": "x", "gnnsched_wins": better,
            "verdict": verdict}
-    done_a, done_b = metrics[a].get("completed"), metrics[b].get("completed")
-    if metric.startswith("jct") and done_a is not None and done_b is not None and done_a != done_b:
-        # a mean over completed jobs: a policy that failed (OOM-killed) its hardest jobs averages over fewer
-        row["note"] = (f"{b} completed {done_b} jobs ({metrics[b].get('oom_kills', 0)} OOM kills), {a} {done_a}: "
-                       "the means are over different job sets")
+    if note is not None:
+        row["note"] = note
     return row
 
 
-def compare_reference(workload: Workload, metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The paper's headline figure beside the simulator's, for the policies of this run that it compares."""
+def _oom_note(m: dict[str, Any]) -> str:
+    return f" ({m['oom_kills']} OOM kills)" if m.get("oom_kills") else ""
+
+
+def compare_reference(workload: Workload, metrics: dict[str, dict[str, Any]],
+                      results: dict[str, RunResult] | None = None) -> list[dict[str, Any]]:
+    """The paper's headline figure beside the simulator's, for the policies of this run that it compares
+    (``results``: the runs behind ``metrics``, so that gnnsched's best is compared over the jobs both completed)."""
     ref = workload.reference
     out: list[dict[str, Any]] = []
     if not ref:
@@ -276,11 +302,11 @@ def compare_reference(workload: Workload, metrics: dict[str, dict[str, Any]]) ->
                         "compare": f"{ours} vs {base}", "paper_value": -pct,
                         "simulated": round(-val, 2) if val is not None else None, "unit": "%"})
     higher = ref.get("kind") == "percent higher"
-    best = _best_of(metrics, metric, higher=higher)
+    best = _best_of(metrics, metric, higher=higher, results=results)
     if best is not None:
         out.append(best)
     if ref.get("paper_policies"):
-        vs_paper = _best_of(metrics, metric, higher=higher, among=tuple(ref["paper_policies"]))
+        vs_paper = _best_of(metrics, metric, higher=higher, among=tuple(ref["paper_policies"]), results=results)
         if vs_paper is not None:
             out.append(vs_paper)
     for base, ours, key, pct in ref.get("gain", ()):

@@ -55,6 +55,7 @@ from gnnsched.contract import (  # noqa: E402
     ANN_ADMIT_BYTES,
     ANN_GPU,
     ANN_GROUP,
+    ENV_NODE_NAME,
     GPU_SHARE_RESOURCE,
 )
 from gnnsched.gpu_backend import BackendSpecError, parse_fake_spec  # noqa: E402
@@ -350,10 +351,13 @@ class LocalCluster:
         env.update(self.opts.extra_env)
         return env
 
-    def _proc(self, name: str, argv: list[str], log_name: str | None = None) -> Proc:
+    def _proc(self, name: str, argv: list[str], log_name: str | None = None, node: str | None = None) -> Proc:
+        """Start a process; ``node``: it is one of that node's processes (``NODE_NAME``, as the chart sets it)."""
         env = self.env()
         # The daemons get one thread each, as their pods' small CPU requests would give them; the jobs need the cores.
         env.setdefault("OMP_NUM_THREADS", "1")
+        if node is not None:
+            env[ENV_NODE_NAME] = node
         proc = Proc(name, argv, self.dir / (log_name or f"{name}.log"), env)
         self.procs.append(proc)
         proc.start()
@@ -458,12 +462,12 @@ class LocalCluster:
         node.kubelet = KubeletStandIn(self.api, node.name, node.dir, node.plugin_dir, self.env(), self._on_event,
                                       poll=self.opts.poll)
         node.kubelet.start()
-        node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node))
+        node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node), node=node.name)
         node.plugin = self._proc(f"device-plugin-{node.name}", [
             *gnnsched_command(), "device-plugin", "--plugin-dir", str(node.plugin_dir), "--gpus", self.opts.gpus,
             "--slots-per-gpu", str(self.opts.slots_per_gpu), "--mps-pipe-dir", str(node.mps_pipe_dir),
             "--gate-socket", str(node.gate_socket), "--mps-shm-dir", str(node.mps_shm_dir),
-            "--state-dir", str(node.state_dir), "--poll-interval", "0.5"])
+            "--state-dir", str(node.state_dir), "--poll-interval", "0.5"], node=node.name)
 
     def _start_scheduler(self) -> None:
         from scheduler_standin import SchedulerStandIn

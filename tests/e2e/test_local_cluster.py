@@ -67,7 +67,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
     docs = [tiny_example(p) for p in EXAMPLES] + [small_job(f"small-{i}") for i in range(6)]
     names = {d["metadata"]["name"] for d in docs}
-    seen: dict[str, Any] = {"groups": set(), "scraped": False, "queued_at_gate": 0}
+    seen: dict[str, Any] = {"groups": set(), "scraped": False, "queued_at_gate": 0, "uuids": {}}
 
     def tick(c: LocalCluster) -> None:
         assert c.api is not None
@@ -75,6 +75,7 @@ def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
             reasons = {cond.get("reason") for cond in (j.get("status") or {}).get("conditions") or []}
             assert "PredictedPeakExceedsGPU" not in reasons, j["status"]
         for g in c.api.items("/apis/gnnsched.io/v1alpha1/gpunodes"):
+            seen["uuids"][g["metadata"]["name"]] = {gpu["uuid"] for gpu in (g.get("status") or {}).get("gpus") or []}
             for gpu in (g.get("status") or {}).get("gpus") or []:
                 if gpu.get("running"):
                     seen["groups"].add((g["metadata"]["name"], gpu["uuid"], len(gpu["running"])))
@@ -108,6 +109,8 @@ def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
     assert 0 < result["max_committed_fraction"] <= 1.0
     # groups were visible in GPUNode status while jobs ran, and some job waited at a gate
     assert seen["groups"], "no GPUNode ever showed a running group"
+    # two nodes' fake GPUs have distinct UUIDs, as real GPUs do (a job's status names its GPU by UUID alone)
+    assert len(seen["uuids"]) == 2 and not set.intersection(*seen["uuids"].values()), seen["uuids"]
     assert seen["queued_at_gate"] >= 1, "no job ever queued at a gate"
     # /metrics mid-run agree with what the stand-ins saw
     mid = seen["mid"]

@@ -40,7 +40,8 @@ ANN_EXCLUSIVE = f"{GROUP}/exclusive"
 """``"true"``: the pod runs alone on a whole GPU. The gate admits it only into an empty GPU and admits nothing beside
 it; the extender and the simulator count it as holding the GPU's whole capacity. Set by the operator for a job whose
 admit bytes exceed a GPU's shareable capacity but whose predicted peak plus overhead fits the whole GPU, and for a
-job suspected twice of a fatal MPS fault."""
+job suspected twice of a fatal MPS fault, or failed with its own fatal error in two faults whose cause could not be
+told apart (``undecidedFaults``)."""
 # Written by a user for a pod the operator did not create:
 ANN_GPU_MEMORY = f"{GROUP}/gpu-memory"  # Kubernetes quantity of GPU memory the pod needs on one GPU
 # Written by the extender at bind:

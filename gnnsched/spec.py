@@ -422,6 +422,7 @@ class GNNJobStatus(BaseModel):
     requeues: int | None = Field(default=None, ge=0)
     retries_used: int | None = Field(default=None, ge=0)
     suspected: int | None = Field(default=None, ge=0)
+    undecided_faults: int | None = Field(default=None, ge=0)
     observed_runtime_seconds: float | None = Field(default=None, ge=0)
     observed_generation: int | None = None
     message: str | None = None

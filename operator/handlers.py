@@ -80,6 +80,7 @@ from .podspec import (
 from .resize import (
     AGENT_VERDICT_SECONDS,
     SUSPECT_EXCLUSIVE_AFTER,
+    UNDECIDED_FAULTS_EXCLUSIVE_AFTER,
     AttemptFacts,
     attempt_facts,
     decide,
@@ -746,9 +747,24 @@ class Operator:
                               largest_gpu_bytes=largest)
             if decision.kind == "requeue":
                 message = f"{detail}; {decision.message}; requeued without using backoffLimit"
+                requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
+                if facts.outcome == "fault" and not facts.victim_of_810:
+                    # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
+                    # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told
+                    # apart, so a job that faults by itself would be requeued as a victim each time, killing its
+                    # neighbours. Alone on a GPU, its next fault is its own and is charged.
+                    undecided = _count(status, "undecidedFaults") + 1
+                    requeue_extra["undecidedFaults"] = undecided
+                    if undecided >= UNDECIDED_FAULTS_EXCLUSIVE_AFTER and not plan.exclusive:
+                        plan = plan.model_copy(update={"exclusive": True, "exclusive_reason": "RepeatFault"})
+                        requeue_extra.update(exclusive=True, plan=plan.model_dump(mode="json"))
+                        new["conditions"] = set_condition(
+                            new.get("conditions"), "Exclusive", "True", "RepeatFault",
+                            f"failed with its own fatal GPU error in {undecided} MPS faults whose cause could not "
+                            "be told apart: later attempts run alone on a GPU", now, generation)
+                        self._event(job, "Warning", "Exclusive", new["conditions"][-1]["message"])
                 self._next_attempt(job, status, new, spec, plan, attempt, now,
-                                   ("Requeued", "CoLocatedFault", message),
-                                   {"requeues": _count(status, "requeues") + 1}, priority_class)
+                                   ("Requeued", "CoLocatedFault", message), requeue_extra, priority_class)
                 self.metrics.requeues.labels("CoLocatedFault").inc()
                 return
             if decision.kind == "resize":

@@ -64,6 +64,9 @@ UNKNOWN_CAP = 2**62
 """The cap a resize uses while no GPUNode reports a healthy GPU."""
 SUSPECT_EXCLUSIVE_AFTER = 2
 """A job suspected this many times of a fatal MPS fault runs its later attempts alone on a GPU."""
+UNDECIDED_FAULTS_EXCLUSIVE_AFTER = 2
+"""A job requeued this many times as a victim of an MPS fault while its own error was a fatal fault too (not 810: the
+suspect could not be told apart) runs its later attempts alone on a GPU, where a fault of its own is charged."""
 AGENT_VERDICT_SECONDS = 30.0
 """How long after a gated pod finished the operator waits for the node agent's verdict on it (fault record, attempt
 result). The agent waits up to 30 s for the container status and annotates right after it, so its verdict lands

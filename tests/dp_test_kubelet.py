@@ -93,7 +93,7 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         time.sleep(0.01)  # a distinct ctime for the new socket even on coarse clocks
         self.start()
 
-    def wait_for(self, predicate: Callable[[], object], timeout: float = 5.0) -> bool:
+    def wait_for(self, predicate: Callable[[], object], timeout: float = 20.0) -> bool:
         with self.cond:
             return bool(self.cond.wait_for(predicate, timeout))
 

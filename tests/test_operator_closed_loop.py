@@ -234,6 +234,31 @@ async def test_suspected_twice_runs_the_next_attempt_exclusive(tmp_path: Path) -
     assert condition(job, "Exclusive")["reason"] == "RepeatSuspect"
 
 
+async def test_two_undecided_faults_run_the_next_attempt_exclusive(tmp_path: Path) -> None:
+    """Measured on an H100 (docs/gpu-measurements.md): every client of an MPS fault sees the same illegal-address
+    error, so the agent records them all as victims. A job whose own error was a fault in two of them runs alone next,
+    uncharged until then; an 810 victim never counts."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest())  # backoffLimit 0: requeues must not be charged
+            for attempt in (0, 1):
+                await pod(cluster, f"gcn-cora-{attempt}")
+                await cluster.patch_pod(f"gcn-cora-{attempt}",
+                                        {"metadata": {"annotations": {ANN_FAULT: fault("victim")}}})
+                await cluster.patch_pod(f"gcn-cora-{attempt}",
+                                        ended("Failed", "CUDA error: an illegal memory access was encountered"))
+            second = await pod(cluster, "gcn-cora-1")
+            third = await pod(cluster, "gcn-cora-2")
+            job = await cluster.get_job("gcn-cora")
+    assert job is not None
+    assert ANN_EXCLUSIVE not in second["metadata"]["annotations"]
+    assert third["metadata"]["annotations"][ANN_EXCLUSIVE] == "true"
+    status = job["status"]
+    assert status["undecidedFaults"] == 2 and status["requeues"] == 2 and status.get("retriesUsed", 0) == 0
+    assert condition(job, "Exclusive")["reason"] == "RepeatFault"
+
+
 async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
     from gnnsched.operator.planning import Planner
 

@@ -61,9 +61,10 @@ CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gnnsched" / "va
 
 def chart_default_policy(values: Path = CHART_VALUES) -> str:
     """The simulator policy that runs what the chart installs by default: the gate's grouping policy and backfill
-    limit, ``+spread`` when ``node.agent.spread``, the operator's runtime-bucket PriorityClasses (``+sjfN``) when
-    ``queuePriority.enabled``, ``+pack`` when kube-scheduler scores ``MostAllocated``, and ``+prestart`` when the
-    operator runs the built-in worker behind ``gnnsched gate --prestart`` (``operator.workerPrestart``)."""
+    limit, ``+spread`` when ``node.agent.spread``, ``+pays`` when ``node.agent.shareWhenPays``, the operator's
+    runtime-bucket PriorityClasses (``+sjfN``) when ``queuePriority.enabled``, ``+pack`` when kube-scheduler scores
+    ``MostAllocated``, and ``+prestart`` when the operator runs the built-in worker behind ``gnnsched gate
+    --prestart`` (``operator.workerPrestart``)."""
     doc = yaml.safe_load(values.read_text(encoding="utf-8"))
     agent = doc["node"]["agent"]
     text = str(agent["policy"])
@@ -73,6 +74,8 @@ def chart_default_policy(values: Path = CHART_VALUES) -> str:
     text += f"+bypass{int(agent.get('bypassLimit', 4))}"
     if agent.get("spread"):
         text += "+spread"
+    if agent.get("shareWhenPays"):
+        text += "+pays"
     if str((doc.get("scheduler") or {}).get("nodeResourcesScoring", "")) == "MostAllocated":
         text += "+pack"
     if (doc.get("operator") or {}).get("workerPrestart", True):

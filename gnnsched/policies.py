@@ -43,9 +43,12 @@ rule: starvation stays bounded, and the memory bound is checked for every task t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import lru_cache, partial
+
+from gnnsched.interference import load_default
 
 #: The gate's backfill rule when none is given (``node-agent --bypass-limit``, the simulator without ``+bypassN``).
 DEFAULT_BYPASS_LIMIT = 4
@@ -68,6 +71,7 @@ class Task:
     ``seq`` is the arrival order (FIFO and every tie-break); ``qt_seconds`` the predicted (solo) runtime — GNNSched's
     QT is twice it, so the order is the same; unknown runtimes sort last. ``bypassed``: how many tasks later in the
     policy's order have been admitted while this one waited (see ``plan_decision``); the caller keeps it.
+    ``qos_seconds``: an inference job's latency target, which the share rule (:func:`share_pays`) keeps.
     """
 
     key: str
@@ -76,16 +80,34 @@ class Task:
     qt_seconds: float | None = None
     intensity: str | None = None
     bypassed: int = 0  # tasks behind this one in the order that started before it (bounded-bypass backfill)
+    qos_seconds: float | None = None  # inference: the latency target (GNNJob qosTargetSeconds); None = none
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """A client running on a GPU, as the load-aware rules see it (``spread``'s GPU order, :func:`share_pays`):
+    its intensity class (the interference model's profile) and its predicted remaining seconds
+    (:func:`remaining_seconds`; 0 when it is due or has no prediction)."""
+
+    intensity: str | None
+    remaining_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
 class GPUFree:
-    """What one GPU can take right now: free bytes (capacity − committed) and free MPS client slots."""
+    """What one GPU can take right now: free bytes (capacity − committed) and free MPS client slots. ``running``:
+    the clients it runs now; only the load-aware rules read it (callers that use neither may leave it empty)."""
 
     index: int
     free_bytes: int
     free_slots: int
     capacity_bytes: int
+    running: tuple[Client, ...] = ()
+
+    @property
+    def busy_seconds(self) -> float:
+        """Predicted seconds until every client running here has ended (0: idle)."""
+        return max([c.remaining_seconds for c in self.running], default=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +197,11 @@ def group_threshold(policy: Policy | str, total_bytes: int, bound_bytes: int) ->
 
 
 def _take_group(
-    order: Sequence[Task], start: int, bound: int, slots: int, threshold: float
+    order: Sequence[Task], start: int, bound: int, slots: int, threshold: float,
+    allows: Callable[[Task, Sequence[Task]], bool] | None = None,
 ) -> int:
-    """Length of the group starting at ``order[start]``: the longest run that keeps all three end rules."""
+    """Length of the group starting at ``order[start]``: the longest run that keeps all three end rules (and the
+    share rule ``allows(task, members so far)`` when given)."""
     total = 0
     n = 0
     for t in order[start:]:
@@ -186,6 +210,8 @@ def _take_group(
         if n > 0 and total > threshold:  # the paper's balancing rule, tested before adding (as published)
             break
         if total + t.bytes > bound:  # the safety rule the published SQTF/BQT code lacks
+            break
+        if allows is not None and not allows(t, order[start:start + n]):
             break
         total += t.bytes
         n += 1
@@ -237,16 +263,24 @@ def plan_admissions(
 
 def plan_decision(
     policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree], bypass_limit: int = 0, *,
-    spread: bool = False,
+    spread: bool = False, share_when_pays: bool = False,
 ) -> Plan:
     """``plan_admissions`` plus the bypass counts the caller must keep for the next decision.
 
     ``spread`` (the gate's ``--spread``): on a node where more than one GPU has a free client slot, the decision is
-    made in rounds of one task per GPU (each round: GPUs in order of most free bytes, the policy's order, the same
-    memory bound and backfill rule), so a task joins a GPU that already received one in this decision only when
-    every GPU with room got one first. Without it each GPU takes a whole group in turn, and a burst on an idle node
-    piles onto the first GPU while the others stay idle (measured with ``bench/robustness.py``). A node with one
-    usable GPU plans as without it.
+    made in rounds of one task per GPU, the GPUs of each round least loaded first (soonest to be idle, then fewest
+    running clients, then most free bytes: :func:`load_key`, which reads ``GPUFree.running``), with the policy's
+    order, the same memory bound and backfill rule. So a task joins a busy GPU only when no GPU with room is idle,
+    and a task joins a GPU that already received one in this decision only when every GPU with room got one first.
+    Without it each GPU takes a whole group in turn, in order of most free bytes, and a burst on an idle node piles
+    onto the first GPU while the others stay idle; a lone task went to the GPU with most free bytes even when it
+    was busy and another was idle (both measured with ``bench/robustness.py``). A node with one usable GPU plans as
+    without it.
+
+    ``share_when_pays`` (the gate's ``--share-when-pays``): a task joins a GPU where clients run (or were admitted
+    earlier in this decision) only when :func:`share_pays` predicts that finishes the work sooner than waiting for
+    an idle GPU; otherwise it is treated as not fitting that GPU (it stays queued, the backfill rule counts the tasks
+    that overtake it). It needs ``GPUFree.running``; tasks without a predicted runtime are admitted on memory alone.
 
     Bounded-bypass backfill (``bypass_limit > 0``): each GPU scans what remains of the order; a task that does not
     fit the group's remaining room is skipped and stays queued, a later task that fits joins — overtaking every task
@@ -261,55 +295,81 @@ def plan_decision(
     if not items:
         return Plan([], {})
     gpus = list(gpus)
-    if spread and len(items) > 1 and sum(1 for g in gpus if g.free_slots > 0) > 1:
-        return _plan_spread(p, items, gpus, bypass_limit)
+    if spread and sum(1 for g in gpus if g.free_slots > 0) > 1:
+        return _plan_spread(p, items, gpus, bypass_limit, share_when_pays)
+    allows = _share_rule(p, items, gpus) if share_when_pays else None
+    return _plan_ordered(p, items, gpus, bypass_limit, ordered=False, allows=allows)
+
+
+#: ``allows(task, gpu, members)``: may ``task`` join ``gpu`` beside ``members`` (this decision's group there so far)?
+Allows = Callable[[Task, GPUFree, Sequence[Task]], bool]
+
+
+def _plan_ordered(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, *, ordered: bool,
+                  allows: Allows | None) -> Plan:
+    """One decision over ``gpus``, in the order given (``ordered``) or most free bytes first, with the share rule
+    ``allows`` (None: memory alone)."""
     if len(items) == 1:
         # One queued task (the common decision on a busy node): every policy's order is that task, it joins the
         # first group it fits and no task is overtaken, so the plan is the task on the first GPU in the GPUs' order
-        # (most free bytes, then lowest index) with a free slot and room for it -- what both plans below compute,
-        # without their sort, threshold and bookkeeping.
+        # (as given, or most free bytes, then lowest index) with a free slot and room for it -- what both plans
+        # below compute, without their sort, threshold and bookkeeping.
         task = items[0]
         best = None
         for g in gpus:
-            if g.free_slots > 0 and g.free_bytes >= task.bytes and (
-                    best is None or g.free_bytes > best.free_bytes
-                    or (g.free_bytes == best.free_bytes and g.index < best.index)):
-                best = g
+            if g.free_slots > 0 and g.free_bytes >= task.bytes and (allows is None or allows(task, g, ())):
+                if ordered:
+                    best = g
+                    break
+                if (best is None or g.free_bytes > best.free_bytes
+                        or (g.free_bytes == best.free_bytes and g.index < best.index)):
+                    best = g
         return Plan([Admission(gpu_index=best.index, tasks=(task,))] if best is not None else [], {})
     smallest = min([t.bytes for t in items])
     if not any(g.free_slots > 0 and g.free_bytes >= smallest for g in gpus):
         return Plan([], {})  # nothing fits anywhere: skip the sort (the common case with a long queue on full GPUs)
     order = traversal(p, items)
+    in_order = gpus if ordered else sorted(gpus, key=lambda g: (-g.free_bytes, g.index))
     if bypass_limit == 0:
-        return Plan(_plan_prefix(p, order, gpus), {})
-    return _plan_backfill(p, order, gpus, bypass_limit)
+        return Plan(_plan_prefix(p, order, in_order, allows), {})
+    return _plan_backfill(p, order, in_order, bypass_limit, allows)
 
 
-def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int) -> Plan:
-    """``plan_decision(..., spread=True)``: rounds of :func:`plan_decision` with one free slot per GPU, the GPUs'
-    free bytes and slots and the tasks' bypass counts carried from round to round; a GPU's admissions over the
-    rounds are one group (one :class:`Admission` per GPU, tasks in the order they joined)."""
+def load_key(g: GPUFree) -> tuple[float, int, int, int]:
+    """``spread``'s GPU order, least loaded first: the soonest to be idle (the largest predicted seconds left of its
+    running clients; 0 when idle or when every client is past its prediction), then fewest running clients, then
+    most free bytes, then lowest index. Why soonest idle first: a newcomer shares only the time until the GPU's
+    clients end, so the GPU that frees first is where it is slowed (and slows others) for the shortest time;
+    ordering by clients first left the robustness grid one cell above 1.02x the best baseline (1.020, docs/
+    simulator.md), this order none."""
+    return (g.busy_seconds, len(g.running), -g.free_bytes, g.index)
+
+
+def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool) -> Plan:
+    """``plan_decision(..., spread=True)``: rounds of one free slot per GPU, GPUs least loaded first
+    (:func:`load_key`), the GPUs' free bytes, slots and running clients and the tasks' bypass counts carried from
+    round to round (a task admitted in an earlier round counts as a client with its predicted runtime left); a GPU's
+    admissions over the rounds are one group (one :class:`Admission` per GPU, tasks in the order they joined)."""
     by_key = {t.key: t for t in items}
     left = list(items)
     free = {g.index: g for g in gpus}
     groups: dict[int, list[Task]] = {}
     counts: dict[str, int] = {}
     while left:
-        round_gpus = [GPUFree(index=g.index, free_bytes=g.free_bytes, free_slots=min(g.free_slots, 1),
-                              capacity_bytes=g.capacity_bytes) for g in free.values()]
-        plan = plan_decision(p, left, round_gpus, bypass_limit)
+        round_gpus = sorted((replace(g, free_slots=min(g.free_slots, 1)) for g in free.values()), key=load_key)
+        allows = _share_rule(p, left, round_gpus) if share else None
+        plan = _plan_ordered(p, left, round_gpus, bypass_limit, ordered=True, allows=allows)
         if not plan.admissions:
             break
+        plan = Plan(_longest_on_least_loaded(plan.admissions, round_gpus, allows), plan.bypassed)
         for key, count in plan.bypassed.items():
             counts[key] = count
-            t = by_key[key]
-            by_key[key] = Task(key=t.key, bytes=t.bytes, seq=t.seq, qt_seconds=t.qt_seconds, intensity=t.intensity,
-                               bypassed=count)
+            by_key[key] = replace(by_key[key], bypassed=count)
         taken: set[str] = set()
         for a in plan.admissions:
             g = free[a.gpu_index]
-            free[a.gpu_index] = GPUFree(index=g.index, free_bytes=g.free_bytes - a.bytes,
-                                        free_slots=g.free_slots - len(a.tasks), capacity_bytes=g.capacity_bytes)
+            free[a.gpu_index] = replace(g, free_bytes=g.free_bytes - a.bytes, free_slots=g.free_slots - len(a.tasks),
+                                        running=g.running + tuple(_as_client(t) for t in a.tasks))
             groups.setdefault(a.gpu_index, []).extend(a.tasks)
             taken.update(t.key for t in a.tasks)
         left = [by_key[t.key] for t in left if t.key not in taken]
@@ -318,18 +378,147 @@ def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     return Plan(out, {k: c for k, c in counts.items() if k not in admitted})
 
 
-def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree]) -> list[Admission]:
-    """The strict-prefix rule: each GPU takes the first group of the remaining order or nothing."""
+def _longest_on_least_loaded(round_adm: list[Admission], round_gpus: list[GPUFree], allows: Allows | None
+                             ) -> list[Admission]:
+    """One spread round's tasks re-paired with its GPUs: the longest predicted task on the least loaded GPU, where
+    it fits (and the share rule allows it). Why: the round takes its tasks in the policy's order (SQTF: shortest
+    first), so without this the longest task of a round landed on the busiest GPU while the short ones took the idle
+    GPUs, and co-location costs a task ``R * (s - 1)``, most for the longest (robustness grid, 2x4 A100 bursts).
+    The round's set of tasks and GPUs is unchanged; the pairing falls back to the policy's when memory does not
+    allow a full re-pairing."""
+    if len(round_adm) < 2:
+        return round_adm
+    rank = {g.index: i for i, g in enumerate(round_gpus)}
+    gpus = sorted((g for g in round_gpus if g.index in {a.gpu_index for a in round_adm}), key=lambda g: rank[g.index])
+    tasks = sorted((t for a in round_adm for t in a.tasks), key=lambda t: (-_solo(t), t.seq))
+    out: list[Admission] = []
+    free = list(gpus)
+    for t in tasks:
+        g = next((g for g in free if g.free_bytes >= t.bytes and (allows is None or allows(t, g, ()))), None)
+        if g is None:
+            return round_adm
+        free.remove(g)
+        out.append(Admission(gpu_index=g.index, tasks=(t,)))
+    return out
+
+
+# --- sharing only when it pays ------------------------------------------------------------------------------------
+
+
+def remaining_seconds(qt_seconds: float | None, admitted_at: float | None, now: float) -> float:
+    """A running client's predicted seconds left: its predicted solo runtime from its admission, at least 0 (0 also
+    without a prediction). What the gate knows (it sees neither the client's start-up nor its slowdown); the
+    simulator computes it the same way, not from its true work."""
+    if qt_seconds is None or admitted_at is None or not qt_seconds >= 0 or math.isinf(qt_seconds):
+        return 0.0
+    return max(0.0, admitted_at + qt_seconds - now)
+
+
+def _solo(t: Task) -> float:
+    qt = t.qt_seconds
+    return 0.0 if qt is None or not qt >= 0 or math.isinf(qt) else qt
+
+
+def _as_client(t: Task) -> Client:
+    return Client(t.intensity, _solo(t))
+
+
+_CLASSES = ("memory", "compute")
+
+
+def _counts(kinds: Iterable[str | None]) -> tuple[int, int, int]:
+    n = [0, 0, 0]
+    for k in kinds:
+        n[_CLASSES.index(k) if k in _CLASSES else 2] += 1
+    return (n[0], n[1], n[2])
+
+
+@lru_cache(maxsize=4096)
+def _slowdown(intensity: str | None, others: tuple[int, int, int]) -> float:
+    """The interference model's slowdown of a client of class ``intensity`` beside ``others`` (counts of memory,
+    compute and unknown-class co-runners): a pure function of its arguments, memoised."""
+    model = load_default()
+    profiles = [model.profile_for(k) for k, n in zip((*_CLASSES, None), others, strict=True) for _ in range(n)]
+    return model.slowdown(model.profile_for(intensity), profiles)
+
+
+def share_pays(task: Task, clients: Sequence[Client], wait_seconds: float) -> bool:
+    """Whether ``task`` joining a GPU where ``clients`` run is predicted to finish the work sooner than waiting
+    ``wait_seconds`` for an idle GPU and running alone there.
+
+    Why: the gate used to admit on memory alone, so a long job joined a busy GPU whenever its bytes fitted, and the
+    group's slowdown (the interference model) could cost more than waiting for a GPU that frees soon: the
+    robustness grid's large training bursts, where ``exclusive`` won. Joining costs the task ``R * (s - 1)``
+    seconds (``R`` its predicted solo runtime, ``s`` its slowdown beside the clients) and each client, for the
+    seconds it overlaps the task, the share of its progress the task's arrival takes (``1 - s_before / s_after``);
+    waiting costs the task ``wait_seconds``. Joining pays when its cost is no larger. For inference with a latency
+    target (``Task.qos_seconds``) the target decides first: a join that would miss it while waiting would meet it
+    is refused, a join that meets it where waiting would not is taken. A task without a predicted runtime, or a GPU
+    with no clients, is decided on memory alone, as before.
+    """
+    r = task.qt_seconds
+    if not clients or r is None or not r > 0 or math.isinf(r):
+        return True
+    kinds = [c.intensity for c in clients]
+    finish = r * _slowdown(task.intensity, _counts(kinds))
+    qos = task.qos_seconds
+    if qos is not None and qos > 0:
+        if finish > qos >= wait_seconds + r:
+            return False
+        if finish <= qos < wait_seconds + r:
+            return True
+    extra = finish - r
+    for i, c in enumerate(clients):
+        others = kinds[:i] + kinds[i + 1:]
+        before = _slowdown(c.intensity, _counts(others))
+        after = _slowdown(c.intensity, _counts([*others, task.intensity]))
+        extra += min(c.remaining_seconds, finish) * (1.0 - before / after)
+    return extra <= wait_seconds
+
+
+def _share_rule(p: Policy, queue: Sequence[Task], gpus: Sequence[GPUFree]) -> Allows:
+    """The ``allows`` of one decision under ``share_when_pays``: :func:`share_pays` against the GPU's running
+    clients plus this decision's group there. The wait for running alone is the queue's: the first of ``gpus``
+    large enough for the task to become idle (0 when one is idle), plus the predicted solo seconds of the tasks
+    ahead of it in the policy's order shared over those GPUs (they would wait for the same GPUs first). Without the
+    queue's share a burst of short jobs on a busy node each saw the wait of the first and ran one after another."""
+    ahead: dict[str, float] = {}
+    total = 0.0
+    for t in traversal(p, queue):
+        ahead[t.key] = total
+        total += _solo(t)
+
+    def allows(t: Task, g: GPUFree, members: Sequence[Task]) -> bool:
+        clients = g.running + tuple(_as_client(m) for m in members)
+        if not clients:
+            return True
+        fit = [h.busy_seconds for h in gpus if h.capacity_bytes >= t.bytes]
+        wait = min(fit, default=0.0) + ahead.get(t.key, 0.0) / max(1, len(fit))
+        return share_pays(t, clients, wait)
+
+    return allows
+
+
+def _allows_on(allows: Allows, g: GPUFree, t: Task, members: Sequence[Task]) -> bool:
+    return allows(t, g, members)
+
+
+def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree], allows: Allows | None = None) -> list[Admission]:
+    """The strict-prefix rule: each GPU (in the order given) takes the first group of the remaining order or
+    nothing."""
     remaining_bytes = sum(t.bytes for t in order)
     out: list[Admission] = []
     i = 0
-    for g in sorted(gpus, key=lambda g: (-g.free_bytes, g.index)):
+    for g in gpus:
         if i >= len(order):
             break
         if g.free_slots <= 0 or g.free_bytes < order[i].bytes:
             continue
         threshold = group_threshold(p, remaining_bytes, g.capacity_bytes)
-        n = _take_group(order, i, g.free_bytes, g.free_slots, threshold)
+        n = _take_group(order, i, g.free_bytes, g.free_slots, threshold, None if allows is None else partial(
+            _allows_on, allows, g))
+        if n == 0:
+            continue
         group = tuple(order[i : i + n])
         remaining_bytes -= sum(t.bytes for t in group)
         out.append(Admission(gpu_index=g.index, tasks=group))
@@ -337,8 +526,10 @@ def _plan_prefix(p: Policy, order: list[Task], gpus: list[GPUFree]) -> list[Admi
     return out
 
 
-def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int) -> Plan:
-    """Bounded-bypass backfill over ``order`` (see ``plan_decision``).
+def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int, allows: Allows | None = None
+                   ) -> Plan:
+    """Bounded-bypass backfill over ``order`` (see ``plan_decision``), the GPUs in the order given; a task the share
+    rule ``allows`` refuses on a GPU is skipped there as one that does not fit.
 
     ``budget(j)``: how many more overtakers task ``j`` accepts in this decision (``limit - bypassed - spent[j]``, kept
     only for the tasks some scan skipped, so a long queue costs little beyond its sort). Within one GPU's scan every
@@ -364,7 +555,7 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
     balanced = p in (Policy.SQTF, Policy.BQT)  # the only policies with a soft threshold (group_threshold)
     out: list[Admission] = []
     first = 0
-    for g in sorted(gpus, key=lambda g: (-g.free_bytes, g.index)):
+    for g in gpus:
         while first < n and taken[first]:
             first += 1
         if first >= n:
@@ -384,7 +575,8 @@ def _plan_backfill(p: Policy, order: list[Task], gpus: list[GPUFree], limit: int
             if total + floor[j] > g.free_bytes:
                 break  # no task from here on fits the room left
             t = order[j]
-            if total + t.bytes > g.free_bytes:  # the safety rule: t stays queued; later joiners overtake it
+            if total + t.bytes > g.free_bytes or (  # the safety rule (or the share rule): t stays queued
+                    allows is not None and not allows(t, g, [order[m] for m in members])):
                 joined = len(members)
                 skipped.append((j, joined))
                 low = min(low, max(0, limit - t.bypassed - spent.get(j, 0)) + joined)

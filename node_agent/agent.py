@@ -89,7 +89,8 @@ class AgentOptions:
     metrics_addr: str = "0.0.0.0"
     live_memory_check: bool = True
     bypass_limit: int = DEFAULT_BYPASS_LIMIT  # 0: strict prefix of the policy's order; N: bounded-bypass backfill
-    spread: bool = False  # plan in rounds of one task per GPU (gnnsched.policies.plan_decision)
+    spread: bool = True  # plan in rounds of one task per GPU, least loaded first (gnnsched.policies.plan_decision)
+    share_when_pays: bool = False  # join running clients only when that pays (gnnsched.policies.share_pays)
     end_wait: float = 30.0  # seconds to wait for a pod's container status after its gated process exited
     fault_window: float = 30.0  # a client that exited this recently on a GPU shares a fault found after it exited
     peak_write_growth: float = 0.01  # rewrite a pod's observed peak once it grew by this fraction (and at its end)
@@ -162,7 +163,8 @@ class NodeAgent:
 
     async def start(self) -> GateServer:
         books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check,
-                      bypass_limit=self.opts.bypass_limit, spread=self.opts.spread)
+                      bypass_limit=self.opts.bypass_limit, spread=self.opts.spread,
+                      share_when_pays=self.opts.share_when_pays)
         self._dirty = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         restored = await asyncio.to_thread(self._restore_drains, books)

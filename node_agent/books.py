@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from gnnsched.policies import (
     DEFAULT_BYPASS_LIMIT,
     Admission,
+    Client,
     GateInvariantError,
     GPUBooks,
     GPUFree,
@@ -22,6 +23,7 @@ from gnnsched.policies import (
     check_gate_invariant,
     parse_policy,
     plan_decision,
+    remaining_seconds,
 )
 
 
@@ -96,6 +98,7 @@ class Books:
         live_memory_check: bool = False,
         bypass_limit: int = DEFAULT_BYPASS_LIMIT,
         spread: bool = False,
+        share_when_pays: bool = False,
     ) -> None:
         if not gpus:
             raise ValueError("gpus: the gate needs at least one GPU")
@@ -112,6 +115,9 @@ class Books:
         # True: plan in rounds of one task per GPU (policies.plan_decision's spread), so a burst does not pile onto
         # one GPU while the node's others are idle
         self.spread = spread
+        # True: a pod joins a GPU where others run only when policies.share_pays predicts it finishes sooner than
+        # waiting for an idle GPU (off by default: the robustness grid says it does not pay, docs/node-agent.md)
+        self.share_when_pays = share_when_pays
         self.queued: dict[str, Entry] = {}
         self.running: dict[str, Entry] = {}
         self._tasks: dict[str, Task] = {}  # the policies' view of each queued entry, built once per request
@@ -229,8 +235,13 @@ class Books:
                 # Second opinion from the driver: admit only into memory that is physically free too (a process
                 # outside the gate, or memory a finished job has not given back yet, shrinks it).
                 room = min(room, g.total_bytes - g.used_bytes)
-            free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes))
-        result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread)
+            running: tuple[Client, ...] = ()
+            if self.spread or self.share_when_pays:  # the load-aware rules read the running clients
+                running = tuple(Client(e.intensity, remaining_seconds(e.qt_seconds, e.admitted_at, now))
+                                for e in self.running.values() if e.gpu_index == g.index)
+            free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes, running))
+        result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread,
+                               share_when_pays=self.share_when_pays)
         plan: list[Admission] = result.admissions
         for key, count in result.bypassed.items():  # overtaken entries stay queued; keep their counts
             e = self.queued[key]

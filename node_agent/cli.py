@@ -51,10 +51,18 @@ def node_agent(
         "before it blocks them (0: admit a strict prefix of the order, no overtaking).",
     ),
     spread: bool = typer.Option(
-        False,
+        True,
         "--spread/--no-spread",
-        help="Plan each admission decision in rounds of one pod per GPU, so a burst spreads over the node's GPUs "
-        "instead of grouping onto the one with most free memory while others stay idle (the chart turns it on).",
+        help="Plan each admission decision in rounds of one pod per GPU, least loaded GPU first (soonest idle, "
+        "then fewest running pods), so pods spread over the node's GPUs instead of grouping onto the one with most "
+        "free memory while others stay idle (the default, as in the chart).",
+    ),
+    share_when_pays: bool = typer.Option(
+        False,
+        "--share-when-pays/--share-on-memory",
+        help="Let a pod join a GPU where others run only when the interference model predicts that finishes the "
+        "work sooner than waiting for an idle GPU (and an inference pod's latency target holds); default: on "
+        "memory alone (the robustness grid: the rule does not pay, docs/node-agent.md).",
     ),
     reserve_bytes: str = typer.Option(
         "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
@@ -262,7 +270,7 @@ def node_agent(
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
-        spread=spread,
+        spread=spread, share_when_pays=share_when_pays,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
         workload_env=workload_env,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.

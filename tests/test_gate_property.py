@@ -106,9 +106,12 @@ def _pick(clients: dict[str, Client], state: str, i: int) -> Client | None:
 
 
 @settings(max_examples=110, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.sampled_from(list(Policy)), ops, st.sampled_from([0, 0, 1, 3]))
-def test_gate_books_invariant_under_random_events(policy: Policy, events: list[tuple], limit: int) -> None:
-    books = Books(_gpus(), policy, bypass_limit=limit)
+@given(st.sampled_from(list(Policy)), ops, st.sampled_from([0, 0, 1, 3]),
+       st.sampled_from([(False, False), (True, False), (True, True)]))
+def test_gate_books_invariant_under_random_events(policy: Policy, events: list[tuple], limit: int,
+                                                  rules: tuple[bool, bool]) -> None:
+    # rules: (spread, share_when_pays), the load-aware planning rules, which must keep the same invariants
+    books = Books(_gpus(), policy, bypass_limit=limit, spread=rules[0], share_when_pays=rules[1])
     clients: dict[str, Client] = {}
     n = 0
     for ev in events:
@@ -297,3 +300,27 @@ def test_exclusive_waits_for_an_empty_gpu_and_then_runs_alone() -> None:
     _apply_decisions(books, clients)
     assert y.state == "running" and y.gpu_uuid == "GPU-0"
     _check(books, clients)
+
+
+def test_books_spread_reads_the_running_clients() -> None:
+    """The agent's books hand the planner each GPU's running clients (intensity, predicted seconds left), so under
+    spread a new pod goes to the idle GPU even when the busy one has more free bytes; without spread it goes by
+    free bytes. With the share rule a long pod that would share waits while an idle GPU is coming."""
+    def books(**kw: bool) -> Books:
+        b = Books([GPUSlot(0, "GPU-0", "Fake-GPU", 80 * UNIT, 0, 5), GPUSlot(1, "GPU-1", "Fake-GPU", 40 * UNIT, 0, 5)],
+                  Policy.SQTF, **kw)
+        b.enqueue("first", pod_uid="first", bytes=10 * UNIT, qt_seconds=60.0, intensity="memory", now=0.0)
+        assert [d.gpu.index for d in b.decide(now=0.0)] == [0]
+        return b
+
+    for spread, want in ((False, 0), (True, 1)):
+        b = books(spread=spread)
+        b.enqueue("second", pod_uid="second", bytes=10 * UNIT, qt_seconds=5.0, now=1.0)
+        assert [d.gpu.index for d in b.decide(now=1.0)] == [want]
+    b = books(spread=True, share_when_pays=True)
+    b.enqueue("idle", pod_uid="idle", bytes=10 * UNIT, qt_seconds=50.0, intensity="memory", now=1.0)
+    assert [d.gpu.index for d in b.decide(now=1.0)] == [1]
+    b.enqueue("long", pod_uid="long", bytes=10 * UNIT, qt_seconds=100.0, intensity="memory", now=50.0)
+    assert b.decide(now=50.0) == []  # both GPUs busy, GPU 1 due in 1 s: waiting pays
+    b.release("first")
+    assert [d.gpu.index for d in b.decide(now=61.0)] == [0]

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnnsched.policies import (
+    Client,
     GateInvariantError,
     GPUBooks,
     GPUFree,
@@ -18,9 +19,12 @@ from gnnsched.policies import (
     form_groups,
     group_threshold,
     invariant_violations,
+    load_key,
     parse_policy,
     plan_admissions,
     plan_decision,
+    remaining_seconds,
+    share_pays,
     traversal,
 )
 
@@ -266,9 +270,11 @@ def test_one_task_plan_is_the_general_plan(size: int, bypassed: int, gpus: list,
 
     task = Task(key="t", bytes=size, seq=3, qt_seconds=5.0, bypassed=bypassed)
     free = [GPUFree(index=i, free_bytes=b, free_slots=s, capacity_bytes=40 * GiB) for b, s, i in gpus]
+    by_room = sorted(free, key=lambda g: (-g.free_bytes, g.index))  # the general plans take the GPUs in order
     for p in Policy:
         got = plan_decision(p, [task], free, limit)
-        want = pol._plan_backfill(p, [task], free, limit) if limit else pol.Plan(pol._plan_prefix(p, [task], free), {})
+        want = (pol._plan_backfill(p, [task], by_room, limit) if limit
+                else pol.Plan(pol._plan_prefix(p, [task], by_room), {}))
         assert got == want
 
 
@@ -304,3 +310,92 @@ def test_spread_on_one_usable_gpu_is_the_plain_plan():
     ts = _tasks([(10, 1.0), (20, 2.0), (30, 3.0)])
     gpus = [GPUFree(0, 80, 48, 80), GPUFree(1, 80, 0, 80)]
     assert plan_decision("lmcf", ts, gpus, spread=True) == plan_decision("lmcf", ts, gpus)
+
+
+# --- load-aware spread and the share rule ---------------------------------------------------------------------
+
+
+def _busy(index: int, free: int, *remaining: float, kind: str | None = "memory") -> GPUFree:
+    return GPUFree(index, free, 48, 80, running=tuple(Client(kind, r) for r in remaining))
+
+
+def test_spread_sends_a_lone_task_to_the_idle_gpu_not_the_one_with_most_free_bytes():
+    """A lone task used to go to the GPU with most free bytes even when it was busy and another GPU was idle (the
+    robustness grid's 2x4 Poisson cells); under spread the GPUs are taken least loaded first."""
+    t = _tasks([(10, 5.0)])
+    gpus = [_busy(0, 70, 30.0), GPUFree(1, 60, 48, 80)]
+    assert plan_decision("sqtf", t, gpus).admissions[0].gpu_index == 0  # without spread: most free bytes
+    assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 1
+    # the soonest idle first, then fewest clients, then most free bytes
+    gpus = [_busy(0, 70, 30.0, 1.0), _busy(1, 60, 20.0), _busy(2, 75, 40.0), _busy(3, 75, 30.0), _busy(4, 60, 30.0)]
+    assert [g.index for g in sorted(gpus, key=load_key)] == [1, 3, 4, 0, 2]
+    assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 1
+    # the memory bound still decides first: the least loaded GPU without room is passed over
+    gpus = [_busy(0, 70, 30.0, 1.0), _busy(1, 5, 20.0)]
+    assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 0
+
+
+def test_spread_round_puts_the_longest_task_on_the_least_loaded_gpu():
+    """SQTF takes the shortest first; without the re-pairing the round's longest task got the busiest GPU."""
+    ts = _tasks([(10, 1.0), (10, 2.0), (10, 50.0)])
+    gpus = [GPUFree(0, 80, 48, 80), GPUFree(1, 80, 48, 80), _busy(2, 80, 40.0)]
+    adm = {a.tasks[0].key: a.gpu_index for a in plan_decision("sqtf", ts, gpus, spread=True).admissions}
+    assert adm["t2"] in (0, 1) and adm["t0"] == 2  # the 50 s task runs alone, the 1 s one beside the busy client
+    # where memory does not allow the re-pairing, the policy's pairing stands (and the bound holds)
+    gpus = [GPUFree(0, 80, 48, 80), GPUFree(1, 80, 48, 80), _busy(2, 10, 40.0)]
+    ts = _tasks([(10, 1.0), (10, 2.0), (60, 50.0)])
+    for a in plan_decision("sqtf", ts, gpus, spread=True).admissions:
+        assert a.bytes <= next(g.free_bytes for g in gpus if g.index == a.gpu_index)
+
+
+def test_share_pays_compares_the_groups_slowdown_with_the_wait():
+    long_job = Task(key="j", bytes=10, seq=0, qt_seconds=100.0, intensity="memory")
+    beside = (Client("memory", 100.0),)
+    # two memory-bound jobs slow each other by about a third: 100 s of work costs ~34 s for the task and ~25 s for
+    # the running client, so waiting 10 s for an idle GPU is better and waiting 200 s is not
+    assert not share_pays(long_job, beside, wait_seconds=10.0)
+    assert share_pays(long_job, beside, wait_seconds=200.0)
+    assert share_pays(long_job, (), wait_seconds=0.0)  # an idle GPU: memory alone decides
+    unknown = Task(key="u", bytes=10, seq=0, qt_seconds=None)
+    assert share_pays(unknown, beside, wait_seconds=0.0)  # no prediction: memory alone decides, as before
+    # a compute-bound pair hurts less than a memory-bound pair
+    compute = Task(key="c", bytes=10, seq=0, qt_seconds=100.0, intensity="compute")
+    assert share_pays(compute, (Client("compute", 100.0),), wait_seconds=30.0)
+    assert not share_pays(long_job, beside, wait_seconds=30.0)
+
+
+def test_share_pays_keeps_an_inference_latency_target():
+    beside = (Client("memory", 100.0),)
+    # joining takes ~13.4 s against a 12 s target; waiting 1 s then 10 s alone meets it: refused
+    infer = Task(key="i", bytes=10, seq=0, qt_seconds=10.0, intensity="memory", qos_seconds=12.0)
+    assert not share_pays(infer, beside, wait_seconds=1.0)
+    # a 14 s target is met by joining and not by waiting 5 s: joined, although the plain rule would wait
+    loose = Task(key="i", bytes=10, seq=0, qt_seconds=10.0, intensity="memory", qos_seconds=14.0)
+    assert share_pays(loose, beside, wait_seconds=5.0)
+    assert not share_pays(Task(key="i", bytes=10, seq=0, qt_seconds=10.0, intensity="memory"), beside, 5.0)
+
+
+def test_share_when_pays_holds_a_long_task_and_lets_a_short_one_pass():
+    """The gate's rule: a long task that would share a busy GPU stays queued while a GPU frees soon; a short task
+    behind it may still join (backfill counts the overtake), and without the rule both join on memory alone."""
+    ts = [Task(key="long", bytes=10, seq=0, qt_seconds=100.0, intensity="memory"),
+          Task(key="short", bytes=10, seq=1, qt_seconds=1.0, intensity="memory")]
+    gpus = [_busy(0, 60, 5.0), _busy(1, 60, 8.0)]
+    plain = plan_decision("base", ts, gpus, bypass_limit=4, spread=True)
+    assert sorted(t.key for a in plain.admissions for t in a.tasks) == ["long", "short"]
+    held = plan_decision("base", ts, gpus, bypass_limit=4, spread=True, share_when_pays=True)
+    assert [t.key for a in held.admissions for t in a.tasks] == ["short"]
+    assert held.bypassed == {"long": 1}
+    # the strict prefix: the held task blocks the one behind it
+    strict = plan_decision("base", ts, gpus, bypass_limit=0, spread=True, share_when_pays=True)
+    assert strict.admissions == []
+    # an idle GPU takes the long task at once
+    idle = plan_decision("base", ts, [*gpus, GPUFree(2, 60, 48, 80)], bypass_limit=4, share_when_pays=True)
+    assert {t.key: a.gpu_index for a in idle.admissions for t in a.tasks}["long"] == 2
+
+
+def test_remaining_seconds_is_what_the_gate_knows():
+    assert remaining_seconds(10.0, 100.0, 104.0) == 6.0
+    assert remaining_seconds(10.0, 100.0, 120.0) == 0.0  # overdue: due now
+    assert remaining_seconds(None, 100.0, 104.0) == 0.0
+    assert remaining_seconds(10.0, None, 104.0) == 0.0

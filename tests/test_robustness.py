@@ -147,6 +147,48 @@ def test_spread_runs_a_burst_on_idle_gpus_in_the_simulator(tmp_path: Path):
     assert spread["completed"] == plain["completed"] == 4 and spread["jct_mean_s"] < plain["jct_mean_s"]
 
 
+def test_pays_suffix_runs_the_share_rule_in_the_simulator(tmp_path: Path):
+    """``+pays`` is the gate's ``--share-when-pays``: in a burst of 6 medium training jobs on 2 GPUs it holds jobs
+    back instead of grouping three on a GPU (lower worst slowdown), with every job completed and no OOM kill; it
+    parses for gnnsched policies only."""
+    from gnnsched.simulator.adapters import Integrations
+    from gnnsched.simulator.cli import fits_on
+    from gnnsched.simulator.cluster import parse_cluster
+    from gnnsched.simulator.policyspec import PolicyError, parse_policies, parse_policy
+    from gnnsched.simulator.runner import run
+
+    assert parse_policy("sqtf+spread+pays").share and not parse_policy("sqtf+spread").share
+    for bad in ("exclusive+pays", "bqt-paper+pays"):
+        with pytest.raises(PolicyError):
+            parse_policy(bad)
+    ix = Integrations()
+    cl = parse_cluster("1x2xV100-32GB")
+    wl = resolve_workload("gen:arrival=burst,burst=6,jobs=6,size=medium,mix=train", 0, tmp_path, fits=fits_on(cl, ix))
+    rep = run(wl, cl, parse_policies("sqtf+spread,sqtf+spread+pays"), 0, ix, record_timeline=False)
+    plain, pays = rep.policies["sqtf+spread"], rep.policies["sqtf+spread+pays"]
+    assert pays["max_slowdown"] < plain["max_slowdown"]
+    assert pays["completed"] == plain["completed"] == 6 and pays["oom_kills"] == plain["oom_kills"] == 0
+
+
+def test_chart_default_reads_the_share_rule(tmp_path: Path):
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("robustness", ROOT / "bench" / "robustness.py")
+    assert spec is not None and spec.loader is not None
+    robustness = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("robustness", robustness)  # its dataclass looks its module up
+    spec.loader.exec_module(robustness)
+    doc = yaml.safe_load(robustness.CHART_VALUES.read_text())
+    assert robustness.chart_default_policy().startswith("sqtf+sjf2+bypass4+spread")
+    assert "+pays" not in robustness.chart_default_policy()
+    doc["node"]["agent"]["shareWhenPays"] = True
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert "+spread+pays" in robustness.chart_default_policy(path)
+
+
 def _two_exclusive_jobs(second_arrival: float, custom_command: bool = False) -> list:
     """Two jobs on one V100-32GB whose reservations (20 GiB each) cannot share it: the second waits at the gate."""
     from gnnsched.simulator.model import JobProfile, SimJob

@@ -19,7 +19,7 @@ from gnnsched.simulator.runner import run
 from gnnsched.simulator.workloads import BUILTIN, builtin_workload, default_cluster
 
 VARIANTS = ("base", "lmcf", "bmc", "sqtf", "bqt", "bqt+scaling", "sqtf+bypass0", "bmc-interference",
-            "lmcf+scaling+sjf+pack")
+            "lmcf+scaling+sjf+pack", "sqtf+sjf2+bypass4+spread", "sqtf+spread+pays")
 #: Workloads where naive MPS oversubscribes the GPU (GNNSched's high-load queues, seed 0: 14, 24 and 35 OOM kills).
 OVERFLOWING = ("gnnsched-gcn-high", "gnnsched-sage-high", "gnnsched-gin-high")
 CASES = [(name, default_cluster(name)) for name in BUILTIN if name != "openb"] + \

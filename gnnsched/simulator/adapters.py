@@ -234,6 +234,15 @@ class Integrations:
                 gpus.append(last)
             if not fits:
                 return []
+            if sim.policy.share or (sim.policy.spread and len(gpus) > 1):
+                # the load-aware rules read each GPU's running clients: intensity and predicted seconds left, from
+                # what the gate knows (admission time and predicted solo runtime), not from the simulated truth
+                now = sim.now
+                gpus = [pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
+                                    capacity_bytes=f.capacity_bytes,
+                                    running=tuple(pol.Client(r.intensity, pol.remaining_seconds(
+                                        r.job.profile(g.model).predicted_s, r.out.start, now)) for r in g.running))
+                        if g.running else f for f, g in zip(gpus, node.gpus, strict=True)]
         # A queued job's Task is built once per bind, with seq = the engine's bind counter instead of the position
         # in the queue: node.queue is in bind order, so the relative order (all the policies use seq for) is the
         # same and the plan is identical, without re-building every queued job's Task at every decision.
@@ -261,7 +270,8 @@ class Integrations:
                 prof = job.profile(model)
                 hit = cache[jid] = (pol.Task(key=str(jid), bytes=prof.admit_bytes, seq=bind_seq[jid],
                                              qt_seconds=prof.predicted_s, intensity=prof.intensity,
-                                             bypassed=sim.bypassed.get(jid, 0)), job)
+                                             bypassed=sim.bypassed.get(jid, 0),
+                                             qos_seconds=job.qos_target_s if job.mode == "infer" else None), job)
             append(hit[0])
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
@@ -277,7 +287,8 @@ class Integrations:
             policy = self.memo.get(("policy", sim.base))
             if policy is None:  # the enum, so plan_admissions does not parse the name at every call
                 policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
-            decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit, spread=sim.policy.spread)
+            decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit, spread=sim.policy.spread,
+                                         share_when_pays=sim.policy.share)
             plan = decision.admissions
             # The gate keeps each queued task's bypass count between decisions (node_agent.books.Entry.bypassed).
             if decision.bypassed:
@@ -288,7 +299,7 @@ class Integrations:
                 task, job = cache[jid]
                 # replace(task, bypassed=count), built directly (replace() re-reads the fields at every call)
                 cache[jid] = (pol.Task(key=task.key, bytes=task.bytes, seq=task.seq, qt_seconds=task.qt_seconds,
-                                       intensity=task.intensity, bypassed=count), job)
+                                       intensity=task.intensity, bypassed=count, qos_seconds=task.qos_seconds), job)
             if sim.bypassed:
                 for a in plan:
                     for t in a.tasks:

@@ -47,7 +47,9 @@ def simulate(
                                  "pods carry runtime-bucket PriorityClasses, kube-scheduler's queue tries the "
                                  "shortest predicted first), +bypassN (gnnsched: the gate's backfill limit, "
                                  "node-agent --bypass-limit N; default 4, +bypass0 = strict policy order), "
-                                 "+spread (gnnsched: the gate plans one pod per GPU per round, node-agent --spread), "
+                                 "+spread (gnnsched: the gate plans one pod per GPU per round, least loaded GPU "
+                                 "first, node-agent --spread), +pays (gnnsched: a pod joins running pods only when "
+                                 "that is predicted to finish sooner than waiting, node-agent --share-when-pays), "
                                  "@N."),
     seed: int = typer.Option(0, "--seed", help="Seed of the built-in workload generators."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the metrics as JSON here."),

@@ -23,7 +23,10 @@ Suffixes: ``+scaling`` (the operator right-sizes CPU/memory requests with ``gnns
 (MPS baselines and the ``-paper`` variants: oversubscription pages over the host link instead of OOM-killing),
 ``+bypassN`` (gnnsched: the gate's bounded-bypass backfill with limit ``N``, as ``node-agent --bypass-limit N``;
 ``+bypass0`` is the strict prefix of the policy's order; without it the gate's default applies), ``+spread`` (gnnsched:
-the gate plans in rounds of one task per GPU, as ``node-agent --spread``, the chart's default), ``+prestart``
+the gate plans in rounds of one task per GPU, least loaded GPU first, as ``node-agent --spread``, the chart's
+default), ``+pays`` (gnnsched: a task joins a GPU where others run only when the interference model predicts that
+finishes sooner than waiting for an idle GPU, :func:`gnnsched.policies.share_pays`, as ``node-agent
+--share-when-pays``), ``+prestart``
 (gnnsched: a pod's start-up begins when it is bound to its node, not when it is admitted: the built-in worker imports,
 loads its graph and builds its model on the CPU while it waits at the gate, ``gnnsched gate --prestart``, so only what
 is left of ``STARTUP_S`` after the wait delays its first step),
@@ -52,7 +55,8 @@ from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, LEAST_ALLOCATED,
 
 # one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
 _SUFFIX = re.compile(
-    r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+prestart)(?P<n>\d*)"
+    r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays|\+prestart)"
+    r"(?P<n>\d*)"
 )
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 BASELINES = ("exclusive", "srtf", "drf", "temporal", "mps-naive", "mps-base")
@@ -84,6 +88,7 @@ class PolicySpec:
     pack: bool = False  # ``+pack``: NodeResourcesFit scores with MostAllocated
     calibration: bool = True  # ``-calib`` turns it off: new estimates keep the static safety factor
     spread: bool = False  # ``+spread``: the gate plans in rounds of one task per GPU (policies.plan_decision)
+    share: bool = False  # ``+pays``: a task joins running clients only when that pays (policies.share_pays)
     prestart: bool = False  # ``+prestart``: the worker's CPU start-up runs while it waits at the gate
 
     @property
@@ -139,13 +144,14 @@ def parse_policy(text: str) -> PolicySpec:
     pack = False
     calibration = True
     spread = False
+    share = False
     prestart = False
     while suffix:
         m = _SUFFIX.match(suffix)
         if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +prestart, -interference, "
-                              "-paper, -calib, @N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, +prestart, "
+                              "-interference, -paper, -calib, @N)")
         token, digits = m.group("token"), m.group("n")
         suffix = suffix[m.end():]
         if digits and token not in ("+sjf", "+bypass"):
@@ -162,6 +168,8 @@ def parse_policy(text: str) -> PolicySpec:
             pack = True
         elif token == "+spread":
             spread = True
+        elif token == "+pays":
+            share = True
         elif token == "+prestart":
             prestart = True
         elif token == "-calib":
@@ -186,13 +194,15 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"{text!r}: -interference applies to gnnsched policies only")
     if spread and (base not in GNNSCHED_POLICIES or paper):
         raise PolicyError(f"{text!r}: +spread applies to gnnsched policies only (the gate's planning rule)")
+    if share and (base not in GNNSCHED_POLICIES or paper):
+        raise PolicyError(f"{text!r}: +pays applies to gnnsched policies only (the gate's share rule)")
     if prestart and (base not in GNNSCHED_POLICIES or paper):
         raise PolicyError(f"{text!r}: +prestart applies to gnnsched policies only (the start-up before the gate)")
     if sjf and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
                       max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit,
-                      pack=pack, calibration=calibration, spread=spread, prestart=prestart)
+                      pack=pack, calibration=calibration, spread=spread, share=share, prestart=prestart)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

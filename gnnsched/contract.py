@@ -34,6 +34,10 @@ ANN_JOB = f"{GROUP}/job"  # "<namespace>/<name>" of the owning GNNJob
 ANN_ADMIT_BYTES = f"{GROUP}/admit-bytes"  # int: what the gate reserves on one GPU for this pod
 ANN_PMC_BYTES = f"{GROUP}/pmc-bytes"  # int: predicted peak memory consumption (before overhead and safety factor)
 ANN_PREDICTED_RUNTIME = f"{GROUP}/predicted-runtime-seconds"  # float
+PREDICTED_RUNTIME_RESOLUTION_S = 0.001
+"""The predicted runtime is kept to the millisecond, and a prediction is never below one millisecond: the extender
+takes only a positive runtime in the annotation, and a tiny job's sub-millisecond prediction rounded to ``0.000``
+made its pod unschedulable (found by the local cluster's generated small jobs)."""
 ANN_INTENSITY = f"{GROUP}/intensity"  # "memory" | "compute": arithmetic-intensity class for interference pairing
 ANN_ATTEMPT = f"{GROUP}/attempt"  # int, 1-based: which attempt of its GNNJob this pod is (resizes and requeues count)
 ANN_EXCLUSIVE = f"{GROUP}/exclusive"
@@ -87,6 +91,15 @@ ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
 the
 gated workload; tests set it directly."""
+ENV_FAKE_GPU_FAULTS = "GNNSCHED_FAKE_GPU_FAULTS"
+"""A directory whose files, named after GPU UUIDs and holding an Xid number, are fatal faults on fake GPUs
+(``gnnsched.fake_gpu_faults``): the node agent's fake backend reports them as Xid events, and a gated worker on that
+GPU fails as an MPS client of a terminated server does. Set only where the GPU is fake (``node-agent --gpus fake:...
+--fake-gpu-faults DIR`` hands it to the gated workload)."""
+ENV_ADMITTED_AT = "GNNSCHED_ADMITTED_AT"
+"""RFC 3339 time at which the gate admitted the workload to its GPU (set by ``gnnsched gate`` beside
+``CUDA_VISIBLE_DEVICES``): a fake GPU's fault written after it terminates the workload
+(``gnnsched.fake_gpu_faults``)."""
 ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
 """Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
 descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from gnnsched.contract import ENV_NODE_NAME
@@ -59,6 +60,8 @@ __all__ = [
 APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
 DEFAULT_FAKE_MODEL = "Fake-GPU"
+FAULT_POLL_S = 0.2
+"""How often a fake backend with a fault directory looks for new faults while a watcher waits for health events."""
 
 
 class GPUBackendError(Exception):
@@ -191,20 +194,24 @@ def parse_fake_spec(spec: str, field: str = "--gpus") -> tuple[int, int, str]:
     return count, total, model
 
 
-def open_backend(spec: str = "nvml", node_name: str | None = None) -> GPUBackend:
+def open_backend(spec: str = "nvml", node_name: str | None = None, fault_dir: str | Path | None = None) -> GPUBackend:
     """Open the backend named by ``spec`` (the ``--gpus`` flag); ``node_name`` names the node whose fake GPUs these
     are (default: :func:`local_node_name`), so that fake UUIDs differ between nodes.
 
-    Raises :class:`BackendSpecError` for a malformed spec and :class:`NVMLUnavailableError` when ``"nvml"`` is
-    asked for on a machine where NVML does not load.
+    ``fault_dir``: fake GPUs only, a directory whose files are fatal faults (``gnnsched.fake_gpu_faults``).
+    Raises :class:`BackendSpecError` for a malformed spec (or a fault directory with real GPUs) and
+    :class:`NVMLUnavailableError` when ``"nvml"`` is asked for on a machine where NVML does not load.
     """
     s = (spec or "").strip()
     if s == "nvml":
+        if fault_dir is not None:
+            raise BackendSpecError("--fake-gpu-faults", "only with --gpus fake:NxSIZE (a real GPU faults by itself)")
         return NVMLBackend()
     if s.startswith("fake:"):
         count, total, model = parse_fake_spec(s)
         prefix = fake_uuid_prefix(node_name or local_node_name())
-        return FakeGPUBackend(count=count, total_bytes=total, name=model, uuid_prefix=prefix)
+        return FakeGPUBackend(count=count, total_bytes=total, name=model, uuid_prefix=prefix,
+                              fault_dir=Path(fault_dir) if fault_dir is not None else None)
     raise BackendSpecError("--gpus", f"expected 'nvml' or 'fake:NxSIZE[xMODEL]' (e.g. fake:2x80Gi), got {spec!r}")
 
 
@@ -245,9 +252,15 @@ class FakeGPUBackend:
     Every mutator wakes threads blocked in :meth:`health_events`, so watchers see changes immediately.
     """
 
-    def __init__(self, count: int, total_bytes: int, name: str = DEFAULT_FAKE_MODEL, uuid_prefix: str = "00000000"):
+    def __init__(self, count: int, total_bytes: int, name: str = DEFAULT_FAKE_MODEL, uuid_prefix: str = "00000000",
+                 fault_dir: Path | None = None):
+        """``fault_dir``: a directory whose files named after a GPU's UUID, holding an Xid number, are that GPU's
+        fatal faults (``gnnsched.fake_gpu_faults``): :meth:`health_events` reports each new or rewritten file once,
+        as :meth:`inject_xid` would. Files present at start are old faults and are not reported again."""
         if count < 1:
             raise ValueError("count must be >= 1")
+        self._fault_dir = fault_dir
+        self._fault_seen: dict[str, float] = {}
         self._cond = threading.Condition()
         self._gpus = [
             _FakeGPU(GPUInfo(index=i, uuid=fake_uuid(i, uuid_prefix), name=name, total_bytes=total_bytes, used_bytes=0))
@@ -256,6 +269,10 @@ class FakeGPUBackend:
         self._events: list[HealthEvent] = []
         self._changes = 0
         self._closed = False
+        if fault_dir is not None:
+            for g in self._gpus:
+                with contextlib.suppress(OSError):
+                    self._fault_seen[g.info.uuid] = (fault_dir / g.info.uuid).stat().st_mtime
 
     # -- GPUBackend ------------------------------------------------------------------------------------------
     def devices(self) -> list[GPUInfo]:
@@ -272,13 +289,35 @@ class FakeGPUBackend:
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
             seen = self._changes
+            self._poll_faults()
             while not self._events and self._changes == seen and not self._closed:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                self._cond.wait(remaining if self._fault_dir is None else min(remaining, FAULT_POLL_S))
+                self._poll_faults()
             events, self._events = self._events, []
             return events
+
+    def _poll_faults(self) -> None:
+        """New or rewritten files in the fault directory become Xid events (under ``self._cond``)."""
+        if self._fault_dir is None or self._closed:
+            return
+        for index, g in enumerate(self._gpus):
+            path = self._fault_dir / g.info.uuid
+            try:
+                mtime = path.stat().st_mtime
+                text = path.read_text(encoding="utf-8").strip()
+            except OSError:
+                continue
+            if not text or self._fault_seen.get(g.info.uuid) == mtime:
+                continue  # absent, being written, or already reported
+            self._fault_seen[g.info.uuid] = mtime
+            try:
+                xid = int(text.split()[0])
+            except ValueError:
+                continue  # not an Xid: nothing a driver would report
+            self.inject_xid(index, xid, "fake GPU fault file")
 
     def close(self) -> None:
         with self._cond:

@@ -40,6 +40,7 @@ import torch
 from torch._C._profiler import _EventType
 
 from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
+from gnnsched.fake_gpu_faults import FakeGPUFaultWatch
 from gnnsched.fake_gpu_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
 from gnnsched.spec import GNNJobSpec
@@ -220,6 +221,7 @@ class _StepInputs:
         self.minibatch = spec.batching.mode == "minibatch"
         self.device = device
         self.seed = seed
+        self._sample_lock = threading.Lock()
         if self.minibatch:
             self.sampler: NeighborSampler | None = NeighborSampler(graph, spec)
             self.graph = graph
@@ -234,7 +236,17 @@ class _StepInputs:
                 yield self.graph
         epoch = 0
         while True:
-            for batch in self.sampler.batches(seed=self.seed + 1000 * rank + epoch):
+            batches = self.sampler.batches(seed=self.seed + 1000 * rank + epoch)
+            while True:
+                # One sampler serves every inference thread, and its global-to-local id map is a scratch buffer that
+                # each batch writes and clears: two threads sampling at once corrupted each other's edge indices
+                # (IndexError in message passing, found by the local cluster's generated jobs). The lock serialises
+                # the sampling only; the forward passes still run in parallel, and the map stays one copy, as the
+                # estimator counts it.
+                with self._sample_lock:
+                    batch = next(batches, None)
+                if batch is None:
+                    break
                 yield batch.to(self.device)
             epoch += 1
 
@@ -420,12 +432,15 @@ def run_job(
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    fault_watch: FakeGPUFaultWatch | None = None,
     limit_bytes: int | None = None,
     prepared: Prepared | None = None,
 ) -> WorkerResult:
     """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
 
     ``fake_memory``: count (and limit) device bytes as a fake GPU would; the observed peak is then its count.
+    ``fault_watch``: a fake GPU's fatal faults; checked after every step, it raises CUDA's MPS client-terminated
+    error as the next CUDA call after a real fault would.
     ``prepared``: the graph and model :func:`prepare_job` built before admission (``seed`` and ``root`` are then
     theirs); they are moved to ``device`` here."""
     if device == "cuda" and not torch.cuda.is_available():
@@ -451,13 +466,15 @@ def run_job(
                 with torch.profiler.record_function(STEP_MARK):
                     run_step(model, next(stream), spec.mode)
                 meter_.step_done(index)
+                if fault_watch is not None:
+                    fault_watch.check()
                 if progress is not None:
                     progress(1)
         else:
             meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
             with torch.profiler.record_function(STEP_MARK):
                 pass  # marks the resident level when serving starts (child threads are invisible to the profiler)
-            _serve_parallel(model, inputs, total, workers, progress, meter, fake_memory)
+            _serve_parallel(model, inputs, total, workers, progress, meter, fake_memory, fault_watch)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -477,6 +494,7 @@ def _serve_parallel(
     progress: Callable[[int], None] | None,
     meter: ConcurrentMeter | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    fault_watch: FakeGPUFaultWatch | None = None,
 ) -> None:
     """N threads share ``model`` and the graph; thread i serves requests i, i+N, ... (inference only)."""
     lock = threading.Lock()
@@ -489,9 +507,11 @@ def _serve_parallel(
                 stream = inputs.stream(rank)
                 for _ in range(rank, total, workers):
                     run_step(model, next(stream), "infer")
-                    if progress is not None:
-                        with lock:
+                    with lock:
+                        if progress is not None:
                             progress(1)
+                        if fault_watch is not None:
+                            fault_watch.check()
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
@@ -514,6 +534,7 @@ def run_attempt(
     on_start: Callable[[int], None] | None = None,
     limit_bytes: int | None = None,
     fake_memory: FakeGPUMemory | None = None,
+    fault_watch: FakeGPUFaultWatch | None = None,
     prepared: Prepared | None = None,
 ) -> AttemptResult:
     """One attempt of the job, ended as the closed loop sees it: ``succeeded``, ``memory-exceeded`` or ``fault``.
@@ -523,7 +544,8 @@ def run_attempt(
     an ordinary failure)."""
     try:
         result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
-                         on_start=on_start, fake_memory=fake_memory, limit_bytes=limit_bytes, prepared=prepared)
+                         on_start=on_start, fake_memory=fake_memory, fault_watch=fault_watch,
+                         limit_bytes=limit_bytes, prepared=prepared)
     except torch.OutOfMemoryError as exc:
         text = str(exc)
         if fake_memory is not None:

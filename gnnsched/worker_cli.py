@@ -126,6 +126,14 @@ def worker_command(
             except ValueError as exc:
                 raise UserError(str(exc)) from None
             fake = FakeGPUMemory(limit_bytes=limit_bytes, footprint=footprint)
+        from gnnsched.fake_gpu_faults import watch_from_env
+
+        try:
+            fault_watch = watch_from_env(os.environ)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if fault_watch is not None and device != "cpu":
+            raise UserError("GNNSCHED_FAKE_GPU_FAULTS: a fake GPU runs the job on the CPU; not with --device cuda")
         from gnnsched.worker import run_attempt
 
         if threads is not None:
@@ -169,6 +177,7 @@ def worker_command(
             on_start=lambda total: bar.update(task, total=total),
             limit_bytes=limit_bytes,
             fake_memory=fake,
+            fault_watch=fault_watch,
             prepared=prepared,
         )
     line = result.line() + "\n"

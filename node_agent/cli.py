@@ -143,6 +143,13 @@ def node_agent(
         help="With --gpus fake: enforce[:FACTOR] makes every admitted gnnsched worker enforce its MPS memory limit as "
              "a real GPU would (GNNSCHED_FAKE_GPU_MEMORY; development and tests).",
     ),
+    fake_gpu_faults: Path | None = typer.Option(
+        None,
+        "--fake-gpu-faults",
+        help="With --gpus fake: a directory whose files, named after a GPU UUID and holding an Xid number, are fatal "
+             "faults on that GPU: the agent sees the Xid and every admitted gnnsched worker there fails as an MPS "
+             "client of a terminated server (GNNSCHED_FAKE_GPU_FAULTS; development and tests).",
+    ),
 ) -> None:
     """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics."""
     import asyncio
@@ -197,6 +204,14 @@ def node_agent(
         except ValueError as exc:
             fail(f"--fake-gpu-memory: {exc}")
         workload_env[ENV_FAKE_GPU_MEMORY] = fake_gpu_memory.strip()
+    if fake_gpu_faults is not None:
+        from gnnsched.contract import ENV_FAKE_GPU_FAULTS
+
+        if not gpus.strip().startswith("fake:"):
+            fail("--fake-gpu-faults: only with --gpus fake:NxSIZE (a real GPU faults by itself)")
+        if not fake_gpu_faults.is_dir():
+            fail(f"--fake-gpu-faults: {fake_gpu_faults} is not a directory")
+        workload_env[ENV_FAKE_GPU_FAULTS] = str(fake_gpu_faults.resolve())
 
     from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
@@ -211,7 +226,7 @@ def node_agent(
         fail("--jobs-uid: the UID check needs Linux (SO_PEERCRED); use --jobs-uid -1 elsewhere")
     name = node_name or socket.gethostname()
     try:
-        backend = open_backend(gpus, node_name=name)
+        backend = open_backend(gpus, node_name=name, fault_dir=fake_gpu_faults)
     except BackendSpecError as exc:
         fail(str(exc))
     except GPUBackendError as exc:

@@ -35,6 +35,7 @@ from typing import NoReturn
 
 from gnnsched.contract import (
     DEFAULT_GATE_SOCKET,
+    ENV_ADMITTED_AT,
     ENV_GATE_HANDOFF_FD,
     ENV_GATE_SOCKET,
     ENV_POD_NAME,
@@ -239,6 +240,8 @@ def workload_env(base: dict[str, str], admitted: dict) -> dict[str, str]:
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(admitted["pipeDirectory"])
     env["GNNSCHED_ADMITTED_BYTES"] = str(admitted["bytes"])
     env["GNNSCHED_GROUP"] = str(admitted["group"])
+    if admitted.get("admittedAt"):
+        env[ENV_ADMITTED_AT] = str(admitted["admittedAt"])
     extra = admitted.get("env")
     if isinstance(extra, dict):  # the agent's extra environment (a fake GPU's limit enforcement, --fake-gpu-memory)
         env.update({str(k): str(v) for k, v in extra.items()})

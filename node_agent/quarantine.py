@@ -107,11 +107,15 @@ class Quarantine:
                 xid: int | None = None) -> Drain | None:
         """Mark ``uuid`` draining; ``clients`` are ``(key, namespace, name)`` of the gated clients that ran there at the
         fault (running now, or exited moments ago). Returns the new drain, or ``None`` when it was already draining
-        (then the clients are added to the affected set: they share the same fault)."""
+        (then the clients are added to the affected set: they share the same fault). The driver's Xid is the cause
+        of its clients' error 810, and either can reach the agent first: a drain started by a client's 810 takes the
+        Xid that arrives during it, so the fault records name the Xid whatever the order."""
         existing = self.drains.get(uuid)
         if existing is not None:
             for key, ns, name in clients:
                 existing.affected.setdefault(key, Affected(key, ns, name))
+            if xid is not None and existing.xid is None:
+                existing.xid, existing.reason = xid, reason
             return None
         drain = Drain(uuid=uuid, reason=reason, since=now, xid=xid,
                       affected={key: Affected(key, ns, name) for key, ns, name in clients})

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from gnnsched.closed_loop import DEFAULT_CALIBRATION, CalibrationClass, CalibrationPolicy, CalibrationTable
+from gnnsched.contract import PREDICTED_RUNTIME_RESOLUTION_S
 from gnnsched.quantity import format_bytes, format_cpu
 from gnnsched.spec import GNNJobSpec
 
@@ -332,7 +333,8 @@ class Planner:
             container=container,
             needs=needs,
             admit_gpu_model=admit_model,
-            predicted_runtime_seconds=None if seconds is None else round(seconds, 3),
+            predicted_runtime_seconds=None if seconds is None else max(round(seconds, 3),
+                                                                       PREDICTED_RUNTIME_RESOLUTION_S),
             runtime_source=source,
             runtime_gpu_model=runtime_gpu.name,
             intensity=self._intensity(spec, runtime_gpu),

@@ -103,6 +103,17 @@ def test_roles_one_suspect_when_it_can_be_told_apart() -> None:
     assert q3.may_release("GPU-0", clients_on_gpu=0, mps_answers=True)
 
 
+def test_an_xid_after_the_810_that_started_the_drain_is_named_in_the_records() -> None:
+    victim = ClientEnd(1, "RuntimeError: CUDA error: cudaErrorMpsClientTerminated")
+    q = Quarantine()
+    assert q.trigger("GPU-0", "MpsClientTerminated", 0.0, [("a", "ns", "a")]) is not None
+    assert q.trigger("GPU-0", "Xid", 0.1, [("b", "ns", "b")], xid=31) is None  # the same fault
+    assert q.drains["GPU-0"].label() == "Xid 31"
+    q.client_ended("GPU-0", "a", victim)
+    q.client_ended("GPU-0", "b", victim)
+    assert [(a.key, r.role, r.xid) for a, r in q.decide_roles("GPU-0")] == [("a", "victim", 31), ("b", "victim", 31)]
+
+
 # --- the agent --------------------------------------------------------------------------------------------------
 
 

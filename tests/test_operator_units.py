@@ -222,3 +222,20 @@ def test_cli_rejects_contradictory_flags_and_bad_kubeconfig_with_one_line(tmp_pa
                                   "--kubeconfig", str(tmp_path / "absent")])
     assert missing.exit_code == 2 and missing.output.startswith("error: --kubeconfig:")
     assert len(missing.output.strip().splitlines()) == 1
+
+
+def test_a_sub_millisecond_runtime_prediction_stays_positive() -> None:
+    """The extender takes only a positive predicted runtime; a tiny job's prediction rounded to 0.000 made its pod
+    unschedulable ("'0.000' must be a positive number of seconds"). The plan keeps at least the 1 ms resolution."""
+    from gnnsched.contract import PREDICTED_RUNTIME_RESOLUTION_S
+    from gnnsched.operator.planning import Planner
+    from gnnsched.spec import parse_spec
+
+    class Tiny(Planner):
+        def _predict_runtime(self, spec: Any, gpu_model: Any, cpu: float, memory: int) -> tuple[float | None, str]:
+            return 0.00004, "test"
+
+    spec = parse_spec({"mode": "infer", "model": {"arch": "gcn", "layers": 1, "hidden": 8}, "requests": 1,
+                       "graph": {"nodes": 100, "edges": 300, "features": 4, "classes": 2}})
+    plan = Tiny().plan(spec, [])
+    assert plan.predicted_runtime_seconds == PREDICTED_RUNTIME_RESOLUTION_S > 0

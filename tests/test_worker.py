@@ -380,3 +380,13 @@ def test_full_batch_jobs_profile_three_steps_minibatch_jobs_twenty():
     minibatch = parse_spec({"mode": "train", "model": {"arch": "sage"}, "graph": {"dataset": "cora"},
                             "batching": {"mode": "minibatch", "batchSize": 64, "fanouts": [5, 5]}})
     assert profiled_steps(minibatch) == PROFILED_STEPS
+
+
+def test_parallel_minibatch_inference_threads_share_one_sampler_safely():
+    """Three threads sampling from one sampler at once (its id map is shared scratch) must not corrupt each other's
+    batches: before the sampler was serialised this failed with an IndexError in message passing."""
+    spec = parse_spec({"mode": "infer", "model": {"arch": "sage", "layers": 2, "hidden": 16},
+                       "graph": {"nodes": 320, "edges": 2240, "features": 8, "classes": 6}, "requests": 60,
+                       "parallelism": 3, "batching": {"mode": "minibatch", "batchSize": 64, "fanouts": [6, 2]}})
+    result = run_attempt(spec)
+    assert result.outcome == "succeeded" and result.steps == 60

@@ -9,6 +9,7 @@ shared two-core machine: the full examples take minutes to tens of minutes each 
 from __future__ import annotations
 
 import copy
+import random
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,42 @@ def renamed(doc: dict[str, Any], name: str) -> dict[str, Any]:
     out = copy.deepcopy(doc)
     out["metadata"]["name"] = name
     return out
+
+
+def generated_small_jobs(seed: int, count: int, prefix: str = "gen") -> list[dict[str, Any]]:
+    """``count`` random small GNNJobs (reproducible from ``seed``): every architecture, training and inference,
+    full-batch and neighbour-sampled mini-batches, parallel inference, scaling on and off, graphs of a few hundred to
+    two thousand nodes. Each stays far below a 1.25 GiB GPU so several of them queue at a gate."""
+    rng = random.Random(seed)
+    docs = []
+    for i in range(count):
+        arch = rng.choice(["gcn", "sage", "gin", "gat"])
+        nodes = rng.randint(300, 2000)
+        model: dict[str, Any] = {"arch": arch, "layers": rng.randint(1, 3), "hidden": rng.choice([8, 16, 32])}
+        if arch == "gat":
+            model["heads"] = rng.randint(1, 3)
+        if rng.random() < 0.3:
+            model["dropout"] = 0.2
+        spec: dict[str, Any] = {
+            "model": model,
+            "graph": {"nodes": nodes, "edges": nodes * rng.randint(2, 8), "features": rng.choice([8, 16, 32]),
+                      "classes": rng.randint(2, 6)},
+            "resources": {"cpu": "1", "memory": "1Gi"},
+        }
+        if rng.random() < 0.4:
+            spec["mode"] = "infer"
+            spec["requests"] = rng.randint(1, 6)
+            spec["parallelism"] = rng.randint(1, 3)
+        else:
+            spec["mode"] = "train"
+            spec["epochs"] = rng.randint(1, 4)
+        if arch in ("sage", "gat") and rng.random() < 0.5:
+            spec["batching"] = {"mode": "minibatch", "batchSize": rng.choice([64, 128, 256]),
+                                "fanouts": [rng.randint(2, 6) for _ in range(model["layers"])]}
+            if spec["mode"] == "train":
+                spec["epochs"] = 1
+        if rng.random() < 0.3:
+            spec["scaling"] = {"enabled": False}
+        docs.append({"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob",
+                     "metadata": {"name": f"{prefix}-{seed}-{i}-{arch}-{spec['mode']}"}, "spec": spec})
+    return docs

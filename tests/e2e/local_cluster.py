@@ -31,6 +31,7 @@ import ctypes
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -70,8 +71,22 @@ class InputError(Exception):
     """Bad input to the harness; the message names the field."""
 
 
+PORT_RANGE = (20000, 32000)
+"""Where the cluster's ports are drawn: below Linux's ephemeral range (32768-60999), which every other process that
+binds port 0 or connects anywhere draws from. A port handed to a component is closed until the component binds it,
+and a free ephemeral port was taken in that gap on the shared machine (the operator exited: Address already in use)."""
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    for _ in range(200):
+        port = random.randrange(*PORT_RANGE)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range is crowded: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -146,6 +161,7 @@ class NodeSetup:
     state_dir: Path
     event_log: Path
     metrics_port: int
+    fault_dir: Path | None = None  # the fake GPUs' fault files (--fake-gpu-faults), when the cluster has them
     agent: Proc | None = None
     plugin: Proc | None = None
     kubelet: Any = None
@@ -165,6 +181,7 @@ class ClusterOptions:
     poll: float = 0.2
     quiet: bool = False
     fake_gpu_memory: str | None = None  # the agents' --fake-gpu-memory (enforce[:FACTOR]): workers enforce MPS limits
+    fake_gpu_faults: bool = False  # the agents' --fake-gpu-faults: inject_fault() makes a fake GPU fail
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> tuple[int, int, str]:
@@ -396,10 +413,12 @@ class LocalCluster:
         d = self.dir / name
         node = NodeSetup(name=name, dir=d, plugin_dir=d / "device-plugins", gate_socket=d / "run" / "gate.sock",
                          mps_pipe_dir=d / "mps", mps_log_dir=d / "mps-log", mps_shm_dir=d / "mps-shm",
-                         state_dir=d / "state", event_log=d / "gate-events.jsonl", metrics_port=_free_port())
+                         state_dir=d / "state", event_log=d / "gate-events.jsonl", metrics_port=_free_port(),
+                         fault_dir=d / "gpu-faults" if self.opts.fake_gpu_faults else None)
         for p in (node.plugin_dir, node.gate_socket.parent, node.mps_pipe_dir, node.mps_log_dir, node.mps_shm_dir,
-                  node.state_dir):
-            p.mkdir(parents=True, exist_ok=True)
+                  node.state_dir, node.fault_dir):
+            if p is not None:
+                p.mkdir(parents=True, exist_ok=True)
         mib = self.gpu_bytes // 2**20
         labels = {
             "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -453,7 +472,20 @@ class LocalCluster:
                 # the kubelet stand-in runs containers as this user, not the pod's runAsUser (kubelet_standin.py)
                 "--jobs-uid", str(os.getuid()),
                 "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1",
-                *(["--fake-gpu-memory", self.opts.fake_gpu_memory] if self.opts.fake_gpu_memory else [])]
+                *(["--fake-gpu-memory", self.opts.fake_gpu_memory] if self.opts.fake_gpu_memory else []),
+                *(["--fake-gpu-faults", str(node.fault_dir)] if node.fault_dir is not None else [])]
+
+    def inject_fault(self, node_name: str, gpu_uuid: str, xid: int = 31) -> None:
+        """A fatal fault on a fake GPU, at the hardware boundary (``gnnsched.fake_gpu_faults``): the node's agent sees
+        the Xid, every gated worker running on that GPU fails as an MPS client of a terminated server. The file is
+        written whole, then renamed, so neither side reads it half-written."""
+        node = next(n for n in self.nodes if n.name == node_name)
+        if node.fault_dir is None:
+            raise RuntimeError("inject_fault: start the cluster with fake_gpu_faults=True")
+        tmp = node.fault_dir / f".{gpu_uuid}.tmp"
+        tmp.write_text(f"{xid}\n")
+        tmp.replace(node.fault_dir / gpu_uuid)
+        self.say(f"fault    Xid {xid} on {node_name} GPU {gpu_uuid}")
 
     def _start_node(self, node: NodeSetup) -> None:
         from kubelet_standin import KubeletStandIn
@@ -684,11 +716,19 @@ class LocalCluster:
         self.stop()
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP: ends the run like Ctrl-C, exit status 128 + the signal's number, as a shell reports it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
     """SIGTERM/SIGHUP end the run like Ctrl-C does: through ``KeyboardInterrupt`` and the cleanup below."""
     def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        raise _Terminated(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -740,9 +780,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.json_out.write_text(json.dumps(result, indent=2) + "\n")
             ok = len(jobs) == len(names) and all(j["phase"] == "Succeeded" for j in result["jobs"])
             code = 0 if ok and not result["violations"] else 1
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print("interrupted: stopping the cluster", file=sys.stderr)
-            code = 130
+            code = 128 + exc.signum if isinstance(exc, _Terminated) else 130
         except (RuntimeError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             code = 1

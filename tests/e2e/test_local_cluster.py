@@ -25,7 +25,7 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from jobs import EXAMPLES, small_job, tiny_example, too_big_job  # noqa: E402
+from jobs import EXAMPLES, generated_small_jobs, small_job, tiny_example, too_big_job  # noqa: E402
 from local_cluster import ClusterOptions, LocalCluster, committed_series, gnnjob_table  # noqa: E402
 
 from gnnsched.contract import ANN_GPU  # noqa: E402
@@ -130,6 +130,20 @@ def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
                              and f'gpu="{gpu}"' in k)
             assert 0 <= committed <= cap
     assert mid["operator"].get("gnnsched_operator_pods_created_total", 0) >= mid["pods"] >= 1, mid["operator"]
+
+
+def test_generated_small_jobs_all_succeed(cluster: LocalCluster) -> None:
+    """"Any set of small GNNJobs": random ones of every architecture and mode (``E2E_SEED`` replays a set)."""
+    seed = int(os.environ.get("E2E_SEED", "16"))
+    docs = generated_small_jobs(seed, 8)
+    names = {d["metadata"]["name"] for d in docs}
+    cluster.submit(docs)
+    jobs = cluster.wait_jobs(names)
+    phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs}
+    assert phases == dict.fromkeys(names, "Succeeded"), f"E2E_SEED={seed}\n{gnnjob_table(jobs)}"
+    for j in jobs:
+        assert j["status"]["observedPeakBytes"] > 0 and j["status"]["attempts"] == 1, j["status"]
+    assert cluster.report(jobs)["violations"] == []
 
 
 def test_unschedulable_job_says_why(cluster: LocalCluster) -> None:
@@ -285,7 +299,8 @@ def _ours(marker: str) -> list[int]:
     return found
 
 
-def test_ctrl_c_leaves_no_process_or_socket(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_leaves_no_process_or_socket(tmp_path: Path, sig: int, code: int) -> None:
     job = tmp_path / "job.yaml"
     import yaml
 
@@ -293,12 +308,32 @@ def test_ctrl_c_leaves_no_process_or_socket(tmp_path: Path) -> None:
     keep = Path(tempfile.mkdtemp(prefix="e2e-"))  # short: unix socket paths are limited to 107 bytes
     request_cleanup = keep
     try:
-        _interrupt_mid_run(job, keep)
+        _interrupt_mid_run(job, keep, sig, code)
     finally:
         shutil.rmtree(request_cleanup, ignore_errors=True)
 
 
-def _interrupt_mid_run(job: Path, keep: Path) -> None:
+def test_a_failed_run_leaves_no_process_or_socket(tmp_path: Path) -> None:
+    """The failure path (``--timeout`` passed with a job still running): exit 1, and nothing left behind."""
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(small_job("too-slow", epochs=100000)))
+    keep = Path(tempfile.mkdtemp(prefix="e2e-"))
+    try:
+        proc = subprocess.run([sys.executable, str(SCRIPT), str(job), "--nodes", "1", "--timeout", "20", "--keep",
+                               str(keep)], capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "too-slow" in proc.stdout  # the table is printed on failure too
+        run_dir = next(keep.glob("run-*"))
+        time.sleep(0.5)
+        assert _ours(str(run_dir)) == []
+        assert [p for p in run_dir.rglob("*") if p.is_socket()] == []
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
+def _interrupt_mid_run(job: Path, keep: Path, sig: int = signal.SIGINT, code: int = 130) -> None:
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(job), "--nodes", "1", "--keep", str(keep)],
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stderr is not None
@@ -311,9 +346,12 @@ def _interrupt_mid_run(job: Path, keep: Path) -> None:
             break
     run_dir = next(keep.glob("run-*"))
     assert _ours(str(run_dir)), "no process of the cluster found while it runs"
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole foreground group
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # what Ctrl-C in a terminal sends: the whole foreground group
+    else:
+        proc.send_signal(sig)  # what a supervisor sends: the harness alone, which must stop everything it started
     proc.wait(timeout=60)
-    assert proc.returncode == 130, "".join(lines)
+    assert proc.returncode == code, "".join(lines)
     time.sleep(0.5)
     assert _ours(str(run_dir)) == []
     assert [p for p in run_dir.rglob("*") if p.is_socket()] == []

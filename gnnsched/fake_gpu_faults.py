@@ -1,0 +1,119 @@
+"""Fatal faults on a fake GPU: the hardware boundary where a test (or an admin trying gnnsched on one machine) makes a
+GPU fail, and both sides of the node see it as they would on real hardware.
+
+Why: MPS's fault domain (one fatal error on a GPU terminates every MPS client on it; the node agent drains the GPU,
+marks the clients victims or suspect, and the operator requeues the victims) must be exercised end to end on machines
+without a GPU. On a real GPU the driver reports an Xid through NVML to the node agent, and every MPS client's next
+CUDA call fails with ``cudaErrorMpsClientTerminated``. Here a *fault directory* plays the GPU: a file named after a
+GPU's UUID whose content is an Xid number (``79``, or ``31`` for an application-caused page fault) is that fault.
+
+* The node agent's fake backend (``gnnsched.gpu_backend.FakeGPUBackend``, ``node-agent --fake-gpu-faults DIR``)
+  reports each new file as the driver's Xid event for that GPU, once.
+* Every gated worker on that GPU (the agent hands ``GNNSCHED_FAKE_GPU_FAULTS=DIR`` to admitted workloads; the worker
+  knows its GPU from ``CUDA_VISIBLE_DEVICES``) fails its next step with the text a CUDA client of a terminated MPS
+  server prints, which ``gnnsched worker`` reports as a ``fault`` outcome. A worker admitted after the fault (the GPU
+  released by the agent) runs normally: only a fault written after its admission (``GNNSCHED_ADMITTED_AT``, set by
+  the gate) terminates it.
+
+Never a production code path: only a node agent with ``--gpus fake:...`` sets the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from gnnsched.contract import ENV_ADMITTED_AT, ENV_FAKE_GPU_FAULTS
+from gnnsched.errors import FieldError
+
+CHECK_INTERVAL_S = 0.05
+"""How often a worker looks at its fault file at most (a stat per step is cheap; this bounds it for tiny steps)."""
+
+
+def fault_path(directory: str | Path, uuid: str) -> Path:
+    """The file that, when it exists, is a fatal fault on GPU ``uuid``."""
+    return Path(directory) / uuid
+
+
+def read_xid(path: Path) -> int | None:
+    """The Xid written in a fault file; None when the file is missing or still being written (empty)."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    if not text:
+        return None
+    try:
+        return int(text.split()[0])
+    except ValueError:
+        raise FieldError(str(path), f"a fake GPU fault file holds an Xid number, got {text[:40]!r}") from None
+
+
+def client_terminated_message(uuid: str, xid: int) -> str:
+    """What a CUDA client of a terminated MPS server prints (``gnnsched.closed_loop`` classifies it as a victim)."""
+    return (f"CUDA error: cudaErrorMpsClientTerminated: the MPS client has been terminated by the server "
+            f"(fake GPU {uuid}: Xid {xid})")
+
+
+@dataclass
+class FakeGPUFaultWatch:
+    """The worker's side: raises the MPS client-terminated error once a fault is written for its GPU after the gate
+    admitted it there (``since``, from ``GNNSCHED_ADMITTED_AT``; the watch's creation when unknown).
+
+    A fault written before belongs to an earlier fault the agent has drained (it admits nothing to a draining GPU);
+    comparing with the admission, not with the worker's start, keeps a fault that lands while the worker is still
+    importing torch from being missed."""
+
+    directory: Path
+    uuid: str
+    since: float | None = None
+    _baseline: float | None = field(default=None, repr=False)
+    _next_check: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.since is None:
+            self._baseline = self._mtime()
+
+    def _mtime(self) -> float | None:
+        try:
+            return os.stat(fault_path(self.directory, self.uuid)).st_mtime
+        except OSError:
+            return None
+
+    def check(self) -> None:
+        """Called between steps: raises ``RuntimeError`` (CUDA's text) when the GPU had a fatal fault meanwhile."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + CHECK_INTERVAL_S
+        mtime = self._mtime()
+        if mtime is None or mtime == self._baseline or (self.since is not None and mtime < self.since):
+            return
+        xid = read_xid(fault_path(self.directory, self.uuid))
+        if xid is None:  # being written: look again next step
+            return
+        raise RuntimeError(client_terminated_message(self.uuid, xid))
+
+
+def watch_from_env(environ: dict[str, str] | os._Environ[str]) -> FakeGPUFaultWatch | None:
+    """The watch ``GNNSCHED_FAKE_GPU_FAULTS`` asks for (None when unset); :class:`FieldError` naming the variable when
+    it is set without a GPU to watch or names no directory."""
+    raw = environ.get(ENV_FAKE_GPU_FAULTS, "").strip()
+    if not raw:
+        return None
+    if not Path(raw).is_dir():
+        raise FieldError(ENV_FAKE_GPU_FAULTS, f"{raw!r} is not a directory")
+    uuid = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not uuid or "," in uuid:
+        raise FieldError(ENV_FAKE_GPU_FAULTS, "needs exactly one GPU UUID in CUDA_VISIBLE_DEVICES (the gate sets it)")
+    since = None
+    admitted = environ.get(ENV_ADMITTED_AT, "").strip()
+    if admitted:
+        try:
+            since = datetime.fromisoformat(admitted.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise FieldError(ENV_ADMITTED_AT, f"not an RFC 3339 time: {admitted!r}") from None
+    return FakeGPUFaultWatch(Path(raw), uuid, since)

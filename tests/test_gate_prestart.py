@@ -12,7 +12,6 @@ the one admitted at its byte-exact estimate overruns its limit on the fake GPU (
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
 
 from gnnsched.closed_loop import AttemptResult
@@ -91,16 +91,7 @@ class Agent:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        pid_file = self.tmp / "mps" / "fake-mps.pid"
-        if pid_file.exists():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        stop_agent(self.proc, self.tmp / "mps")
 
     def event_list(self) -> list[dict]:
         return [json.loads(line) for line in self.events.read_text().splitlines()] if self.events.exists() else []

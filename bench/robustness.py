@@ -78,7 +78,7 @@ def chart_default_policy(values: Path = CHART_VALUES) -> str:
         text += "+pays"
     if str((doc.get("scheduler") or {}).get("nodeResourcesScoring", "")) == "MostAllocated":
         text += "+pack"
-    if (doc.get("operator") or {}).get("workerPrestart", True):
+    if (doc.get("operator") or {}).get("workerPrestart", False):
         text += "+prestart"
     return text
 

@@ -69,9 +69,11 @@ def _operator(
                                       help="Device of the built-in worker in job pods: cuda (GPU nodes) or cpu "
                                            "(nodes whose GPUs are fake, e.g. tests/e2e/local_cluster.py)."),
     worker_prestart: bool = typer.Option(
-        True, "--worker-prestart/--no-worker-prestart",
+        False, "--worker-prestart/--no-worker-prestart",
         help="The built-in worker imports, loads its graph and builds its model on the CPU while it waits at the "
-             "gate (gnnsched gate --prestart), then touches the GPU once admitted."),
+             "gate (gnnsched gate --prestart), then touches the GPU once admitted. Off by default: on a real GPU "
+             "(H100, torch 2.11) the CUDA driver initialised with no device during the CPU start-up, so the worker "
+             "found no GPU after admission (docs/gpu-measurements.md); use it only with --worker-device cpu."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),

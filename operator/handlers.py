@@ -108,7 +108,9 @@ class OperatorConfig(BaseModel):
     # Device of the built-in worker: cuda on GPU nodes, cpu where the agents' GPUs are fake (no CUDA behind them).
     worker_device: Literal["cuda", "cpu"] = "cuda"
     # The built-in worker does its CPU start-up while it waits at the gate (gnnsched gate --prestart).
-    worker_prestart: bool = True
+    # Off by default: on an H100, importing torch_geometric while CUDA_VISIBLE_DEVICES is empty initialised the CUDA
+    # driver with no device, so every prestarted CUDA worker failed after admission (docs/gpu-measurements.md).
+    worker_prestart: bool = False
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)
     # Shortest-predicted-first queue order (gnnsched.queue_order): give each pod the PriorityClass of its predicted

@@ -236,7 +236,7 @@ def build_config_map(job: dict[str, Any]) -> dict[str, Any]:
 WORKER_DEVICES = ("cuda", "cpu")
 
 
-def container_command(spec: GNNJobSpec, worker_device: str = "cuda", prestart: bool = True) -> list[str]:
+def container_command(spec: GNNJobSpec, worker_device: str = "cuda", prestart: bool = False) -> list[str]:
     """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker.
 
     ``worker_device``: where the built-in worker runs its model, ``cuda`` on GPU nodes; ``cpu`` for clusters whose
@@ -256,7 +256,7 @@ def container_command(spec: GNNJobSpec, worker_device: str = "cuda", prestart: b
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
               scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
               settings: JobPodSettings | None = None, worker_device: str = "cuda",
-              worker_prestart: bool = True) -> dict[str, Any]:
+              worker_prestart: bool = False) -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
     ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
     ``settings``: UID, RuntimeClass, tolerations and nodeSelector (``JobPodSettings()`` defaults when None).

@@ -108,8 +108,8 @@ async def test_create_makes_one_gated_pod_and_status_has_the_pmc(tmp_path: Path)
     assert requests[GPU_SHARE_RESOURCE] == "1" and container["resources"]["limits"][GPU_SHARE_RESOURCE] == "1"
     assert requests.get("cpu") == status["scaledResources"]["cpu"]
     assert requests.get("memory") == status["scaledResources"]["memory"]
-    assert container["command"][:6] == ["gnnsched", "gate", "--prestart", "--", "gnnsched", "worker"]
-    assert container["command"][6:] == ["/etc/gnnsched/job.yaml", "--device", "cuda", "--no-progress"]
+    assert container["command"][:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]  # no --prestart by default
+    assert container["command"][5:] == ["/etc/gnnsched/job.yaml", "--device", "cuda", "--no-progress"]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "fieldRef" in
            e.get("valueFrom", {})}
     assert env == {ENV_POD_UID: "metadata.uid", ENV_POD_NAME: "metadata.name", ENV_POD_NAMESPACE: "metadata.namespace"}

@@ -92,8 +92,8 @@ def test_builtin_worker_starts_up_behind_the_gate_and_a_user_command_never_does(
     """``gnnsched gate --prestart`` only for the built-in worker, which reads its admission before using the GPU; a
     user's command may not, and would run with no GPU visible, so it keeps the plain gate."""
     spec = parse_spec(SPEC)
-    assert container_command(spec)[:6] == ["gnnsched", "gate", "--prestart", "--", "gnnsched", "worker"]
-    assert container_command(spec, prestart=False)[:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]
+    assert container_command(spec, prestart=True)[:6] == ["gnnsched", "gate", "--prestart", "--", "gnnsched", "worker"]
+    assert container_command(spec)[:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]  # off by default
     user = parse_spec({**SPEC, "command": ["python", "train.py"]})
     assert container_command(user, prestart=True) == ["gnnsched", "gate", "--", "python", "train.py"]
 

@@ -106,6 +106,7 @@ _META = torch.device("meta")
 _NO_SEQUENCE_NR = 2**64 - 1
 """``Node._sequence_nr()`` of AccumulateGrad nodes (UINT64_MAX)."""
 _INPLACE_IN_PLAIN_RUN = {_aten.add.Tensor, _aten.index_add.default}
+"""Backward ops autograd runs in place outside a dispatch mode (gradient accumulation, index_select's backward)."""
 # Steps the CUDA replay runs (``cuda_allocation_events``): the measurement in bench/pmc_accuracy.py --device cuda
 # runs three, and on an H100 every case's reserved peak was reached by the third.
 CUDA_STEPS = 3
@@ -114,7 +115,6 @@ _CUBLAS_OPS = {
     _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten.addbmm.default,
     _aten.mv.default, _aten.addmv.default,
 }
-"""Backward ops autograd runs in place outside a dispatch mode (gradient accumulation, index_select's backward)."""
 
 
 @dataclass(frozen=True)

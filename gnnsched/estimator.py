@@ -108,7 +108,7 @@ _NO_SEQUENCE_NR = 2**64 - 1
 _INPLACE_IN_PLAIN_RUN = {_aten.add.Tensor, _aten.index_add.default}
 """Backward ops autograd runs in place outside a dispatch mode (gradient accumulation, index_select's backward)."""
 # Steps the CUDA replay runs (``cuda_allocation_events``): the measurement in bench/pmc_accuracy.py --device cuda
-# runs three, and on an H100 every case's reserved peak was reached by the third.
+# runs three; in the five allocator histories recorded on an H100 the reserved peak came in the first or second.
 CUDA_STEPS = 3
 # Operators PyTorch runs through cuBLAS on CUDA: the first one on a thread takes that thread's cuBLAS workspace.
 _CUBLAS_OPS = {

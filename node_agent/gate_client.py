@@ -292,6 +292,16 @@ def _resume_reply(s: socket.socket, resume: bytes, pidfd: int | None, ppid: int)
     return True, msg if isinstance(msg, dict) else None
 
 
+def _parent_exited(pidfd: int | None, ppid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` for the workload (our parent) to exit: its pidfd becoming readable where Linux gives one,
+    else our parent pid changing after the sleep (we were re-parented)."""
+    if pidfd is not None:
+        r, _, _ = select.select([pidfd], [], [], timeout)
+        return bool(r)
+    time.sleep(timeout)
+    return os.getppid() != ppid
+
+
 def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, path: str) -> None:
     """Hold the gate connection while the workload (our parent, by pid) lives; re-book after agent restarts."""
     pidfd, gone = _parent_gone_waiter(ppid)
@@ -299,11 +309,7 @@ def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, p
         return
 
     def parent_alive(timeout: float) -> bool:
-        if pidfd is not None:
-            r, _, _ = select.select([pidfd], [], [], timeout)
-            return not r
-        time.sleep(timeout)
-        return os.getppid() == ppid
+        return not _parent_exited(pidfd, ppid, timeout)
 
     resume = ident.request(
         "resume", gpuUuid=admitted["gpuUuid"], bytes=admitted["bytes"], group=admitted.get("group"),
@@ -436,11 +442,7 @@ def _prestart_keeper(sock: socket.socket, handoff: int, ppid: int, ident: PodIde
         return
 
     def gone(timeout: float) -> bool:
-        if pidfd is not None:
-            r, _, _ = select.select([pidfd], [], [], timeout)
-            return bool(r)
-        time.sleep(timeout)
-        return os.getppid() != ppid
+        return _parent_exited(pidfd, ppid, timeout)
 
     try:
         sock, admitted = wait_for_admission(ident, path, wait_seconds, first=sock, watch=pidfd, gone=gone)

@@ -212,17 +212,21 @@ async def test_fault_victim_is_requeued_without_using_backoff_limit(tmp_path: Pa
     assert ANN_EXCLUSIVE not in second["metadata"]["annotations"]
 
 
+async def _fail_twice_in_faults(cluster: Any, role: str) -> None:
+    """Attempts 0 and 1 of gcn-cora each end with their own illegal-address error and the agent's ``role`` record."""
+    for attempt in (0, 1):
+        await pod(cluster, f"gcn-cora-{attempt}")
+        await cluster.patch_pod(f"gcn-cora-{attempt}", {"metadata": {"annotations": {ANN_FAULT: fault(role)}}})
+        await cluster.patch_pod(f"gcn-cora-{attempt}",
+                                ended("Failed", "CUDA error: an illegal memory access was encountered"))
+
+
 async def test_suspected_twice_runs_the_next_attempt_exclusive(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])
         async with running_operator(cluster):
             await cluster.create_job(manifest(backoffLimit=3))
-            for attempt in (0, 1):
-                await pod(cluster, f"gcn-cora-{attempt}")
-                await cluster.patch_pod(f"gcn-cora-{attempt}",
-                                        {"metadata": {"annotations": {ANN_FAULT: fault("suspect")}}})
-                await cluster.patch_pod(f"gcn-cora-{attempt}",
-                                        ended("Failed", "CUDA error: an illegal memory access was encountered"))
+            await _fail_twice_in_faults(cluster, "suspect")
             second = await pod(cluster, "gcn-cora-1")
             third = await pod(cluster, "gcn-cora-2")
             job = await cluster.get_job("gcn-cora")
@@ -242,12 +246,7 @@ async def test_two_undecided_faults_run_the_next_attempt_exclusive(tmp_path: Pat
         await cluster.add_gpunode("node-a", [a100(0)])
         async with running_operator(cluster):
             await cluster.create_job(manifest())  # backoffLimit 0: requeues must not be charged
-            for attempt in (0, 1):
-                await pod(cluster, f"gcn-cora-{attempt}")
-                await cluster.patch_pod(f"gcn-cora-{attempt}",
-                                        {"metadata": {"annotations": {ANN_FAULT: fault("victim")}}})
-                await cluster.patch_pod(f"gcn-cora-{attempt}",
-                                        ended("Failed", "CUDA error: an illegal memory access was encountered"))
+            await _fail_twice_in_faults(cluster, "victim")
             second = await pod(cluster, "gcn-cora-1")
             third = await pod(cluster, "gcn-cora-2")
             job = await cluster.get_job("gcn-cora")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,12 @@ from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU_MEMORY, ANN_PREDICTED_RUN
 from gnnsched.node_agent.identity import FilePodLookup, gnnjob_owner_reference
 
 GiB = 2**30
+
+
+def gnnsched_command() -> list[str]:
+    """The ``gnnsched`` CLI of this interpreter's environment (its console script, else ``python -m``)."""
+    exe = Path(sys.executable).parent / "gnnsched"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
 
 
 def pod_object(

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from fake_mps import stop_agent
+from gate_helpers import gnnsched_command as _gnnsched
 from gate_helpers import job_pod, write_pods
 
 from gnnsched.closed_loop import AttemptResult
@@ -39,11 +39,6 @@ spec:
   graph: {nodes: 2000, edges: 16000, features: 32, classes: 4}
   epochs: 2
 """
-
-
-def _gnnsched() -> list[str]:
-    exe = Path(sys.executable).parent / "gnnsched"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
 
 
 def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succeeds_larger(tmp_path):

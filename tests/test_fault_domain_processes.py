@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
+from gate_helpers import gnnsched_command as _gnnsched
 
 from gnnsched.closed_loop import FaultRecord
 from gnnsched.contract import (
@@ -61,11 +62,6 @@ ENDINGS = {
     "co2": (1, "RuntimeError: CUDA error: cudaErrorMpsClientTerminated: the MPS client has been terminated"),
     "late": (0, ""),
 }
-
-
-def _gnnsched() -> list[str]:
-    exe = Path(sys.executable).parent / "gnnsched"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
 
 
 def _free_port() -> int:

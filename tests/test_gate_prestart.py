@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
+from gate_helpers import gnnsched_command as _gnnsched
 
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import ENV_GATE_HANDOFF_FD, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_RESULT_FILE
@@ -48,11 +49,6 @@ open(sys.argv[1], "w").write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.02)
 """
-
-
-def _gnnsched() -> list[str]:
-    exe = Path(sys.executable).parent / "gnnsched"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
 
 
 class Agent:

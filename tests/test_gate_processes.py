@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
+from gate_helpers import gnnsched_command as _gnnsched
 
 from gnnsched.contract import ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID
 from gnnsched.policies import Task, traversal
@@ -49,11 +50,6 @@ rec = {"key": key, "start": start, "end": time.time(), "pid": os.getpid(),
 with open(os.path.join(out, key + ".json"), "x") as f:
     json.dump(rec, f)
 """
-
-
-def _gnnsched() -> list[str]:
-    exe = Path(sys.executable).parent / "gnnsched"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
 
 
 def _free_port() -> int:

@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from fake_mps import stop_agent
 from gate_helpers import add_pods, write_pods
+from gate_helpers import gnnsched_command as _gnnsched
 from operator_harness import Cluster, GiB, emulated_cluster, running_operator, wait_for
 
 from gnnsched.closed_loop import AttemptResult
@@ -39,11 +39,6 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300),
 FAKES = Path(__file__).parent / "fakes"
 SPEC = {"mode": "train", "model": {"arch": "gcn", "layers": 2, "hidden": 16},
         "graph": {"nodes": 2000, "edges": 16000, "features": 32, "classes": 4}, "epochs": 2}
-
-
-def _gnnsched() -> list[str]:
-    exe = Path(sys.executable).parent / "gnnsched"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
 
 
 async def _pod(cluster: Cluster, name: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from fake_mps import stop_agent
 from gate_helpers import GiB, job_pod, write_pods
+from gate_helpers import gnnsched_command as _gnnsched
 from operator_harness import Cluster, emulated_cluster, running_operator, wait_for
 
 from gnnsched.closed_loop import FaultRecord
@@ -62,11 +63,6 @@ ENDINGS = {
     "late": (0, ""),
 }
 JOBS = ("co0", "co1", "co2")
-
-
-def _gnnsched() -> list[str]:
-    exe = Path(sys.executable).parent / "gnnsched"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
 
 
 def _until(cond: Any, timeout: float, what: str) -> None:

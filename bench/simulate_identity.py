@@ -9,7 +9,8 @@ and after it with ``--check FILE``; it prints one line per run and exits 1 when 
 Job costs depend on ``$GNNSCHED_DATA_DIR`` (the estimator reads real graphs when it finds them), so it is recorded
 and compared too: save and check with the same value. Runs (the same workload generator as ``bench/simulate_scale.py``):
 
-* every engine policy (and the gate rules' variants, ``GATE_RULES``) on 5,000 jobs / 100 nodes x 8 V100 at load 0.85 and on 4,000 jobs / 40 nodes at load 1.3
+* every engine policy (and the gate rules' variants, ``GATE_RULES``) on 5,000 jobs / 100 nodes x 8 V100 at load
+  0.85 and on 4,000 jobs / 40 nodes at load 1.3
   (a saturated cluster: long pending queues, failed placements, retries);
 * the slow policies of the scale benchmark on 20,000 jobs / 1,000 nodes (skipped with ``--quick``);
 * ``gnnsched simulate --json`` on ``cognn-mix``, ``gnnsched-mix-high`` and ``resource-demand`` (``--no-cli``: not).

@@ -352,6 +352,11 @@ def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     admissions over the rounds are one group (one :class:`Admission` per GPU, tasks in the order they joined)."""
     if len(items) == 1:
         return _spread_one(p, items[0], gpus, share)
+    return _plan_rounds(p, items, gpus, bypass_limit, share)
+
+
+def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool) -> Plan:
+    """``_plan_spread``'s rounds, for any queue (``_spread_one`` answers a queue of one task the same, faster)."""
     by_key = {t.key: t for t in items}
     left = list(items)
     free = {g.index: g for g in gpus}

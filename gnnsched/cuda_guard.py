@@ -20,9 +20,9 @@ reaches ``cuInit`` on a CUDA build:
   flags that decide them (``USE_MKL`` among them, so PyG's import-time ``NO_MKL`` is what it would be after admission);
 - ``torch._C._cuda_getDeviceCount`` answers 0, the true count of a process with ``CUDA_VISIBLE_DEVICES`` empty, without
   asking the runtime;
-- ``torch.cuda._lazy_init`` (which the C++ calls by name before a CUDA tensor or stream is made), ``torch._C._cuda_init``
-  and the device, stream and memory calls of ``torch._C._cuda_*``/``torch._C._accelerator_*`` raise
-  :class:`CudaInitBlocked`, naming the call and its caller: loud, and the driver was never reached.
+- ``torch.cuda._lazy_init`` (which the C++ calls by name before a CUDA tensor or stream is made),
+  ``torch._C._cuda_init`` and the device, stream and memory calls of ``torch._C._cuda_*``/``torch._C._accelerator_*``
+  raise :class:`CudaInitBlocked`, naming the call and its caller: loud, and the driver was never reached.
 
 Only attributes that exist are replaced (on a CPU build ``torch._C`` has no ``_cuda_getDeviceCount``, and
 ``torch.cuda._is_compiled()`` looks for it), and :meth:`PreAdmissionGuard.remove` puts every original back, after which

@@ -161,9 +161,14 @@ def test_guard_on_a_cuda_build_answers_no_device_without_the_runtime():
     """A CUDA build's ``torch._C`` has ``_cuda_getDeviceCount`` and ``_cuda_init`` (the CPU build here has neither):
     under the guard the count is 0 and init raises, neither reaching torch's own function; removal restores them."""
     reached: list[str] = []
+
+    def reach(name: str, answer: Any = None) -> Any:
+        reached.append(name)
+        return answer
+
     c = SimpleNamespace(
-        _show_config=lambda: reached.append("config") or "",
-        _cuda_getDeviceCount=lambda: reached.append("count") or 1,
+        _show_config=lambda: reach("config", ""),
+        _cuda_getDeviceCount=lambda: reach("count", 1),
         _cuda_init=lambda: reached.append("init"),
         _cuda_setDevice=lambda d: reached.append("set"),
         has_mkl=False,

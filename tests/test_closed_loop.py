@@ -23,9 +23,9 @@ from gnnsched.closed_loop import (
     censored_quantile,
     classify_log,
     failed_request_bytes,
+    grown,
     high_quantile,
     is_mps_victim_text,
-    grown,
     load_calibration_file,
     next_reservation,
 )

@@ -191,10 +191,18 @@ def next_reservation(old_bytes: int, needed_bytes: int | None, largest_gpu_bytes
         raise ValueError("old_bytes must be >= 0 and largest_gpu_bytes > 0")
     if old_bytes >= largest_gpu_bytes or (needed_bytes is not None and needed_bytes > largest_gpu_bytes):
         return None
-    wanted = math.ceil(old_bytes * policy.growth)
-    if needed_bytes is not None:
-        wanted = max(wanted, math.ceil(needed_bytes * policy.margin))
-    return min(wanted, largest_gpu_bytes)
+    return min(math.ceil(grown(old_bytes, needed_bytes, policy)), largest_gpu_bytes)
+
+
+def grown(old: float, needed: float | None, policy: ResizePolicy = DEFAULT_RESIZE) -> float:
+    """The resize rule itself, in any unit (bytes, or multiples of the prediction): the larger of ``old`` times
+    ``growth`` and ``needed`` times ``margin``. :func:`next_reservation` applies it to an attempt's bytes, and
+    :meth:`CalibrationTable.factor` to a class's memory-exceeded lower bounds, so a new attempt of a class whose
+    attempts overran is sized as a resize of them would be."""
+    wanted = old * policy.growth
+    if needed is not None:
+        wanted = max(wanted, needed * policy.margin)
+    return wanted
 
 
 # --------------------------------------------------------------------------------------------------- calibration
@@ -274,6 +282,41 @@ def high_quantile(values: Iterable[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def censored_quantile(exact: Iterable[float], lower: Iterable[float], q: float) -> float | None:
+    """The ``q`` quantile of ratios of which some are only known from below, or ``None`` when they do not say.
+
+    ``exact`` are observed ratios of attempts that completed; ``lower`` are lower bounds, from attempts that
+    exceeded their memory limit (the ratio is at least what they held when they failed: right-censored). The
+    estimate is Kaplan-Meier's product-limit estimate of the distribution: a lower bound takes part in the risk set
+    up to its value and then hands its mass to the larger exact ratios, so a lower bound below later exact ratios is
+    resolved by them, while one above every exact ratio keeps its mass unplaced. The answer is the smallest exact
+    ratio at which the estimated distribution reaches ``q`` (an observed ratio, like :func:`high_quantile`, which it
+    equals when there are no lower bounds), ``None`` when the unplaced mass is more than ``1 - q``: the lower bounds
+    say that the quantile lies above them, not where. At equal values a lower bound counts as above the exact ratio
+    (the attempt held that much and wanted more)."""
+    exact_sorted = sorted(exact)
+    lows = sorted(lower)
+    if not lows:
+        return high_quantile(exact_sorted, q)  # raises on no values at all
+    survival = 1.0
+    i = 0
+    j = 0  # lows[:j] are below the current exact value: out of the risk set
+    n = len(exact_sorted) + len(lows)
+    while i < len(exact_sorted):
+        value = exact_sorted[i]
+        events = 1
+        while i + events < len(exact_sorted) and exact_sorted[i + events] == value:
+            events += 1
+        while j < len(lows) and lows[j] < value:
+            j += 1
+        at_risk = n - i - j  # exact ratios from i on, and lower bounds >= value
+        survival *= 1.0 - events / at_risk
+        i += events
+        if 1.0 - survival >= q - 1e-9:
+            return value
+    return None
+
+
 class CalibrationFactor(BaseModel):
     factor: float
     samples: int
@@ -284,55 +327,107 @@ class CalibrationFactor(BaseModel):
     """Whose ratios gave the factor: the class's own, its pool's (too few of its own), or none (static)."""
     pool_samples: int = 0
     """The pool's recent ratios (every class of the pool, this one included), when the pool was consulted."""
+    lower_bounds: int = 0
+    """How many of the samples used (the class's or the pool's) are memory-exceeded lower bounds."""
+    censored: bool = False
+    """True when the factor is the resize of a lower bound: the samples' lower bounds leave the quantile unknown
+    (above them), so a new attempt is sized as the operator would size a resize of the attempt that overran."""
 
 
 class CalibrationTable(BaseModel):
     """Recent observed ÷ predicted ratios per calibration class, newest last; the state the operator persists.
+
+    ``ratios`` are exact: attempts that completed, whose observed peak is the peak. ``exceeded`` are lower bounds:
+    attempts that failed with memory-exceeded, whose needed bytes (held + the failed request, or the observed peak,
+    whichever is larger) only say that the true peak is at least that much. They are kept apart because a lower
+    bound taken for an exact ratio biases the factor low: with every first attempt at the static 1.1 overrunning,
+    the recorded ratios would all be about 1.1 and the quantile would stay at the factor that failed.
 
     A plain value: ``record`` returns a new table, so a caller that fails to persist it has not changed anything."""
 
     model_config = ConfigDict(frozen=True)
 
     ratios: dict[str, list[float]] = Field(default_factory=dict)
+    exceeded: dict[str, list[float]] = Field(default_factory=dict)
 
-    @field_validator("ratios")
+    @field_validator("ratios", "exceeded")
     @classmethod
     def _valid(cls, value: dict[str, list[float]]) -> dict[str, list[float]]:
         for key, ratios in value.items():
             CalibrationClass.parse(key)
             for ratio in ratios:
                 if not (math.isfinite(ratio) and ratio > 0):
-                    raise ValueError(f"ratios.{key}: {ratio!r} is not a positive finite ratio")
+                    raise ValueError(f"{key}: {ratio!r} is not a positive finite ratio")
         return value
 
-    def record(self, cls: CalibrationClass, ratio: float,
-               policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> CalibrationTable:
+    def classes(self) -> list[str]:
+        """Every class key with a sample of either kind, sorted."""
+        return sorted(set(self.ratios) | set(self.exceeded))
+
+    def record(self, cls: CalibrationClass, ratio: float, policy: CalibrationPolicy = DEFAULT_CALIBRATION,
+               exceeded: bool = False) -> CalibrationTable:
+        """A new table with one more sample of ``cls``: an exact ratio, or with ``exceeded`` a memory-exceeded
+        attempt's lower bound. Each kind keeps its newest ``policy.window``."""
         if not (math.isfinite(ratio) and ratio > 0):
             raise ValueError(f"ratio {ratio!r} is not a positive finite number")
         key = cls.key()
-        kept = [*self.ratios.get(key, []), round(ratio, 4)][-policy.window:]
-        return CalibrationTable(ratios={**self.ratios, key: kept})
+        held = self.exceeded if exceeded else self.ratios
+        kept = [*held.get(key, []), round(ratio, 4)][-policy.window:]
+        if exceeded:
+            return CalibrationTable(ratios=self.ratios, exceeded={**self.exceeded, key: kept})
+        return CalibrationTable(ratios={**self.ratios, key: kept}, exceeded=self.exceeded)
 
-    def factor(self, cls: CalibrationClass, policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> CalibrationFactor:
-        """The safety factor for a new estimate of ``cls``: the high quantile of its own recent ratios once it has
-        ``min_samples``, else of its pool's (``CalibrationPolicy.pooled``), else the static factor."""
-        recent = self.ratios.get(cls.key(), [])[-policy.window:]
-        if len(recent) >= policy.min_samples:
-            return CalibrationFactor(factor=self._bounded(recent, policy), samples=len(recent), calibrated=True,
-                                     source="class")
-        if policy.pooled:
-            pool = [r for key, ratios in sorted(self.ratios.items()) if cls.pool(CalibrationClass.parse(key))
-                    for r in ratios[-policy.window:]]
-            if len(pool) >= policy.min_samples:
-                return CalibrationFactor(factor=self._bounded(pool, policy), samples=len(recent), calibrated=True,
-                                         source="pool", pool_samples=len(pool))
-            return CalibrationFactor(factor=policy.static_factor, samples=len(recent), calibrated=False,
-                                     pool_samples=len(pool))
-        return CalibrationFactor(factor=policy.static_factor, samples=len(recent), calibrated=False)
+    def _samples(self, keys: Iterable[str], policy: CalibrationPolicy) -> tuple[list[float], list[float]]:
+        exact = [r for key in keys for r in self.ratios.get(key, [])[-policy.window:]]
+        lower = [r for key in keys for r in self.exceeded.get(key, [])[-policy.window:]]
+        return exact, lower
+
+    def factor(self, cls: CalibrationClass, policy: CalibrationPolicy = DEFAULT_CALIBRATION,
+               resize: ResizePolicy = DEFAULT_RESIZE) -> CalibrationFactor:
+        """The safety factor for a new attempt of ``cls``. The one rule the operator's planner and the simulator
+        both apply.
+
+        Samples: the class's own once it has ``min_samples`` (exact ratios and lower bounds together), else its
+        pool's (``CalibrationPolicy.pooled``) once the pool has them, else none: the static factor. From the samples,
+        :func:`censored_quantile`'s ``quantile``. Where the lower bounds leave that quantile unknown (a class whose
+        only observations are memory-exceeded attempts, or whose overruns outnumber ``1 - quantile`` of the exact
+        ratios above them), every sample of the tail says the estimate is too small: the factor is what
+        :func:`grown` (the resize rule) makes of the largest lower bound, so a new attempt, first attempts included,
+        is sized as the operator would size a resize of the attempt that overran instead of overrunning the same
+        way. That holds below ``min_samples`` too (an overrun is evidence on its own; an exact ratio alone is not).
+        Then ``floor`` and ``cap``."""
+        own = [cls.key()]
+        pool = [key for key in self.classes() if cls.pool(CalibrationClass.parse(key))] if policy.pooled else own
+        own_exact, own_lower = self._samples(own, policy)
+        samples = len(own_exact) + len(own_lower)
+        if samples >= policy.min_samples:
+            return self._from(own_exact, own_lower, "class", samples, 0, policy, resize)
+        pool_exact, pool_lower = self._samples(pool, policy)
+        pool_samples = len(pool_exact) + len(pool_lower) if policy.pooled else 0
+        if policy.pooled and pool_samples >= policy.min_samples:
+            return self._from(pool_exact, pool_lower, "pool", samples, pool_samples, policy, resize)
+        # Too few samples for a quantile; lower bounds that no exact ratio resolves still raise the factor.
+        exact, lower = (pool_exact, pool_lower) if policy.pooled else (own_exact, own_lower)
+        if lower and censored_quantile(exact, lower, policy.quantile) is None:
+            bound = self._bounded(grown(max(lower), max(lower), resize), policy)
+            return CalibrationFactor(factor=max(bound, policy.static_factor), samples=samples, calibrated=True,
+                                     source="pool" if policy.pooled else "class", pool_samples=pool_samples,
+                                     lower_bounds=len(lower), censored=True)
+        return CalibrationFactor(factor=policy.static_factor, samples=samples, calibrated=False,
+                                 pool_samples=pool_samples, lower_bounds=len(lower))
+
+    def _from(self, exact: list[float], lower: list[float], source: Literal["class", "pool"], samples: int,
+              pool_samples: int, policy: CalibrationPolicy, resize: ResizePolicy) -> CalibrationFactor:
+        quantile = censored_quantile(exact, lower, policy.quantile)
+        censored = quantile is None
+        value = grown(max(lower), max(lower), resize) if quantile is None else quantile
+        return CalibrationFactor(factor=self._bounded(value, policy), samples=samples, calibrated=True,
+                                 source=source, pool_samples=pool_samples, lower_bounds=len(lower),
+                                 censored=censored)
 
     @staticmethod
-    def _bounded(ratios: list[float], policy: CalibrationPolicy) -> float:
-        return round(min(policy.cap, max(policy.floor, high_quantile(ratios, policy.quantile))), 4)
+    def _bounded(value: float, policy: CalibrationPolicy) -> float:
+        return round(min(policy.cap, max(policy.floor, value)), 4)
 
 
 def load_calibration_file(path: str | Path) -> CalibrationTable:
@@ -355,14 +450,17 @@ def load_calibration_file(path: str | Path) -> CalibrationTable:
                 break
     if not isinstance(doc, dict) or "ratios" not in doc:
         raise FieldError("--calibration", f"{where}: expected a mapping with a 'ratios' key")
-    ratios = doc["ratios"]
-    if isinstance(ratios, str):  # a ConfigMap's data values are strings
-        try:
-            ratios = json.loads(ratios)
-        except json.JSONDecodeError as exc:
-            raise FieldError("--calibration", f"{where}: ratios is not JSON: {exc.msg}") from None
+    samples: dict[str, Any] = {}
+    for name in ("ratios", "exceeded"):
+        value = doc.get(name) or {}
+        if isinstance(value, str):  # a ConfigMap's data values are strings
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise FieldError("--calibration", f"{where}: {name} is not JSON: {exc.msg}") from None
+        samples[name] = value
     try:
-        return CalibrationTable(ratios=ratios)
+        return CalibrationTable(**samples)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])

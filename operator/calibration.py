@@ -15,7 +15,7 @@ so two recorders never lose each other's samples.
 
 Reset: delete the object (``kubectl delete gnncalibration default``; every class falls back to the static factor
 until it or its pool has ``min_samples`` again), or drop one class with a merge patch setting
-``status.ratios.<class>`` to null.
+``status.ratios.<class>`` and ``status.exceeded.<class>`` (its memory-exceeded lower bounds) to null.
 The factors and the summary are recomputed from the ratios on every read, so a hand edit cannot leave them stale.
 """
 
@@ -51,12 +51,14 @@ def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_
     """``factors``, ``classes``, ``calibratedClasses`` and ``summary``: what ``kubectl get`` shows, from the ratios."""
     factors: dict[str, Any] = {}
     parts: list[str] = []
-    for key in sorted(table.ratios):
+    for key in table.classes():
         result = table.factor(CalibrationClass.parse(key), policy)
         factors[key] = {"factor": result.factor, "samples": result.samples, "calibrated": result.calibrated,
-                        "source": result.source}
+                        "source": result.source, "lowerBounds": result.lower_bounds, "censored": result.censored}
         note = {"class": "", "pool": f" (pool, {result.samples} own samples)",
                 "static": f" (static, {result.samples} samples)"}[result.source]
+        if result.censored:
+            note += " (resize of a lower bound)"
         parts.append(f"{key}={result.factor:g}{note}")
     return {
         "factors": factors,
@@ -82,10 +84,10 @@ class CalibrationStore:
         status = obj.get("status") if isinstance(obj, dict) else None
         if not isinstance(status, dict):
             return CalibrationTable(), []
-        ratios = {k: v for k, v in (status.get("ratios") or {}).items() if v is not None} \
-            if isinstance(status.get("ratios"), dict) else {}
+        ratios, exceeded = ({k: v for k, v in (status.get(name) or {}).items() if v is not None}
+                            if isinstance(status.get(name), dict) else {} for name in ("ratios", "exceeded"))
         try:
-            table = CalibrationTable(ratios=ratios)
+            table = CalibrationTable(ratios=ratios, exceeded=exceeded)
         except ValidationError as exc:
             # A hand edit that broke the object must not stop jobs: the static factor applies until it is fixed.
             log.warning("GNNCalibration %s is malformed (%s); using the static factor", self.name,
@@ -99,7 +101,7 @@ class CalibrationStore:
         return self._policy()
 
     def _publish(self, table: CalibrationTable) -> None:
-        for key in table.ratios:
+        for key in table.classes():
             self.metrics.calibration_factor.labels(key).set(
                 table.factor(CalibrationClass.parse(key), self.policy).factor
             )
@@ -110,8 +112,9 @@ class CalibrationStore:
         self._publish(table)
         return table
 
-    def record(self, cls: CalibrationClass, ratio: float, attempt_key: str) -> bool:
-        """Add one finished attempt's ratio; ``False`` when this attempt was recorded before (a restart re-ran it).
+    def record(self, cls: CalibrationClass, ratio: float, attempt_key: str, exceeded: bool = False) -> bool:
+        """Add one finished attempt's ratio (``exceeded``: a memory-exceeded attempt's lower bound, kept apart in
+        ``status.exceeded``); ``False`` when this attempt was recorded before (a restart re-ran it).
 
         Raises ``KubeError`` when the API server keeps refusing (the caller retries on its next sync)."""
         with self._lock:
@@ -120,9 +123,10 @@ class CalibrationStore:
                 table, recorded = self._parse(obj)
                 if attempt_key in recorded:
                     return False
-                table = table.record(cls, ratio, self.policy)
+                table = table.record(cls, ratio, self.policy, exceeded=exceeded)
                 recorded = [*recorded, attempt_key][-RECORDED_KEEP:]
-                status = {"ratios": table.ratios, "recorded": recorded, "updatedAt": now_rfc3339(),
+                status = {"ratios": table.ratios, "exceeded": table.exceeded, "recorded": recorded,
+                          "updatedAt": now_rfc3339(),
                           **derived_fields(table, self.policy)}
                 try:
                     if obj is None:

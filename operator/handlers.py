@@ -741,7 +741,7 @@ class Operator:
         if plan is not None and facts.outcome == "memory-exceeded":
             seen = max(facts.observed_peak_bytes or 0, facts.needed_bytes or 0)
             if seen:
-                self._calibrate(job, pod or {}, plan, seen, attempt)
+                self._calibrate(job, pod or {}, plan, seen, attempt, exceeded=True)
         if spec is not None and plan is not None:
             largest = max((g.capacity_bytes for g in self.cluster_gpus() if g.healthy), default=None)
             decision = decide(facts, admit_bytes=plan.admit_bytes, resizes=_count(status, "resizes"),
@@ -874,8 +874,10 @@ class Operator:
             log.warning("cannot read the GNNCalibration object (%s); new estimates use the static factor", exc)
             return None
 
-    def _calibrate(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: int, attempt: int) -> None:
-        """Record one finished attempt's observed ÷ predicted ratio in the cluster's calibration object.
+    def _calibrate(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: int, attempt: int,
+                   exceeded: bool = False) -> None:
+        """Record one finished attempt's observed ÷ predicted ratio in the cluster's calibration object; with
+        ``exceeded`` (a memory-exceeded attempt) as a lower bound (``CalibrationTable``'s docstring says why apart).
 
         Only attempts whose reservation came from the estimate count (a ``gpuMemory`` job's estimate is still the
         prediction, so it counts too); the class is the GPU the attempt ran on. A failure to record is logged, never
@@ -898,7 +900,7 @@ class Operator:
         cls = CalibrationClass(gpu_model=model, arch=spec.model.arch, mode=spec.mode, container=plan.container)
         uid = _dict(job.get("metadata")).get("uid")
         try:
-            self.calibration.record(cls, observed / need, f"{uid}/{attempt}")
+            self.calibration.record(cls, observed / need, f"{uid}/{attempt}", exceeded=exceeded)
         except KubeError as exc:
             log.warning("could not record calibration sample for %s: %s", cls.key(), exc)
 

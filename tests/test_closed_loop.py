@@ -20,8 +20,10 @@ from gnnsched.closed_loop import (
     CalibrationTable,
     FaultRecord,
     ResizePolicy,
+    censored_quantile,
     classify_log,
     failed_request_bytes,
+    grown,
     high_quantile,
     is_mps_victim_text,
     load_calibration_file,
@@ -126,7 +128,8 @@ def test_calibration_static_until_enough_samples_then_quantile_with_floor_and_ca
     for ratio in (1.2, 1.25):
         table = table.record(cls, ratio, policy)
     assert table.factor(cls, policy).model_dump() == {"factor": 1.10, "samples": 2, "calibrated": False,
-                                                      "source": "static", "pool_samples": 2}
+                                                      "source": "static", "pool_samples": 2, "lower_bounds": 0,
+                                                      "censored": False}
     table = table.record(cls, 1.3, policy)
     assert table.factor(cls, policy).factor == 1.3 and table.factor(cls, policy).calibrated
     # Over-estimates never shrink the factor below 1.0; a runaway class is capped.
@@ -175,6 +178,90 @@ def test_calibration_pool_serves_a_class_with_too_few_samples() -> None:
     # Pooling off: a class is on its own.
     off = CalibrationPolicy(min_samples=3, pooled=False)
     assert table.factor(CalibrationClass(gpu_model="V100-32GB", arch="gin", mode="train"), off).source == "static"
+
+
+@given(values=st.lists(st.floats(0.5, 3.0), min_size=1, max_size=40), q=st.floats(0.51, 1.0))
+def test_censored_quantile_without_lower_bounds_is_the_nearest_rank_one(values: list[float], q: float) -> None:
+    assert censored_quantile(values, [], q) == high_quantile(values, q)
+
+
+def test_censored_quantile_by_hand() -> None:
+    """Kaplan-Meier, worked by hand. Exact 1.0, 1.2, 1.4, 1.6 and a lower bound 1.1: at 1.0 all 5 are at risk
+    (S = 4/5); the bound leaves the risk set above 1.1, so at 1.2 3 are (S = 4/5 x 2/3 = 8/15), at 1.4 2 (4/15), at
+    1.6 1 (0). F: 0.2, 0.467, 0.733, 1. So q=0.5 -> 1.4 (nearest rank over the exact ratios alone would give 1.2) and
+    q=0.95 -> 1.6."""
+    assert censored_quantile([1.0, 1.2, 1.4, 1.6], [1.1], 0.5) == 1.4
+    assert censored_quantile([1.0, 1.2, 1.4, 1.6], [1.1], 0.95) == 1.6
+    assert high_quantile([1.0, 1.2, 1.4, 1.6], 0.5) == 1.2
+    # A bound equal to an exact ratio counts above it (it wanted more): at 1.2 the bound is still at risk.
+    assert censored_quantile([1.2, 1.3], [1.2], 0.5) == 1.3  # S(1.2) = 2/3: F = 1/3 < 0.5
+    # Bounds above every exact ratio keep their weight unplaced: 2 of 4 -> F stops at 0.5.
+    assert censored_quantile([1.0, 1.05], [1.1, 1.1], 0.5) == 1.05
+    assert censored_quantile([1.0, 1.05], [1.1, 1.1], 0.95) is None
+    assert censored_quantile([], [1.1], 0.5) is None
+    with pytest.raises(ValueError):
+        censored_quantile([], [], 0.9)
+
+
+def test_grown_is_the_resize_rule() -> None:
+    policy = ResizePolicy(margin=1.2, growth=1.5)
+    assert grown(10.0, 9.0, policy) == 15.0 and grown(10.0, 20.0, policy) == 24.0 and grown(10.0, None, policy) == 15
+    assert next_reservation(10 * GiB, 20 * GiB, 80 * GiB, policy) == math.ceil(grown(10 * GiB, 20 * GiB, policy))
+
+
+def test_a_class_of_lower_bounds_only_is_sized_as_their_resize() -> None:
+    """Every first attempt of a class at the static 1.1 overran: the bounds (about 1.1) are not ratios, and the
+    factor is what the resize rule makes of them, from the first bound on, for first attempts of the class and,
+    through the pool, of the other architectures; exact ratios above the bounds then decide."""
+    cls = CalibrationClass(gpu_model="V100-32GB", arch="gcn", mode="train")
+    sage = CalibrationClass(gpu_model="V100-32GB", arch="sage", mode="train")
+    table = CalibrationTable().record(cls, 1.1, exceeded=True)
+    assert table.ratios == {} and table.exceeded == {cls.key(): [1.1]}
+    one = table.factor(cls)
+    assert (one.factor, one.censored, one.calibrated, one.lower_bounds, one.samples) == (1.65, True, True, 1, 1)
+    assert one.factor == round(grown(1.1, 1.1, ResizePolicy()), 4)
+    # What the operator would reserve for the retry of that attempt, in units of its prediction.
+    need = 10 * GiB
+    assert math.ceil(need * one.factor) == next_reservation(math.ceil(need * 1.1), math.ceil(need * 1.1), 32 * GiB)
+    assert table.factor(sage).factor == 1.65 and table.factor(sage).source == "pool"
+    assert table.factor(cls, CalibrationPolicy(pooled=False)).factor == 1.65
+    assert table.factor(sage, CalibrationPolicy(pooled=False)).factor == 1.10  # not its class, no pool
+    for _ in range(7):
+        table = table.record(cls, 1.1, exceeded=True)
+    got = table.factor(cls)
+    assert (got.source, got.factor, got.censored, got.samples) == ("class", 1.65, True, 8)
+    # A large resize policy is capped like any factor.
+    assert table.factor(cls, resize=ResizePolicy(growth=3.0)).factor == DEFAULT_CALIBRATION.cap
+    # The retries complete at about 1.3: every bound is below them, the quantile is known again.
+    for ratio in (1.3, 1.32, 1.28):
+        table = table.record(cls, ratio)
+    got = table.factor(cls)
+    assert (got.factor, got.censored, got.lower_bounds) == (1.32, False, 8)
+    # Recorded as exact ratios, the same bounds would have kept the factor at the one that failed.
+    biased = CalibrationTable(ratios={cls.key(): [1.1] * 8})
+    assert biased.factor(cls).factor == 1.1
+
+
+def test_lower_bounds_that_exact_ratios_resolve_leave_the_quantile() -> None:
+    """Unbiased errors: most attempts fit (exact ratios below the factor), a few overrun it. Once the exact ratios
+    above the bounds carry them, the factor is the quantile; a lone bound above 19 exact ratios is within 5 %."""
+    cls = CalibrationClass(gpu_model="V100-32GB", arch="gcn", mode="train")
+    table = CalibrationTable(ratios={cls.key(): [0.9, 0.95, 1.0, 1.02, 1.05]}, exceeded={cls.key(): [1.1]})
+    got = table.factor(cls)  # 1 of 6 unplaced: more than 5 % -> the resize of the bound
+    assert (got.factor, got.censored) == (1.65, True)
+    table = table.record(cls, 1.25)  # the retry's exact ratio, above the bound
+    assert (table.factor(cls).factor, table.factor(cls).censored) == (1.25, False)
+    many = CalibrationTable(ratios={cls.key(): [1.0] * 19}, exceeded={cls.key(): [1.1]})
+    assert many.factor(cls).factor == 1.0 and not many.factor(cls).censored  # unplaced 1/20 = 5 %: known
+
+
+def test_exceeded_samples_validate_and_load(tmp_path: Path) -> None:
+    key = "V100-32GB.gcn.train.builtin"
+    with pytest.raises(ValueError, match="exceeded"):
+        CalibrationTable(exceeded={key: [-1.0]})
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"status": {"ratios": {key: [1.2]}, "exceeded": {key: [1.1]}}}))
+    assert load_calibration_file(path).exceeded == {key: [1.1]}
 
 
 def test_static_factor_is_the_estimators() -> None:

@@ -297,6 +297,41 @@ async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
     assert status["estimateAdmitBytes"] != status["admitBytes"]
 
 
+async def test_an_overrun_sizes_the_next_job_of_its_class_as_its_resize(tmp_path: Path) -> None:
+    """A memory-exceeded attempt is recorded as a lower bound (``status.exceeded``, not ``status.ratios``), and a
+    new job of the same class, whose only sample is that bound, reserves what the resize of the overrun reserves
+    (``CalibrationTable.factor`` -> ``closed_loop.grown``), not the static factor that just failed."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(manifest("over-a"))
+            first = await pod(cluster, "over-a-0")
+            old = int(first["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            held, requested = old - 2**20, 2 * 2**20  # one step past its limit
+            await cluster.patch_pod("over-a-0", ended("Failed", oom_line(old, held, requested)))
+            retry = await pod(cluster, "over-a-1")
+            code, stored = await cluster.request("GET", CALIBRATION)
+            await cluster.create_job(manifest("over-b"))
+            second = await pod(cluster, "over-b-0")
+            job = await job_in_phase(cluster, "over-b", "Estimated", "Scheduled")
+    assert code == 200, stored
+    key = "A100-40GB.gcn.train.builtin"
+    status = job["status"]
+    need = status["predictedPeakBytes"]
+    bound = round((held + requested) / need, 4)
+    assert stored["status"]["exceeded"] == {key: [bound]} and not stored["status"]["ratios"].get(key)
+    factor = stored["status"]["factors"][key]
+    assert factor["censored"] is True and factor["lowerBounds"] == 1
+    assert factor["factor"] == round(max(bound * 1.5, bound * 1.2), 4)  # the resize rule, margin 1.2, growth 1.5
+    assert status["reservationSource"] == "calibrated" and status["safetyFactor"] == factor["factor"]
+    assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) == math.ceil(need * factor["factor"])
+    # At least the overrun's own retry (next_reservation: old x 1.5); the bound is what it needed, 1 MiB past its
+    # limit, so 1.5 MiB more (and the 4-digit rounding of the ratio).
+    grown_retry = int(retry["metadata"]["annotations"][ANN_ADMIT_BYTES])
+    assert grown_retry <= int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) <= grown_retry + 2 * 2**20 \
+        + need * 1e-4
+
+
 async def test_gpu_memory_replaces_the_prediction_and_keeps_the_estimate(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -258,7 +259,8 @@ def test_baselines_fail_the_job_by_default_and_backoff_limit_overrides(ix: Integ
 
 def test_memory_exceeded_attempt_is_recorded_as_a_lower_bound(ix: Integrations) -> None:
     """As the operator does, a memory-exceeded attempt records (bytes it needed) / predicted in the calibration
-    table: in the model it held its limit, so the ratio is the factor it ran at, never above the job's true one."""
+    table, as a lower bound (``exceeded``), at the OOM: in the model it held its limit, so the bound is the factor it
+    ran at, never above the job's true one. The next job of its class is then sized as the resize of it."""
     wl = _workload(2)
     cl = parse_cluster(CLUSTER, None)
     job = materialise(wl, cl, ix, scaling=False)[0]
@@ -268,8 +270,12 @@ def test_memory_exceeded_attempt_is_recorded_as_a_lower_bound(ix: Integrations) 
                       largest_bytes=cap, capacity={model: cap}, multipliers={job.id: 1.5})
     first = books.attempt(job)
     assert books.exceeds(first, model) and books.resized(first, model)
-    (ratios,) = books.table.ratios.values()
-    assert ratios == [pytest.approx(1.1, abs=1e-3)] and ratios[0] <= 1.5
+    assert books.table.ratios == {}
+    (bounds,) = books.table.exceeded.values()
+    assert bounds == [pytest.approx(1.1, abs=1e-3)] and bounds[0] <= 1.5
+    other = replace(job, id=job.id + 1)
+    new = books.attempt(other).profile(model)
+    assert new.admit_bytes == math.ceil(new.peak_bytes * round(bounds[0] * 1.5, 4))  # grown(bound, bound)
 
 
 def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:

@@ -221,7 +221,7 @@ class LoopBooks:
             return self.capacity[model]  # runs alone: books the GPU's whole capacity
         factor = self.calibration_policy.static_factor
         if self.calibrating:
-            factor = self.table.factor(self._class(job, model), self.calibration_policy).factor
+            factor = self.table.factor(self._class(job, model), self.calibration_policy, self.resize).factor
         admit = int(math.ceil(prof.peak_bytes * factor))
         if admit > self.capacity[model] >= prof.peak_bytes:
             return self.capacity[model]  # fits the whole GPU but not a shared one: runs alone
@@ -254,10 +254,12 @@ class LoopBooks:
         self.memory_exceeded += 1
         jid = attempt.id
         # The operator records a memory-exceeded attempt too (operator/handlers.py: the larger of its observed peak
-        # and the bytes it needed, held + the failed request): a lower bound of the job's ratio. Without it only the
-        # attempts that fitted would be recorded at first, and the early factor would be biased low (survivors).
+        # and the bytes it needed, held + the failed request), as a lower bound of the job's ratio, when the OOM is
+        # reported (here: at the OOM itself, the attempt's end). Without it only the attempts that fitted would be
+        # recorded at first, and the early factor would be biased low (survivors); recorded as an exact ratio it
+        # would pin the factor at the one that failed (CalibrationTable's docstring).
         # The model's attempt held about its limit when it failed: the limit is its needed bytes.
-        self._record(attempt, model, attempt.profile(model).admit_bytes)
+        self._record(attempt, model, attempt.profile(model).admit_bytes, exceeded=True)
         if self.resizes.get(jid, 0) >= self.resize.max_resizes:
             return False
         old = attempt.profile(model).admit_bytes
@@ -281,12 +283,13 @@ class LoopBooks:
         # observed (the attempt reached its true peak: it completed under its limit) over the job's prediction
         self._record(attempt, model, self.true_peak(attempt, model))
 
-    def _record(self, attempt: SimJob, model: str, observed: int) -> None:
+    def _record(self, attempt: SimJob, model: str, observed: int, exceeded: bool = False) -> None:
         ratio = observed / max(self.predicted[attempt.id][model], 1)
-        self.table = self.table.record(self._class(attempt, model), ratio, self.calibration_policy)
+        self.table = self.table.record(self._class(attempt, model), ratio, self.calibration_policy, exceeded)
 
     def summary(self) -> dict[str, Any]:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
                 "fault_victims": self.fault_victims, "faults": self.faults, "fault_log": list(self.fault_log),
-                "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
-                                for k in sorted(self.table.ratios)}}
+                "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy,
+                                                     self.resize).factor
+                                for k in self.table.classes()}}

@@ -64,6 +64,7 @@ def install(path: str) -> None:
 
         return trapped
 
+    real_config = torch._C._show_config
     for name in DRIVER_C_CALLS:
         if hasattr(torch._C, name):
             setattr(torch._C, name, wrap(f"torch._C.{name}", getattr(torch._C, name)))
@@ -95,6 +96,7 @@ def install(path: str) -> None:
     handoff.apply_admission = admission  # type: ignore[assignment]
 
     def at_exit() -> None:
-        record({"event": "exit", "use_mkl_off": "USE_MKL=OFF" in torch.__config__.show()})
+        # torch's own text (not through the trap, nor a guard still installed): what PyG would have read unguarded
+        record({"event": "exit", "use_mkl_off": "USE_MKL=OFF" in real_config()})
 
     atexit.register(at_exit)

@@ -197,3 +197,33 @@ def test_guard_refuses_to_install_once_cuda_is_initialised():
     with pytest.raises(CudaInitBlocked, match="before the pre-admission guard"):
         PreAdmissionGuard(fake_torch).install()  # type: ignore[arg-type]
     assert c._show_config() == ""
+
+
+EXAMPLES_UNDER_GUARD = """
+import glob, json, sys
+from cuda_init_trap import install
+install(sys.argv[1])
+from gnnsched.cuda_guard import PreAdmissionGuard
+guard = PreAdmissionGuard().install()
+from gnnsched.spec import load_job
+from gnnsched.worker import prepare_job
+for path in sorted(glob.glob(sys.argv[2] + "/*.yaml")):
+    prepare_job(load_job(path).spec, 0)
+print(json.dumps(guard.attempts))
+"""
+
+
+def test_every_example_jobs_start_up_under_the_guard_reaches_no_driver_call(tmp_path):
+    """The start-up of each shipped example (datasets, every conv type, the mini-batch sampler, parallel inference)
+    runs before admission in a prestarted pod: under the guard none of it reaches a call that initialises CUDA, and
+    none of it needed blocking."""
+    record = tmp_path / "trap.jsonl"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTORCH_NVML_BASED_CUDA_CHECK="1", **{ENV_GATE_HANDOFF_FD: "99"})
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    examples = TESTS.parent / "examples"
+    run = subprocess.run([sys.executable, "-c", EXAMPLES_UNDER_GUARD, str(record), str(examples)], env=env,
+                         capture_output=True, text=True, timeout=240, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(list(examples.glob("*.yaml"))) >= 4
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []
+    assert [r for r in _records(record) if r["event"] == "call" and r["pre_admission"]] == []

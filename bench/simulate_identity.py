@@ -9,7 +9,8 @@ and after it with ``--check FILE``; it prints one line per run and exits 1 when 
 Job costs depend on ``$GNNSCHED_DATA_DIR`` (the estimator reads real graphs when it finds them), so it is recorded
 and compared too: save and check with the same value. Runs (the same workload generator as ``bench/simulate_scale.py``):
 
-* every engine policy on 5,000 jobs / 100 nodes x 8 V100 at load 0.85 and on 4,000 jobs / 40 nodes at load 1.3
+* every engine policy (and the gate rules' variants, ``GATE_RULES``) on 5,000 jobs / 100 nodes x 8 V100 at load
+  0.85 and on 4,000 jobs / 40 nodes at load 1.3
   (a saturated cluster: long pending queues, failed placements, retries);
 * the slow policies of the scale benchmark on 20,000 jobs / 1,000 nodes (skipped with ``--quick``);
 * ``gnnsched simulate --json`` on ``cognn-mix``, ``gnnsched-mix-high`` and ``resource-demand`` (``--no-cli``: not).
@@ -35,7 +36,10 @@ from gnnsched.simulator.adapters import Integrations  # noqa: E402
 from gnnsched.simulator.engine import Simulation  # noqa: E402
 from gnnsched.simulator.policyspec import parse_policies  # noqa: E402
 
-SLOW = "base,lmcf-interference,base-interference,bmc-interference,sqtf-interference,bqt-interference,bqt+scaling"
+SLOW = ("base,lmcf-interference,base-interference,bmc-interference,sqtf-interference,bqt-interference,bqt+scaling,"
+        "sqtf+sjf2+bypass4+spread")
+#: the gate rules' other paths (share rule, prestart, strict prefix, another grouping policy), beside ``all_policies()``
+GATE_RULES = "sqtf+spread+pays,bmc+sjf2+bypass4+spread+prestart,lmcf+bypass0+spread,bqt+sjf+spread+scaling"
 CLI_WORKLOADS = ("cognn-mix", "gnnsched-mix-high", "resource-demand")
 
 
@@ -54,7 +58,8 @@ def outcome_hash(res) -> str:
 
 def engine_runs(quick: bool) -> dict[str, str]:
     ix = Integrations()
-    configs = [("5k/100n/0.85", 5000, 100, 0.85, all_policies()), ("4k/40n/1.3", 4000, 40, 1.3, all_policies())]
+    every = all_policies() + "," + GATE_RULES
+    configs = [("5k/100n/0.85", 5000, 100, 0.85, every), ("4k/40n/1.3", 4000, 40, 1.3, every)]
     if not quick:
         configs.append(("20k/1000n/0.85", 20000, 1000, 0.85, SLOW))
     out: dict[str, str] = {}

@@ -12,7 +12,8 @@ completed jobs, makespan, mean JCT, OOM kills) and the slowest policy. The verdi
 
 ``--policies all`` (the default) is every engine policy :mod:`gnnsched.simulator.policyspec` offers: each base
 policy, the ``+uvm`` variants of the MPS baselines, each gnnsched policy ``-interference`` and ``+scaling``, and the
-published SQTF/BQT (``-paper``, with and without ``+uvm``)
+published SQTF/BQT (``-paper``, with and without ``+uvm``), and the chart's default configuration (``node.agent.policy``
+with the gate rules the chart turns on, e.g. ``sqtf+sjf2+bypass4+spread``: the configuration of record)
 (openb's placement-only ``best-fit``/``fgd`` run in their own replay, not in this engine). ``--profile N`` runs each
 policy under cProfile and prints its N most expensive functions (cumulative time; wall times are then inflated).
 
@@ -40,6 +41,9 @@ from gnnsched.simulator.model import SimJob
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.workloads import COGNN_DATASETS, _train_spec
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from robustness import chart_default_policy  # noqa: E402  (bench/ is not a package)
+
 TARGET_S = 60.0
 
 
@@ -54,6 +58,10 @@ def all_policies() -> str:
     names += [f"{b}-paper" for b in paper] + [f"{b}-paper+uvm" for b in paper]
     names += [f"{b}+scaling" for b in policyspec.GNNSCHED_POLICIES]
     names += ["exclusive+scaling"]
+    # the configuration of record: what the chart installs (gate rules +sjfN, +bypassN, +spread ...), read from it
+    chart = chart_default_policy()
+    if chart not in names:
+        names.append(chart)
     return ",".join(names)
 
 

@@ -350,6 +350,13 @@ def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     (:func:`load_key`), the GPUs' free bytes, slots and running clients and the tasks' bypass counts carried from
     round to round (a task admitted in an earlier round counts as a client with its predicted runtime left); a GPU's
     admissions over the rounds are one group (one :class:`Admission` per GPU, tasks in the order they joined)."""
+    if len(items) == 1:
+        return _spread_one(p, items[0], gpus, share)
+    return _plan_rounds(p, items, gpus, bypass_limit, share)
+
+
+def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool) -> Plan:
+    """``_plan_spread``'s rounds, for any queue (``_spread_one`` answers a queue of one task the same, faster)."""
     by_key = {t.key: t for t in items}
     left = list(items)
     free = {g.index: g for g in gpus}
@@ -376,6 +383,24 @@ def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     admitted = {t.key for tasks in groups.values() for t in tasks}
     out = [Admission(gpu_index=i, tasks=tuple(tasks)) for i, tasks in groups.items()]
     return Plan(out, {k: c for k, c in counts.items() if k not in admitted})
+
+
+def _spread_one(p: Policy, task: Task, gpus: list[GPUFree], share: bool) -> Plan:
+    """``_plan_spread`` for a queue of one task (the common decision on a busy node): the task goes to the least
+    loaded GPU (:func:`load_key`) with a free slot, room for its bytes and, under ``share``, the share rule's
+    consent; no task is overtaken. That is what the rounds compute for one task (their first round admits it there
+    or nothing, and a one-task round is not re-paired), without copying every GPU for the round and sorting them
+    all: the gate and the simulator make this decision once per arrival and per exit."""
+    fits = [g for g in gpus if g.free_slots > 0 and g.free_bytes >= task.bytes]
+    if not fits:
+        return Plan([], {})
+    if not share:
+        return Plan([Admission(gpu_index=min(fits, key=load_key).index, tasks=(task,))], {})
+    allows = _share_rule(p, [task], gpus)  # reads the GPUs' capacity and busy seconds: not the round's slot cap
+    for g in sorted(fits, key=load_key):
+        if allows(task, g, ()):
+            return Plan([Admission(gpu_index=g.index, tasks=(task,))], {})
+    return Plan([], {})
 
 
 def _longest_on_least_loaded(round_adm: list[Admission], round_gpus: list[GPUFree], allows: Allows | None
@@ -405,13 +430,25 @@ def _longest_on_least_loaded(round_adm: list[Admission], round_gpus: list[GPUFre
 # --- sharing only when it pays ------------------------------------------------------------------------------------
 
 
+def predicted_end(qt_seconds: float | None, admitted_at: float | None) -> float | None:
+    """When a running client is predicted to end: its admission time plus its predicted solo runtime; None without
+    a usable prediction. Fixed for the client's life, so a caller that decides often (the simulator) keeps it per
+    client and derives :func:`remaining_seconds` from it at each decision instead of re-checking the prediction."""
+    if qt_seconds is None or admitted_at is None or not qt_seconds >= 0 or math.isinf(qt_seconds):
+        return None
+    return admitted_at + qt_seconds
+
+
 def remaining_seconds(qt_seconds: float | None, admitted_at: float | None, now: float) -> float:
     """A running client's predicted seconds left: its predicted solo runtime from its admission, at least 0 (0 also
     without a prediction). What the gate knows (it sees neither the client's start-up nor its slowdown); the
     simulator computes it the same way, not from its true work."""
-    if qt_seconds is None or admitted_at is None or not qt_seconds >= 0 or math.isinf(qt_seconds):
-        return 0.0
-    return max(0.0, admitted_at + qt_seconds - now)
+    return seconds_left(predicted_end(qt_seconds, admitted_at), now)
+
+
+def seconds_left(end: float | None, now: float) -> float:
+    """:func:`remaining_seconds` from a :func:`predicted_end`: at least 0, and 0 without a prediction."""
+    return 0.0 if end is None else max(0.0, end - now)
 
 
 def _solo(t: Task) -> float:

@@ -8,9 +8,10 @@ Exit status: 0 when the attempt succeeded; 1 when it ended ``memory-exceeded`` (
 limit) or ``fault`` (a fatal GPU/MPS error), after writing the result line that says which; 2 for bad input.
 
 Started by ``gnnsched gate --prestart`` (``$GNNSCHED_GATE_HANDOFF_FD`` set), the worker first does its CPU-side
-start-up (imports, graph, model), then waits for the gate's hand-off (``gnnsched.gate_handoff``) and only then reads
-its MPS limit and fake-GPU settings and touches the device; it exits 3 when the gate rejected it and 4 when no
-admission came (as the gate would).
+start-up (imports, graph, model) under ``gnnsched.cuda_guard.PreAdmissionGuard`` (nothing may initialise CUDA while
+no GPU is visible), then waits for the gate's hand-off (``gnnsched.gate_handoff``), removes the guard and only then
+reads its MPS limit and fake-GPU settings and touches the device; it exits 3 when the gate rejected it and 4 when no
+admission came (as the gate would), 2 when its start-up tried to initialise CUDA before admission.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ import typer
 
 from gnnsched.cliutil import UserError, user_errors
 from gnnsched.contract import ENV_CPU_REQUEST, ENV_FAKE_GPU_MEMORY, ENV_MPS_MEMORY_LIMIT, ENV_RESULT_FILE
+
+EXIT_PREADMISSION_CUDA = 2
+"""Under ``gnnsched gate --prestart``, the start-up tried to initialise CUDA before admission and was stopped
+(``gnnsched.cuda_guard``): the command cannot be prestarted; it would have run with no GPU visible."""
 
 EXIT_ATTEMPT_FAILED = 1
 """The attempt ended ``memory-exceeded`` or ``fault``; its result line says which (the pod fails, the operator reads
@@ -85,14 +90,23 @@ def worker_command(
         threads = intra_op_threads(os.environ, len(os.sched_getaffinity(0)))
     prepared = None
     if gate_fd is not None:
-        # Start-up behind the wait: imports, graph and model on the CPU now, the device only once admitted.
-        from gnnsched.worker import prepare_job
+        # Start-up behind the wait: imports, graph and model on the CPU now, the device only once admitted. The guard
+        # goes in before anything imports PyG: its import asks torch.__config__.show(), which initialised the CUDA
+        # driver with no device visible on a real GPU (gnnsched.cuda_guard).
+        from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard
 
-        if threads is not None:  # the start-up runs on the pod's CPUs too
-            import torch
+        guard = PreAdmissionGuard().install()
+        try:
+            from gnnsched.worker import prepare_job
 
-            torch.set_num_threads(threads)
-        prepared = prepare_job(spec, seed)
+            if threads is not None:  # the start-up runs on the pod's CPUs too
+                import torch
+
+                torch.set_num_threads(threads)
+            prepared = prepare_job(spec, seed)
+        except CudaInitBlocked as exc:
+            typer.echo(f"gnnsched worker: {exc}", err=True)
+            raise typer.Exit(EXIT_PREADMISSION_CUDA) from None
         ready = time.perf_counter()
         typer.echo(f"gnnsched worker: ready in {ready - began:.2f} s (imports, graph and model on the CPU; "
                    "no device touched); waiting for the gate", err=True)
@@ -101,6 +115,9 @@ def worker_command(
         except NotAdmitted as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(exc.exit_code) from None
+        guard.remove()
+        for attempt in guard.attempts:  # stopped before the driver (a library caught the error, or a count query)
+            typer.echo(f"gnnsched worker: before admission, blocked: {attempt}", err=True)
         typer.echo(f"gnnsched worker: admitted after {time.perf_counter() - ready:.2f} s at the gate", err=True)
     with user_errors():
         from gnnsched.closed_loop import parse_mps_memory_limit

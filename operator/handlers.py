@@ -110,7 +110,8 @@ class OperatorConfig(BaseModel):
     worker_device: Literal["cuda", "cpu"] = "cuda"
     # The built-in worker does its CPU start-up while it waits at the gate (gnnsched gate --prestart).
     # Off by default: on an H100, importing torch_geometric while CUDA_VISIBLE_DEVICES is empty initialised the CUDA
-    # driver with no device, so every prestarted CUDA worker failed after admission (docs/gpu-measurements.md).
+    # driver with no device, so every prestarted CUDA worker failed after admission (docs/gpu-measurements.md). The
+    # worker now guards that phase (gnnsched.cuda_guard); off until bench/gpu/prestart_check.py passes on a GPU.
     worker_prestart: bool = False
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)

@@ -399,3 +399,43 @@ def test_remaining_seconds_is_what_the_gate_knows():
     assert remaining_seconds(10.0, 100.0, 120.0) == 0.0  # overdue: due now
     assert remaining_seconds(None, 100.0, 104.0) == 0.0
     assert remaining_seconds(10.0, None, 104.0) == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.integers(1, 40 * GiB),
+    qt=st.one_of(st.none(), st.floats(0.0, 500.0)),
+    intensity=st.sampled_from(["memory", "compute", None]),
+    gpus=st.lists(st.tuples(st.integers(0, 40 * GiB), st.integers(0, 4),
+                            st.lists(st.tuples(st.sampled_from(["memory", "compute", None]), st.floats(0.0, 300.0)),
+                                     max_size=3)), min_size=2, max_size=8),
+    limit=st.integers(0, 5),
+)
+def test_spread_one_task_is_the_rounds_answer(size: int, qt: float | None, intensity: str | None, gpus: list,
+                                               limit: int) -> None:
+    # a one-task queue under spread is answered without the rounds (no per-round GPU copies, no sort of every GPU):
+    # it must be exactly what the rounds give, with and without the share rule
+    from gnnsched import policies as pol
+
+    task = Task(key="t", bytes=size, seq=0, qt_seconds=qt, intensity=intensity)
+    free = [GPUFree(index=i, free_bytes=b, free_slots=s, capacity_bytes=40 * GiB,
+                    running=tuple(Client(k, r) for k, r in run)) for i, (b, s, run) in enumerate(gpus)]
+    for p in Policy:
+        for share in (False, True):
+            want = pol._plan_rounds(p, [task], free, limit, share)
+            assert pol._spread_one(p, task, free, share) == want
+            if sum(1 for g in free if g.free_slots > 0) > 1:
+                assert plan_decision(p, [task], free, limit, spread=True, share_when_pays=share) == want
+
+
+@given(qt=st.one_of(st.none(), st.floats(allow_nan=True)), at=st.one_of(st.none(), st.floats(-1e6, 1e6)),
+       now=st.floats(-1e6, 1e6))
+def test_predicted_end_gives_the_seconds_left(qt: float | None, at: float | None, now: float) -> None:
+    # the simulator keeps each client's predicted end and subtracts the clock at each decision: bit for bit the
+    # admission time plus the prediction minus the clock, at least 0, and 0 without a usable prediction
+    from gnnsched.policies import predicted_end, seconds_left
+
+    usable = qt is not None and at is not None and qt >= 0 and not math.isinf(qt)
+    want = max(0.0, at + qt - now) if usable else 0.0  # type: ignore[operator]
+    assert seconds_left(predicted_end(qt, at), now) == want
+    assert remaining_seconds(qt, at, now) == want

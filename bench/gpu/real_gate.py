@@ -2,8 +2,9 @@
 
 Usage (a GPU node, repository root, gnnsched installed): python bench/gpu/real_gate.py JOB.yaml... ; env
 FAULT_LAST=1 makes the last job a client that triggers an illegal address 20 s after admission, EPOCHS sets the
-workers' epochs, GR_DIR the state folder. The last job's reservation is cut to 55 % unless FAULT_LAST is set (it must
-hit its own MPS limit, not its neighbours)."""
+workers' epochs, GR_DIR the state folder, PRESTART=1 runs the workers behind ``gnnsched gate --prestart`` (start-up
+before admission, docs/gpu-measurements.md section 7; the fault client stays behind the plain gate). The last
+job's reservation is cut to 55 % unless FAULT_LAST is set (it must hit its own MPS limit, not its neighbours)."""
 import json
 import os
 import signal
@@ -54,14 +55,15 @@ while not (T / "gate.sock").exists():
 print("agent up", flush=True)
 procs = []
 FAULT = os.environ.get("FAULT_LAST") == "1"
+PRESTART = ["--prestart"] if os.environ.get("PRESTART") == "1" else []
 for n, (job, pod, puid, est) in enumerate(meta):
     e = dict(env, GNNSCHED_POD_UID=puid, GNNSCHED_POD_NAME=pod, GNNSCHED_POD_NAMESPACE="default")
     work = ["gnnsched", "worker", job, "--device", "cuda", "--epochs", os.environ.get("EPOCHS", "5"), "--no-progress"]
     if FAULT and n == len(meta) - 1:
         work = ["bash", "-c", "sleep 20; exec python3 bench/gpu/mps_client.py fault"]
-    procs.append((pod, est, subprocess.Popen(
-        ["gnnsched", "gate", "--socket", str(T / "gate.sock"), "--"] + work, env=e, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)))
+    gate = ["gnnsched", "gate", *(PRESTART if work[0] == "gnnsched" else []), "--socket", str(T / "gate.sock"), "--"]
+    procs.append((pod, est, subprocess.Popen(gate + work, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True)))
 for pod, est, p in procs:
     try:
         so, se = p.communicate(timeout=150)

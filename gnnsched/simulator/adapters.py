@@ -236,13 +236,25 @@ class Integrations:
                 return []
             if sim.policy.share or (sim.policy.spread and len(gpus) > 1):
                 # the load-aware rules read each GPU's running clients: intensity and predicted seconds left, from
-                # what the gate knows (admission time and predicted solo runtime), not from the simulated truth
+                # what the gate knows (admission time and predicted solo runtime), not from the simulated truth.
+                # Each run's predicted end is fixed for its life (policies.predicted_end): kept on the run, so a
+                # decision only subtracts the clock (policies.seconds_left) for each client.
                 now = sim.now
-                gpus = [pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
-                                    capacity_bytes=f.capacity_bytes,
-                                    running=tuple(pol.Client(r.intensity, pol.remaining_seconds(
-                                        r.job.profile(g.model).predicted_s, r.out.start, now)) for r in g.running))
-                        if g.running else f for f, g in zip(gpus, node.gpus, strict=True)]
+                client, seconds_left = pol.Client, pol.seconds_left
+                with_clients = []
+                for f, g in zip(gpus, node.gpus, strict=True):
+                    if g.running:
+                        running = []
+                        for r in g.running:
+                            c = r.gate_client
+                            if c is None:
+                                c = r.gate_client = (r.intensity, pol.predicted_end(
+                                    r.job.profile(g.model).predicted_s, r.out.start))
+                            running.append(client(c[0], seconds_left(c[1], now)))
+                        f = pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
+                                        capacity_bytes=f.capacity_bytes, running=tuple(running))
+                    with_clients.append(f)
+                gpus = with_clients
         # A queued job's Task is built once per bind, with seq = the engine's bind counter instead of the position
         # in the queue: node.queue is in bind order, so the relative order (all the policies use seq for) is the
         # same and the plan is identical, without re-building every queued job's Task at every decision.

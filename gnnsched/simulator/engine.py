@@ -99,7 +99,7 @@ class Run:
     """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
-                 "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s")
+                 "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s", "gate_client")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
                  out: JobOutcome) -> None:
@@ -119,6 +119,8 @@ class Run:
         self.placement_entry: tuple | None = None  # adapters.PlacementView's (end, bytes, sm, mem) of this run
         self.killed = False  # the attempt ended before completing (fault, memory exceeded): its events are void
         self.startup_s = 0.0  # start-up this attempt still paid after its admission (Simulation._startup)
+        # adapters.next_group: (intensity, predicted end) as the gate knows this client (policies.predicted_end)
+        self.gate_client: tuple[str | None, float | None] | None = None
 
 
 @dataclass

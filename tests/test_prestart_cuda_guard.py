@@ -122,6 +122,23 @@ def test_a_start_up_that_initialises_cuda_before_admission_is_stopped_with_its_c
     assert not [r for r in records if r["event"] == "admission"]
 
 
+def test_a_blocked_call_that_the_start_up_catches_is_reported_and_the_worker_runs(tmp_path):
+    """A library that probes the GPU and tolerates failure (``try: torch.cuda.current_device() except RuntimeError``)
+    goes on, as it would on a machine without a GPU; nothing reached the driver, so the worker is admitted and runs,
+    and says at admission what was blocked."""
+    code, err, records = _prestarted_worker(
+        tmp_path, extra_python="import gnnsched.worker as w; import torch, contextlib; _p = w.prepare_job\n"
+        "def probing(*a, **k):\n"
+        "    with contextlib.suppress(RuntimeError):\n"
+        "        torch.cuda.current_device()\n"
+        "    return _p(*a, **k)\n"
+        "w.prepare_job = probing\n")
+    assert code == 0, err
+    assert "before admission, blocked: torch.cuda._lazy_init" in err
+    assert [r for r in records if r["event"] == "call" and r["pre_admission"]] == []
+    assert len([r for r in records if r["event"] == "admission"]) == 1
+
+
 def test_guard_blocks_cuda_initialisation_and_restores_torch():
     originals = (torch._C._show_config, torch.cuda._lazy_init)
     real_config = torch.__config__.show()

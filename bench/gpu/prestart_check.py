@@ -8,7 +8,8 @@ Three children, each started as ``gnnsched gate --prestart`` leaves its workload
 1. control: ``import torch_geometric`` with no guard, then the GPU: on torch 2.11 + PyG 2.8 this reported no device
    (the bug). Reported, not judged: it says whether this torch/PyG pair still needs the guard.
 2. the same import under ``gnnsched.cuda_guard.PreAdmissionGuard``, removed before the GPU is given: must see the GPU
-   and make a CUDA tensor.
+   and make a CUDA tensor. Both print whether ``libcuda.so`` was mapped before admission (a hint, not the verdict:
+   loading the library is not ``cuInit``).
 3. the real thing: ``gnnsched worker JOB --device cuda --epochs 1`` with a hand-off pipe, admitted (the keeper's JSON
    line: the GPU's UUID, the pre-admission variables unset) once it says it is waiting: must exit 0 with outcome
    ``succeeded``. Before the fix it exited 2 with "cuda requested but no CUDA device is available".
@@ -36,6 +37,9 @@ if guarded:
     from gnnsched.cuda_guard import PreAdmissionGuard
     guard = PreAdmissionGuard().install()
 import torch_geometric  # noqa: F401
+maps = open("/proc/self/maps").read()
+# the CUDA runtime loads the driver library at its first call: mapped before admission means something entered CUDA
+print("libcuda loaded before admission:", "yes" if "libcuda.so" in maps else "no")
 if guarded:
     guard.remove()
     print("blocked before admission:", guard.attempts or "nothing")

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field, model_validator
 from gnnsched import __version__
 from gnnsched.closed_loop import CalibrationClass, CalibrationTable
 from gnnsched.contract import (
+    ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
     ANN_GPU,
     ANN_JOB,
@@ -670,6 +671,8 @@ class Operator:
         generation = _dict(job.get("metadata")).get("generation")
         message = ""
         plan = self._stored_plan(status, None, any_generation=True)
+        if plan is not None and not deleted and waiting_for_a_node(pod):
+            plan = self._replan_waiting(job, new, pod, plan)
         if plan is not None and view.observed_peak_bytes is not None:
             need = _need(plan, plan.admit_gpu_model)
             if need:
@@ -901,9 +904,96 @@ class Operator:
         cls = CalibrationClass(gpu_model=model, arch=spec.model.arch, mode=spec.mode, container=plan.container)
         uid = _dict(job.get("metadata")).get("uid")
         try:
-            self.calibration.record(cls, observed / need, f"{uid}/{attempt}", exceeded=exceeded)
+            recorded = self.calibration.record(cls, observed / need, f"{uid}/{attempt}", exceeded=exceeded)
         except KubeError as exc:
             log.warning("could not record calibration sample for %s: %s", cls.key(), exc)
+            return
+        if recorded:
+            self._replan_waiting_pods()
+
+    def _replan_waiting_pods(self) -> None:
+        """The calibration changed: bring every gnnsched pod that still waits for a node up to the new factor now
+        (``_replan_waiting`` through ``sync_pod``), not at the next resync. Why at once: the samples that change a
+        factor are the first overruns of a class, and the pods created with it, queued behind them, would otherwise
+        start at the size that just failed (measured in docs/simulator.md, issue 15's calibration figures). Errors
+        are logged: the resync timer re-runs the same check."""
+        try:
+            pods = self.kube.list_pods_page(None, f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}").get("items") or []
+        except KubeError as exc:
+            log.warning("re-plan of waiting pods: cannot list pods (%s); the resync timer retries", exc)
+            return
+        for pod in pods:
+            if isinstance(pod, dict) and waiting_for_a_node(pod):
+                try:
+                    self.sync_pod(pod, deleted=False)
+                except KubeError as exc:
+                    log.warning("re-plan of pod %s: %s", _dict(pod.get("metadata")).get("name"), exc)
+
+    def _replan_waiting(self, job: dict[str, Any], new: dict[str, Any], pod: dict[str, Any], plan: Plan) -> Plan:
+        """A pod that no node has taken yet reserves what the operator would plan for the job now.
+
+        Only the safety factor can change it (the spec and the cluster's GPU models are what the plan was made
+        from): a calibration sample recorded since the pod was created. The pod's ``admit-bytes`` annotation is
+        patched on the condition that the pod is still the version that was read unbound (JSON patch ``test`` on
+        its resourceVersion), so a pod the scheduler binds meanwhile keeps the bytes the extender placed it by;
+        the extender reads the annotation on each scheduling attempt, and the gate on the node reads it when the
+        container arrives, so both see the new size. The plan in the status follows, so a later resize grows
+        from the bytes the attempt ran with. A reservation that is not the estimate's (``gpuMemory``, a resize, a
+        whole GPU) is the user's or the loop's own and is kept. Returns the plan now in force."""
+        if plan.reservation_source not in ("estimate", "calibrated") or plan.exclusive:
+            return plan
+        table = self._calibration_table()
+        if table is None:
+            return plan
+        try:
+            spec = parse_spec(job.get("spec"))
+        except SpecError:
+            return plan
+        # The cheap test first (no estimate, no runtime prediction): the factor of the plan's own class now.
+        model = plan.admit_gpu_model or plan.runtime_gpu_model
+        now = table.factor(CalibrationClass(gpu_model=model, arch=spec.model.arch, mode=spec.mode,
+                                            container=plan.container), self.planner.calibration_policy)
+        if ("calibrated" if now.calibrated else "estimate") == plan.reservation_source \
+                and (not now.calibrated or now.factor == plan.safety_factor):
+            return plan
+        try:
+            fresh = self.planner.plan(spec, self.cluster_gpus(), table)
+        except PlanError:
+            return plan
+        if fresh.exclusive or fresh.reservation_source not in ("estimate", "calibrated") \
+                or fresh.admit_bytes == plan.admit_bytes:
+            return plan
+        meta = _dict(pod.get("metadata"))
+        name = str(meta.get("name") or "")
+        version = meta.get("resourceVersion")
+        if not name or not isinstance(version, str):
+            return plan
+        updated = plan.model_copy(update={
+            "admit_bytes": fresh.admit_bytes, "estimate_admit_bytes": fresh.estimate_admit_bytes,
+            "safety_factor": fresh.safety_factor, "reservation_source": fresh.reservation_source,
+            "admit_gpu_model": fresh.admit_gpu_model,
+        })
+        if _dict(meta.get("annotations")).get(ANN_ADMIT_BYTES) == str(fresh.admit_bytes):
+            new.update(_plan_fields(updated))  # the pod was patched; the status had not caught up yet
+            return updated
+        ref = _job_ref(job)
+        path = "/metadata/annotations/" + ANN_ADMIT_BYTES.replace("~", "~0").replace("/", "~1")
+        try:
+            self.kube.patch_pod(ref.namespace, name, [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+                {"op": "replace", "path": path, "value": str(fresh.admit_bytes)},
+            ])
+        except KubeError as exc:
+            if exc.status in (404, 409, 422):
+                return plan  # bound, changed or gone meanwhile: its next event decides again
+            raise
+        new.update(_plan_fields(updated))
+        self.metrics.replans.inc()
+        self._event(job, "Normal", "Replanned",
+                    f"pod {name} waits for a node: admit bytes {format_bytes(plan.admit_bytes)} -> "
+                    f"{format_bytes(fresh.admit_bytes)} ({plan.admit_bytes} -> {fresh.admit_bytes} bytes; safety "
+                    f"factor {plan.safety_factor} -> {fresh.safety_factor}, from the calibration)")
+        return updated
 
     def cleanup(self, namespace: str, name: str, status: dict[str, Any]) -> list[str]:
         """Delete every pod of the job (by label and by deterministic name) and its ConfigMap; returns pod names."""
@@ -917,6 +1007,12 @@ class Operator:
         deleted = [pod for pod in sorted(names) if self.kube.delete_pod(namespace, pod)]
         self.kube.delete_config_map(namespace, config_map_name(name))
         return deleted
+
+
+def waiting_for_a_node(pod: dict[str, Any]) -> bool:
+    """A pod the scheduler has not bound yet and that is not going away: its reservation can still change."""
+    meta, spec, status = (_dict(pod.get(k)) for k in ("metadata", "spec", "status"))
+    return not spec.get("nodeName") and not meta.get("deletionTimestamp") and status.get("phase") in (None, "Pending")
 
 
 def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:

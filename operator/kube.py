@@ -17,6 +17,7 @@ from typing import Any
 from gnnsched.contract import GNNCALIBRATION_PLURAL, GNNJOB_PLURAL, GPUNODE_PLURAL, GROUP, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 TOKEN_REFRESH_PERIOD = datetime.timedelta(minutes=1)  # the kubernetes client's own re-read period
 
 
@@ -89,6 +90,11 @@ class Kube:
             if exc.status == 404:
                 return False
             raise
+
+    def patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch of a pod; a ``test`` op on ``/metadata/resourceVersion`` makes it conditional (the API server
+        answers 422 when the pod changed since it was read, e.g. the scheduler bound it)."""
+        return self._call(self._core.patch_namespaced_pod, name, namespace, ops, _content_type=JSON_PATCH)
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         data = self._call(self._core.list_namespaced_pod, namespace, label_selector=label_selector)

@@ -58,6 +58,9 @@ class OperatorMetrics:
                                         "Safety factor new estimates of a calibration class use (observed / "
                                         "predicted quantile; the static factor until the class has enough samples)",
                                         ("class",), registry=r)
+        self.replans = Counter("gnnsched_operator_replans",
+                               "Pods still waiting for a node whose admit-bytes were re-planned after the "
+                               "calibration changed", registry=r)
         self.calibration_samples = Counter("gnnsched_calibration_samples",
                                            "Finished attempts recorded in the calibration object, per class",
                                            ("class",), registry=r)

@@ -332,6 +332,51 @@ async def test_an_overrun_sizes_the_next_job_of_its_class_as_its_resize(tmp_path
         + need * 1e-4
 
 
+async def test_pods_still_waiting_for_a_node_are_replanned_when_the_factor_changes(tmp_path: Path) -> None:
+    """Three jobs of one class queue at once (the CoGNN mix's shape). The first overruns: its bound is recorded and
+    the operator re-plans at once the pod that no node has taken (its admit-bytes annotation and its status plan
+    follow the new factor, a ``Replanned`` event says so), while the pod already bound to a node keeps the bytes the
+    extender placed it by."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, resync_seconds=3600.0):  # only the immediate re-plan can act
+            for name in ("wait-a", "wait-b", "wait-c"):
+                await cluster.create_job(manifest(name))
+                await pod(cluster, f"{name}-0")
+            code, bound = await cluster.request("POST", "/api/v1/namespaces/default/pods/wait-c-0/binding", json={
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "wait-c-0"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}})
+            assert code in (200, 201), bound
+            before = {p["metadata"]["name"]: int(p["metadata"]["annotations"][ANN_ADMIT_BYTES])
+                      for p in await cluster.pods()}
+            old = before["wait-a-0"]
+            await cluster.patch_pod("wait-a-0", ended("Failed", oom_line(old, old - 2**20, 2 * 2**20)))
+            await pod(cluster, "wait-a-1")
+
+            async def replanned() -> Any:
+                got = await cluster.get_job("wait-b")
+                return got if got and got["status"].get("reservationSource") == "calibrated" else None
+            job_b = await wait_for(replanned, 20, what="wait-b re-planned")
+
+            async def replanned_events() -> Any:
+                return [e for e in await cluster.events() if e.get("reason") == "Replanned"]
+            events = await wait_for(replanned_events, 20, what="the Replanned event")
+            after = {p["metadata"]["name"]: int(p["metadata"]["annotations"][ANN_ADMIT_BYTES])
+                     for p in await cluster.pods()}
+            job_c = await cluster.get_job("wait-c")
+            code, stored = await cluster.request("GET", CALIBRATION)
+    assert before["wait-a-0"] == before["wait-b-0"] == before["wait-c-0"]  # one class, the static factor
+    factor = stored["status"]["factors"]["A100-40GB.gcn.train.builtin"]["factor"]
+    status = job_b["status"]
+    assert after["wait-b-0"] == status["admitBytes"] == math.ceil(status["predictedPeakBytes"] * factor)
+    assert after["wait-b-0"] > before["wait-b-0"] and status["safetyFactor"] == factor
+    assert status["plan"]["admit_bytes"] == after["wait-b-0"]
+    assert after["wait-c-0"] == before["wait-c-0"]  # bound before the sample: kept
+    assert job_c is not None and job_c["status"]["admitBytes"] == before["wait-c-0"]
+    assert [e["involvedObject"]["name"] for e in events] == ["wait-b"]
+    assert str(before["wait-b-0"]) in events[0]["message"] and str(after["wait-b-0"]) in events[0]["message"]
+
+
 async def test_gpu_memory_replaces_the_prediction_and_keeps_the_estimate(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])

@@ -212,6 +212,29 @@ def test_calibration_pools_architectures_with_too_few_jobs_each(ix: Integrations
     assert len(table) == 4 and all(1.3 <= f <= 1.6 for f in table.values())
 
 
+def test_waiting_attempts_are_replanned_after_the_first_overruns(ix: Integrations) -> None:
+    """The CoGNN mix's shape: 16 jobs of four architectures all arrive at t = 0, every one 1.3x its estimate, so
+    every admit is planned before any observation. The first attempts to start overrun; their lower bounds make the
+    pool's factor their resize (1.65), and the attempts still waiting for a node are re-planned to it (the operator
+    patches their admit-bytes), so only the attempts that had started overrun: at least half fewer resizes."""
+    templates = []
+    for i in range(16):
+        arch = ("gcn", "sage", "gat", "gin")[i % 4]
+        model = {"arch": arch, "layers": 3, "hidden": 64, **({"heads": 2} if arch == "gat" else {})}
+        spec = parse_spec({"mode": "train", "model": model, "graph": {"dataset": "cora"}, "epochs": 60})
+        templates.append(JobTemplate(name=f"{arch}-{i}", arrival=0.0, spec=spec, cpu_milli=6000,
+                                     memory_bytes=4 * 2**30, backoff_limit=0))
+    wl = Workload(name="burst", description="four architectures at once", templates=templates, cluster=CLUSTER)
+    rep = _run(ix, wl, "lmcf,lmcf-calib", EstimateError("lognormal", 0.0, 1.3))
+    calib, static = rep.policies["lmcf"], rep.policies["lmcf-calib"]
+    assert static["resize_retries"] == 16
+    assert 0 < calib["resize_retries"] * 2 <= static["resize_retries"]
+    assert calib["jobs_lost"] == static["jobs_lost"] == 0 and calib["oom_kills"] == 0
+    # No completed attempt was ever sized below the bounds: the factor stays above them, the quantile of the exact
+    # ratios (1.3) once the retries and re-planned attempts complete.
+    assert all(1.3 <= f <= 1.65 for f in rep.results["lmcf"].extra["calibration"].values())
+
+
 def test_faults_requeue_victims_and_charge_baselines(ix: Integrations) -> None:
     """A high fault rate (jobs share GPUs): gnnsched requeues the victims without charging them and completes every
     job; naive MPS charges every failed pod to backoffLimit 0 and loses jobs."""

@@ -760,6 +760,7 @@ class Simulation:
         self._take_off_gpu(run)
         if self.loop is not None:
             self.loop.completed(job, gpu.model)
+            self._replan_pending()
         out.status = "completed"
         out.finish = self.now
         self._unbind(out, gpu.node)
@@ -810,6 +811,18 @@ class Simulation:
         self.dirty_nodes.add(gpu.node.idx)
         self.pending_dirty = True
 
+    def _replan_pending(self) -> None:
+        """The calibration table changed: every attempt still waiting for the scheduler (not bound to a node) gets
+        the admit bytes the operator would plan for it now (``LoopBooks.attempt``: a resized attempt keeps its
+        reservation), as the operator patches the ``admit-bytes`` annotation of its unbound pods. Its place in the
+        queue is kept."""
+        loop = self.loop
+        if loop is None or not loop.calibrating or not self.pending:
+            return
+        for jid in self.pending:
+            self.pending[jid] = loop.attempt(self.outcomes[jid].job)
+        self.pending_dirty = True
+
     def _give_up(self, job: SimJob, reason: str) -> None:
         out = self.outcomes[job.id]
         out.status = "failed"
@@ -840,7 +853,9 @@ class Simulation:
         self._rerate(gpu)
         loop = self.loop
         assert loop is not None  # an attempt exceeds its reservation only in a closed-loop run
-        if loop.resized(job, gpu.model):
+        resized = loop.resized(job, gpu.model)
+        self._replan_pending()
+        if resized:
             self._next_attempt(job)
         elif loop.resizes.get(job.id, 0) >= loop.resize.max_resizes:
             self._give_up(job, f"MemoryExceeded: {loop.resize.max_resizes} resizes used")

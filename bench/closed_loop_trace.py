@@ -1,0 +1,90 @@
+"""Per-job trace of one closed-loop cell: where a policy's mean JCT with errors and faults goes, job by job.
+
+Runs one workload, seed and policy on one node x 4 V100-32GB twice, without errors and with
+``--estimate-error lognormal:0.2 --fault-rate 1`` (the cell of issue 15's JCT-ratio figure), and prints per job its
+true-peak multiplier, its start and finish in both runs and how many attempts it took, then the makespans, the wasted
+GPU-seconds and the mean-JCT ratio.
+
+``--retry-keeps-place`` measures a behaviour that neither the operator nor the simulator has: after each retry the
+scheduler queue is put back in arrival order, so a retried job waits where its first attempt waited instead of at
+the end. It answers "what would a retry that keeps its queue place give" (docs/simulator.md, issue 15's figures);
+building it in the cluster needs a higher PriorityClass for retry pods and the same order at the node agent's gate.
+
+    python bench/closed_loop_trace.py [--workload cognn-mix] [--seed 0] [--policy base] [--retry-keeps-place]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gnnsched.simulator import engine
+from gnnsched.simulator.adapters import Integrations
+from gnnsched.simulator.cli import default_data_dir, fits_on
+from gnnsched.simulator.cluster import parse_cluster
+from gnnsched.simulator.faults import parse_estimate_error, true_multipliers
+from gnnsched.simulator.policyspec import parse_policies
+from gnnsched.simulator.runner import materialise, run
+from gnnsched.simulator.workloads import resolve_workload
+
+CLUSTER = "1x4xV100-32GB"
+ERRORS = "lognormal:0.2"
+FAULT_RATE = 1.0
+
+
+def keep_retry_places() -> None:
+    """Patch the engine (this process only) so the scheduler queue is back in arrival order after each retry."""
+    original = engine.Simulation._next_attempt
+
+    def next_attempt(self: Any, job: Any) -> None:
+        original(self, job)
+        ordered = sorted(self.pending.items(), key=lambda kv: (kv[1].arrival, kv[0]))
+        self.pending.clear()
+        self.pending.update(ordered)
+
+    engine.Simulation._next_attempt = next_attempt  # type: ignore[method-assign]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="cognn-mix")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", default="base")
+    ap.add_argument("--retry-keeps-place", action="store_true")
+    args = ap.parse_args()
+    if args.retry_keeps_place:
+        keep_retry_places()
+    ix = Integrations()
+    data = default_data_dir()
+    cl = parse_cluster(CLUSTER, data)
+    error = parse_estimate_error(ERRORS)
+    wl = resolve_workload(args.workload, args.seed, data, fits=fits_on(cl, ix))
+    jobs = materialise(wl, cl, ix, scaling=False)
+    policies = parse_policies(args.policy)
+    plain = run(wl, cl, policies, args.seed, ix, jobs=jobs)
+    loop = run(wl, cl, policies, args.seed, ix, jobs=jobs, estimate_error=error, fault_rate=FAULT_RATE)
+    name = next(iter(plain.results))
+    before, after = plain.results[name], loop.results[name]
+    multipliers = true_multipliers(jobs, error, args.seed)
+
+    def span(start: float | None, finish: float | None) -> str:
+        nan = float("nan")
+        return f"{start if start is not None else nan:6.1f}-{finish if finish is not None else nan:6.1f}"
+
+    print(f"{args.workload} seed {args.seed} {name} on {CLUSTER}; errors {ERRORS}, --fault-rate {FAULT_RATE:g}"
+          + ("; retries keep their queue place (not built)" if args.retry_keeps_place else ""))
+    print(f"{'job':28s} {'true':>5s} {'no errors: run':>15s} {'JCT':>6s}   {'errors: first':>13s} {'last run':>15s} "
+          f"{'JCT':>6s} {'att':>3s}")
+    for a, b in zip(before.outcomes, after.outcomes, strict=True):
+        first = b.first_start if b.first_start is not None else float("nan")
+        print(f"{a.job.name:28s} {multipliers[a.job.id]:5.2f} {span(a.first_start, a.finish)} {a.jct or 0:6.1f}   "
+              f"{first:13.1f} {span(b.start, b.finish)} {b.jct or 0:6.1f} {b.attempts:3d}")
+    mean_before = plain.policies[name]["jct_mean_s"]
+    mean_after = loop.policies[name]["jct_mean_s"]
+    print(f"makespan {before.end_time:.1f} -> {after.end_time:.1f} s; wasted GPU-seconds "
+          f"{loop.policies[name].get('wasted_gpu_seconds', 0.0):.1f}; mean JCT {mean_before:.1f} -> {mean_after:.1f} s "
+          f"({mean_after / mean_before:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -39,6 +39,10 @@ PREDICTED_RUNTIME_RESOLUTION_S = 0.001
 takes only a positive runtime in the annotation, and a tiny job's sub-millisecond prediction rounded to ``0.000``
 made its pod unschedulable (found by the local cluster's generated small jobs)."""
 ANN_INTENSITY = f"{GROUP}/intensity"  # "memory" | "compute": arithmetic-intensity class for interference pairing
+ANN_QOS_TARGET = f"{GROUP}/qos-target-seconds"
+"""float: an inference GNNJob's ``qosTargetSeconds`` (its latency target), set only on such pods. The gate's share rule
+(``node-agent --share-when-pays``, :func:`gnnsched.policies.share_pays`) keeps it: a pod does not join running clients
+when that would miss the target while waiting for an idle GPU would meet it. The simulator passes the same target."""
 ANN_ATTEMPT = f"{GROUP}/attempt"  # int, 1-based: which attempt of its GNNJob this pod is (resizes and requeues count)
 ANN_EXCLUSIVE = f"{GROUP}/exclusive"
 """``"true"``: the pod runs alone on a whole GPU. The gate admits it only into an empty GPU and admits nothing beside

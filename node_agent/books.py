@@ -73,10 +73,11 @@ class Entry:
     admitted_at: float | None = None
     bypassed: int = 0  # entries later in the policy's order admitted while this one waited (bounded by bypass_limit)
     exclusive: bool = False  # runs alone on a whole GPU (ANN_EXCLUSIVE): booked at the GPU's whole capacity
+    qos_seconds: float | None = None  # inference: the latency target (ANN_QOS_TARGET), kept by the share rule
 
     def task(self) -> Task:
         return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
-                    bypassed=self.bypassed)
+                    bypassed=self.bypassed, qos_seconds=self.qos_seconds)
 
 
 @dataclass(slots=True)
@@ -181,8 +182,10 @@ class Books:
         intensity: str | None = None,
         now: float = 0.0,
         exclusive: bool = False,
+        qos_seconds: float | None = None,
     ) -> Entry:
         """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it.
+        ``qos_seconds``: an inference pod's latency target, which the share rule (``share_when_pays``) keeps.
 
         ``exclusive``: the pod runs alone on a whole GPU; it is booked at :meth:`whole_gpu_bytes` whatever ``bytes``
         says (its own estimate may exceed the shareable capacity: that is why it runs alone)."""
@@ -200,7 +203,7 @@ class Books:
         self._seq += 1
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
-            qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive,
+            qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive, qos_seconds=qos_seconds,
         )
         self.queued[key] = e
         self._tasks[key] = e.task()

@@ -14,6 +14,7 @@ Two independent checks, because the gate's books are only as honest as their inp
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 import struct
@@ -30,6 +31,7 @@ from gnnsched.contract import (
     ANN_INTENSITY,
     ANN_JOB,
     ANN_PREDICTED_RUNTIME,
+    ANN_QOS_TARGET,
     API_VERSION,
     GNNJOB_KIND,
     GNNJOB_PLURAL,
@@ -393,6 +395,7 @@ class Demand:
     qt_seconds: float | None
     intensity: str | None
     exclusive: bool = False
+    qos_seconds: float | None = None  # ANN_QOS_TARGET: an inference pod's latency target (the share rule keeps it)
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
@@ -408,6 +411,7 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
         except ValueError:
             qt = None
     intensity = ann.get(ANN_INTENSITY) if ann.get(ANN_INTENSITY) in ("memory", "compute") else None
+    qos = _qos_target(ann.get(ANN_QOS_TARGET))
     raw_x = ann.get(ANN_EXCLUSIVE)
     if raw_x is not None and raw_x not in ("true", "false"):
         raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_EXCLUSIVE}={raw_x!r} is not "
@@ -415,7 +419,7 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
     if raw_x == "true":
         # Trusted from any pod: running alone only ever books more than a shared slot would, never less.
         job = ann.get(ANN_JOB, pod.owner_job) if pod.owner_job is not None else None
-        return Demand(whole_gpu_bytes, "exclusive", job, qt, intensity, exclusive=True)
+        return Demand(whole_gpu_bytes, "exclusive", job, qt, intensity, exclusive=True, qos_seconds=qos)
     if pod.owner_job is not None:
         raw = ann.get(ANN_ADMIT_BYTES)
         if raw is None:
@@ -428,7 +432,7 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
             ) from None
         if value <= 0:
             raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_ADMIT_BYTES} must be > 0")
-        return Demand(value, "admit-bytes", ann.get(ANN_JOB, pod.owner_job), qt, intensity)
+        return Demand(value, "admit-bytes", ann.get(ANN_JOB, pod.owner_job), qt, intensity, qos_seconds=qos)
     raw_mem = ann.get(ANN_GPU_MEMORY)
     if raw_mem is not None:
         try:
@@ -437,8 +441,21 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
             raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_GPU_MEMORY}: {exc}") from None
         if value <= 0:
             raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_GPU_MEMORY} must be > 0")
-        return Demand(value, "gpu-memory", None, qt, intensity)
-    return Demand(whole_gpu_bytes, "whole-gpu", None, qt, intensity)
+        return Demand(value, "gpu-memory", None, qt, intensity, qos_seconds=qos)
+    return Demand(whole_gpu_bytes, "whole-gpu", None, qt, intensity, qos_seconds=qos)
+
+
+def _qos_target(raw: str | None) -> float | None:
+    """``ANN_QOS_TARGET`` as seconds: a positive finite number, else None (no target). Like the predicted runtime, an
+    unreadable value is ignored rather than refused: the target only steers the share rule, it books no memory, so a
+    wrong one can cost latency but never break the gate's bound."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 and not math.isinf(value) else None
 
 
 def gnnjob_owner_reference(name: str, uid: str) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from gnnsched.contract import (
     ANN_JOB,
     ANN_PMC_BYTES,
     ANN_PREDICTED_RUNTIME,
+    ANN_QOS_TARGET,
     API_VERSION,
     DEFAULT_JOB_RUNTIME_CLASS,
     DEFAULT_JOBS_UID,
@@ -283,6 +284,8 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         annotations[ANN_PREDICTED_RUNTIME] = f"{plan.predicted_runtime_seconds:.3f}"
     if plan.intensity is not None:
         annotations[ANN_INTENSITY] = plan.intensity
+    if spec.mode == "infer" and spec.qos_target_seconds is not None:  # the gate's share rule keeps it
+        annotations[ANN_QOS_TARGET] = repr(float(spec.qos_target_seconds))
     env = [
         {"name": ENV_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

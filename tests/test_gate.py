@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from gate_helpers import GiB, add_pods, job_pod, pod_object
 
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_EXCLUSIVE, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_EXCLUSIVE, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP, ANN_QOS_TARGET
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier, pod_uids_in_cgroup
@@ -104,6 +104,25 @@ async def test_admit_reply_and_release(gate: Harness) -> None:
     await gate.settle(
         lambda: ANN_FINISHED_AT in json.loads(gate.pods_file.read_text())["pods"][0]["metadata"]["annotations"]
     )
+
+
+@pytest.mark.asyncio
+async def test_latency_target_reaches_the_books(gate: Harness) -> None:
+    """An inference pod's ``qos-target-seconds`` (written by the operator) is booked with its request, where the
+    share rule reads it (``Entry.task().qos_seconds``); a pod without one books none."""
+    with_target, job = job_pod("q", 10 * GiB, runtime=3)
+    with_target["metadata"]["annotations"][ANN_QOS_TARGET] = "2.5"
+    plain, plain_job = job_pod("p", 10 * GiB, runtime=3)
+    conns = []
+    for pod, j in ((with_target, job), (plain, plain_job)):
+        gate.add(pod, j)
+        conns.append(await gate.request(pod))
+        await gate.reply(conns[-1][0], "admitted")
+    booked = {e.name: e.task().qos_seconds for e in gate.books.running.values()}
+    assert booked == {"q": 2.5, "p": None}
+    for _, w in conns:
+        w.close()
+    await gate.settle(lambda: not gate.books.running)
 
 
 @pytest.mark.asyncio

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_GPU, ANN_JOB, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_GPU, ANN_JOB, ANN_OBSERVED_PEAK_BYTES, ANN_QOS_TARGET
 from gnnsched.operator.history import record_from_job, records_from_jobs
 from gnnsched.operator.planning import Plan, gpus_from_gpunode, memory_key
 from gnnsched.operator.podspec import build_pod, config_map_name, container_command, pod_name
@@ -106,6 +106,18 @@ def test_user_command_is_wrapped_by_the_gate_and_unknown_runtime_leaves_no_annot
     assert body["spec"]["containers"][0]["image"] == "me/mine:1"
     assert "gnnsched.io/predicted-runtime-seconds" not in body["metadata"]["annotations"]
     assert body["metadata"]["annotations"][ANN_JOB] == "ns/j"
+
+
+def test_inference_pod_carries_its_latency_target_for_the_gate() -> None:
+    """The gate's share rule keeps an inference job's ``qosTargetSeconds``: the operator passes it on the pod (the
+    simulator passes the same target); a training pod, or an inference pod without a target, carries none."""
+    job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": SPEC}
+    infer = parse_spec({"mode": "infer", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}, "requests": 100,
+                        "qosTargetSeconds": 2.5})
+    assert build_pod(job, infer, _plan(), 0, "default/image:1")["metadata"]["annotations"][ANN_QOS_TARGET] == "2.5"
+    untargeted = parse_spec({"mode": "infer", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}, "requests": 1})
+    for spec in (parse_spec(SPEC), untargeted):
+        assert ANN_QOS_TARGET not in build_pod(job, spec, _plan(), 0, "default/image:1")["metadata"]["annotations"]
 
 
 def test_plan_survives_a_merge_patch_round_trip_that_drops_nulls() -> None:

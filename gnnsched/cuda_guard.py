@@ -26,8 +26,8 @@ reaches ``cuInit`` on a CUDA build:
 
 Only attributes that exist are replaced (on a CPU build ``torch._C`` has no ``_cuda_getDeviceCount``, and
 ``torch.cuda._is_compiled()`` looks for it), and :meth:`PreAdmissionGuard.remove` puts every original back, after which
-torch behaves exactly as unguarded: nothing torch caches before CUDA initialises survives (``torch.cuda.device_count``
-caches only once initialised; the guard checks).
+torch behaves exactly as unguarded: torch caches no device count before CUDA initialises (``torch.cuda.device_count``
+keeps its answer only once ``_initialized``, which the guard prevents), and PyG caches only ``NO_MKL`` at import.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ RAISING_C_CALLS = (
 )
 """``torch._C`` calls that create or query a CUDA device, stream or allocator: each needs an initialised driver
 (``cudaGetDevice``/``cudaSetDevice`` and the rest call ``cuInit`` first), so before admission they raise instead."""
+
+EXCHANGE_C_CALLS = frozenset({"_cuda_exchangeDevice", "_cuda_maybeExchangeDevice", "_accelerator_exchangeDevice",
+                               "_accelerator_maybeExchangeDevice"})
+"""Of those, the ones that return -1 for a negative index before touching CUDA (``torch.cuda.device(-1)``, what
+``torch.cuda.device_of`` gives a CPU tensor): a negative index goes through to torch's own function."""
 
 ZERO_COUNT_C_CALL = "_cuda_getDeviceCount"
 """Answers 0 under the guard: it is what ``cudaGetDeviceCount`` would say with no visible device, minus the latch."""
@@ -139,8 +144,12 @@ class PreAdmissionGuard:
         self._saved.append((owner, name, original))
         setattr(owner, name, replacement)
 
-    def _blocker(self, what: str) -> Callable[..., Any]:
-        def blocked(*_args: object, **_kwargs: object) -> Any:
+    def _blocker(self, what: str, original: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """A replacement that raises; with ``original``, an exchange call with a negative index goes to it."""
+
+        def blocked(*args: object, **kwargs: object) -> Any:
+            if original is not None and args and isinstance(args[0], int) and args[0] < 0:
+                return original(*args, **kwargs)
             caller = _caller()
             self.attempts.append(f"{what} ({caller})")
             raise CudaInitBlocked(
@@ -179,7 +188,8 @@ class PreAdmissionGuard:
                 self._replace(c, ZERO_COUNT_C_CALL, self._zero_count())
             for name in RAISING_C_CALLS:
                 if hasattr(c, name):
-                    self._replace(c, name, self._blocker(f"torch._C.{name}"))
+                    passes = getattr(c, name) if name in EXCHANGE_C_CALLS else None
+                    self._replace(c, name, self._blocker(f"torch._C.{name}", passes))
             self._replace(torch.cuda, "_lazy_init", self._blocker("torch.cuda._lazy_init (CUDA initialisation)"))
         except BaseException:
             self.remove()
@@ -191,10 +201,6 @@ class PreAdmissionGuard:
         while self._saved:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)
-        cached = getattr(self.torch.cuda, "_cached_device_count", None)
-        if cached is not None and not self.torch.cuda.is_initialized():
-            # torch caches the count only once initialised; a cached count here would be the guard's 0
-            self.torch.cuda._cached_device_count = None
 
     def __enter__(self) -> PreAdmissionGuard:
         return self.install()

@@ -95,8 +95,9 @@ def worker_command(
         # driver with no device visible on a real GPU (gnnsched.cuda_guard).
         from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard
 
-        guard = PreAdmissionGuard().install()
+        guard = PreAdmissionGuard()
         try:
+            guard.install()
             from gnnsched.worker import prepare_job
 
             if threads is not None:  # the start-up runs on the pod's CPUs too

@@ -153,6 +153,8 @@ def test_guard_blocks_cuda_initialisation_and_restores_torch():
             with pytest.raises(CudaInitBlocked, match="_accelerator_getDeviceIndex"):
                 torch._C._accelerator_getDeviceIndex()
         assert torch.cuda.is_available() is False and torch.cuda.device_count() == 0
+        with torch.cuda.device_of(torch.zeros(1)):  # a CPU tensor's device index is -1: nothing to initialise
+            pass
         assert len(guard.attempts) >= 2 and all("test_prestart_cuda_guard.py" in a for a in guard.attempts)
         with pytest.raises(RuntimeError, match="already installed"):
             PreAdmissionGuard().install()
@@ -188,6 +190,7 @@ def test_guard_on_a_cuda_build_answers_no_device_without_the_runtime():
         _cuda_getDeviceCount=lambda: reach("count", 1),
         _cuda_init=lambda: reached.append("init"),
         _cuda_setDevice=lambda d: reached.append("set"),
+        _cuda_exchangeDevice=lambda d: -1 if d < 0 else reach("exchange", 0),
         has_mkl=False,
     )
     cuda = SimpleNamespace(is_initialized=lambda: False, _lazy_init=lambda: reached.append("lazy"))
@@ -201,9 +204,12 @@ def test_guard_on_a_cuda_build_answers_no_device_without_the_runtime():
             c._cuda_setDevice(0)
         with pytest.raises(CudaInitBlocked):
             cuda._lazy_init()
+        assert c._cuda_exchangeDevice(-1) == -1  # torch answers a negative index before touching CUDA
+        with pytest.raises(CudaInitBlocked, match="_cuda_exchangeDevice"):
+            c._cuda_exchangeDevice(0)
         assert "USE_MKL=OFF" in c._show_config() and "USE_CUDA=ON" in c._show_config()
         assert not hasattr(c, "_accelerator_getDeviceIndex")  # only what this torch has is replaced
-        assert len(guard.attempts) == 4
+        assert len(guard.attempts) == 5
     assert reached == []
     assert (c._cuda_getDeviceCount, c._cuda_init, cuda._lazy_init) == saved
 

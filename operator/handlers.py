@@ -672,7 +672,10 @@ class Operator:
         message = ""
         plan = self._stored_plan(status, None, any_generation=True)
         if plan is not None and not deleted and waiting_for_a_node(pod):
-            plan = self._replan_waiting(job, new, pod, plan)
+            try:
+                plan = self._replan_waiting(job, new, pod, plan)
+            except KubeError as exc:  # the pod's own facts still go into the status; the resync re-plans
+                log.warning("re-plan of pod %s: %s", view.name, exc)
         if plan is not None and view.observed_peak_bytes is not None:
             need = _need(plan, plan.admit_gpu_model)
             if need:

@@ -379,6 +379,39 @@ async def test_pods_still_waiting_for_a_node_are_replanned_when_the_factor_chang
     assert str(before["wait-b-0"]) in events[0]["message"] and str(after["wait-b-0"]) in events[0]["message"]
 
 
+async def test_a_replan_from_a_stale_unbound_view_does_not_touch_a_bound_pod(tmp_path: Path) -> None:
+    """The race the conditional patch closes: the operator saw the pod unbound, the scheduler bound it since. The
+    JSON patch's ``test`` on the resourceVersion fails, and the pod keeps the bytes the extender placed it by."""
+    from gnnsched.operator.planning import Plan
+
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, resync_seconds=3600.0) as op:
+            for name in ("race-a", "race-b"):
+                await cluster.create_job(manifest(name))
+            stale = await pod(cluster, "race-b-0")
+            code, bound = await cluster.request("POST", "/api/v1/namespaces/default/pods/race-b-0/binding", json={
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "race-b-0"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}})
+            assert code in (200, 201), bound
+            old = int((await pod(cluster, "race-a-0"))["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("race-a-0", ended("Failed", oom_line(old, old - 2**20, 2 * 2**20)))
+            await pod(cluster, "race-a-1")  # the bound is recorded before the retry is created
+            job_b = await job_in_phase(cluster, "race-b", "Estimated", "Scheduled")
+            plan = Plan.model_validate(job_b["status"]["plan"])
+            new: dict[str, Any] = {}
+            kept = await asyncio.to_thread(op._replan_waiting, job_b, new, stale, plan)
+            after = await pod(cluster, "race-b-0")
+            # The control: from the current version the same call does patch (so the refusal was the version test).
+            control = await asyncio.to_thread(op._replan_waiting, job_b, {}, after, plan)
+            patched = await pod(cluster, "race-b-0")
+    assert kept == plan and new == {}
+    assert after["metadata"]["annotations"][ANN_ADMIT_BYTES] == stale["metadata"]["annotations"][ANN_ADMIT_BYTES]
+    assert after["spec"]["nodeName"] == "node-a"
+    assert control.admit_bytes > plan.admit_bytes
+    assert patched["metadata"]["annotations"][ANN_ADMIT_BYTES] == str(control.admit_bytes)
+
+
 async def test_gpu_memory_replaces_the_prediction_and_keeps_the_estimate(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])

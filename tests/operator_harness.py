@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from datetime import datetime, timedelta, timezone
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 

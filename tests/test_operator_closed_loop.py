@@ -14,7 +14,6 @@ import asyncio
 import json
 import math
 import shutil
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 

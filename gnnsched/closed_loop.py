@@ -430,9 +430,16 @@ class CalibrationTable(BaseModel):
         return round(min(policy.cap, max(policy.floor, value)), 4)
 
 
+def _holds_samples(value: Any) -> bool:
+    """Whether ``value`` is a table: exact ratios, memory-exceeded lower bounds, or both (a class whose attempts all
+    overran has only the latter)."""
+    return isinstance(value, dict) and ("ratios" in value or "exceeded" in value)
+
+
 def load_calibration_file(path: str | Path) -> CalibrationTable:
-    """A calibration table from a JSON or YAML file: the table itself (``{"ratios": {...}}``), or a Kubernetes
-    object holding it under ``status`` or ``data`` (what ``kubectl get -o yaml`` prints). Errors name the file."""
+    """A calibration table from a JSON or YAML file: the table itself (``{"ratios": {...}, "exceeded": {...}}``), or
+    a Kubernetes object holding it under ``status`` or ``data`` (what ``kubectl get -o yaml`` prints). Errors name the
+    file."""
     where = str(path)
     try:
         text = Path(path).read_text()
@@ -442,14 +449,14 @@ def load_calibration_file(path: str | Path) -> CalibrationTable:
         doc: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise FieldError("--calibration", f"{where} is not JSON or YAML: {str(exc).splitlines()[0]}") from None
-    if isinstance(doc, dict) and "ratios" not in doc:
+    if isinstance(doc, dict) and not _holds_samples(doc):
         for holder in ("status", "data"):
             inner = doc.get(holder)
-            if isinstance(inner, dict) and "ratios" in inner:
+            if _holds_samples(inner):
                 doc = inner
                 break
-    if not isinstance(doc, dict) or "ratios" not in doc:
-        raise FieldError("--calibration", f"{where}: expected a mapping with a 'ratios' key")
+    if not isinstance(doc, dict) or not _holds_samples(doc):
+        raise FieldError("--calibration", f"{where}: expected a mapping with a 'ratios' or 'exceeded' key")
     samples: dict[str, Any] = {}
     for name in ("ratios", "exceeded"):
         value = doc.get(name) or {}

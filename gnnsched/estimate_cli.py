@@ -107,7 +107,7 @@ def _load_calibration(path: Path) -> Any:
 def _calibration_factor(table: Any, spec: Any, gpu_model: str) -> dict[str, Any]:
     """The job's calibration class (GPU model, arch, mode, built-in or custom container) and the factor the table
     gives it: the calibrated high quantile once the class (or else its pool) has enough samples, else the static
-    factor."""
+    factor; the resize of a memory-exceeded lower bound where the bounds leave the quantile unknown."""
     from gnnsched.closed_loop import CalibrationClass
 
     cls = CalibrationClass(
@@ -116,4 +116,5 @@ def _calibration_factor(table: Any, spec: Any, gpu_model: str) -> dict[str, Any]
     )
     got = table.factor(cls)
     return {"class": cls.key(), "factor": got.factor, "samples": got.samples, "calibrated": got.calibrated,
-            "source": got.source, "pool": cls.pool_key(), "pool_samples": got.pool_samples}
+            "source": got.source, "pool": cls.pool_key(), "pool_samples": got.pool_samples,
+            "lower_bounds": got.lower_bounds, "censored": got.censored}

@@ -291,7 +291,7 @@ def test_load_calibration_file_forms_and_errors(tmp_path: Path) -> None:
     for name, text, message in (
         ("missing.json", None, "cannot read"),
         ("bad.yaml", "ratios: [unclosed", "not JSON or YAML"),
-        ("nokey.yaml", "foo: 1\n", "'ratios' key"),
+        ("nokey.yaml", "foo: 1\n", "'ratios' or 'exceeded' key"),
         ("negative.json", json.dumps({"ratios": {key: [-1]}}), "positive finite"),
         ("badclass.json", json.dumps({"ratios": {"nope": [1.0]}}), "expected"),
     ):

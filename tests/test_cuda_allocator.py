@@ -315,7 +315,7 @@ def test_calibration_file_replaces_the_static_safety_factor(tmp_path: Path) -> N
     assert data["safety_factor"] == 1.4
     assert data["calibration"] == {"class": "A100-80GB.gcn.train.builtin", "factor": 1.4, "samples": 6,
                                    "calibrated": True, "source": "class", "pool": "A100-80GB.*.train.builtin",
-                                   "pool_samples": 0}
+                                   "pool_samples": 0, "lower_bounds": 0, "censored": False}
     assert data["admit_bytes"] == math.ceil((data["pmc_bytes"] + data["device_overhead_bytes"]) * 1.4)
 
 
@@ -345,6 +345,20 @@ def test_calibration_file_pool_serves_an_architecture_without_samples(tmp_path: 
     data = json.loads(out)
     assert data["safety_factor"] == 1.35
     assert data["calibration"]["source"] == "pool" and data["calibration"]["pool_samples"] == 5
+
+
+def test_calibration_file_with_only_lower_bounds_sizes_as_their_resize(tmp_path: Path) -> None:
+    """The GNNCalibration object after a class's first attempts overran: only ``status.exceeded``. The estimate's
+    factor is the resize of the largest bound (1.12 x growth 1.5), not the static 1.1 that failed."""
+    table = tmp_path / "calib.yaml"
+    table.write_text("apiVersion: gnnsched.io/v1alpha1\nkind: GNNCalibration\nmetadata: {name: default}\n"
+                     "status:\n  exceeded: {A100-80GB.gcn.train.builtin: [1.1, 1.12]}\n")
+    code, out, err = _cli_estimate("--calibration", str(table))
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["safety_factor"] == 1.68
+    assert data["calibration"]["censored"] is True and data["calibration"]["lower_bounds"] == 2
+    assert data["admit_bytes"] == math.ceil((data["pmc_bytes"] + data["device_overhead_bytes"]) * 1.68)
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,12 @@ MPS daemon on PATH).
 
 A blocker job holds the GPU, so the workers queue. While they wait, each worker process (the gate's pid, already
 exec'd into ``gnnsched worker``) has done its imports, built its graph and its model, and says so; it runs with no GPU
-visible and no MPS limit, and the agent has admitted nothing for it. The agent is killed and restarted while they wait
-(the keepers re-ask the new agent). Once the blocker ends, both are admitted and run under the limits the gate set:
-the one admitted at its byte-exact estimate overruns its limit on the fake GPU (``memory-exceeded``), the one admitted
-1.5x larger succeeds with the same observed peak as a worker behind the plain gate.
+visible and no MPS limit, and the agent has admitted nothing for it. Each runs under tests/cuda_init_trap.py, which
+records any call that would initialise CUDA on a CUDA build: none may come before the admission. The agent is
+killed and restarted while they wait (the keepers re-ask the new agent). Once the blocker ends, both are admitted and
+run under the limits the gate set: the one admitted at its byte-exact estimate overruns its limit on the fake GPU
+(``memory-exceeded``), the one admitted 1.5x larger succeeds with the same observed peak as a worker behind the plain
+gate.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from gnnsched.spec import load_job
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux pidfd")]
 
-FAKES = Path(__file__).parent / "fakes"
+TESTS = Path(__file__).parent
+FAKES = TESTS / "fakes"
 MIB = 2**20
 JOB = """apiVersion: gnnsched.io/v1alpha1
 kind: GNNJob
@@ -143,9 +146,12 @@ def test_prestart_worker_loads_while_queued_survives_an_agent_restart_and_runs_u
         for pod in (small, large):
             name = pod["metadata"]["name"]
             env = _pod_env(agent, pod, **{ENV_RESULT_FILE: str(tmp_path / f"{name}.result")})
+            env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            # the worker under tests/cuda_init_trap.py: it records any call that would initialise CUDA on a CUDA build
+            trapped = [sys.executable, str(TESTS / "cuda_trap_run.py"), str(tmp_path / f"{name}.trap")]
             with open(tmp_path / f"{name}.err", "w") as err:
                 workers[name] = subprocess.Popen(
-                    _gnnsched() + ["gate", "--prestart", "--socket", str(agent.sock), "--"] + _gnnsched()
+                    _gnnsched() + ["gate", "--prestart", "--socket", str(agent.sock), "--"] + trapped
                     + ["worker", str(job), "--no-progress"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                     stderr=err, text=True)
             procs.append(workers[name])
@@ -194,6 +200,11 @@ def test_prestart_worker_loads_while_queued_survives_an_agent_restart_and_runs_u
     # The graph and model built before admission are counted on the device once moved there: 1.3x the estimate, as
     # behind the plain gate (tests/test_fake_gpu_processes.py).
     assert result.observed_peak_bytes == pytest.approx(1.3 * need, rel=0.01)
+    for name in ("small", "large"):
+        # Behind the real gate, nothing before the admission reached a call that initialises CUDA on a CUDA build.
+        trap = [json.loads(line) for line in (tmp_path / f"{name}.trap").read_text().splitlines()]
+        assert [r for r in trap if r["event"] == "call" and r["pre_admission"]] == [], trap
+        assert [r["torch_geometric"] for r in trap if r["event"] == "admission"] == [True]
     events = agent.event_list()
     assert {uids["small"], uids["large"]} <= agent.admitted_keys()
     assert sum(e["event"] == "released" and e["key"] in (uids["small"], uids["large"]) for e in events) == 2

@@ -239,3 +239,20 @@ def test_prestart_suffix_parses_for_gnnsched_policies_only():
     for bad in ("exclusive+prestart", "mps-naive+prestart", "sqtf-paper+prestart"):
         with pytest.raises(PolicyError, match="prestart"):
             parse_policy(bad)
+
+
+def test_scale_benchmark_runs_the_charts_default_configuration(monkeypatch: pytest.MonkeyPatch):
+    """``bench/simulate_scale.py``'s default list (``--policies all``) includes the configuration of record, what the
+    chart installs (read from its values), once, and every name in it parses."""
+    import importlib.util
+
+    from gnnsched.simulator.policyspec import parse_policies
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("simulate_scale", ROOT / "bench" / "simulate_scale.py")
+    assert spec is not None and spec.loader is not None
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    names = [p.text for p in parse_policies(scale.all_policies())]
+    assert names.count(scale.chart_default_policy()) == 1
+    assert scale.chart_default_policy().startswith("sqtf+sjf2+bypass4+spread")

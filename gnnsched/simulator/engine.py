@@ -830,11 +830,14 @@ class Simulation:
         reservation), as the operator patches the ``admit-bytes`` annotation of its unbound pods. Its place in the
         queue is kept."""
         loop = self.loop
-        if loop is None or not loop.calibrating or not self.pending:
+        if loop is None or not loop.changed:
             return
-        for jid in self.pending:
-            self.pending[jid] = loop.attempt(self.outcomes[jid].job)
-        self.pending_dirty = True
+        for jid, waiting in self.pending.items():
+            new = loop.replanned(waiting, self.outcomes[jid].job)
+            if new is not None:
+                self.pending[jid] = new
+                self.pending_dirty = True
+        loop.changed.clear()
 
     def _give_up(self, job: SimJob, reason: str) -> None:
         out = self.outcomes[job.id]

@@ -5,20 +5,16 @@ Runs one workload, seed and policy on one node x 4 V100-32GB twice, without erro
 true-peak multiplier, its start and finish in both runs and how many attempts it took, then the makespans, the wasted
 GPU-seconds and the mean-JCT ratio.
 
-``--retry-keeps-place`` measures a behaviour that neither the operator nor the simulator has: after each retry the
-scheduler queue is put back in arrival order, so a retried job waits where its first attempt waited instead of at
-the end. It answers "what would a retry that keeps its queue place give" (docs/simulator.md, issue 15's figures);
-building it in the cluster needs a higher PriorityClass for retry pods and the same order at the node agent's gate.
+It showed where the JCT ratio went before retries went first (docs/simulator.md, issue 15's figures): each retry
+queued behind every job still waiting; the operator's retry PriorityClass, which the engine models, fixed that.
 
-    python bench/closed_loop_trace.py [--workload cognn-mix] [--seed 0] [--policy base] [--retry-keeps-place]
+    python bench/closed_loop_trace.py [--workload cognn-mix] [--seed 0] [--policy base]
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from gnnsched.simulator import engine
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
@@ -32,17 +28,6 @@ ERRORS = "lognormal:0.2"
 FAULT_RATE = 1.0
 
 
-def keep_retry_places() -> None:
-    """Patch the engine (this process only) so the scheduler queue is back in arrival order after each retry."""
-    original = engine.Simulation._next_attempt
-
-    def next_attempt(self: Any, job: Any) -> None:
-        original(self, job)
-        ordered = sorted(self.pending.items(), key=lambda kv: (kv[1].arrival, kv[0]))
-        self.pending.clear()
-        self.pending.update(ordered)
-
-    engine.Simulation._next_attempt = next_attempt  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -50,10 +35,7 @@ def main() -> None:
     ap.add_argument("--workload", default="cognn-mix")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy", default="base")
-    ap.add_argument("--retry-keeps-place", action="store_true")
     args = ap.parse_args()
-    if args.retry_keeps_place:
-        keep_retry_places()
     ix = Integrations()
     data = default_data_dir()
     cl = parse_cluster(CLUSTER, data)
@@ -71,8 +53,7 @@ def main() -> None:
         nan = float("nan")
         return f"{start if start is not None else nan:6.1f}-{finish if finish is not None else nan:6.1f}"
 
-    print(f"{args.workload} seed {args.seed} {name} on {CLUSTER}; errors {ERRORS}, --fault-rate {FAULT_RATE:g}"
-          + ("; retries keep their queue place (not built)" if args.retry_keeps_place else ""))
+    print(f"{args.workload} seed {args.seed} {name} on {CLUSTER}; errors {ERRORS}, --fault-rate {FAULT_RATE:g}")
     print(f"{'job':28s} {'true':>5s} {'no errors: run':>15s} {'JCT':>6s}   {'errors: first':>13s} {'last run':>15s} "
           f"{'JCT':>6s} {'att':>3s}")
     for a, b in zip(before.outcomes, after.outcomes, strict=True):

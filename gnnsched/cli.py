@@ -87,6 +87,15 @@ def _operator(
         "jobs first (the classes never preempt; the chart creates them). A "
         "GNNJob's spec.priorityClassName always wins.",
     ),
+    retry_priority: bool = typer.Option(
+        False,
+        "--retry-priority/--no-retry-priority",
+        help="Put an attempt resized after running out of its GPU memory "
+        "reservation, or requeued as a co-located fault's victim, in the "
+        "PriorityClass PREFIXretry (value base + buckets), ahead of every pod "
+        "that has not run yet (the chart creates it; queuePriority.retryFirst). "
+        "A GNNJob's spec.priorityClassName always wins.",
+    ),
     queue_priority_base: int = typer.Option(
         1000,
         "--queue-priority-base",
@@ -180,7 +189,7 @@ def _operator(
               "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
               "scheduler_name": scheduler_name, "worker_device": worker_device,
               "worker_prestart": worker_prestart, "health_port": health_port or None,
-              "metrics_port": metrics_port or None, "queue_priority": queue_priority,
+              "metrics_port": metrics_port or None, "queue_priority": queue_priority, "retry_priority": retry_priority,
               "queue_priority_base": queue_priority_base, "queue_priority_prefix": queue_priority_prefix,
               "queue_priority_per_doubling": queue_priority_per_doubling}
     if image:

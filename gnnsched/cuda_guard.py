@@ -120,8 +120,8 @@ class PreAdmissionGuard:
     """Installed for the pre-admission phase of ``gnnsched gate --prestart`` and removed at admission.
 
     ``attempts`` lists every blocked call (``name (caller)``), also those a library caught and ignored: the worker
-    reports them at admission. Not re-entrant; one per process at a time, which :meth:`install` enforces by refusing
-    to install over torch attributes that are not torch's own."""
+    reports them at admission. One per process at a time, which :meth:`install` enforces by refusing to install over
+    another guard's replacements."""
 
     def __init__(self, torch: ModuleType | None = None) -> None:
         if torch is None:
@@ -134,6 +134,7 @@ class PreAdmissionGuard:
 
     @property
     def installed(self) -> bool:
+        """Whether torch's functions are replaced now."""
         return bool(self._saved)
 
     def _replace(self, owner: Any, name: str, replacement: Callable[..., Any]) -> None:

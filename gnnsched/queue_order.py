@@ -18,6 +18,13 @@ work would be lost). Why the band starts at ``QUEUE_PRIORITY_BASE`` = 1000 > 0: 
 0, and a class below 0 would let any such pod preempt gnnsched's jobs. The band is configurable (``base``); its top
 is ``base + buckets - 1`` and must stay at or below 1,000,000,000 (higher values are reserved for system classes).
 
+Why one retry class above the band (``<prefix>retry``, value ``base + buckets``): an attempt that exists because
+gnnsched misjudged the job (a memory-exceeded attempt resized) or because a neighbour's fault killed it (a requeued
+victim) has already waited its turn once; as a new pod it would enter kube-scheduler's queue behind every pod created
+since. In the retry class it goes ahead of every pod that has not run yet (FIFO among retries), which is what keeps a
+misestimate from costing the job its place (measured in docs/simulator.md, issue 15's figures). A user's failure
+(an attempt charged to ``backoffLimit``) keeps its job's usual class.
+
 The simulator's ``+sjf`` policies and the operator both use :class:`QueueOrder`, and the chart renders the same
 classes (its test compares them with :meth:`QueueOrder.classes`), so all three agree.
 """
@@ -40,6 +47,7 @@ MAX_PER_DOUBLING = 8
 MAX_USER_PRIORITY = 1_000_000_000
 """Largest value a non-system PriorityClass may have."""
 MIN_PRIORITY = -2_147_483_648
+RETRY_SUFFIX = "retry"
 _NAME_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?-?$")
 _MAX_PREFIX = 60
 
@@ -84,7 +92,7 @@ class QueueOrder:
                                   f"must be an integer 1..{MAX_PER_DOUBLING}, got {self.per_doubling!r}")
         if isinstance(self.base, bool) or not isinstance(self.base, int):
             raise QueueOrderError("queuePriority.base", f"must be an integer, got {self.base!r}")
-        top = self.base + self.buckets - 1
+        top = self.retry_value  # the retry class sits just above the band
         if self.base < MIN_PRIORITY or top > MAX_USER_PRIORITY:
             raise QueueOrderError("queuePriority.base", f"{self.base} puts the band [{self.base}, {top}] outside "
                                   f"[{MIN_PRIORITY}, {MAX_USER_PRIORITY}] (higher values are reserved for system "
@@ -99,6 +107,21 @@ class QueueOrder:
     @property
     def buckets(self) -> int:
         return DOUBLINGS * self.per_doubling + 1
+
+    @property
+    def retry_name(self) -> str:
+        """The class of an attempt created by a resize or a fault victim's requeue."""
+        return f"{self.prefix}{RETRY_SUFFIX}"
+
+    @property
+    def retry_value(self) -> int:
+        """Just above the shortest bucket: a retry goes ahead of every first attempt."""
+        return self.base + self.buckets
+
+    @property
+    def retry_description(self) -> str:
+        return ("gnnsched retry queue order: an attempt resized after running out of its GPU memory reservation, or "
+                "requeued as the victim of a co-located fault, goes ahead of pods that have not run; never preempts")
 
     def bucket(self, seconds: float) -> int:
         """The bucket of a predicted runtime: 0 for <= 1 min, ``buckets - 1`` beyond ~45 days; monotone."""

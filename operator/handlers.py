@@ -95,6 +95,11 @@ log = logging.getLogger("gnnsched.operator")
 DEFAULT_IMAGE = f"ghcr.io/gnnsched/gnnsched:{__version__}"
 
 
+RETRY_FIRST_REASONS = ("Resized", "Requeued")
+"""``status.attemptReason`` values whose attempt goes in the retry class: the system's misjudgement or a neighbour's
+fault made it, not the job (``Retrying``, charged to ``backoffLimit``, keeps the job's class)."""
+
+
 class OperatorConfig(BaseModel):
     """Run-time settings of one operator process (flags of ``gnnsched operator``)."""
 
@@ -118,6 +123,10 @@ class OperatorConfig(BaseModel):
     # Shortest-predicted-first queue order (gnnsched.queue_order): give each pod the PriorityClass of its predicted
     # runtime's bucket. The classes must exist (the chart creates them with queuePriority.enabled).
     queue_priority: bool = False
+    # Retries first (gnnsched.queue_order): a resized attempt or a requeued fault victim gets the class
+    # ``<prefix>retry``, above the band, so it goes ahead of pods that have not run (the chart's
+    # queuePriority.retryFirst creates it).
+    retry_priority: bool = False
     queue_priority_base: int = QUEUE_PRIORITY_BASE
     queue_priority_prefix: str = QUEUE_CLASS_PREFIX
     queue_priority_per_doubling: int = DEFAULT_PER_DOUBLING
@@ -491,7 +500,9 @@ class Operator:
             new["phase"] = "Estimated"
             new["message"] = None
         try:
-            priority_class = self.priority_class(body, spec, plan, ref.namespace, name)
+            reason = status.get("attemptReason")
+            priority_class = self.priority_class(body, spec, plan, ref.namespace, name,
+                                                 reason if isinstance(reason, str) else None)
         except PlanError as exc:
             self._fail(body, dict(status, conditions=conditions), exc.phase, "Schedulable", exc.reason, exc.message)
             return
@@ -553,9 +564,11 @@ class Operator:
         return pod
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
-                       pod: str) -> str | None:
+                       pod: str, attempt_reason: str | None = None) -> str | None:
         """The PriorityClass of the job's pods: ``spec.priorityClassName`` when set (it must exist: the API server
-        would reject the pod), else with ``queue_priority`` the class of the predicted runtime's bucket, else none.
+        would reject the pod), else with ``retry_priority`` the retry class for an attempt that a resize or a
+        victim's requeue created (``attempt_reason``, kept in ``status.attemptReason`` so a restarted operator
+        creates the same pod), else with ``queue_priority`` the class of the predicted runtime's bucket, else none.
 
         A missing user class raises ``PlanError`` (phase Unschedulable: the resync timer retries, so creating the
         class later starts the job). A missing queue class only costs the ordering: the pod is created without a
@@ -573,6 +586,14 @@ class Operator:
                                 "create it (kubectl get priorityclasses lists them) or remove the field",
                                 phase="Unschedulable")
             return spec.priority_class_name
+        if self.config.retry_priority and attempt_reason in RETRY_FIRST_REASONS:
+            retry = self.config.queue_order().retry_name
+            if self.kube.read_priority_class(retry) is not None:
+                return retry
+            self._event(body, "Warning", "RetryPriorityClassMissing",
+                        f"PriorityClass {retry} does not exist: this {attempt_reason.lower()} attempt waits behind "
+                        "the pods created since its job; install the chart with queuePriority.retryFirst=true, or "
+                        "run the operator without --retry-priority")
         if not self.config.queue_priority:
             return None
         seconds = plan.predicted_runtime_seconds
@@ -845,14 +866,18 @@ class Operator:
     def _next_attempt(self, job: dict[str, Any], status: dict[str, Any], new: dict[str, Any], spec: GNNJobSpec,
                       plan: Plan, attempt: int, now: str, condition: tuple[str, str, str],
                       updates: dict[str, Any], priority_class: str | None = None) -> None:
-        """Write the next attempt (name, counters, reservation) into the status, then create its pod (in the
-        PriorityClass the failed attempt had: the job keeps its place in the queue order)."""
+        """Write the next attempt (name, counters, reservation, why it exists) into the status, then create its pod:
+        a resize or a victim's requeue in the retry class (``priority_class``), any other retry in the class the
+        failed attempt had (the job keeps its place in the queue order)."""
         generation = _dict(job.get("metadata")).get("generation")
         ref = _job_ref(job)
         next_attempt = attempt + 1
         ctype, reason, message = condition
         new.update(phase="Estimated", attempts=next_attempt + 1, podName=pod_name(ref.name, next_attempt),
-                   message=f"{ctype.lower()} after attempt {attempt + 1}: {reason}", **updates)
+                   attemptReason=ctype, message=f"{ctype.lower()} after attempt {attempt + 1}: {reason}", **updates)
+        if ctype in RETRY_FIRST_REASONS and spec.priority_class_name is None:
+            priority_class = self.priority_class(job, spec, plan, ref.namespace, pod_name(ref.name, next_attempt),
+                                                 ctype) or priority_class
         for key in ("node", "gpu", "group", "admittedAt", "startedAt", "finishedAt", "observedRuntimeSeconds"):
             new.pop(key, None)
             if key in status:

@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import kmock
 import yaml
 from kube_emulator import StrictKubernetes, declare_resources
 
+from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import GROUP, VERSION
 
 JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/gnnjobs"
@@ -33,6 +35,24 @@ def manifest(name: str = "gcn-cora", **spec_changes: Any) -> dict[str, Any]:
     doc["metadata"]["name"] = name
     doc["spec"].update(spec_changes)
     return doc
+
+
+def ended(phase: str, message: str, reason: str = "Error", code: int = 1,
+          finished_at: str = "2026-01-01T10:00:09Z") -> dict[str, Any]:
+    return {"status": {"phase": phase, "containerStatuses": [{"name": "gnn", "state": {"terminated": {
+        "exitCode": code, "reason": reason, "startedAt": "2026-01-01T10:00:00Z",
+        "finishedAt": finished_at, "message": message}}}]}}
+
+
+def ago(seconds: float) -> str:
+    """An RFC 3339 time ``seconds`` before now (the operator's wait for the agent counts from the finish time)."""
+    return (datetime.now(timezone.utc) - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def oom_line(limit: int, held: int, requested: int) -> str:
+    return "Traceback ...\n" + AttemptResult(outcome="memory-exceeded", observed_peak_bytes=held, limit_bytes=limit,
+                                             held_bytes=held, requested_bytes=requested).line() + "\n"
+
 
 
 def a100(index: int = 0) -> dict[str, Any]:

@@ -50,8 +50,8 @@ def flags_to_order(args: list[str]) -> QueueOrder:
 def test_classes_match_the_core_and_the_operator_flags(chart, values, order):
     docs = render(chart, values)
     classes = [d for d in docs if d["kind"] == "PriorityClass"]
-    expected = order.classes()
-    assert [(c["metadata"]["name"], c["value"]) for c in classes] == [(e.name, e.value) for e in expected]
+    expected = [(e.name, e.value) for e in order.classes()] + [(order.retry_name, order.retry_value)]
+    assert [(c["metadata"]["name"], c["value"]) for c in classes] == expected
     for c in classes:
         assert c["preemptionPolicy"] == "Never" and c["globalDefault"] is False
         assert "never preempts" in c["description"]
@@ -59,14 +59,24 @@ def test_classes_match_the_core_and_the_operator_flags(chart, values, order):
             kubernetes_validate.validate(c, version, strict=True)
     assert "up to 1 min" in classes[0]["description"]
     args = operator_args(docs)
-    assert "--queue-priority" in args
+    assert "--queue-priority" in args and "--retry-priority" in args
     assert flags_to_order(args) == order
 
 
-def test_disabled_renders_no_class_and_no_flag_but_keeps_the_read_permission(chart):
+def test_retry_class_alone_when_the_runtime_order_is_off(chart):
     docs = render(chart, {"queuePriority": {"enabled": False}})
+    classes = [d for d in docs if d["kind"] == "PriorityClass"]
+    order = QueueOrder(prefix="gs-gnnsched-runtime-")
+    assert [(c["metadata"]["name"], c["value"]) for c in classes] == [(order.retry_name, order.retry_value)]
+    args = operator_args(docs)
+    assert "--retry-priority" in args and "--queue-priority" not in args
+    assert flags_to_order(args) == order  # the operator names the same class
+
+
+def test_disabled_renders_no_class_and_no_flag_but_keeps_the_read_permission(chart):
+    docs = render(chart, {"queuePriority": {"enabled": False, "retryFirst": False}})
     assert not [d for d in docs if d["kind"] == "PriorityClass"]
-    assert not [a for a in operator_args(docs) if a.startswith("--queue-priority")]
+    assert not [a for a in operator_args(docs) if a.startswith(("--queue-priority", "--retry-priority"))]
     # the operator still checks a user's spec.priorityClassName exists
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator"))
     assert {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]} in role["rules"]

@@ -14,7 +14,6 @@ import asyncio
 import json
 import math
 import shutil
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,11 @@ from operator_harness import (
     Cluster,
     GiB,
     a100,
+    ago,
     emulated_cluster,
+    ended,
     manifest,
+    oom_line,
     running_operator,
     wait_for,
 )
@@ -67,23 +69,6 @@ def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
     found = [c for c in job["status"].get("conditions", []) if c["type"] == type_]
     assert found, f"no {type_} condition in {job['status'].get('conditions')}"
     return found[0]
-
-
-def ended(phase: str, message: str, reason: str = "Error", code: int = 1,
-          finished_at: str = "2026-01-01T10:00:09Z") -> dict[str, Any]:
-    return {"status": {"phase": phase, "containerStatuses": [{"name": "gnn", "state": {"terminated": {
-        "exitCode": code, "reason": reason, "startedAt": "2026-01-01T10:00:00Z",
-        "finishedAt": finished_at, "message": message}}}]}}
-
-
-def ago(seconds: float) -> str:
-    """An RFC 3339 time ``seconds`` before now (the operator's wait for the agent counts from the finish time)."""
-    return (datetime.now(timezone.utc) - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def oom_line(limit: int, held: int, requested: int) -> str:
-    return "Traceback ...\n" + AttemptResult(outcome="memory-exceeded", observed_peak_bytes=held, limit_bytes=limit,
-                                             held_bytes=held, requested_bytes=requested).line() + "\n"
 
 
 def fault(role: str) -> str:

@@ -13,9 +13,9 @@ from typing import Any
 
 import kmock
 import pytest
-from operator_harness import Cluster, a100, emulated_cluster, manifest, running_operator, wait_for
+from operator_harness import Cluster, a100, ago, emulated_cluster, ended, manifest, oom_line, running_operator, wait_for
 
-from gnnsched.contract import ANN_PREDICTED_RUNTIME
+from gnnsched.contract import ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME
 from gnnsched.queue_order import QueueOrder
 
 CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
@@ -97,6 +97,61 @@ async def test_pods_get_the_class_of_their_predicted_runtime_and_a_user_class_wi
     assert runtimes["long"] > 2 * runtimes["short"]
     assert short["spec"]["priority"] > long_["spec"]["priority"]  # shorter predicted -> tried first
     assert mine["spec"]["priorityClassName"] == "batch-urgent" and mine["spec"]["priority"] == 50_000
+
+
+async def pod_named(cluster: Cluster, name: str) -> dict[str, Any]:
+    async def find() -> Any:
+        return next((p for p in await cluster.pods() if p["metadata"]["name"] == name), None)
+    return await wait_for(find, 40, what=f"pod {name}")
+
+
+async def test_a_resized_attempt_goes_ahead_and_a_charged_retry_keeps_its_class(tmp_path: Path) -> None:
+    """The retry class (above every bucket) for the attempt a memory-exceeded pod's resize creates; the class of the
+    job's runtime for a retry charged to backoffLimit (the user's failure); the reason kept in the status."""
+    order = QueueOrder()
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        for c in order.classes():
+            await create_class(cluster, c.name, c.value)
+        await create_class(cluster, order.retry_name, order.retry_value)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, queue_priority=True, retry_priority=True):
+            await cluster.create_job(manifest("oom"))
+            await cluster.create_job(manifest("flaky", backoffLimit=1))
+            first, flaky = await pod_named(cluster, "oom-0"), await pod_named(cluster, "flaky-0")
+            limit = int(first["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("oom-0", ended("Failed", oom_line(limit, limit - 2**20, limit)))
+            await cluster.patch_pod("flaky-0", ended("Failed", "ValueError: bad input", finished_at=ago(120)))
+            resized, retried = await pod_named(cluster, "oom-1"), await pod_named(cluster, "flaky-1")
+            oom, again = await cluster.get_job("oom"), await cluster.get_job("flaky")
+    assert resized["spec"]["priorityClassName"] == order.retry_name
+    assert resized["spec"]["priority"] == order.retry_value > max(c.value for c in order.classes())
+    assert first["spec"]["priorityClassName"] == order.class_for(
+        float(first["metadata"]["annotations"][ANN_PREDICTED_RUNTIME])).name
+    assert retried["spec"]["priorityClassName"] == flaky["spec"]["priorityClassName"] != order.retry_name
+    assert oom is not None and oom["status"]["attemptReason"] == "Resized"
+    assert again is not None and again["status"]["attemptReason"] == "Retrying"
+
+
+async def test_a_missing_retry_class_keeps_the_jobs_class_and_says_so(tmp_path: Path) -> None:
+    order = QueueOrder()
+    async with emulated_cluster(tmp_path) as cluster:
+        with_priority_admission(cluster)
+        for c in order.classes():
+            await create_class(cluster, c.name, c.value)
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster, queue_priority=True, retry_priority=True):
+            await cluster.create_job(manifest("oom"))
+            first = await pod_named(cluster, "oom-0")
+            limit = int(first["metadata"]["annotations"][ANN_ADMIT_BYTES])
+            await cluster.patch_pod("oom-0", ended("Failed", oom_line(limit, limit - 2**20, limit)))
+            resized = await pod_named(cluster, "oom-1")
+
+            async def warned() -> Any:
+                return [e for e in await cluster.events() if e.get("reason") == "RetryPriorityClassMissing"]
+            events = await wait_for(warned, 30, what="a RetryPriorityClassMissing event")
+    assert resized["spec"]["priorityClassName"] == first["spec"]["priorityClassName"]
+    assert order.retry_name in events[0]["message"] and "queuePriority.retryFirst=true" in events[0]["message"]
 
 
 async def test_feature_off_sets_no_class(tmp_path: Path) -> None:

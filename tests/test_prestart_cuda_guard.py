@@ -144,6 +144,7 @@ def test_guard_blocks_cuda_initialisation_and_restores_torch():
     real_config = torch.__config__.show()
     guard = PreAdmissionGuard().install()
     try:
+        assert guard.installed
         assert torch.__config__.show() == driver_free_config(torch)
         with pytest.raises(CudaInitBlocked, match="torch.cuda._lazy_init"):
             torch.zeros(1, device="cuda")
@@ -160,6 +161,7 @@ def test_guard_blocks_cuda_initialisation_and_restores_torch():
             PreAdmissionGuard().install()
     finally:
         guard.remove()
+    assert not guard.installed
     assert (torch._C._show_config, torch.cuda._lazy_init) == originals
     assert torch.__config__.show() == real_config
     assert not torch.cuda.is_initialized()

@@ -95,11 +95,15 @@ def test_bad_configuration_names_the_field(kwargs, field):
     assert err.value.field == field
 
 
-def test_band_top_may_reach_the_user_maximum():
-    q = QueueOrder(base=MAX_USER_PRIORITY - 32)
-    assert q.classes()[0].value == MAX_USER_PRIORITY
+def test_retry_class_sits_just_above_the_band_and_may_reach_the_user_maximum():
+    q = QueueOrder(base=MAX_USER_PRIORITY - 33)
+    assert q.retry_value == MAX_USER_PRIORITY == q.classes()[0].value + 1
+    assert q.retry_name == "gnnsched-runtime-retry" and q.retry_name not in {c.name for c in q.classes()}
     with pytest.raises(QueueOrderError):
         q.value(33)
+    with pytest.raises(QueueOrderError) as err:  # one more and the retry class would leave the user range
+        QueueOrder(base=MAX_USER_PRIORITY - 32)
+    assert err.value.field == "queuePriority.base"
 
 
 # ------------------------------------------------------------------------------------------------ simulator

@@ -235,6 +235,29 @@ def test_waiting_attempts_are_replanned_after_the_first_overruns(ix: Integration
     assert all(1.3 <= f <= 1.65 for f in rep.results["lmcf"].extra["calibration"].values())
 
 
+def test_a_resized_attempt_goes_ahead_of_the_jobs_that_have_not_run(ix: Integrations) -> None:
+    """The operator's retry class: 16 jobs at t = 0, each 1.3x its estimate and without calibration, so every first
+    attempt overruns. The attempts of the first wave are retried ahead of the jobs still waiting (as a new pod in its
+    job's class it would wait behind all of them), so every first-wave job restarts before any later job first
+    starts."""
+    templates = []
+    for i in range(16):
+        spec = parse_spec({"mode": "train", "model": {"arch": "gcn", "layers": 3, "hidden": 64},
+                           "graph": {"dataset": "cora"}, "epochs": 60})
+        templates.append(JobTemplate(name=f"gcn-{i}", arrival=0.0, spec=spec, cpu_milli=6000,
+                                     memory_bytes=4 * 2**30, backoff_limit=0))
+    wl = Workload(name="burst", description="one class at once", templates=templates, cluster=CLUSTER)
+    rep = _run(ix, wl, "lmcf-calib", EstimateError("lognormal", 0.0, 1.3))
+    outcomes = rep.results["lmcf-calib"].outcomes
+    assert rep.policies["lmcf-calib"]["resize_retries"] == 16
+    assert all(o.status == "completed" and o.attempts == 2 for o in outcomes)
+    first = min(o.first_start for o in outcomes if o.first_start is not None)
+    wave = [o for o in outcomes if o.first_start == first]
+    later = [o for o in outcomes if o.first_start is not None and o.first_start > first]
+    assert wave and later
+    assert max(o.start for o in wave if o.start is not None) <= min(o.first_start for o in later if o.first_start)
+
+
 def test_faults_requeue_victims_and_charge_baselines(ix: Integrations) -> None:
     """A high fault rate (jobs share GPUs): gnnsched requeues the victims without charging them and completes every
     job; naive MPS charges every failed pod to backoffLimit 0 and loses jobs."""

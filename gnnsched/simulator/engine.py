@@ -17,6 +17,7 @@ agent's grouping policy and the gate invariant); the engine only keeps the books
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -213,6 +214,10 @@ class Simulation:
         self.heap: list[tuple] = []
         self.seq = 0
         self.pending: dict[int, SimJob] = {}  # insertion-ordered: arrival / retry order
+        # gnnsched: jobs whose waiting attempt was created because of the system's own misjudgement (a resize) or a
+        # neighbour's fault (a victim); they go ahead of every other pending pod, as the operator's retry
+        # PriorityClass puts them (``queue_order.RETRY``), in the order they were requeued
+        self.ahead: dict[int, None] = {}
         self.pending_dirty = False
         self.queue_buckets: dict[int, int] = {}  # +sjf: job id -> runtime bucket (fixed for the job's life)
         self.queue_order = queue_order.QueueOrder(per_doubling=policy.sjf) if policy.sjf else None
@@ -432,6 +437,7 @@ class Simulation:
                     self._resolve(job)
             for jid in done:
                 del self.pending[jid]
+                self.ahead.pop(jid, None)
         if self.dirty_nodes:
             dirty = sorted(self.dirty_nodes)
             self.dirty_nodes.clear()
@@ -445,6 +451,13 @@ class Simulation:
         return bool(self.slots_arr.any())
 
     def _order(self, jobs: dict[int, SimJob]) -> Iterable[SimJob]:
+        if self.ahead:
+            rest = self._base_order(jobs)
+            return itertools.chain((jobs[j] for j in self.ahead if j in jobs),
+                                   (job for job in rest if job.id not in self.ahead))
+        return self._base_order(jobs)
+
+    def _base_order(self, jobs: dict[int, SimJob]) -> Iterable[SimJob]:
         if self.policy.sjf:  # kube-scheduler's PrioritySort over the queue classes: priority, then enqueue order
             return sorted(jobs.values(), key=self._queue_bucket)  # stable: FIFO within a bucket
         if self.base == "srtf":
@@ -817,11 +830,14 @@ class Simulation:
         reservation), as the operator patches the ``admit-bytes`` annotation of its unbound pods. Its place in the
         queue is kept."""
         loop = self.loop
-        if loop is None or not loop.calibrating or not self.pending:
+        if loop is None or not loop.changed:
             return
-        for jid in self.pending:
-            self.pending[jid] = loop.attempt(self.outcomes[jid].job)
-        self.pending_dirty = True
+        for jid, waiting in self.pending.items():
+            new = loop.replanned(waiting, self.outcomes[jid].job)
+            if new is not None:
+                self.pending[jid] = new
+                self.pending_dirty = True
+        loop.changed.clear()
 
     def _give_up(self, job: SimJob, reason: str) -> None:
         out = self.outcomes[job.id]
@@ -830,9 +846,12 @@ class Simulation:
         out.finish = self.now
         self._resolve(job)
 
-    def _next_attempt(self, job: SimJob) -> None:
-        """gnnsched: the operator creates the job's next attempt at once (no back-off: not a charged failure)."""
+    def _next_attempt(self, job: SimJob, ahead: bool) -> None:
+        """gnnsched: the operator creates the job's next attempt at once (no back-off: not a charged failure);
+        ``ahead``: in the retry PriorityClass, before every pod that has not run yet."""
         assert self.loop is not None  # attempts exist only in a closed-loop run
+        if ahead:
+            self.ahead[job.id] = None
         self._requeue(self.loop.attempt(self.outcomes[job.id].job))
 
     def _charge(self, job: SimJob, reason: str) -> None:
@@ -856,7 +875,7 @@ class Simulation:
         resized = loop.resized(job, gpu.model)
         self._replan_pending()
         if resized:
-            self._next_attempt(job)
+            self._next_attempt(job, ahead=True)
         elif loop.resizes.get(job.id, 0) >= loop.resize.max_resizes:
             self._give_up(job, f"MemoryExceeded: {loop.resize.max_resizes} resizes used")
         else:
@@ -884,14 +903,14 @@ class Simulation:
                 self._charge(job, "GPUFault")
                 continue
             if i != suspect:
-                self._next_attempt(job)  # a victim: requeued, its backoffLimit untouched
+                self._next_attempt(job, ahead=True)  # a victim: requeued, its backoffLimit untouched
                 continue
             loop.suspected[job.id] = loop.suspected.get(job.id, 0) + 1
             charged = loop.charged[job.id] = loop.charged.get(job.id, 0) + 1
             if charged > job.backoff_limit:
                 self._give_up(job, "GPUFault: suspect, backoffLimit used")
             else:
-                self._next_attempt(job)
+                self._next_attempt(job, ahead=False)  # the suspect: charged, and back in its usual place
 
     def _loop_figures(self, end: float) -> dict:
         """The closed loop's figures for :func:`gnnsched.simulator.metrics.summarise`."""

@@ -186,6 +186,12 @@ class LoopBooks:
     fault_victims: int = 0
     faults: int = 0
     fault_log: list[tuple[float, int]] = field(default_factory=list)  # (time, GPU gid) of every fault
+    # The factor of every class an attempt was planned with under the current table (recomputed after each record,
+    # so ``changed`` names the classes whose waiting attempts a re-plan must look at), and each job's class keys.
+    factors: dict[str, float] = field(default_factory=dict)
+    factors_of: CalibrationTable | None = None  # the table ``factors`` were computed from
+    changed: set[str] = field(default_factory=set)
+    class_keys: dict[tuple[int, str], CalibrationClass] = field(default_factory=dict)
 
     @property
     def gnnsched(self) -> bool:
@@ -207,10 +213,24 @@ class LoopBooks:
         return any(self.true_peak(job, m) <= cap for m, cap in self.capacity.items() if m in job.profiles)
 
     def _class(self, job: SimJob, model: str) -> CalibrationClass:
-        spec = job.spec
-        arch = spec.model.arch if spec is not None else "trace"
-        mode = spec.mode if spec is not None else job.mode or "train"
-        return CalibrationClass(gpu_model=model, arch=arch, mode=mode, container="builtin")
+        cls = self.class_keys.get((job.id, model))
+        if cls is None:
+            spec = job.spec
+            arch = spec.model.arch if spec is not None else "trace"
+            mode = spec.mode if spec is not None else job.mode or "train"
+            cls = self.class_keys[(job.id, model)] = CalibrationClass(gpu_model=model, arch=arch, mode=mode,
+                                                                      container="builtin")
+        return cls
+
+    def _factor(self, cls: CalibrationClass) -> float:
+        """``CalibrationTable.factor`` of ``cls`` under the current table (cached until the next record)."""
+        if self.factors_of is not self.table:  # the table was replaced (a record, or a caller setting it)
+            self.factors, self.factors_of = {}, self.table
+        key = cls.key()
+        factor = self.factors.get(key)
+        if factor is None:
+            factor = self.factors[key] = self.table.factor(cls, self.calibration_policy, self.resize).factor
+        return factor
 
     def _admit(self, job: SimJob, model: str, prof: JobProfile) -> int:
         """The admit bytes a new (not resized) attempt gets on ``model``: the predicted need (peak plus device
@@ -221,7 +241,7 @@ class LoopBooks:
             return self.capacity[model]  # runs alone: books the GPU's whole capacity
         factor = self.calibration_policy.static_factor
         if self.calibrating:
-            factor = self.table.factor(self._class(job, model), self.calibration_policy, self.resize).factor
+            factor = self._factor(self._class(job, model))
         admit = int(math.ceil(prof.peak_bytes * factor))
         if admit > self.capacity[model] >= prof.peak_bytes:
             return self.capacity[model]  # fits the whole GPU but not a shared one: runs alone
@@ -286,6 +306,23 @@ class LoopBooks:
     def _record(self, attempt: SimJob, model: str, observed: int, exceeded: bool = False) -> None:
         ratio = observed / max(self.predicted[attempt.id][model], 1)
         self.table = self.table.record(self._class(attempt, model), ratio, self.calibration_policy, exceeded)
+        before, self.factors, self.factors_of = self.factors, {}, self.table
+        for key, factor in before.items():
+            if self._factor(CalibrationClass.parse(key)) != factor:
+                self.changed.add(key)
+
+    def replanned(self, waiting: SimJob, job: SimJob) -> SimJob | None:
+        """The attempt ``waiting`` (of ``job``, as the workload made it) as the operator would plan it now, or None
+        when that changes nothing: the classes of its models kept their factors since the last re-plan, its
+        reservation is a resize's or a whole GPU's, or its admit bytes come out the same."""
+        if not self.calibrating or job.id in self.reservation or self.suspected.get(job.id, 0) >= 2:
+            return None
+        if not any(self._class(job, model).key() in self.changed for model in job.profiles):
+            return None
+        new = self.attempt(job)
+        if all(new.profile(m).admit_bytes == waiting.profile(m).admit_bytes for m in job.profiles):
+            return None
+        return new
 
     def summary(self) -> dict[str, Any]:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,

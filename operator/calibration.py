@@ -47,6 +47,19 @@ RECORDED_KEEP = 1000
 WRITE_TRIES = 5
 
 
+def _planning_factors(table: CalibrationTable, keys: list[str],
+                      policy: CalibrationPolicy) -> dict[str, tuple[float, bool]]:
+    """The factor (and whether it is calibrated) that planning would use for each class in ``keys`` and for an unseen
+    architecture in each of their pools (a class without samples borrows its pool's factor)."""
+    out: dict[str, tuple[float, bool]] = {}
+    for key in keys:
+        cls = CalibrationClass.parse(key)
+        for c in (cls, cls.model_copy(update={"arch": "*"})):
+            result = table.factor(c, policy)
+            out[c.key()] = (result.factor, result.calibrated)
+    return out
+
+
 def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> dict[str, Any]:
     """``factors``, ``classes``, ``calibratedClasses`` and ``summary``: what ``kubectl get`` shows, from the ratios."""
     factors: dict[str, Any] = {}
@@ -114,7 +127,10 @@ class CalibrationStore:
 
     def record(self, cls: CalibrationClass, ratio: float, attempt_key: str, exceeded: bool = False) -> bool:
         """Add one finished attempt's ratio (``exceeded``: a memory-exceeded attempt's lower bound, kept apart in
-        ``status.exceeded``); ``False`` when this attempt was recorded before (a restart re-ran it).
+        ``status.exceeded``). Returns whether any class's factor changed: ``False`` also when this attempt was
+        recorded before (a restart re-ran it). Why the caller needs it: a change re-plans every pod still waiting
+        for a node, which lists the operator's pods; a sample that moves no factor (most of them, once a class is
+        calibrated) must not cost a list per finished job.
 
         Raises ``KubeError`` when the API server keeps refusing (the caller retries on its next sync)."""
         with self._lock:
@@ -123,11 +139,11 @@ class CalibrationStore:
                 table, recorded = self._parse(obj)
                 if attempt_key in recorded:
                     return False
+                old = table
                 table = table.record(cls, ratio, self.policy, exceeded=exceeded)
                 recorded = [*recorded, attempt_key][-RECORDED_KEEP:]
                 status = {"ratios": table.ratios, "exceeded": table.exceeded, "recorded": recorded,
-                          "updatedAt": now_rfc3339(),
-                          **derived_fields(table, self.policy)}
+                          "updatedAt": now_rfc3339(), **derived_fields(table, self.policy)}
                 try:
                     if obj is None:
                         self.kube.create_calibration({
@@ -146,5 +162,6 @@ class CalibrationStore:
                     raise
                 self._publish(table)
                 self.metrics.calibration_samples.labels(cls.key()).inc()
-                return True
+                keys = table.classes()
+                return _planning_factors(old, keys, self.policy) != _planning_factors(table, keys, self.policy)
         raise KubeError(409, f"GNNCalibration {self.name}: still conflicting after {WRITE_TRIES} tries")

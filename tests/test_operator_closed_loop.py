@@ -552,3 +552,32 @@ async def test_without_a_fault_record_810_is_requeued_and_another_fault_charged_
     requeued = condition(victim, "Requeued")
     assert requeued["reason"] == "CoLocatedFault" and "GPU-a100-0" in requeued["message"]
     assert culprit["status"].get("requeues") is None and names == ["culprit-0", "victim-0", "victim-1"]
+
+
+async def test_a_sample_that_moves_no_factor_triggers_no_replan(tmp_path: Path) -> None:
+    """``CalibrationStore.record`` says whether a planning factor moved: every move re-plans the waiting pods (one
+    list of the operator's pods), so a sample that leaves every factor where it was must not, nor a repeated one."""
+    from gnnsched.closed_loop import CalibrationClass
+    from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.calibration import CalibrationStore
+    from gnnsched.operator.kube import Kube
+    from gnnsched.operator.metrics import OperatorMetrics
+
+    policy = CalibrationPolicy(min_samples=2)
+    gcn = CalibrationClass(gpu_model="A100-40GB", arch="gcn", mode="train")
+    async with emulated_cluster(tmp_path) as cluster:
+        kube = Kube(load_client_configuration(str(cluster.kubeconfig)))
+        store = CalibrationStore(kube, OperatorMetrics(), lambda: policy)
+
+        def steps() -> list[bool]:
+            return [
+                store.record(gcn, 1.3, "a/0"),  # one sample, below min_samples: still the static factor
+                store.record(gcn, 1.3, "b/0"),  # two: the class (and its pool) is calibrated
+                store.record(gcn, 1.3, "b/0"),  # the same attempt again (a restart): ignored
+                store.record(gcn, 1.3, "c/0"),  # a third identical ratio: the quantile stays 1.3
+                store.record(gcn, 2.0, "d/0"),  # a larger one moves it
+            ]
+
+        moved = await asyncio.to_thread(steps)
+        kube.close()
+    assert moved == [False, True, False, False, True]

@@ -1,4 +1,5 @@
-"""Tear-down shared by the tests that run a node agent (or an MPS manager) over the fake ``nvidia-cuda-mps-control``.
+"""Start-up and tear-down shared by the tests that run a node agent (or an MPS manager) over the fake
+``nvidia-cuda-mps-control``.
 
 Why a helper: the fake's ``-d`` starts a detached "daemon" (``tests/fakes/nvidia-cuda-mps-control``) that is not a
 child of the agent, so stopping the agent leaves it running; every such test must also kill it by the pid the fake
@@ -11,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 PID_FILE = "fake-mps.pid"
@@ -35,3 +37,22 @@ def stop_agent(agent: subprocess.Popen[bytes] | subprocess.Popen[str] | None, pi
             agent.kill()
             agent.wait()
     kill_fake_mps(pipe)
+
+
+def start_agent(cmd: list[str], env: dict[str, str], cwd: Path, sock: Path, log: Path, pipe: Path,
+                timeout: float = 30.0) -> subprocess.Popen[bytes]:
+    """Start a node agent (stderr appended to ``log``) and wait until its gate socket exists. When it exits first or
+    the socket does not appear within ``timeout`` s, it is stopped (with the fake MPS daemon in ``pipe``) and the
+    test fails with the agent's log."""
+    with log.open("a") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stderr=out)
+    deadline = time.monotonic() + timeout
+    try:
+        while not sock.exists():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"agent did not start: {log.read_text()}"
+            time.sleep(0.05)
+    except BaseException:
+        stop_agent(proc, pipe)
+        raise
+    return proc

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from fake_mps import stop_agent
+from fake_mps import start_agent, stop_agent
 from gate_helpers import gnnsched_command as _gnnsched
 from gate_helpers import job_pod, write_pods
 
@@ -51,32 +50,27 @@ def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succe
     write_pods(pods_file, [small, large], [small_job, large_job])
     env = dict(os.environ, PATH=f"{FAKES}{os.pathsep}{os.environ['PATH']}")
     sock, pipe = tmp_path / "gate.sock", tmp_path / "mps"
-    with (tmp_path / "agent.log").open("w") as agent_log:
-        agent = subprocess.Popen(_gnnsched() + [
-            "node-agent", "--gpus", "fake:1x80Gi", "--fake-gpu-memory", "enforce:1.3", "--node-name", "node-a",
-            "--gate-socket", str(sock), "--pods-file", str(pods_file), "--status-file", str(tmp_path / "status.json"),
-            "--state-dir", str(tmp_path / "state"), "--jobs-uid", str(os.getuid()), "--reserve-bytes", "1Gi",
-            "--mps", "on", "--mps-pipe-dir", str(pipe), "--mps-log-dir", str(tmp_path / "mps-log"), "--peer-check",
-            "off", "--recovery-grace", "0", "--metrics-port", "-1", "--log-level", "warning",
-        ], env=env, cwd=tmp_path, stderr=agent_log)
-        try:
-            deadline = time.monotonic() + 30
-            while not sock.exists():
-                assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
-                time.sleep(0.05)
-            results = {}
-            for pod in (small, large):
-                m = pod["metadata"]
-                result_file = tmp_path / f"{m['name']}.result"
-                wenv = dict(env, **{ENV_POD_UID: m["uid"], ENV_POD_NAME: m["name"], ENV_POD_NAMESPACE: m["namespace"],
-                                    ENV_RESULT_FILE: str(result_file)})
-                run = subprocess.run(_gnnsched() + ["gate", "--socket", str(sock), "--"] + _gnnsched()
-                                     + ["worker", str(job), "--no-progress"], env=wenv, cwd=tmp_path,
-                                     capture_output=True, text=True, timeout=180, check=False)
-                results[m["name"]] = (run.returncode, AttemptResult.model_validate_json(result_file.read_text()),
-                                      run.stderr)
-        finally:
-            stop_agent(agent, pipe)
+    agent = start_agent(_gnnsched() + [
+        "node-agent", "--gpus", "fake:1x80Gi", "--fake-gpu-memory", "enforce:1.3", "--node-name", "node-a",
+        "--gate-socket", str(sock), "--pods-file", str(pods_file), "--status-file", str(tmp_path / "status.json"),
+        "--state-dir", str(tmp_path / "state"), "--jobs-uid", str(os.getuid()), "--reserve-bytes", "1Gi",
+        "--mps", "on", "--mps-pipe-dir", str(pipe), "--mps-log-dir", str(tmp_path / "mps-log"), "--peer-check",
+        "off", "--recovery-grace", "0", "--metrics-port", "-1", "--log-level", "warning",
+    ], env, tmp_path, sock, tmp_path / "agent.log", pipe)
+    try:
+        results = {}
+        for pod in (small, large):
+            m = pod["metadata"]
+            result_file = tmp_path / f"{m['name']}.result"
+            wenv = dict(env, **{ENV_POD_UID: m["uid"], ENV_POD_NAME: m["name"], ENV_POD_NAMESPACE: m["namespace"],
+                                ENV_RESULT_FILE: str(result_file)})
+            run = subprocess.run(_gnnsched() + ["gate", "--socket", str(sock), "--"] + _gnnsched()
+                                 + ["worker", str(job), "--no-progress"], env=wenv, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=180, check=False)
+            results[m["name"]] = (run.returncode, AttemptResult.model_validate_json(result_file.read_text()),
+                                  run.stderr)
+    finally:
+        stop_agent(agent, pipe)
     code, small_result, stderr = results["small"]
     mib = 2**20
     assert code == 1 and small_result.outcome == "memory-exceeded", stderr

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_mps import stop_agent
+from fake_mps import start_agent, stop_agent
 from gate_helpers import GiB, job_pod, write_pods
 from gate_helpers import gnnsched_command as _gnnsched
 
@@ -76,13 +76,8 @@ class Agent:
             "--mps", "on", "--mps-pipe-dir", str(self.tmp / "mps"), "--mps-log-dir", str(self.tmp / "mps-log"),
             "--peer-check", "off", "--recovery-grace", str(grace), "--metrics-port", "-1", "--log-level", "warning",
         ]
-        with open(self.tmp / "agent.log", "a") as log:
-            self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stderr=log)
-        deadline = time.monotonic() + 60
-        while not self.sock.exists():
-            assert self.proc.poll() is None, (self.tmp / "agent.log").read_text()
-            assert time.monotonic() < deadline, "agent did not start"
-            time.sleep(0.05)
+        self.proc = start_agent(cmd, self.env, self.tmp, self.sock, self.tmp / "agent.log", self.tmp / "mps",
+                                timeout=60)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -97,6 +92,21 @@ class Agent:
 
     def admitted_keys(self) -> set[str]:
         return {k for e in self.event_list() if e["event"] == "admitted" for k in e["keys"]}
+
+
+def _start_blocker(agent: Agent, pod: dict, started: Path, go: Path) -> subprocess.Popen:
+    """A gated process holding the whole GPU: it writes ``started`` once admitted and runs until ``go`` exists."""
+    proc = subprocess.Popen(
+        _gnnsched() + ["gate", "--socket", str(agent.sock), "--", sys.executable, "-S", "-c", BLOCKER,
+                       str(started), str(go)],
+        env=_pod_env(agent, pod), cwd=agent.tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(started.exists, "the blocker was never admitted")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
 
 
 def _pod_env(agent: Agent, pod: dict, **extra: str) -> dict[str, str]:
@@ -137,11 +147,7 @@ def test_prestart_worker_loads_while_queued_survives_an_agent_restart_and_runs_u
     procs: list[subprocess.Popen] = []
     agent.start(grace=8.0)
     try:
-        procs.append(subprocess.Popen(
-            _gnnsched() + ["gate", "--socket", str(agent.sock), "--", sys.executable, "-S", "-c", BLOCKER,
-                           str(blocker_started), str(go)],
-            env=_pod_env(agent, blocker), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for(blocker_started.exists, "the blocker was never admitted")
+        procs.append(_start_blocker(agent, blocker, blocker_started, go))
         workers: dict[str, subprocess.Popen] = {}
         for pod in (small, large):
             name = pod["metadata"]["name"]
@@ -221,11 +227,7 @@ def test_prestart_workload_that_exits_while_queued_leaves_the_queue(tmp_path):
     procs: list[subprocess.Popen] = []
     agent.start(grace=0.0)
     try:
-        procs.append(subprocess.Popen(
-            _gnnsched() + ["gate", "--socket", str(agent.sock), "--", sys.executable, "-S", "-c", BLOCKER,
-                           str(blocker_started), str(go)],
-            env=_pod_env(agent, blocker), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_for(blocker_started.exists, "the blocker was never admitted")
+        procs.append(_start_blocker(agent, blocker, blocker_started, go))
         run = subprocess.run(
             _gnnsched() + ["gate", "--prestart", "--socket", str(agent.sock), "--", sys.executable, "-S", "-c",
                            "import sys; sys.exit(7)"],

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from fake_mps import stop_agent
+from fake_mps import start_agent, stop_agent
 from gate_helpers import GiB, job_pod, write_pods
 from gate_helpers import gnnsched_command as _gnnsched
 
@@ -117,13 +117,7 @@ class Agent:
             "--log-level",
             "warning",
         ]
-        with open(self.tmp / "agent.log", "a") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stderr=log)
-        deadline = time.monotonic() + 30
-        while not self.sock.exists():
-            assert self.proc.poll() is None, (self.tmp / "agent.log").read_text()
-            assert time.monotonic() < deadline, "agent did not start"
-            time.sleep(0.05)
+        self.proc = start_agent(cmd, self.env, self.tmp, self.sock, self.tmp / "agent.log", self.tmp / "mps")
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -133,6 +133,10 @@ class AttemptResult(BaseModel):
     """For ``memory-exceeded``: the request that failed."""
     source: Literal["worker", "gate"] = "worker"
     message: str | None = Field(default=None, max_length=1024)
+    prestart_fallback: str | None = Field(default=None, max_length=1024)
+    """Set when a prestarted worker (``gnnsched gate --prestart``) re-executed itself after its admission and this
+    attempt ran as a plain admitted worker: why (``$GNNSCHED_PRESTART_FALLBACK``). Absent otherwise, so readers that
+    predate it see the same line as before."""
 
     def needed_bytes(self) -> int | None:
         """What the attempt showed it needs at least: held + the failed request for an OOM, else its peak."""

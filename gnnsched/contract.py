@@ -108,6 +108,12 @@ ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
 """Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
 descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has
 answered (admitted, with the environment to apply; or rejected). Only the built-in worker reads it."""
+ENV_PRESTART_FALLBACK = "GNNSCHED_PRESTART_FALLBACK"
+"""Set by a prestarted ``gnnsched worker`` on itself when it re-executes as a plain, already-admitted worker: why (its
+start-up tried to initialise CUDA before admission, or torch saw no CUDA device once admitted, the driver having
+latched "no device" through a path the pre-admission guard does not cover). The re-executed process says so in its log
+and in its result line (``AttemptResult.prestart_fallback``); it never falls back again
+(``gnnsched.gate_handoff.reexec_admitted``)."""
 ENV_CPU_REQUEST = "GNNSCHED_CPU_REQUEST"
 """The container's CPU request in whole CPUs, rounded up (the downward API's ``resourceFieldRef`` ``requests.cpu``
 with divisor 1; 0 when the pod requests none). Set by the operator; the worker sizes torch's intra-op thread pool

@@ -209,3 +209,25 @@ class PreAdmissionGuard:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.remove()
+
+
+def runtime_device_count(torch: ModuleType) -> int:
+    """How many CUDA devices the CUDA runtime gives this process: the check, after admission, that the driver did not
+    latch "no device" before it (through a path :class:`PreAdmissionGuard` does not cover).
+
+    Why this call: ``torch.cuda.device_count()`` asks NVML while CUDA is not initialised (``_device_count_nvml``,
+    whatever ``PYTORCH_NVML_BASED_CUDA_CHECK`` says), and NVML sees the admitted GPU even where the driver latched
+    nothing; ``torch.cuda.is_available()`` goes to the runtime only without that variable. ``torch._C.
+    _cuda_getDeviceCount`` is ``cudaGetDeviceCount`` through ``c10::cuda::device_count()``: the runtime's own answer,
+    the one CUDA tensors will meet. It initialises the driver, which is right once the admitted environment is in
+    force, and caches its answer in a C++ static for this process only: a wrong (latched) answer dies with the process
+    image when the worker re-executes (``gnnsched.gate_handoff.reexec_admitted``), and the new process asks afresh.
+    torch's Python ``device_count`` keeps nothing before CUDA is initialised (``_cached_device_count`` is only set once
+    ``_initialized``). A torch without CUDA (no ``_cuda_getDeviceCount``) sees 0 devices. Call only after the guard's
+    removal (under it the answer is always 0)."""
+    count = getattr(torch._C, ZERO_COUNT_C_CALL, None)
+    if count is None:
+        return 0
+    if getattr(count, "__gnnsched_guard__", False):
+        raise RuntimeError("runtime_device_count: the pre-admission guard is still installed")
+    return int(count())

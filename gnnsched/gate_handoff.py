@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Literal
+from typing import Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gnnsched.contract import ENV_GATE_HANDOFF_FD
+from gnnsched.contract import ENV_GATE_HANDOFF_FD, ENV_PRESTART_FALLBACK
 
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 """torch's switch that makes ``torch.cuda.is_available()`` ask NVML instead of initialising the CUDA driver."""
@@ -109,13 +109,22 @@ def read_handoff(fd: int) -> Handoff:
         raise NotAdmitted(EXIT_NO_ADMISSION, f"gate hand-off: {where}: {err.get('msg', 'invalid')}") from None
 
 
-def apply_admission(handoff: Handoff) -> None:
+def cuda_initialised() -> bool:
+    """Whether torch (if this process imported it) has initialised CUDA: then the admitted GPU and MPS limits can no
+    longer apply to this process, only to a new one."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def apply_admission(handoff: Handoff, *, reexec: bool = False) -> None:
     """Put the admitted environment in force in this process (before CUDA initialises), or raise
-    :class:`NotAdmitted` for a rejection."""
+    :class:`NotAdmitted` for a rejection.
+
+    ``reexec``: the caller will re-execute itself (:func:`reexec_admitted`) instead of touching a GPU here, so CUDA
+    having been initialised already is no reason to refuse: the admitted environment is for the new process."""
     if handoff.status != "admitted":
         raise NotAdmitted(handoff.exit_code or EXIT_NO_ADMISSION, handoff.message or f"gate: {handoff.status}")
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    if not reexec and cuda_initialised():
         raise NotAdmitted(EXIT_NO_ADMISSION, "gate: CUDA was initialised before admission; the admitted GPU and MPS "
                                              "limits cannot apply to this process")
     for name in handoff.unset:
@@ -130,3 +139,52 @@ def await_admission(fd: int) -> Handoff:
     handoff = read_handoff(fd)
     apply_admission(handoff)
     return handoff
+
+
+EXIT_REEXEC_FAILED = 127
+"""The fallback's ``exec`` of this interpreter failed (the same status as the gate's failed exec)."""
+
+MAX_FALLBACK_REASON = 512
+
+
+def reexec_command() -> list[str]:
+    """The command line that started this interpreter, to run it again: this interpreter's absolute path, then every
+    argument it was given (interpreter options, ``-m``/``-c``/script, the command's own arguments).
+
+    ``sys.orig_argv`` rather than ``sys.argv``: ``argv`` loses the interpreter and its options (``-X``, ``-u``,
+    ``-m pkg``). Through a console script (``gnnsched worker ...``) the kernel ran the script's shebang, so
+    ``orig_argv`` is ``[python, /path/bin/gnnsched, worker, ...]``. Its first item can be a bare name resolved through
+    ``$PATH`` (``python -m gnnsched ...``); ``sys.executable`` is the interpreter that actually runs, so it replaces
+    it."""
+    return [sys.executable, *sys.orig_argv[1:]]
+
+
+def reexec_admitted(reason: str) -> NoReturn:
+    """Replace this process by a fresh run of the same command, as a plain, already-admitted worker.
+
+    Why: a prestarted worker whose start-up tried to initialise CUDA before admission (stopped by the guard), or whose
+    CUDA driver latched "no device" through a path the guard does not cover, cannot use its admitted GPU in this
+    process. ``exec`` gives a fresh process image, hence a fresh CUDA driver and a fresh torch, with the admitted
+    environment (already in ``os.environ``, :func:`apply_admission`) in force from its first instruction. The pid stays
+    the same, which is what the gate's keeper watches (a pidfd: readable only when the process exits), so the
+    reservation is held across the exec exactly as across the start-up; descriptors this process opened without
+    inheritance (Python's default, and the hand-off pipe, closed by :func:`read_handoff`) close with the old image.
+
+    ``$GNNSCHED_GATE_HANDOFF_FD`` is gone from the environment, so the new process takes the plain path and cannot fall
+    back again; ``$GNNSCHED_PRESTART_FALLBACK`` carries ``reason`` for its log and result line. A process that already
+    is a fallback refuses (``RuntimeError``): no loop, whatever the environment says. Raises :class:`NotAdmitted`
+    (exit 127) when the exec itself fails."""
+    if os.environ.get(ENV_PRESTART_FALLBACK):
+        raise RuntimeError(f"{ENV_PRESTART_FALLBACK}: already a re-executed worker; it does not re-execute again")
+    if ENV_GATE_HANDOFF_FD in os.environ:
+        raise RuntimeError(f"{ENV_GATE_HANDOFF_FD}: still set; re-execute only after the admission is applied")
+    one_line = " ".join(reason.split())[:MAX_FALLBACK_REASON] or "unspecified"
+    os.environ[ENV_PRESTART_FALLBACK] = one_line
+    argv = reexec_command()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(argv[0], argv, dict(os.environ))
+    except OSError as exc:
+        os.environ.pop(ENV_PRESTART_FALLBACK, None)
+        raise NotAdmitted(EXIT_REEXEC_FAILED, f"gnnsched worker: cannot re-execute {argv[0]}: {exc}") from None

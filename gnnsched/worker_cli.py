@@ -11,7 +11,10 @@ Started by ``gnnsched gate --prestart`` (``$GNNSCHED_GATE_HANDOFF_FD`` set), the
 start-up (imports, graph, model) under ``gnnsched.cuda_guard.PreAdmissionGuard`` (nothing may initialise CUDA while
 no GPU is visible), then waits for the gate's hand-off (``gnnsched.gate_handoff``), removes the guard and only then
 reads its MPS limit and fake-GPU settings and touches the device; it exits 3 when the gate rejected it and 4 when no
-admission came (as the gate would), 2 when its start-up tried to initialise CUDA before admission.
+admission came (as the gate would). Where the prestarted process cannot use its admitted GPU (its start-up tried to
+initialise CUDA before admission, or with ``--device cuda`` the runtime sees no device once admitted), it still waits
+for its admission, then re-executes itself as a plain admitted worker (``$GNNSCHED_PRESTART_FALLBACK`` says why; the
+result line's ``prestart_fallback`` too): the start-up is paid twice, the job is not lost.
 """
 
 from __future__ import annotations
@@ -21,15 +24,23 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from gnnsched.cliutil import UserError, user_errors
-from gnnsched.contract import ENV_CPU_REQUEST, ENV_FAKE_GPU_MEMORY, ENV_MPS_MEMORY_LIMIT, ENV_RESULT_FILE
+from gnnsched.contract import (
+    ENV_CPU_REQUEST,
+    ENV_FAKE_GPU_MEMORY,
+    ENV_GATE_HANDOFF_FD,
+    ENV_MPS_MEMORY_LIMIT,
+    ENV_PRESTART_FALLBACK,
+    ENV_RESULT_FILE,
+)
 
-EXIT_PREADMISSION_CUDA = 2
-"""Under ``gnnsched gate --prestart``, the start-up tried to initialise CUDA before admission and was stopped
-(``gnnsched.cuda_guard``): the command cannot be prestarted; it would have run with no GPU visible."""
+if TYPE_CHECKING:
+    from gnnsched.spec import GNNJobSpec
+    from gnnsched.worker import Prepared
 
 EXIT_ATTEMPT_FAILED = 1
 """The attempt ended ``memory-exceeded`` or ``fault``; its result line says which (the pod fails, the operator reads
@@ -71,13 +82,17 @@ def worker_command(
     """Run a GNN job (train epochs or serve inference requests) and print its observed peak memory as JSON."""
     began = time.perf_counter()
     with user_errors():
-        from gnnsched.gate_handoff import NotAdmitted, await_admission, handoff_fd
+        from gnnsched.gate_handoff import NotAdmitted, handoff_fd
         from gnnsched.spec import load_job
 
         try:
             gate_fd = handoff_fd()
         except NotAdmitted as exc:
             raise UserError(str(exc)) from None
+        fallback = os.environ.get(ENV_PRESTART_FALLBACK, "").strip() or None
+        if fallback is not None and gate_fd is not None:  # reexec_admitted removes the hand-off variable: no loop
+            raise UserError(f"{ENV_PRESTART_FALLBACK}: set together with {ENV_GATE_HANDOFF_FD}; a re-executed worker "
+                            "does not wait at the gate again")
 
         if device not in ("cpu", "cuda"):
             raise UserError(f"--device: must be cpu or cuda, got {device!r}")
@@ -88,38 +103,12 @@ def worker_command(
             if epochs < 1:
                 raise UserError(f"--epochs: must be at least 1, got {epochs}")
         threads = intra_op_threads(os.environ, len(os.sched_getaffinity(0)))
+    if fallback is not None:
+        typer.echo(f"gnnsched worker: prestart fallback: re-executed after admission ({fallback}); the start-up runs "
+                   "again with the admitted GPU visible", err=True)
     prepared = None
     if gate_fd is not None:
-        # Start-up behind the wait: imports, graph and model on the CPU now, the device only once admitted. The guard
-        # goes in before anything imports PyG: its import asks torch.__config__.show(), which initialised the CUDA
-        # driver with no device visible on a real GPU (gnnsched.cuda_guard).
-        from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard
-
-        guard = PreAdmissionGuard()
-        try:
-            guard.install()
-            from gnnsched.worker import prepare_job
-
-            if threads is not None:  # the start-up runs on the pod's CPUs too
-                import torch
-
-                torch.set_num_threads(threads)
-            prepared = prepare_job(spec, seed)
-        except CudaInitBlocked as exc:
-            typer.echo(f"gnnsched worker: {exc}", err=True)
-            raise typer.Exit(EXIT_PREADMISSION_CUDA) from None
-        ready = time.perf_counter()
-        typer.echo(f"gnnsched worker: ready in {ready - began:.2f} s (imports, graph and model on the CPU; "
-                   "no device touched); waiting for the gate", err=True)
-        try:
-            await_admission(gate_fd)
-        except NotAdmitted as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(exc.exit_code) from None
-        guard.remove()
-        for attempt in guard.attempts:  # stopped before the driver (a library caught the error, or a count query)
-            typer.echo(f"gnnsched worker: before admission, blocked: {attempt}", err=True)
-        typer.echo(f"gnnsched worker: admitted after {time.perf_counter() - ready:.2f} s at the gate", err=True)
+        prepared = _prestarted(gate_fd, spec, seed, threads, device, began)
     with user_errors():
         from gnnsched.closed_loop import parse_mps_memory_limit
 
@@ -198,6 +187,8 @@ def worker_command(
             fault_watch=fault_watch,
             prepared=prepared,
         )
+    if fallback is not None:
+        result = result.model_copy(update={"prestart_fallback": fallback})
     line = result.line() + "\n"
     sys.stdout.write(line)
     result_file = os.environ.get(ENV_RESULT_FILE)
@@ -213,3 +204,72 @@ def worker_command(
         detail = (result.message or "").splitlines()[0] if result.message else ""
         typer.echo(f"gnnsched worker: {result.outcome}: {detail}", err=True)
         raise typer.Exit(EXIT_ATTEMPT_FAILED)
+
+
+def _prestarted(gate_fd: int, spec: GNNJobSpec, seed: int, threads: int | None, device: str,
+                began: float) -> Prepared | None:
+    """Start-up behind the wait: imports, graph and model on the CPU now, the device only once admitted; returns the
+    prepared job, with the admitted environment in force.
+
+    Fail-safe: where this process cannot use its admitted GPU, it still keeps its place at the gate, takes its
+    admission, then re-executes as a plain admitted worker (``gnnsched.gate_handoff.reexec_admitted``: same pid, so
+    the keeper keeps the reservation; a fresh process, so a fresh CUDA driver). That happens when the start-up tried to
+    initialise CUDA before admission (stopped by the guard, whatever library asked), when CUDA was initialised anyway,
+    and, for ``--device cuda``, when the runtime sees no device although the admission named one (the driver latched
+    "no device" through a path the guard does not cover). The cost is the start-up paid twice, only there; the job is
+    not lost for it. Exits with the gate's status when the gate did not admit it."""
+    # The guard goes in before anything imports PyG: its import asks torch.__config__.show(), which initialised the
+    # CUDA driver with no device visible on a real GPU (gnnsched.cuda_guard).
+    from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard, runtime_device_count
+    from gnnsched.gate_handoff import NotAdmitted, apply_admission, cuda_initialised, read_handoff, reexec_admitted
+
+    guard = PreAdmissionGuard()
+    prepared = None
+    reason = None
+    try:
+        guard.install()
+        from gnnsched.worker import prepare_job
+
+        if threads is not None:  # the start-up runs on the pod's CPUs too
+            import torch
+
+            torch.set_num_threads(threads)
+        prepared = prepare_job(spec, seed)
+    except CudaInitBlocked as exc:
+        reason = f"start-up tried to initialise CUDA before admission: {exc}"
+        typer.echo(f"gnnsched worker: {exc}", err=True)
+    ready = time.perf_counter()
+    if reason is None:
+        typer.echo(f"gnnsched worker: ready in {ready - began:.2f} s (imports, graph and model on the CPU; "
+                   "no device touched); waiting for the gate", err=True)
+    else:
+        typer.echo(f"gnnsched worker: start-up stopped after {ready - began:.2f} s; keeping the place at the gate, "
+                   "will re-execute once admitted; waiting for the gate", err=True)
+    try:
+        handoff = read_handoff(gate_fd)
+        if reason is None and cuda_initialised():
+            reason = "CUDA was initialised before admission (not through a call the guard covers)"
+        apply_admission(handoff, reexec=reason is not None)
+    except NotAdmitted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from None
+    guard.remove()
+    for attempt in guard.attempts:  # stopped before the driver (a library caught the error, or a count query)
+        typer.echo(f"gnnsched worker: before admission, blocked: {attempt}", err=True)
+    typer.echo(f"gnnsched worker: admitted after {time.perf_counter() - ready:.2f} s at the gate", err=True)
+    visible = handoff.env.get("CUDA_VISIBLE_DEVICES", "")
+    if reason is None and device == "cuda" and visible:
+        import torch
+
+        count = runtime_device_count(torch)
+        if count == 0:
+            reason = (f"admitted to CUDA_VISIBLE_DEVICES={visible} but the CUDA runtime sees no device (the driver "
+                      "latched 'no device' before admission)")
+    if reason is None:
+        return prepared
+    typer.echo(f"gnnsched worker: prestart fallback: {reason}; re-executing as a plain admitted worker", err=True)
+    try:
+        reexec_admitted(reason)
+    except NotAdmitted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from None

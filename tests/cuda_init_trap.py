@@ -87,11 +87,11 @@ def install(path: str) -> None:
 
     apply = handoff.apply_admission
 
-    def admission(h: Any) -> None:
+    def admission(h: Any, **kwargs: Any) -> None:
         pyg = sys.modules.get("torch_geometric.typing")
         record({"event": "admission", "torch_geometric": "torch_geometric" in sys.modules,
                 "no_mkl": getattr(pyg, "NO_MKL", None)})
-        apply(h)
+        apply(h, **kwargs)
 
     handoff.apply_admission = admission  # type: ignore[assignment]
 

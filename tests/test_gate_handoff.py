@@ -5,12 +5,14 @@ under until its admission (``gate_client.prestart_env``). The whole path with re
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from gnnsched.cli import app
-from gnnsched.contract import ENV_GATE_HANDOFF_FD
+from gnnsched.contract import ENV_GATE_HANDOFF_FD, ENV_PRESTART_FALLBACK
 from gnnsched.gate_handoff import (
     EXIT_NO_ADMISSION,
     NVML_CHECK_ENV,
@@ -19,6 +21,8 @@ from gnnsched.gate_handoff import (
     await_admission,
     handoff_fd,
     read_handoff,
+    reexec_admitted,
+    reexec_command,
 )
 from gnnsched.node_agent.gate_client import prestart_env
 
@@ -95,3 +99,49 @@ def test_worker_cli_bad_handoff_fd_is_one_line_naming_it(tmp_path):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and ENV_GATE_HANDOFF_FD in lines[0], result.output
+
+
+REEXEC = """
+import os, sys
+from gnnsched.gate_handoff import reexec_admitted
+print(os.getpid(), repr(os.environ.get("GNNSCHED_PRESTART_FALLBACK")), sys.argv[1:], flush=True)
+if "GNNSCHED_PRESTART_FALLBACK" not in os.environ:
+    reexec_admitted("a reason\\nover two lines")
+reexec_admitted("again")
+"""
+
+
+def test_reexec_runs_the_same_command_once_in_the_same_process_with_the_reason():
+    """A real ``exec``: the same pid, the same interpreter options and arguments, the reason in the environment (one
+    line); the re-executed process refuses a second re-exec (one line, no loop)."""
+    run = subprocess.run([sys.executable, "-X", "utf8", "-c", REEXEC, "arg1", "--flag"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    first, second = run.stdout.splitlines()
+    assert first.split(" ", 1)[0] == second.split(" ", 1)[0]  # same pid
+    assert first.endswith("None ['arg1', '--flag']")
+    assert second.endswith("'a reason over two lines' ['arg1', '--flag']")
+    assert run.returncode == 1 and f"{ENV_PRESTART_FALLBACK}: already a re-executed worker" in run.stderr
+
+
+def test_reexec_refuses_before_the_admission_is_applied(monkeypatch):
+    monkeypatch.delenv(ENV_PRESTART_FALLBACK, raising=False)
+    monkeypatch.setenv(ENV_GATE_HANDOFF_FD, "5")
+    with pytest.raises(RuntimeError, match=ENV_GATE_HANDOFF_FD):
+        reexec_admitted("why")
+    assert ENV_PRESTART_FALLBACK not in os.environ
+
+
+def test_reexec_command_is_this_interpreter_and_its_original_arguments():
+    command = reexec_command()
+    assert command[0] == sys.executable and command[1:] == sys.orig_argv[1:]
+
+
+def test_worker_with_both_a_handoff_and_a_fallback_marker_refuses(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("apiVersion: gnnsched.io/v1alpha1\nkind: GNNJob\nmetadata: {name: j}\nspec:\n  mode: train\n"
+                   "  model: {arch: gcn}\n  graph: {nodes: 100, edges: 400, features: 4, classes: 2}\n  epochs: 1\n")
+    result = CliRunner().invoke(app, ["worker", str(job), "--no-progress"],
+                                env={ENV_GATE_HANDOFF_FD: "7", ENV_PRESTART_FALLBACK: "why"})
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and ENV_PRESTART_FALLBACK in lines[0], result.output

@@ -28,7 +28,14 @@ from gate_helpers import GiB, job_pod, write_pods
 from gate_helpers import gnnsched_command as _gnnsched
 
 from gnnsched.closed_loop import AttemptResult
-from gnnsched.contract import ENV_GATE_HANDOFF_FD, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_RESULT_FILE
+from gnnsched.contract import (
+    ENV_GATE_HANDOFF_FD,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_PRESTART_FALLBACK,
+    ENV_RESULT_FILE,
+)
 from gnnsched.estimator import estimate
 from gnnsched.spec import load_job
 
@@ -57,8 +64,9 @@ while not os.path.exists(sys.argv[2]):
 class Agent:
     """A real node agent on one fake 80 GiB GPU (1 GiB reserved) that hands the fake GPU's enforcement to workers."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, fake_memory: bool = True) -> None:
         self.tmp = tmp
+        self.fake_memory = fake_memory
         self.sock = tmp / "gate.sock"
         self.pods = tmp / "pods.json"
         self.events = tmp / "events.jsonl"
@@ -69,7 +77,8 @@ class Agent:
         if self.sock.exists():
             self.sock.unlink()
         cmd = _gnnsched() + [
-            "node-agent", "--gpus", "fake:1x80Gi", "--fake-gpu-memory", "enforce:1.3", "--node-name", "node-a",
+            "node-agent", "--gpus", "fake:1x80Gi", *(["--fake-gpu-memory", "enforce:1.3"] if self.fake_memory else []),
+            "--node-name", "node-a",
             "--gate-socket", str(self.sock), "--pods-file", str(self.pods),
             "--status-file", str(self.tmp / "status.json"), "--event-log", str(self.events),
             "--state-dir", str(self.tmp / "state"), "--jobs-uid", str(os.getuid()), "--reserve-bytes", "1Gi",
@@ -266,3 +275,117 @@ def test_prestart_worker_exits_with_the_gates_status_when_rejected(tmp_path):
         agent.stop()
     assert run.returncode == 3, run.stderr
     assert "rejected" in run.stderr and run.stdout == ""
+
+
+def _tests_on_path(env: dict[str, str]) -> dict[str, str]:
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def test_prestart_worker_whose_start_up_initialises_cuda_keeps_its_place_and_runs_after_one_reexec(tmp_path):
+    """A start-up that initialises CUDA before admission (tests/cuda_init_caller.py: ``torch.cuda.init()`` where a
+    library would) is stopped by the guard. The worker still waits at the gate, takes its admission, re-executes itself
+    once as a plain admitted worker (same pid) and succeeds; its log and result line say why. The keeper holds the
+    reservation across the exec: a job queued meanwhile, which does not fit beside it, is admitted only after the
+    worker's release."""
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    blocker, blocker_job = job_pod("blocker", 79 * GiB)
+    worker_pod, worker_job = job_pod("worker", 50 * GiB)
+    other, other_job = job_pod("other", 40 * GiB)  # 50 + 40 > 79: only after the worker's release
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in (blocker, worker_pod, other)}
+    agent = Agent(tmp_path)
+    write_pods(agent.pods, [blocker, worker_pod, other], [blocker_job, worker_job, other_job])
+    go, blocker_started, other_started = tmp_path / "go", tmp_path / "blocker.started", tmp_path / "other.started"
+    record = tmp_path / "calls.jsonl"
+    procs: list[subprocess.Popen] = []
+    agent.start(grace=0.0)
+    try:
+        procs.append(_start_blocker(agent, blocker, blocker_started, go))
+        env = _tests_on_path(_pod_env(agent, worker_pod, **{ENV_RESULT_FILE: str(tmp_path / "worker.result")}))
+        caller = [sys.executable, str(TESTS / "cuda_init_caller.py"), str(record)]
+        with open(tmp_path / "worker.err", "w") as err:
+            worker = subprocess.Popen(
+                _gnnsched() + ["gate", "--prestart", "--socket", str(agent.sock), "--"] + caller
+                + ["worker", str(job), "--no-progress"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=err,
+                text=True)
+        procs.append(worker)
+        err_file = tmp_path / "worker.err"
+        _wait_for(lambda: "will re-execute once admitted" in err_file.read_text(),
+                  "the worker's start-up did not hit the guard")
+        time.sleep(1.0)  # still queued behind the blocker, still alive: the failed start-up did not end it
+        assert worker.poll() is None and uids["worker"] not in agent.admitted_keys()
+        go.touch()
+        _wait_for(lambda: uids["worker"] in agent.admitted_keys(), "the worker was never admitted")
+        # Queued while the worker re-executes and runs again: it must wait for the worker's release.
+        procs.append(subprocess.Popen(
+            _gnnsched() + ["gate", "--socket", str(agent.sock), "--", sys.executable, "-S", "-c",
+                           "import sys; open(sys.argv[1], 'w').write('1')", str(other_started)],
+            env=_pod_env(agent, other), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_for(lambda: any(e["event"] == "queued" and e["key"] == uids["other"] for e in agent.event_list()),
+                  "the other job never queued")
+        released = [e for e in agent.event_list() if e["event"] == "released" and e["key"] == uids["worker"]]
+        assert released == [], "the worker was released before the other job even queued: nothing to show"
+        out, _ = worker.communicate(timeout=240)
+        _wait_for(other_started.exists, "the other job was never admitted after the worker's release")
+        assert procs[0].wait(30) == 0 and procs[2].wait(30) == 0
+    finally:
+        go.touch()
+        _kill_all(procs)
+        agent.stop()
+    err = err_file.read_text()
+    assert worker.returncode == 0, err
+    result = AttemptResult.model_validate_json((tmp_path / "worker.result").read_text())
+    assert AttemptResult.model_validate_json(out.strip().splitlines()[-1]) == result
+    assert result.outcome == "succeeded" and result.steps
+    assert result.prestart_fallback is not None
+    assert result.prestart_fallback.startswith("start-up tried to initialise CUDA before admission")
+    assert "torch.cuda._lazy_init" in result.prestart_fallback
+    assert err.count("re-executing as a plain admitted worker") == 1, err
+    assert err.count("prestart fallback: re-executed after admission (start-up tried to initialise CUDA") == 1, err
+    # One process (the gate's pid), started twice: prestarted, then re-executed admitted, with the reason.
+    starts = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(r["event"], r["pre_admission"], r["fallback"] is not None) for r in starts if r["event"] == "start"] == [
+        ("start", True, False), ("start", False, True)]
+    assert {r["pid"] for r in starts} == {worker.pid}
+    assert sum(r["event"] == "cuda-init" for r in starts) == 1
+    # The reservation was held throughout: admitted once, released once (at the worker's exit), and the job that did
+    # not fit beside it admitted only after that release.
+    events = agent.event_list()
+    admitted_at = [i for i, e in enumerate(events) if e["event"] == "admitted" and uids["worker"] in e["keys"]]
+    released_at = [i for i, e in enumerate(events) if e["event"] == "released" and e["key"] == uids["worker"]]
+    other_at = [i for i, e in enumerate(events) if e["event"] == "admitted" and uids["other"] in e["keys"]]
+    assert len(admitted_at) == 1 and len(released_at) == 1 and len(other_at) == 1, events
+    assert admitted_at[0] < released_at[0] < other_at[0], events
+
+
+def test_prestart_cuda_worker_that_sees_no_device_once_admitted_reexecutes_once_then_fails_as_the_plain_gate(tmp_path):
+    """The post-admission latch check: a prestarted ``--device cuda`` worker asks the CUDA runtime how many devices it
+    sees once admitted; on this CPU build it is 0 although the admission named a GPU, which is what a driver latched
+    before admission looks like. It re-executes once as a plain admitted worker, which then fails exactly as the plain
+    gate's worker does here (same status, same message): no loop, no second re-exec."""
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    plain, plain_job = job_pod("plain", 1 * GiB)
+    pre, pre_job = job_pod("pre", 1 * GiB)
+    agent = Agent(tmp_path, fake_memory=False)
+    write_pods(agent.pods, [plain, pre], [plain_job, pre_job])
+    agent.start(grace=0.0)
+    try:
+        runs = {}
+        for pod, gate in ((plain, ["gate"]), (pre, ["gate", "--prestart"])):
+            runs[pod["metadata"]["name"]] = subprocess.run(
+                _gnnsched() + gate + ["--socket", str(agent.sock), "--"] + _gnnsched()
+                + ["worker", str(job), "--device", "cuda", "--no-progress"],
+                env=_pod_env(agent, pod), cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False)
+    finally:
+        agent.stop()
+    base, fell = runs["plain"], runs["pre"]
+    assert base.returncode == 2 and "no CUDA device is available" in base.stderr, base.stderr
+    assert fell.returncode == base.returncode, fell.stderr
+    assert fell.stderr.strip().splitlines()[-1] == base.stderr.strip().splitlines()[-1]
+    assert fell.stdout == base.stdout == ""
+    assert fell.stderr.count("re-executing as a plain admitted worker") == 1, fell.stderr
+    assert fell.stderr.count("prestart fallback: re-executed after admission (admitted to CUDA_VISIBLE_DEVICES=") == 1
+    assert "the CUDA runtime sees no device" in fell.stderr
+    assert ENV_PRESTART_FALLBACK not in base.stderr

@@ -24,7 +24,7 @@ import torch
 
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import ENV_GATE_HANDOFF_FD, ENV_RESULT_FILE
-from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard, driver_free_config
+from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard, driver_free_config, runtime_device_count
 from gnnsched.gate_handoff import Handoff
 
 pytestmark = pytest.mark.timeout(300)
@@ -109,17 +109,24 @@ def test_prestart_phase_of_the_worker_makes_no_call_that_initialises_cuda(tmp_pa
     assert "blocked" not in err, err
 
 
-def test_a_start_up_that_initialises_cuda_before_admission_is_stopped_with_its_caller(tmp_path):
-    """A library that makes a CUDA tensor at import (here: at the start of the worker) is stopped before the driver
-    and the worker exits 2 naming the call; the trap saw no call reach torch's CUDA initialisation."""
+def test_a_start_up_that_initialises_cuda_before_admission_is_stopped_and_the_worker_reexecutes_once_admitted(
+        tmp_path):
+    """A library that makes a CUDA tensor at import (here: at the start of the worker, while it is not admitted) is
+    stopped before the driver, naming the call. The worker still waits for its admission, then re-executes itself as a
+    plain admitted worker, which runs the job; its result line says why. The trap saw no call reach torch's CUDA
+    initialisation before admission."""
     code, err, records = _prestarted_worker(
-        tmp_path, extra_python="import gnnsched.worker as w; import torch; _p = w.prepare_job; "
-        "w.prepare_job = lambda *a, **k: (torch.ones(1, device='cuda'), _p(*a, **k))[1]; ")
-    assert code == 2, err
+        tmp_path, extra_python="import gnnsched.worker as w, os, torch; _p = w.prepare_job; "
+        f"w.prepare_job = lambda *a, **k: (os.environ.get('{ENV_GATE_HANDOFF_FD}') and torch.ones(1, device='cuda'), "
+        "_p(*a, **k))[1]; ")
+    assert code == 0, err
     assert "torch.cuda._lazy_init" in err and "before this process was admitted" in err
     assert "Traceback" not in err
+    assert err.count("re-executing as a plain admitted worker") == 1
     assert [r for r in records if r["event"] == "call" and r["pre_admission"]] == []
-    assert not [r for r in records if r["event"] == "admission"]
+    assert len([r for r in records if r["event"] == "admission"]) == 1  # the re-executed worker has no hand-off
+    result = AttemptResult.model_validate_json((tmp_path / "result.json").read_text())
+    assert result.prestart_fallback is not None and "torch.cuda._lazy_init" in result.prestart_fallback
 
 
 def test_a_blocked_call_that_the_start_up_catches_is_reported_and_the_worker_runs(tmp_path):
@@ -212,8 +219,18 @@ def test_guard_on_a_cuda_build_answers_no_device_without_the_runtime():
         assert "USE_MKL=OFF" in c._show_config() and "USE_CUDA=ON" in c._show_config()
         assert not hasattr(c, "_accelerator_getDeviceIndex")  # only what this torch has is replaced
         assert len(guard.attempts) == 5
+        with pytest.raises(RuntimeError, match="still installed"):
+            runtime_device_count(fake_torch)  # type: ignore[arg-type]
     assert reached == []
     assert (c._cuda_getDeviceCount, c._cuda_init, cuda._lazy_init) == saved
+    # Once removed, the latch check asks the runtime itself (here: 1 device).
+    assert runtime_device_count(fake_torch) == 1  # type: ignore[arg-type]
+    assert reached == ["count"]
+
+
+def test_runtime_device_count_on_a_torch_without_cuda_is_zero():
+    assert not hasattr(torch._C, "_cuda_getDeviceCount")  # this CPU build
+    assert runtime_device_count(torch) == 0
 
 
 def test_guard_refuses_to_install_once_cuda_is_initialised():

@@ -1,7 +1,9 @@
 """Does a prestarted worker still get its GPU after admission? One command, PASS or FAIL (docs/gpu-measurements.md 7).
 
 Usage (a GPU node, repository root, gnnsched installed): python bench/gpu/prestart_check.py [JOB.yaml] ; exit 0 on
-PASS, 1 on FAIL. ``--device cpu`` runs only the worker part on the CPU (a check of this script, not of the fix).
+PASS, 1 on FAIL, 2 on KEPT (the worker succeeded only through the prestart fallback: it re-executed itself after
+admission, so the guard missed a path into the driver; the job is kept, the start-up paid twice). ``--device cpu``
+runs only the worker part on the CPU (a check of this script, not of the fix).
 
 Three children, each started as ``gnnsched gate --prestart`` leaves its workload (``CUDA_VISIBLE_DEVICES`` empty,
 ``PYTORCH_NVML_BASED_CUDA_CHECK=1``) and then given GPU 0's UUID, as the keeper's admission does:
@@ -12,7 +14,10 @@ Three children, each started as ``gnnsched gate --prestart`` leaves its workload
    loading the library is not ``cuInit``).
 3. the real thing: ``gnnsched worker JOB --device cuda --epochs 1`` with a hand-off pipe, admitted (the keeper's JSON
    line: the GPU's UUID, the pre-admission variables unset) once it says it is waiting: must exit 0 with outcome
-   ``succeeded``. Before the fix it exited 2 with "cuda requested but no CUDA device is available".
+   ``succeeded``. Before the fix it exited 2 with "cuda requested but no CUDA device is available". It also says
+   whether the worker took the prestart fallback (``prestart_fallback`` in its result line: its start-up tried to
+   initialise CUDA before admission, or the runtime saw no device once admitted, and it re-executed itself as a
+   plain admitted worker): "fallback taken: no" is what verifies the guard on this GPU.
 No node agent and no MPS daemon are involved; ``PRESTART=1 python bench/gpu/real_gate.py JOB.yaml...`` runs the same
 worker behind the real gate, agent and MPS.
 """
@@ -27,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import ENV_GATE_HANDOFF_FD
 from gnnsched.gate_handoff import NVML_CHECK_ENV, Handoff
 
@@ -85,8 +91,9 @@ def probe(kind: str, uuid: str) -> tuple[bool, str]:
     return run.returncode == 0, (run.stdout + run.stderr[-1500:]).strip()
 
 
-def prestarted_worker(job: str, device: str, uuid: str) -> tuple[bool, str]:
-    """``gnnsched worker`` as the gate's prestart leaves it; admitted to ``uuid`` once it waits."""
+def prestarted_worker(job: str, device: str, uuid: str) -> tuple[bool, str | None, str]:
+    """``gnnsched worker`` as the gate's prestart leaves it; admitted to ``uuid`` once it waits. Returns (succeeded,
+    the fallback's reason if the worker re-executed itself, its output)."""
     read_fd, write_fd = os.pipe()
     env = dict(pre_admission_env(), **{ENV_GATE_HANDOFF_FD: str(read_fd)})
     cmd = [sys.executable, "-m", "gnnsched.cli", "worker", job, "--device", device, "--epochs", "1", "--no-progress"]
@@ -122,8 +129,16 @@ def prestarted_worker(job: str, device: str, uuid: str) -> tuple[bool, str]:
         out, _ = proc.communicate()
     reader.join(10)
     last = out.strip().splitlines()[-1] if out.strip() else ""
-    ok = proc.returncode == 0 and '"outcome":"succeeded"' in last.replace(" ", "")
-    return ok, f"rc={proc.returncode} result={last}\n" + "".join(err)[-2000:]
+    try:
+        result: AttemptResult | None = AttemptResult.model_validate_json(last)
+    except ValueError:
+        result = None
+    ok = proc.returncode == 0 and result is not None and result.outcome == "succeeded"
+    fallback = result.prestart_fallback if result is not None else None
+    if fallback is None:  # a worker that failed after re-executing has no result line: its log says so
+        marks = [line.split("prestart fallback: ", 1)[1] for line in err if "prestart fallback: " in line]
+        fallback = marks[0].strip() if marks else None
+    return ok, fallback, f"rc={proc.returncode} result={last}\n" + "".join(err)[-2000:]
 
 
 def main() -> int:
@@ -146,12 +161,18 @@ def main() -> int:
         ok, text = probe("guarded", uuid)
         verdicts.append(ok)
         print(f"2. PyG imported under the guard: {'pass' if ok else 'FAIL'}\n   {text}")
-    ok, text = prestarted_worker(args.job, args.device, uuid)
+    ok, fallback, text = prestarted_worker(args.job, args.device, uuid)
     verdicts.append(ok)
-    print(f"3. gnnsched worker --device {args.device}, prestarted then admitted: {'pass' if ok else 'FAIL'}\n{text}")
-    verdict = all(verdicts)
-    print("PASS" if verdict else "FAIL")
-    return 0 if verdict else 1
+    print(f"3. gnnsched worker --device {args.device}, prestarted then admitted: {'pass' if ok else 'FAIL'}\n"
+          f"   fallback taken: {'yes: ' + fallback if fallback else 'no'}\n{text}")
+    if not all(verdicts):
+        print("FAIL")
+        return 1
+    if fallback:
+        print("KEPT: the job succeeded through the prestart fallback (start-up paid twice); the guard missed a path")
+        return 2
+    print("PASS")
+    return 0
 
 
 if __name__ == "__main__":

@@ -384,3 +384,31 @@ def test_cli_json_keys_and_columns(tmp_path) -> None:
     assert doc["policies"]["lmcf"]["oom_kills"] == 0
     plain = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf", "--no-progress"])
     assert plain.exit_code == 0 and "mem-exc" not in plain.output
+
+
+def test_open_loop_runs_a_job_too_big_to_share_alone(ix: Integrations) -> None:
+    """Without errors or faults the open-loop run plans as the operator does: a job whose admit bytes exceed the
+    GPU but whose peak fits it reserves the whole GPU and runs alone (``operator/planning.py``'s ``exclusive``), as
+    the closed-loop run of the same policy does. It used to wait forever, so the two runs' mean JCTs were over
+    different jobs and the closed loop's ratio to the open loop came out too high."""
+    wl = _workload(6)
+    cl = parse_cluster(CLUSTER, None)
+    jobs = materialise(wl, cl, ix, scaling=False)
+    total = 32 * 2**30
+    big = jobs[0]
+    model = next(iter(big.profiles))
+    prof = big.profiles[model]
+    jobs[0] = replace(big, profiles={model: replace(prof, peak_bytes=total - 2**30, admit_bytes=total + 2**30,
+                                                    solo_s=max(prof.solo_s, 30.0), predicted_s=30.0)})
+    both = []
+    for error in (NO_ERROR, parse_estimate_error("lognormal:0.000001")):
+        report = _run(ix, wl, "base", error=error, jobs=jobs)
+        outcomes = {o.job.id: o for o in report.results["base"].outcomes}
+        alone = outcomes[big.id]
+        assert alone.status == "completed", (error, alone.status, alone.reason)
+        assert alone.start is not None and alone.finish is not None
+        beside = [o for o in outcomes.values() if o.job.id != big.id and o.gpu == alone.gpu and o.start is not None
+                  and o.finish is not None and o.start < alone.finish and o.finish > alone.start]
+        assert beside == [], f"ran beside the whole-GPU job: {[o.job.name for o in beside]}"
+        both.append(report.policies["base"]["jct_mean_s"])
+    assert both[0] == pytest.approx(both[1], rel=0.05)  # the same jobs, the same plan: a tiny error changes nothing

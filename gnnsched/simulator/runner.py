@@ -150,9 +150,15 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         report.closed_loop = {"estimate_error": estimate_error.text(), "fault_rate": fault_rate}
     multipliers = true_multipliers(jobs, estimate_error, seed) if estimate_error.active else {}
     baseline_jobs: list[SimJob] | None = None
+    alone_jobs: list[SimJob] | None = None
     for spec in policies:
         loop = closed_loop_books(spec, cluster, estimate_error, fault_rate, seed, multipliers)
         run_jobs = jobs
+        if loop is None and spec.is_ours:
+            # the closed loop's books plan it themselves (LoopBooks._admit); the open loop needs the operator's plan
+            if alone_jobs is None:
+                alone_jobs = whole_gpu_fallback(jobs, cluster)
+            run_jobs = alone_jobs
         if loop is not None and not loop.gnnsched and backoff_limit is None:
             # a closed-loop baseline: a failed pod fails the job (faults.BASELINE_BACKOFF_LIMIT)
             if baseline_jobs is None:
@@ -166,6 +172,31 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         report.policies[spec.text] = summarise(result)
     report.reference = compare_reference(workload, report.policies, report.results)
     return report
+
+
+def whole_gpu_fallback(jobs: list[SimJob], cluster: ClusterSpec) -> list[SimJob]:
+    """``jobs`` as the operator plans them for gnnsched: one whose reservation fits no GPU model of the cluster, but
+    whose need (peak plus device overhead) fits a whole GPU, reserves that GPU's whole memory and so runs alone
+    (``operator/planning.py``: ``exclusive``, issue 15). Without it the open-loop run left such a job pending
+    forever while the real operator runs it, and its mean JCT was over one job fewer than a closed-loop run of the
+    same policy, which does plan it so (``LoopBooks._admit``). Jobs that need no change are returned as they are."""
+    from gnnsched.gpus import get_gpu_model
+
+    capacity = {get_gpu_model(n.gpu_model).name: get_gpu_model(n.gpu_model).memory_bytes
+                for n in cluster.nodes if n.gpus}
+    out: list[SimJob] = []
+    for job in jobs:
+        models = [m for m in job.profiles if m in capacity]
+        if not models or job.num_gpus != 1 \
+                or any(job.profiles[m].admit_bytes <= capacity[m] for m in models):
+            out.append(job)
+            continue
+        profiles = dict(job.profiles)
+        for m in models:
+            if profiles[m].peak_bytes <= capacity[m]:
+                profiles[m] = replace(profiles[m], admit_bytes=capacity[m])
+        out.append(replace(job, profiles=profiles))
+    return out
 
 
 def closed_loop_books(spec: PolicySpec, cluster: ClusterSpec, error: EstimateError, fault_rate: float, seed: int,

@@ -200,9 +200,8 @@ def next_reservation(old_bytes: int, needed_bytes: int | None, largest_gpu_bytes
 
 def grown(old: float, needed: float | None, policy: ResizePolicy = DEFAULT_RESIZE) -> float:
     """The resize rule itself, in any unit (bytes, or multiples of the prediction): the larger of ``old`` times
-    ``growth`` and ``needed`` times ``margin``. :func:`next_reservation` applies it to an attempt's bytes, and
-    :meth:`CalibrationTable.factor` to a class's memory-exceeded lower bounds, so a new attempt of a class whose
-    attempts overran is sized as a resize of them would be."""
+    ``growth`` and ``needed`` times ``margin``. :func:`next_reservation` applies it to an attempt's bytes, the attempt
+    that overran; first attempts of other jobs of its class are sized by :func:`padded_quantile`."""
     wanted = old * policy.growth
     if needed is not None:
         wanted = max(wanted, needed * policy.margin)
@@ -321,6 +320,30 @@ def censored_quantile(exact: Iterable[float], lower: Iterable[float], q: float) 
     return None
 
 
+def padded_quantile(exact: list[float], lower: list[float], policy: CalibrationPolicy) -> tuple[float, bool, bool]:
+    """The ``policy.quantile`` of the samples as a safety factor: ``(value, censored, padded)``.
+
+    Where :func:`censored_quantile` places the quantile at an exact ratio below the largest one, that ratio. Where the
+    samples say only that the quantile is *at least* some value X, X times ``policy.static_factor``:
+
+    - ``censored``: lower bounds leave the quantile unknown, above them; X is the largest bound;
+    - otherwise the quantile is the largest exact ratio: with fewer than about ``1 / (1 - q)`` exact ratios (20 for
+      0.95) a nearest-rank quantile is the sample maximum, and the next attempt exceeds the maximum of ``n`` samples
+      with probability about ``1 / (n + 1)``, far above ``1 - q``. X is that maximum.
+
+    Why the static factor: X takes the place of the estimate (ratio 1.0) and gets the margin an estimate gets before
+    any sample, so a class whose estimates prove exact keeps the static factor and one whose largest ratio is 1.25
+    gets 1.375, until it has enough ratios for the quantile to stand below their maximum. Measured in
+    docs/simulator.md (issue 15's figures): the bare maximum let the factor fall to the one ratio seen first, 16 of
+    20 CoGNN jobs were resized at one seed; the resize rule's growth on the bounds cost up to 1.28x mean JCT."""
+    quantile = censored_quantile(exact, lower, policy.quantile)
+    if quantile is None:
+        return max(lower) * policy.static_factor, True, True
+    if exact and quantile >= max(exact):
+        return quantile * policy.static_factor, False, True
+    return quantile, False, False
+
+
 class CalibrationFactor(BaseModel):
     factor: float
     samples: int
@@ -334,8 +357,11 @@ class CalibrationFactor(BaseModel):
     lower_bounds: int = 0
     """How many of the samples used (the class's or the pool's) are memory-exceeded lower bounds."""
     censored: bool = False
-    """True when the factor is the resize of a lower bound: the samples' lower bounds leave the quantile unknown
-    (above them), so a new attempt is sized as the operator would size a resize of the attempt that overran."""
+    """True when the samples' lower bounds leave the quantile unknown (above them): the factor is the largest bound
+    times the static factor (:func:`padded_quantile`)."""
+    padded: bool = False
+    """True when the samples say only that the quantile is at least some value (``censored``, or it is the largest
+    exact ratio): the factor is that value times the static factor (:func:`padded_quantile`)."""
 
 
 class CalibrationTable(BaseModel):
@@ -386,48 +412,43 @@ class CalibrationTable(BaseModel):
         lower = [r for key in keys for r in self.exceeded.get(key, [])[-policy.window:]]
         return exact, lower
 
-    def factor(self, cls: CalibrationClass, policy: CalibrationPolicy = DEFAULT_CALIBRATION,
-               resize: ResizePolicy = DEFAULT_RESIZE) -> CalibrationFactor:
+    def factor(self, cls: CalibrationClass, policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> CalibrationFactor:
         """The safety factor for a new attempt of ``cls``. The one rule the operator's planner and the simulator
         both apply.
 
         Samples: the class's own once it has ``min_samples`` (exact ratios and lower bounds together), else its
         pool's (``CalibrationPolicy.pooled``) once the pool has them, else none: the static factor. From the samples,
-        :func:`censored_quantile`'s ``quantile``. Where the lower bounds leave that quantile unknown (a class whose
-        only observations are memory-exceeded attempts, or whose overruns outnumber ``1 - quantile`` of the exact
-        ratios above them), every sample of the tail says the estimate is too small: the factor is what
-        :func:`grown` (the resize rule) makes of the largest lower bound, so a new attempt, first attempts included,
-        is sized as the operator would size a resize of the attempt that overran instead of overrunning the same
-        way. That holds below ``min_samples`` too (an overrun is evidence on its own; an exact ratio alone is not).
+        :func:`censored_quantile`'s ``quantile``, through :func:`padded_quantile`: where the samples say only that
+        the quantile is at least some value (lower bounds above every exact ratio, or too few exact ratios to place
+        it below their largest), the factor is that value times the static factor. That holds below
+        ``min_samples`` too for lower bounds (an overrun is evidence on its own; an exact ratio alone is not).
         Then ``floor`` and ``cap``."""
         own = [cls.key()]
         pool = [key for key in self.classes() if cls.pool(CalibrationClass.parse(key))] if policy.pooled else own
         own_exact, own_lower = self._samples(own, policy)
         samples = len(own_exact) + len(own_lower)
         if samples >= policy.min_samples:
-            return self._from(own_exact, own_lower, "class", samples, 0, policy, resize)
+            return self._from(own_exact, own_lower, "class", samples, 0, policy)
         pool_exact, pool_lower = self._samples(pool, policy)
         pool_samples = len(pool_exact) + len(pool_lower) if policy.pooled else 0
         if policy.pooled and pool_samples >= policy.min_samples:
-            return self._from(pool_exact, pool_lower, "pool", samples, pool_samples, policy, resize)
+            return self._from(pool_exact, pool_lower, "pool", samples, pool_samples, policy)
         # Too few samples for a quantile; lower bounds that no exact ratio resolves still raise the factor.
         exact, lower = (pool_exact, pool_lower) if policy.pooled else (own_exact, own_lower)
         if lower and censored_quantile(exact, lower, policy.quantile) is None:
-            bound = self._bounded(grown(max(lower), max(lower), resize), policy)
+            bound = self._bounded(max(lower) * policy.static_factor, policy)
             return CalibrationFactor(factor=max(bound, policy.static_factor), samples=samples, calibrated=True,
                                      source="pool" if policy.pooled else "class", pool_samples=pool_samples,
-                                     lower_bounds=len(lower), censored=True)
+                                     lower_bounds=len(lower), censored=True, padded=True)
         return CalibrationFactor(factor=policy.static_factor, samples=samples, calibrated=False,
                                  pool_samples=pool_samples, lower_bounds=len(lower))
 
     def _from(self, exact: list[float], lower: list[float], source: Literal["class", "pool"], samples: int,
-              pool_samples: int, policy: CalibrationPolicy, resize: ResizePolicy) -> CalibrationFactor:
-        quantile = censored_quantile(exact, lower, policy.quantile)
-        censored = quantile is None
-        value = grown(max(lower), max(lower), resize) if quantile is None else quantile
+              pool_samples: int, policy: CalibrationPolicy) -> CalibrationFactor:
+        value, censored, padded = padded_quantile(exact, lower, policy)
         return CalibrationFactor(factor=self._bounded(value, policy), samples=samples, calibrated=True,
                                  source=source, pool_samples=pool_samples, lower_bounds=len(lower),
-                                 censored=censored)
+                                 censored=censored, padded=padded)
 
     @staticmethod
     def _bounded(value: float, policy: CalibrationPolicy) -> float:

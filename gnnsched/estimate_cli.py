@@ -117,4 +117,4 @@ def _calibration_factor(table: Any, spec: Any, gpu_model: str) -> dict[str, Any]
     got = table.factor(cls)
     return {"class": cls.key(), "factor": got.factor, "samples": got.samples, "calibrated": got.calibrated,
             "source": got.source, "pool": cls.pool_key(), "pool_samples": got.pool_samples,
-            "lower_bounds": got.lower_bounds, "censored": got.censored}
+            "lower_bounds": got.lower_bounds, "censored": got.censored, "padded": got.padded}

@@ -67,11 +67,14 @@ def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_
     for key in table.classes():
         result = table.factor(CalibrationClass.parse(key), policy)
         factors[key] = {"factor": result.factor, "samples": result.samples, "calibrated": result.calibrated,
-                        "source": result.source, "lowerBounds": result.lower_bounds, "censored": result.censored}
+                        "source": result.source, "lowerBounds": result.lower_bounds, "censored": result.censored,
+                        "padded": result.padded}
         note = {"class": "", "pool": f" (pool, {result.samples} own samples)",
                 "static": f" (static, {result.samples} samples)"}[result.source]
         if result.censored:
-            note += " (resize of a lower bound)"
+            note += " (above a lower bound)"
+        elif result.padded:
+            note += " (above the largest sample)"
         parts.append(f"{key}={result.factor:g}{note}")
     return {
         "factors": factors,

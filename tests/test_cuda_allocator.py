@@ -305,18 +305,24 @@ def _cli_estimate(*extra: str) -> tuple[int, str, str]:
 
 def test_calibration_file_replaces_the_static_safety_factor(tmp_path: Path) -> None:
     table = tmp_path / "calib.json"
-    ratios = [1.21, 1.3, 1.25, 1.32, 1.4, 1.28]
+    ratios = [1.2 + i / 100 for i in range(19, -1, -1)]  # 1.39 .. 1.20
     table.write_text(json.dumps({"ratios": {"A100-80GB.gcn.train.builtin": ratios,
                                             "A100-80GB.gat.train.builtin": [3.0] * 10}}))
     code, out, err = _cli_estimate("--calibration", str(table))
     assert code == 0, err
     data = json.loads(out)
-    # Nearest-rank 0.95 quantile of 6 ratios: the 6th smallest, 1.4.
-    assert data["safety_factor"] == 1.4
-    assert data["calibration"] == {"class": "A100-80GB.gcn.train.builtin", "factor": 1.4, "samples": 6,
+    # Nearest-rank 0.95 quantile of 20 ratios: the 19th smallest, 1.38, below the largest: as it is.
+    assert data["safety_factor"] == 1.38
+    assert data["calibration"] == {"class": "A100-80GB.gcn.train.builtin", "factor": 1.38, "samples": 20,
                                    "calibrated": True, "source": "class", "pool": "A100-80GB.*.train.builtin",
-                                   "pool_samples": 0, "lower_bounds": 0, "censored": False}
-    assert data["admit_bytes"] == math.ceil((data["pmc_bytes"] + data["device_overhead_bytes"]) * 1.4)
+                                   "pool_samples": 0, "lower_bounds": 0, "censored": False, "padded": False}
+    assert data["admit_bytes"] == math.ceil((data["pmc_bytes"] + data["device_overhead_bytes"]) * 1.38)
+    # Six of them: the quantile is their largest, a lower bound on it: 1.39 x the static factor 1.1.
+    table.write_text(json.dumps({"ratios": {"A100-80GB.gcn.train.builtin": ratios[:6]}}))
+    code, out, err = _cli_estimate("--calibration", str(table))
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["safety_factor"] == 1.529 and data["calibration"]["padded"] is True
 
 
 def test_calibration_for_another_gpu_model_and_too_few_samples_keep_the_static_factor(tmp_path: Path) -> None:
@@ -326,7 +332,7 @@ def test_calibration_for_another_gpu_model_and_too_few_samples_keep_the_static_f
                      " 1.5, 1.5, 1.5, 1.5], \"T4.gcn.train.builtin\": [1.3, 1.3]}'\n")
     code, out, err = _cli_estimate("--calibration", str(table), "--gpu-model", "V100-32GB")
     assert code == 0, err
-    assert json.loads(out)["safety_factor"] == 1.5
+    assert json.loads(out)["safety_factor"] == 1.65  # the largest of 6 ratios x 1.1
     code, out, err = _cli_estimate("--calibration", str(table), "--gpu-model", "T4")
     assert code == 0, err
     data = json.loads(out)
@@ -343,22 +349,22 @@ def test_calibration_file_pool_serves_an_architecture_without_samples(tmp_path: 
     code, out, err = _cli_estimate("--calibration", str(table), "--gpu-model", "V100-32GB")
     assert code == 0, err
     data = json.loads(out)
-    assert data["safety_factor"] == 1.35
+    assert data["safety_factor"] == 1.485  # the pool's largest of 5 ratios, 1.35, x 1.1
     assert data["calibration"]["source"] == "pool" and data["calibration"]["pool_samples"] == 5
 
 
-def test_calibration_file_with_only_lower_bounds_sizes_as_their_resize(tmp_path: Path) -> None:
+def test_calibration_file_with_only_lower_bounds_sizes_above_them(tmp_path: Path) -> None:
     """The GNNCalibration object after a class's first attempts overran: only ``status.exceeded``. The estimate's
-    factor is the resize of the largest bound (1.12 x growth 1.5), not the static 1.1 that failed."""
+    factor is the largest bound times the static factor (1.12 x 1.1), not the static 1.1 that failed."""
     table = tmp_path / "calib.yaml"
     table.write_text("apiVersion: gnnsched.io/v1alpha1\nkind: GNNCalibration\nmetadata: {name: default}\n"
                      "status:\n  exceeded: {A100-80GB.gcn.train.builtin: [1.1, 1.12]}\n")
     code, out, err = _cli_estimate("--calibration", str(table))
     assert code == 0, err
     data = json.loads(out)
-    assert data["safety_factor"] == 1.68
+    assert data["safety_factor"] == 1.232
     assert data["calibration"]["censored"] is True and data["calibration"]["lower_bounds"] == 2
-    assert data["admit_bytes"] == math.ceil((data["pmc_bytes"] + data["device_overhead_bytes"]) * 1.68)
+    assert data["admit_bytes"] == math.ceil((data["pmc_bytes"] + data["device_overhead_bytes"]) * 1.232)
 
 
 @pytest.mark.parametrize(
@@ -434,4 +440,4 @@ def test_table_output_shows_reserved_and_the_calibrated_factor(tmp_path: Path) -
                                  "--gpu-model", "T4", "--calibration", str(table)])
     assert result.exit_code == 0, result.output
     assert "cuda reserved:" in result.stdout and "unverified on a GPU" in result.stdout
-    assert "safety factor:    1.2 (T4.gcn.train.builtin, 5 samples, calibrated)" in result.stdout
+    assert "safety factor:    1.32 (T4.gcn.train.builtin, 5 samples, calibrated)" in result.stdout

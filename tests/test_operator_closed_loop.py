@@ -273,7 +273,7 @@ async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
     if columns is not None:  # what an SRE sees: the class and its factor as printer columns
         header, row = columns.splitlines()[:2]
         assert header.split()[:4] == ["NAME", "CLASSES", "CALIBRATED", "FACTORS"]
-        assert row.split()[:3] == ["default", "1", "1"] and f"{key}=1.3" in row
+        assert row.split()[:3] == ["default", "1", "1"] and f"{key}=1.43 (above the largest sample)" in row
     status = job["status"]
     assert status["reservationSource"] == "calibrated"
     factor = stored["status"]["factors"][key]["factor"]
@@ -282,10 +282,11 @@ async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
     assert status["estimateAdmitBytes"] != status["admitBytes"]
 
 
-async def test_an_overrun_sizes_the_next_job_of_its_class_as_its_resize(tmp_path: Path) -> None:
+async def test_an_overrun_sizes_the_next_job_of_its_class_above_it(tmp_path: Path) -> None:
     """A memory-exceeded attempt is recorded as a lower bound (``status.exceeded``, not ``status.ratios``), and a
-    new job of the same class, whose only sample is that bound, reserves what the resize of the overrun reserves
-    (``CalibrationTable.factor`` -> ``closed_loop.grown``), not the static factor that just failed."""
+    new job of the same class, whose only sample is that bound, reserves the bound times the static factor
+    (``CalibrationTable.factor`` -> ``closed_loop.padded_quantile``), not the static factor that just failed; the
+    overrun's own retry is resized by the resize rule (``closed_loop.next_reservation``)."""
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])
         async with running_operator(cluster):
@@ -307,14 +308,11 @@ async def test_an_overrun_sizes_the_next_job_of_its_class_as_its_resize(tmp_path
     assert stored["status"]["exceeded"] == {key: [bound]} and not stored["status"]["ratios"].get(key)
     factor = stored["status"]["factors"][key]
     assert factor["censored"] is True and factor["lowerBounds"] == 1
-    assert factor["factor"] == round(max(bound * 1.5, bound * 1.2), 4)  # the resize rule, margin 1.2, growth 1.5
+    assert factor["factor"] == round(bound * 1.1, 4) and factor["padded"] is True  # above the bound: x static 1.1
     assert status["reservationSource"] == "calibrated" and status["safetyFactor"] == factor["factor"]
     assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) == math.ceil(need * factor["factor"])
-    # At least the overrun's own retry (next_reservation: old x 1.5); the bound is what it needed, 1 MiB past its
-    # limit, so 1.5 MiB more (and the 4-digit rounding of the ratio).
-    grown_retry = int(retry["metadata"]["annotations"][ANN_ADMIT_BYTES])
-    assert grown_retry <= int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) <= grown_retry + 2 * 2**20 \
-        + need * 1e-4
+    # The overrun's own retry: next_reservation, the larger of old x growth 1.5 and needed x margin 1.2.
+    assert int(retry["metadata"]["annotations"][ANN_ADMIT_BYTES]) == math.ceil(max(old * 1.5, (held + requested) * 1.2))
 
 
 async def test_pods_still_waiting_for_a_node_are_replanned_when_the_factor_changes(tmp_path: Path) -> None:

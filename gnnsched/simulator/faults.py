@@ -229,7 +229,7 @@ class LoopBooks:
         key = cls.key()
         factor = self.factors.get(key)
         if factor is None:
-            factor = self.factors[key] = self.table.factor(cls, self.calibration_policy, self.resize).factor
+            factor = self.factors[key] = self.table.factor(cls, self.calibration_policy).factor
         return factor
 
     def _admit(self, job: SimJob, model: str, prof: JobProfile) -> int:
@@ -327,6 +327,5 @@ class LoopBooks:
     def summary(self) -> dict[str, Any]:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
                 "fault_victims": self.fault_victims, "faults": self.faults, "fault_log": list(self.fault_log),
-                "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy,
-                                                     self.resize).factor
+                "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
                                 for k in self.table.classes()}}

@@ -183,6 +183,12 @@ def test_chart_default_reads_the_share_rule(tmp_path: Path):
     doc = yaml.safe_load(robustness.CHART_VALUES.read_text())
     assert robustness.chart_default_policy().startswith("sqtf+sjf2+bypass4+spread")
     assert "+pays" not in robustness.chart_default_policy()
+    assert robustness.chart_default_policy().endswith("+prestart")  # operator.workerPrestart: true
+    doc["operator"]["workerPrestart"] = False
+    off = tmp_path / "off.yaml"
+    off.write_text(yaml.safe_dump(doc))
+    assert "+prestart" not in robustness.chart_default_policy(off)
+    doc["operator"]["workerPrestart"] = True
     doc["node"]["agent"]["shareWhenPays"] = True
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(doc))

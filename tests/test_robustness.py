@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,13 @@ def test_robustness_quick_slice(tmp_path: Path):
     worse = [c for c in cells if c["ratio_mean"] > 1.02]
     assert proc.returncode == (1 if worse else 0)
     assert f"cells worse than 1.02: {len(worse)}" in proc.stdout
+    # the summary table: all cells, then one row per value present; geometric means of the printed ratios
+    geo = math.exp(sum(math.log(c["ratio_mean"]) for c in cells) / len(cells))
+    assert f"| all | 4 | {geo:.3f} |" in proc.stdout
+    assert "| worst mean ratio | cells > 1.02 |" in proc.stdout
+    assert f"| {max(c['ratio_mean'] for c in cells):.3f} | {len(worse)} |" in proc.stdout
+    for cluster in {c["cluster"] for c in cells}:
+        assert f"| cluster {cluster} | 1 |" in proc.stdout
 
 
 def test_spread_suffix_parses_for_gnnsched_policies_only():

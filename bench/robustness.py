@@ -136,7 +136,7 @@ def geomean(values: list[float]) -> float:
 def summary_table(cells: list[Cell], bound: float, also: tuple[str, ...] = ()) -> list[str]:
     """The grid in one table (the one docs/simulator.md shows): for all cells and each value of each dimension, the
     geometric mean of the mean-JCT and p99 ratios to the best baseline, the worst cell's mean ratio, how many cells
-    are above ``bound``; with ``also``, each one's geometric mean ratio beside (default -> also).
+    are above ``bound``; with ``also``, each one's geometric mean, worst and count beside.
 
     Why a geometric mean: the ratios are relative, and halving one cell's JCT while doubling another's should
     average to 1."""
@@ -147,12 +147,15 @@ def summary_table(cells: list[Cell], bound: float, also: tuple[str, ...] = ()) -
             chosen = [c for c in cells if getattr(c, attr) == value]
             if chosen:
                 groups.append((f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}", chosen))
-    head = "".join(f" | also{i} geomean" for i in range(1, len(also) + 1))
+    head = "".join(f" | also{i}: geomean / worst / cells > {bound:g}" for i in range(1, len(also) + 1))
     lines = [f"| cells | n | mean-JCT ratio geomean | p99 ratio geomean | worst mean ratio | cells > {bound:g}{head} |",
              "|---|---|---|---|---|---" + "|---" * len(also) + "|"]
     for name, chosen in groups:
         means = [c.ratio("jct_mean_s") for c in chosen]
-        extra = "".join(f" | {geomean([c.ratio('jct_mean_s', a) for c in chosen]):.3f}" for a in also)
+        extra = ""
+        for a in also:
+            theirs = [c.ratio("jct_mean_s", a) for c in chosen]
+            extra += f" | {geomean(theirs):.3f} / {max(theirs):.3f} / {sum(r > bound for r in theirs)}"
         lines.append(f"| {name} | {len(chosen)} | {geomean(means):.3f} | "
                      f"{geomean([c.ratio('jct_p99_s') for c in chosen]):.3f} | {max(means):.3f} | "
                      f"{sum(m > bound for m in means)}{extra} |")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -128,6 +129,39 @@ class Cell:
         return int(self.metrics[self.ours].get("oom_kills", 0))
 
 
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summary_table(cells: list[Cell], bound: float, also: tuple[str, ...] = ()) -> list[str]:
+    """The grid in one table (the one docs/simulator.md shows): for all cells and each value of each dimension, the
+    geometric mean of the mean-JCT and p99 ratios to the best baseline, the worst cell's mean ratio, how many cells
+    are above ``bound``; with ``also``, each one's geometric mean, worst and count beside.
+
+    Why a geometric mean: the ratios are relative, and halving one cell's JCT while doubling another's should
+    average to 1."""
+    groups: list[tuple[str, list[Cell]]] = [("all", cells)]
+    for label, attr, values in (("cluster", "cluster", CLUSTERS), ("load", "load", LOADS),
+                                ("arrival", "arrival", ARRIVALS), ("mix", "mix", MIXES), ("size", "size", SIZES)):
+        for value in values:
+            chosen = [c for c in cells if getattr(c, attr) == value]
+            if chosen:
+                groups.append((f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}", chosen))
+    head = "".join(f" | also{i}: geomean / worst / cells > {bound:g}" for i in range(1, len(also) + 1))
+    lines = [f"| cells | n | mean-JCT ratio geomean | p99 ratio geomean | worst mean ratio | cells > {bound:g}{head} |",
+             "|---|---|---|---|---|---" + "|---" * len(also) + "|"]
+    for name, chosen in groups:
+        means = [c.ratio("jct_mean_s") for c in chosen]
+        extra = ""
+        for a in also:
+            theirs = [c.ratio("jct_mean_s", a) for c in chosen]
+            extra += f" | {geomean(theirs):.3f} / {max(theirs):.3f} / {sum(r > bound for r in theirs)}"
+        lines.append(f"| {name} | {len(chosen)} | {geomean(means):.3f} | "
+                     f"{geomean([c.ratio('jct_p99_s') for c in chosen]):.3f} | {max(means):.3f} | "
+                     f"{sum(m > bound for m in means)}{extra} |")
+    return lines
+
+
 def run_cell(ix: Integrations, load: float, arrival: str, mix: str, size: str, cluster: str, seed: int, jobs: int,
              ours: str, also: tuple[str, ...] = ()) -> Cell:
     cl = parse_cluster(cluster)
@@ -191,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     p99 = sorted(c.ratio("jct_p99_s") for c in cells)
     print(f"p99 ratio: min {p99[0]:.3f}, max {p99[-1]:.3f}; cells worse than {args.bound}: {len(worse)}; "
           f"gnnsched jobs lost {lost}, OOM kills {oom}")
+    print("most gained (lowest mean-JCT ratio): " + "; ".join(f"{c.key} {c.ratio('jct_mean_s'):.3f}"
+                                                              for c in means[:3]))
+    print("least gained (highest mean-JCT ratio): " + "; ".join(f"{c.key} {c.ratio('jct_mean_s'):.3f}"
+                                                                for c in means[::-1][:3]))
+    print()
+    print("\n".join(summary_table(cells, args.bound, also)))
     for i, name in enumerate(also, 1):
         ratios = sorted(c.ratio("jct_mean_s", name) for c in cells)
         gain = sorted(c.ratio("jct_mean_s", name) / c.ratio("jct_mean_s") for c in cells)

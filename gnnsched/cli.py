@@ -71,11 +71,11 @@ def _operator(
     worker_prestart: bool = typer.Option(
         False, "--worker-prestart/--no-worker-prestart",
         help="The built-in worker imports, loads its graph and builds its model on the CPU while it waits at the "
-             "gate (gnnsched gate --prestart), then touches the GPU once admitted. Off by default: on a real GPU "
-             "(H100, torch 2.11) the CUDA driver initialised with no device during the CPU start-up, so the worker "
-             "found no GPU after admission (docs/gpu-measurements.md). The worker now guards that phase "
-             "(gnnsched.cuda_guard), not yet measured on a GPU: until bench/gpu/prestart_check.py passes there, use "
-             "it only with --worker-device cpu."),
+             "gate (gnnsched gate --prestart), then touches the GPU once admitted. On in the chart "
+             "(operator.workerPrestart), off by default on the command line. The CPU start-up runs under a "
+             "pre-admission CUDA guard (gnnsched.cuda_guard); where the guard misses a path into the CUDA driver the "
+             "worker re-executes itself once admitted, paying its start-up twice instead of failing "
+             "(docs/gpu-measurements.md; bench/gpu/prestart_check.py says on a GPU whether that happens)."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),
     workers: int = typer.Option(8, "--workers", min=1, max=256, help="Handler threads (estimation is CPU work)."),

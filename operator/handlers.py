@@ -724,6 +724,9 @@ class Operator:
             peak = view.observed_peak_bytes
             detail = f"observed peak {format_bytes(peak)} ({peak} bytes)" if peak is not None else \
                 "the worker reported no peak"
+            if view.prestart_fallback:
+                detail += (f"; prestart fallback (start-up paid twice, the worker re-executed after admission): "
+                           f"{view.prestart_fallback}")
             new["conditions"] = set_condition(new.get("conditions"), "Complete", "True", "Succeeded",
                                               f"pod {view.name} succeeded; {detail}", now, generation)
             new.setdefault("finishedAt", now)

@@ -53,6 +53,10 @@ class PodView(BaseModel):
     failure_message: str | None = None
     exit_code: int | None = None
     unschedulable_message: str | None = None
+    prestart_fallback: str | None = None
+    """Why the worker re-executed itself after its admission (``prestart_fallback`` of its result line): its
+    prestarted process could not use the admitted GPU, so the start-up ran twice. Shown in the job's Complete
+    condition and event; the job itself is unaffected."""
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -141,6 +145,9 @@ def view_pod(pod: Any) -> PodView:
         finished_at=_rfc3339(annotations.get(ANN_FINISHED_AT)) or _rfc3339(terminated.get("finishedAt")),
     )
     result = last_json_object(terminated.get("message"))
+    fallback = result.get("prestart_fallback") if result else None
+    if isinstance(fallback, str) and fallback.strip():
+        view.prestart_fallback = fallback.strip()[:300]
     view.observed_peak_bytes = (
         _int(annotations.get(ANN_OBSERVED_PEAK_BYTES))
         if ANN_OBSERVED_PEAK_BYTES in annotations

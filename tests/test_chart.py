@@ -479,6 +479,16 @@ def test_jobs_values_reach_the_operator(chart):
             chart.validate_schema(bad)
 
 
+def test_worker_prestart_is_on_by_default_and_reaches_the_operator(chart):
+    """``operator.workerPrestart`` (on in the chart, off on the operator's command line, as ``--retry-priority``) is
+    always passed explicitly, so the chart's value wins whatever the CLI's default."""
+    assert "--worker-prestart" in containers(render(chart, {}))["operator"]["args"]
+    args = containers(render(chart, {"operator": {"workerPrestart": False}}))["operator"]["args"]
+    assert "--no-worker-prestart" in args and "--worker-prestart" not in args
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"operator": {"workerPrestart": "yes"}})
+
+
 def test_network_policies_admit_only_metrics_and_health_ports(chart):
     assert not by_kind(render(chart, {}), "NetworkPolicy")
     peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]

@@ -121,7 +121,11 @@ async def test_create_makes_one_gated_pod_and_status_has_the_pmc(tmp_path: Path)
     assert spec["volumes"] == [{"name": "job-spec", "configMap": {"name": "gcn-cora-spec"}}]
 
 
-async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fallback", [None, "start-up tried to initialise CUDA before admission: torch.cuda.init"])
+async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_path: Path,
+                                                                           fallback: str | None) -> None:
+    """``fallback``: the worker's result line says it re-executed itself after admission (``prestart_fallback``):
+    the job succeeds as any other, and its Complete condition and Succeeded event say so."""
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])
         async with running_operator(cluster, metrics_port=0) as op:
@@ -137,7 +141,9 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
                 ANN_GPU: "GPU-a100-0", ANN_GROUP: "g-7", ANN_ADMITTED_AT: "2026-01-01T10:00:05Z"}}})
             job = await job_in_phase(cluster, "gcn-cora", "Running")
             assert (job["status"]["gpu"], job["status"]["group"]) == ("GPU-a100-0", "g-7")
-            result = {"observed_peak_bytes": 31_337_000, "seconds": 59.5, "steps": 200}
+            result: dict[str, Any] = {"observed_peak_bytes": 31_337_000, "seconds": 59.5, "steps": 200}
+            if fallback:
+                result["prestart_fallback"] = fallback
             await cluster.patch_pod("gcn-cora-0", {"status": {"phase": "Succeeded", "containerStatuses": [
                 {"name": "gnn", "state": {"terminated": {
                     "exitCode": 0, "reason": "Completed", "startedAt": "2026-01-01T10:00:00Z",
@@ -160,6 +166,12 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
     assert status["observedRuntimeSeconds"] == 60.0  # from admission (10:00:05), not container start (queueing)
     assert condition(job, "Complete")["status"] == "True"
     assert condition(job, "Admitted")["message"].startswith("admitted on GPU GPU-a100-0")
+    succeeded = [e["message"] for e in events if e.get("involvedObject", {}).get("name") == "gcn-cora"
+                 and e["reason"] == "Succeeded"]
+    for message in (condition(job, "Complete")["message"], *succeeded):
+        assert ("prestart fallback" in message) == bool(fallback), message
+        if fallback:
+            assert fallback in message and "start-up paid twice" in message
     reasons = [e["reason"] for e in events if e.get("involvedObject", {}).get("name") == "gcn-cora"]
     for phase in ("Estimated", "PodCreated", "Scheduled", "Queued", "Running", "Succeeded"):
         assert phase in reasons, reasons

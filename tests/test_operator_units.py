@@ -63,6 +63,15 @@ def test_observed_peak_comes_from_agent_annotation_first_then_worker_result_line
     view = view_pod(annotated)
     assert view.observed_peak_bytes == 2048 and view.observed_runtime_seconds == 30.0
     assert last_json_object("x\n{broken\n") is None and last_json_object(None) is None
+    assert view.prestart_fallback is None
+
+
+def test_prestart_fallback_comes_from_the_worker_result_line() -> None:
+    line = json.dumps({"outcome": "succeeded", "observed_peak_bytes": 5, "prestart_fallback": "  why  "})
+    view = view_pod(pod("Succeeded", "n1", state={"terminated": {"message": line + "\n"}}))
+    assert view.prestart_fallback == "why"
+    blank = json.dumps({"observed_peak_bytes": 5, "prestart_fallback": ""})
+    assert view_pod(pod("Succeeded", "n1", state={"terminated": {"message": blank}})).prestart_fallback is None
 
 
 def test_condition_transition_time_moves_only_when_status_changes() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,13 @@ def test_robustness_quick_slice(tmp_path: Path):
     worse = [c for c in cells if c["ratio_mean"] > 1.02]
     assert proc.returncode == (1 if worse else 0)
     assert f"cells worse than 1.02: {len(worse)}" in proc.stdout
+    # the summary table: all cells, then one row per value present; geometric means of the printed ratios
+    geo = math.exp(sum(math.log(c["ratio_mean"]) for c in cells) / len(cells))
+    assert f"| all | 4 | {geo:.3f} |" in proc.stdout
+    assert "| worst mean ratio | cells > 1.02 |" in proc.stdout
+    assert f"| {max(c['ratio_mean'] for c in cells):.3f} | {len(worse)} |" in proc.stdout
+    for cluster in {c["cluster"] for c in cells}:
+        assert f"| cluster {cluster} | 1 |" in proc.stdout
 
 
 def test_spread_suffix_parses_for_gnnsched_policies_only():
@@ -183,6 +191,12 @@ def test_chart_default_reads_the_share_rule(tmp_path: Path):
     doc = yaml.safe_load(robustness.CHART_VALUES.read_text())
     assert robustness.chart_default_policy().startswith("sqtf+sjf2+bypass4+spread")
     assert "+pays" not in robustness.chart_default_policy()
+    assert robustness.chart_default_policy().endswith("+prestart")  # operator.workerPrestart: true
+    doc["operator"]["workerPrestart"] = False
+    off = tmp_path / "off.yaml"
+    off.write_text(yaml.safe_dump(doc))
+    assert "+prestart" not in robustness.chart_default_policy(off)
+    doc["operator"]["workerPrestart"] = True
     doc["node"]["agent"]["shareWhenPays"] = True
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -184,6 +184,15 @@ MAX_RESIZES_LIMIT = 10
 """The largest ``spec.memory.maxResizes`` a GNNJob may ask for (the CRD's maximum says the same)."""
 
 
+MEASURED_OVERPREDICTION = 1.29
+"""The largest over-prediction of the CUDA estimate measured on a GPU: GCN training on CiteSeer, predicted 1.29x what
+it reserved (docs/gpu-measurements.md, section 1). A job whose predicted need exceeds the largest GPU by no more than
+this may still fit it, so the operator runs it alone on that GPU, its limit the whole GPU, instead of refusing it
+(``operator/planning.py``: ``exclusive``, reason ``PredictedPeakAboveGPU``); if it really needs more, it overruns its
+own limit with no neighbour to harm and fails with ``ExceedsLargestGPU`` (:func:`next_reservation` has nothing larger
+to give). Beyond it the plan is ``PredictedPeakExceedsGPU`` at once."""
+
+
 def next_reservation(old_bytes: int, needed_bytes: int | None, largest_gpu_bytes: int,
                      policy: ResizePolicy = DEFAULT_RESIZE) -> int | None:
     """The next attempt's admit bytes, or ``None`` when no GPU in the cluster can hold a larger attempt.

@@ -33,7 +33,7 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
-from gnnsched.closed_loop import CalibrationClass, CalibrationTable
+from gnnsched.closed_loop import MEASURED_OVERPREDICTION, CalibrationClass, CalibrationTable
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
@@ -509,9 +509,7 @@ class Operator:
         if plan.exclusive and not any(c.get("type") == "Exclusive" for c in new.get("conditions") or []):
             new["conditions"] = set_condition(
                 new.get("conditions"), "Exclusive", "True", str(plan.exclusive_reason or "Exclusive"),
-                f"reservation {format_bytes(plan.estimate_admit_bytes or plan.admit_bytes)} exceeds what any GPU "
-                f"can share, but the predicted need fits a whole GPU: the job runs alone, reserving "
-                f"{format_bytes(plan.admit_bytes)}", now, generation)
+                _exclusive_message(plan), now, generation)
             self._event(body, "Normal", "Exclusive", new["conditions"][-1]["message"])
         self._write(body, status, new, message=_estimated_message(plan))
 
@@ -1054,6 +1052,18 @@ def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:
         raise SpecError("spec.command", "contains an empty string")
     if len(ref.name) > 253:
         raise SpecError("metadata.name", f"is {len(ref.name)} characters; at most 253")
+
+
+def _exclusive_message(plan: Plan) -> str:
+    """Why a job runs alone on a whole GPU, for its ``Exclusive`` condition and event."""
+    alone = f"the job runs alone, reserving {format_bytes(plan.admit_bytes)}"
+    if plan.exclusive_reason == "PredictedPeakAboveGPU":
+        need = max((n.bytes for n in plan.needs), default=plan.admit_bytes)
+        return (f"predicted need {format_bytes(need)} exceeds every GPU, by less than the largest over-prediction "
+                f"measured ({MEASURED_OVERPREDICTION:g}x): {alone}, the whole GPU; if it needs more it fails with "
+                "ExceedsLargestGPU (set spec.resources.gpuMemory to decide yourself)")
+    return (f"reservation {format_bytes(plan.estimate_admit_bytes or plan.admit_bytes)} exceeds what any GPU can "
+            f"share, but the predicted need fits a whole GPU: {alone}")
 
 
 def _estimated_message(plan: Plan) -> str:

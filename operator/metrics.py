@@ -53,7 +53,7 @@ class OperatorMetrics:
                                 ("reason",), registry=r)
         self.exclusive = Counter("gnnsched_operator_exclusive_pods",
                                  "Pods created to run alone on a whole GPU, by reason (ExceedsShareableCapacity, "
-                                 "RepeatSuspect, RepeatFault)", ("reason",), registry=r)
+                                 "PredictedPeakAboveGPU, RepeatSuspect, RepeatFault)", ("reason",), registry=r)
         self.calibration_factor = Gauge("gnnsched_calibration_factor",
                                         "Safety factor new estimates of a calibration class use (observed / "
                                         "predicted quantile; the static factor until the class has enough samples)",

@@ -6,9 +6,12 @@ testable without an API server, and every number in it must come from the core m
 
 "Can this job ever run here?" is decided against the GPUs the node agents report (``GPUNode.status.gpus``): the
 job's admit bytes on a GPU of model M (PMC plus M's device overheads and the safety factor) must fit M's capacity
-(total minus reserve). When no GPU in the cluster can hold it, the plan fails with ``PredictedPeakExceedsGPU`` naming
-both numbers. When no node has reported yet, nothing can be concluded and the job goes ahead (the extender keeps it
-pending until a GPU with room appears).
+(total minus reserve). A job whose admit bytes fit no GPU but whose need fits a whole one runs alone on it; one whose
+need exceeds the largest GPU by no more than the largest over-prediction measured
+(``gnnsched.closed_loop.MEASURED_OVERPREDICTION``) is tried alone on it (the estimate may be high; an overrun fails
+it with ``ExceedsLargestGPU``). Beyond that the plan fails with ``PredictedPeakExceedsGPU`` naming both numbers. When
+no node has reported yet, nothing can be concluded and the job goes ahead (the extender keeps it pending until a GPU
+with room appears).
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gnnsched.closed_loop import DEFAULT_CALIBRATION, CalibrationClass, CalibrationPolicy, CalibrationTable
+from gnnsched.closed_loop import (
+    DEFAULT_CALIBRATION,
+    MEASURED_OVERPREDICTION,
+    CalibrationClass,
+    CalibrationPolicy,
+    CalibrationTable,
+)
 from gnnsched.contract import PREDICTED_RUNTIME_RESOLUTION_S
 from gnnsched.quantity import format_bytes, format_cpu
 from gnnsched.spec import GNNJobSpec
@@ -268,10 +277,16 @@ class Planner:
             rows = [(g, override, m, need, static, f, c) for g, _, m, need, static, f, c in rows]
         fitting = [r for r in rows if r[1] <= r[0].capacity_bytes]
         exclusive: list[tuple[ClusterGPU, int, Any, int, int, float, bool]] = []
+        exclusive_reason = "ExceedsShareableCapacity"
         if not fitting and override is None:
             # Alone on a whole GPU the safety factor has no neighbour to protect: the GPU's capacity is the limit.
             exclusive = [(g, g.capacity_bytes, m, need, static, f, c) for g, _, m, need, static, f, c in rows
                          if need <= g.capacity_bytes]
+            if not exclusive:
+                # The need itself exceeds every GPU, but an estimate can be that much too high: tried alone.
+                exclusive = [(g, g.capacity_bytes, m, need, static, f, c) for g, _, m, need, static, f, c in rows
+                             if need <= g.capacity_bytes * MEASURED_OVERPREDICTION]
+                exclusive_reason = "PredictedPeakAboveGPU"
         largest = max(rows, key=lambda r: r[0].capacity_bytes) if rows else None
         if healthy and not fitting and not exclusive:
             assert largest is not None
@@ -329,7 +344,7 @@ class Planner:
             reservation_source="gpuMemory" if override is not None else "calibrated" if calibrated else "estimate",
             safety_factor=None if override is not None else factor,
             exclusive=bool(exclusive),
-            exclusive_reason="ExceedsShareableCapacity" if exclusive else None,
+            exclusive_reason=exclusive_reason if exclusive else None,
             container=container,
             needs=needs,
             admit_gpu_model=admit_model,

@@ -21,7 +21,6 @@ from gnnsched.closed_loop import (
     FaultRecord,
     ResizePolicy,
     censored_quantile,
-    padded_quantile,
     classify_log,
     failed_request_bytes,
     grown,
@@ -29,6 +28,7 @@ from gnnsched.closed_loop import (
     is_mps_victim_text,
     load_calibration_file,
     next_reservation,
+    padded_quantile,
 )
 from gnnsched.errors import FieldError
 

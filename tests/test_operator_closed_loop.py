@@ -446,6 +446,44 @@ async def test_exclusive_fallback_for_77_gib_on_an_a100_80gb(tmp_path: Path) -> 
     assert condition(job, "Exclusive")["reason"] == "ExceedsShareableCapacity"
 
 
+@pytest.mark.parametrize("outcome", ["fits", "overruns"])
+async def test_a_job_predicted_just_above_every_gpu_is_tried_alone(tmp_path: Path, outcome: str) -> None:
+    """Predicted 85 GiB on a cluster of A100-80GB: above the GPU, but by less than the largest over-prediction
+    measured (closed_loop.MEASURED_OVERPREDICTION), so the estimate may be high. It runs alone with the whole GPU as
+    its limit, says why, and either succeeds or, needing more, fails with ExceedsLargestGPU after that one attempt;
+    a job predicted 1.5x the GPU is refused at once, as before."""
+    from fake_estimates import FixedPeakPlanner
+
+    gpu = {**a100(0), "uuid": "GPU-a100-80-0", "model": "A100-80GB", "totalBytes": 81920 * 2**20}
+    capacity = gpu["totalBytes"] - gpu["reserveBytes"]
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [gpu])
+        async with running_operator(cluster, planner=FixedPeakPlanner(85 * GiB, default_gpu_model="A100-80GB")):
+            await cluster.create_job(manifest())
+            first = await pod(cluster, "gcn-cora-0")
+            job = await job_in_phase(cluster, "gcn-cora", "Estimated", "Scheduled")
+            if outcome == "fits":
+                await succeed(cluster, "gcn-cora-0", peak=70 * GiB, gpu="GPU-a100-80-0")
+                done = await job_in_phase(cluster, "gcn-cora", "Succeeded")
+            else:
+                await cluster.patch_pod("gcn-cora-0", ended("Failed", oom_line(capacity, capacity - GiB, 2 * GiB)))
+                done = await job_in_phase(cluster, "gcn-cora", "Failed")
+            names = [p["metadata"]["name"] for p in await cluster.pods()]
+        async with running_operator(cluster, planner=FixedPeakPlanner(120 * GiB, default_gpu_model="A100-80GB")):
+            await cluster.create_job(manifest("far-too-big"))
+            refused = await job_in_phase(cluster, "far-too-big", "Unschedulable")
+            refused_pods = [p for p in await cluster.pods() if p["metadata"]["name"].startswith("far-too-big")]
+    annotations = first["metadata"]["annotations"]
+    assert annotations[ANN_EXCLUSIVE] == "true" and int(annotations[ANN_ADMIT_BYTES]) == capacity
+    assert job["status"]["exclusive"] is True
+    exclusive = condition(job, "Exclusive")
+    assert exclusive["reason"] == "PredictedPeakAboveGPU" and "ExceedsLargestGPU" in exclusive["message"]
+    assert names == ["gcn-cora-0"]
+    if outcome == "overruns":
+        assert condition(done, "Failed")["reason"] == "ExceedsLargestGPU"
+    assert condition(refused, "Schedulable")["reason"] == "PredictedPeakExceedsGPU" and not refused_pods
+
+
 async def test_attempt_that_ran_out_while_the_operator_was_down_is_resized_exactly_once(tmp_path: Path) -> None:
     """The pod fails while no operator runs; the restarted one (kopf's resume, the pod listing and the resync all
     see it, concurrently) derives the next attempt from the status and the pods: one new pod, one resize."""

@@ -40,6 +40,7 @@ import numpy as np
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
     DEFAULT_RESIZE,
+    MEASURED_OVERPREDICTION,
     CalibrationClass,
     CalibrationPolicy,
     CalibrationTable,
@@ -245,6 +246,10 @@ class LoopBooks:
         admit = int(math.ceil(prof.peak_bytes * factor))
         if admit > self.capacity[model] >= prof.peak_bytes:
             return self.capacity[model]  # fits the whole GPU but not a shared one: runs alone
+        if admit > self.capacity[model] and prof.peak_bytes <= self.capacity[model] * MEASURED_OVERPREDICTION:
+            # predicted above the GPU by less than an estimate has been measured to be high: tried alone (the
+            # operator's PredictedPeakAboveGPU); its true peak decides, an overrun ends it with ExceedsLargestGPU
+            return self.capacity[model]
         return admit
 
     def attempt(self, job: SimJob) -> SimJob:

@@ -179,7 +179,12 @@ def whole_gpu_fallback(jobs: list[SimJob], cluster: ClusterSpec) -> list[SimJob]
     whose need (peak plus device overhead) fits a whole GPU, reserves that GPU's whole memory and so runs alone
     (``operator/planning.py``: ``exclusive``, issue 15). Without it the open-loop run left such a job pending
     forever while the real operator runs it, and its mean JCT was over one job fewer than a closed-loop run of the
-    same policy, which does plan it so (``LoopBooks._admit``). Jobs that need no change are returned as they are."""
+    same policy, which does plan it so (``LoopBooks._admit``). Jobs that need no change are returned as they are.
+
+    A job whose need itself exceeds the GPU, by less than ``closed_loop.MEASURED_OVERPREDICTION``, is tried alone by
+    the operator (``PredictedPeakAboveGPU``) and by the closed loop's books; here it stays refused. Without errors its
+    true peak is its prediction, so the real attempt would overrun and fail ``ExceedsLargestGPU`` either way; the few
+    seconds that attempt holds an empty GPU (start-up and a first step) are not modelled."""
     from gnnsched.gpus import get_gpu_model
 
     capacity = {get_gpu_model(n.gpu_model).name: get_gpu_model(n.gpu_model).memory_bytes

@@ -53,8 +53,8 @@ def node_agent(
     spread: bool = typer.Option(
         True,
         "--spread/--no-spread",
-        help="Plan each admission decision in rounds of one pod per GPU, least loaded GPU first (soonest idle, "
-        "then fewest running pods), so pods spread over the node's GPUs instead of grouping onto the one with most "
+        help="Plan each admission decision in rounds of one pod per GPU, least loaded GPU first (least predicted "
+        "work left of the pods running there, then fewest running pods), so pods spread over the node's GPUs instead of grouping onto the one with most "
         "free memory while others stay idle (the default, as in the chart).",
     ),
     share_when_pays: bool = typer.Option(

@@ -330,6 +330,11 @@ def test_spread_sends_a_lone_task_to_the_idle_gpu_not_the_one_with_most_free_byt
     gpus = [_busy(0, 70, 30.0, 1.0), _busy(1, 60, 20.0), _busy(2, 75, 40.0), _busy(3, 75, 30.0), _busy(4, 60, 30.0)]
     assert [g.index for g in sorted(gpus, key=load_key)] == [1, 3, 4, 0, 2]
     assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 1
+    # the least work left, not the soonest idle: ten short clients (15 client-seconds, all done in 1.5 s) load a GPU
+    # more than one client with 6 s left
+    gpus = [_busy(0, 70, *([1.5] * 10)), _busy(1, 70, 6.0)]
+    assert [g.index for g in sorted(gpus, key=load_key)] == [1, 0]
+    assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 1
     # the memory bound still decides first: the least loaded GPU without room is passed over
     gpus = [_busy(0, 70, 30.0, 1.0), _busy(1, 5, 20.0)]
     assert plan_decision("sqtf", t, gpus, spread=True).admissions[0].gpu_index == 0

@@ -725,6 +725,7 @@ class Operator:
             if view.prestart_fallback:
                 detail += (f"; prestart fallback (start-up paid twice, the worker re-executed after admission): "
                            f"{view.prestart_fallback}")
+                new["prestartFallback"] = view.prestart_fallback
             new["conditions"] = set_condition(new.get("conditions"), "Complete", "True", "Succeeded",
                                               f"pod {view.name} succeeded; {detail}", now, generation)
             new.setdefault("finishedAt", now)

@@ -54,6 +54,11 @@ class OperatorMetrics:
         self.exclusive = Counter("gnnsched_operator_exclusive_pods",
                                  "Pods created to run alone on a whole GPU, by reason (ExceedsShareableCapacity, "
                                  "PredictedPeakAboveGPU, RepeatSuspect, RepeatFault)", ("reason",), registry=r)
+        self.prestart_fallbacks = Counter("gnnsched_operator_prestart_fallbacks",
+                                          "Succeeded jobs whose built-in worker re-executed itself after admission "
+                                          "(its prestarted start-up could not keep the GPU untouched: the start-up "
+                                          "was paid twice; the reason is in the job's status.prestartFallback)",
+                                          registry=r)
         self.calibration_factor = Gauge("gnnsched_calibration_factor",
                                         "Safety factor new estimates of a calibration class use (observed / "
                                         "predicted quantile; the static factor until the class has enough samples)",
@@ -104,6 +109,8 @@ class OperatorMetrics:
         observed, predicted = status.get("observedRuntimeSeconds"), status.get("predictedRuntimeSeconds")
         if isinstance(observed, (int, float)) and isinstance(predicted, (int, float)) and predicted > 0:
             self.runtime_ratio.observe(observed / predicted)
+        if status.get("prestartFallback"):
+            self.prestart_fallbacks.inc()
         peak, pmc = status.get("observedPeakBytes"), status.get("pmcBytes")
         if isinstance(peak, int) and isinstance(pmc, int) and pmc > 0 and peak > 0:
             self.peak_ratio.observe(peak / pmc)

@@ -191,6 +191,9 @@ async def test_pod_lifecycle_reaches_succeeded_with_times_and_observed_peak(tmp_
     for phase in ("Estimated", "Scheduled", "Queued", "Running", "Succeeded"):
         assert metrics[("gnnsched_operator_phase_transitions_total", (("phase", phase),))] == 1, phase
     assert metrics[("gnnsched_operator_pods_created_total", ())] == 1
+    # an SRE counts the workers whose prestart fell back (the guard missed a path into CUDA on this cluster's GPUs)
+    assert metrics[("gnnsched_operator_prestart_fallbacks_total", ())] == (1 if fallback else 0)
+    assert status.get("prestartFallback") == fallback
     assert metrics[("gnnsched_operator_plan_seconds_count", ())] == 1
     assert 0 < metrics[("gnnsched_operator_plan_seconds_sum", ())] < 60
     ratio = 60.0 / status["predictedRuntimeSeconds"]

@@ -43,6 +43,11 @@ ANN_QOS_TARGET = f"{GROUP}/qos-target-seconds"
 """float: an inference GNNJob's ``qosTargetSeconds`` (its latency target), set only on such pods. The gate's share rule
 (``node-agent --share-when-pays``, :func:`gnnsched.policies.share_pays`) keeps it: a pod does not join running clients
 when that would miss the target while waiting for an idle GPU would meet it. The simulator passes the same target."""
+ANN_PRESTART = f"{GROUP}/prestart"
+""""true" on a pod whose workload runs behind ``gnnsched gate --prestart`` (the operator's built-in worker with
+``--worker-prestart``): its process start-up began when its container started, not when the gate admits it. The node
+agent's spread rule reads it to tell how much start-up a client still has ahead of it once admitted
+(:func:`gnnsched.policies.startup_left`); it books nothing."""
 ANN_ATTEMPT = f"{GROUP}/attempt"  # int, 1-based: which attempt of its GNNJob this pod is (resizes and requeues count)
 ANN_EXCLUSIVE = f"{GROUP}/exclusive"
 """``"true"``: the pod runs alone on a whole GPU. The gate admits it only into an empty GPU and admits nothing beside

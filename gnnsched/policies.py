@@ -311,9 +311,10 @@ Allows = Callable[[Task, GPUFree, Sequence[Task]], bool]
 
 
 def _plan_ordered(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, *, ordered: bool,
-                  allows: Allows | None) -> Plan:
+                  allows: Allows | None, order: list[Task] | None = None) -> Plan:
     """One decision over ``gpus``, in the order given (``ordered``) or most free bytes first, with the share rule
-    ``allows`` (None: memory alone)."""
+    ``allows`` (None: memory alone). ``order``: ``items`` already in the policy's order (the spread rounds keep the
+    decision's order, see :func:`_plan_rounds`); else :func:`traversal` of ``items``."""
     if len(items) == 1:
         # One queued task (the common decision on a busy node): every policy's order is that task, it joins the
         # first group it fits and no task is overtaken, so the plan is the task on the first GPU in the GPUs' order
@@ -333,7 +334,8 @@ def _plan_ordered(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limi
     smallest = min([t.bytes for t in items])
     if not any(g.free_slots > 0 and g.free_bytes >= smallest for g in gpus):
         return Plan([], {})  # nothing fits anywhere: skip the sort (the common case with a long queue on full GPUs)
-    order = traversal(p, items)
+    if order is None:
+        order = traversal(p, items)
     in_order = gpus if ordered else sorted(gpus, key=lambda g: (-g.free_bytes, g.index))
     if bypass_limit == 0:
         return Plan(_plan_prefix(p, order, in_order, allows), {})
@@ -364,7 +366,14 @@ def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
 
 
 def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool) -> Plan:
-    """``_plan_spread``'s rounds, for any queue (``_spread_one`` answers a queue of one task the same, faster)."""
+    """``_plan_spread``'s rounds, for any queue (``_spread_one`` answers a queue of one task the same, faster).
+
+    Every round takes the tasks left in the decision's order, the policy's traversal of the whole queue, not a
+    traversal of what is left: BMC's and BQT's orders alternate small and large (short and long), so the traversal of
+    a shorter queue is not the rest of the longer one's, and a later round put a task ahead of one that the decision's
+    order (and the gate's bypass counts, ``Books.queue_order``) had behind it: a strict prefix overtook its head
+    (found by a fuzzer of the gate's books: 3,000 random event sequences, every failure BMC or BQT under spread)."""
+    full = traversal(p, items)
     by_key = {t.key: t for t in items}
     left = list(items)
     free = {g.index: g for g in gpus}
@@ -373,7 +382,9 @@ def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     while left:
         round_gpus = sorted((replace(g, free_slots=min(g.free_slots, 1)) for g in free.values()), key=load_key)
         allows = _share_rule(p, left, round_gpus) if share else None
-        plan = _plan_ordered(p, left, round_gpus, bypass_limit, ordered=True, allows=allows)
+        keys = {t.key for t in left}
+        plan = _plan_ordered(p, left, round_gpus, bypass_limit, ordered=True, allows=allows,
+                             order=[by_key[t.key] for t in full if t.key in keys])
         if not plan.admissions:
             break
         plan = Plan(_longest_on_least_loaded(plan.admissions, round_gpus, allows), plan.bypassed)
@@ -438,9 +449,31 @@ def _longest_on_least_loaded(round_adm: list[Admission], round_gpus: list[GPUFre
 # --- sharing only when it pays ------------------------------------------------------------------------------------
 
 
+STARTUP_SECONDS = 4.4
+"""The process start-up the gate assumes a pod pays between its admission and its first GPU step when not prestarted:
+the interpreter with torch and PyG imported, measured as ``python -c "import torch, torch_geometric"`` (the simulator's
+``costs.STARTUP_S``, the same figure). ``node-agent --startup-seconds`` (chart ``node.agent.startupSeconds``) sets the
+figure for an image that starts slower (a large graph to load)."""
+
+
+def startup_left(startup_seconds: float, queued_at: float | None, admitted_at: float, prestarted: bool) -> float:
+    """The start-up a client still has ahead of it when the gate admits it: all of ``startup_seconds`` behind the
+    plain gate, which starts the workload at admission; behind ``gate --prestart`` (``prestarted``), only what its
+    time at the gate since ``queued_at`` (when its container connected) did not cover.
+
+    Why the gate needs it: a client's GPU work starts only after its start-up, so its predicted end is its admission
+    plus its start-up left plus its predicted runtime. Without the start-up a pod admitted a moment ago with a short
+    prediction looked as good as finished, and the spread rule sent the next short pods to its GPU, one after
+    another, while that pod and they were all still starting (robustness grid, docs/simulator.md)."""
+    if not prestarted or queued_at is None:
+        return startup_seconds
+    return max(0.0, startup_seconds - max(0.0, admitted_at - queued_at))
+
+
 def predicted_end(qt_seconds: float | None, admitted_at: float | None) -> float | None:
-    """When a running client is predicted to end: its admission time plus its predicted solo runtime; None without
-    a usable prediction. Fixed for the client's life, so a caller that decides often (the simulator) keeps it per
+    """When a running client is predicted to end: ``admitted_at`` (its admission, plus the start-up it had left then,
+    :func:`startup_left`, where the caller knows it) plus its predicted solo runtime; None without a usable
+    prediction. Fixed for the client's life, so a caller that decides often (the simulator) keeps it per
     client and derives :func:`remaining_seconds` from it at each decision instead of re-checking the prediction."""
     if qt_seconds is None or admitted_at is None or not qt_seconds >= 0 or math.isinf(qt_seconds):
         return None

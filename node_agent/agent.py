@@ -64,7 +64,7 @@ from gnnsched.node_status_file import (
     status_file_path,
     write_status_file,
 )
-from gnnsched.policies import DEFAULT_BYPASS_LIMIT
+from gnnsched.policies import DEFAULT_BYPASS_LIMIT, STARTUP_SECONDS
 
 log = logging.getLogger("gnnsched.node_agent")
 
@@ -91,6 +91,7 @@ class AgentOptions:
     bypass_limit: int = DEFAULT_BYPASS_LIMIT  # 0: strict prefix of the policy's order; N: bounded-bypass backfill
     spread: bool = True  # plan in rounds of one task per GPU, least loaded first (gnnsched.policies.plan_decision)
     share_when_pays: bool = False  # join running clients only when that pays (gnnsched.policies.share_pays)
+    startup_seconds: float = STARTUP_SECONDS  # a pod's start-up after admission, as the spread rule assumes it
     end_wait: float = 30.0  # seconds to wait for a pod's container status after its gated process exited
     fault_window: float = 30.0  # a client that exited this recently on a GPU shares a fault found after it exited
     peak_write_growth: float = 0.01  # rewrite a pod's observed peak once it grew by this fraction (and at its end)
@@ -164,7 +165,7 @@ class NodeAgent:
     async def start(self) -> GateServer:
         books = Books(gpu_slots(self.backend, self.opts), self.opts.policy, self.opts.live_memory_check,
                       bypass_limit=self.opts.bypass_limit, spread=self.opts.spread,
-                      share_when_pays=self.opts.share_when_pays)
+                      share_when_pays=self.opts.share_when_pays, startup_seconds=self.opts.startup_seconds)
         self._dirty = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         restored = await asyncio.to_thread(self._restore_drains, books)

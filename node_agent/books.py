@@ -9,10 +9,12 @@ never half-applied.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gnnsched.policies import (
     DEFAULT_BYPASS_LIMIT,
+    STARTUP_SECONDS,
     Admission,
     Client,
     GateInvariantError,
@@ -24,6 +26,7 @@ from gnnsched.policies import (
     parse_policy,
     plan_decision,
     remaining_seconds,
+    startup_left,
 )
 
 
@@ -74,6 +77,7 @@ class Entry:
     bypassed: int = 0  # entries later in the policy's order admitted while this one waited (bounded by bypass_limit)
     exclusive: bool = False  # runs alone on a whole GPU (ANN_EXCLUSIVE): booked at the GPU's whole capacity
     qos_seconds: float | None = None  # inference: the latency target (ANN_QOS_TARGET), kept by the share rule
+    prestarted: bool = False  # behind gate --prestart (ANN_PRESTART): its start-up began at queued_at
 
     def task(self) -> Task:
         return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
@@ -100,6 +104,7 @@ class Books:
         bypass_limit: int = DEFAULT_BYPASS_LIMIT,
         spread: bool = False,
         share_when_pays: bool = False,
+        startup_seconds: float = STARTUP_SECONDS,
     ) -> None:
         if not gpus:
             raise ValueError("gpus: the gate needs at least one GPU")
@@ -107,6 +112,10 @@ class Books:
             raise ValueError(f"bypass_limit: must be an integer >= 0, got {bypass_limit!r}")
         if len({g.index for g in gpus}) != len(gpus) or len({g.uuid for g in gpus}) != len(gpus):
             raise ValueError("gpus: indices and uuids must be unique")
+        if not (isinstance(startup_seconds, (int, float)) and 0 <= startup_seconds < math.inf):
+            raise ValueError(f"startup_seconds: must be a finite number >= 0, got {startup_seconds!r}")
+        # the start-up a client pays after its admission (policies.startup_left): its predicted end starts after it
+        self.startup_seconds = float(startup_seconds)
         self.gpus: dict[int, GPUSlot] = {g.index: g for g in gpus}
         self.policy = parse_policy(policy)
         self.live_memory_check = live_memory_check
@@ -183,9 +192,11 @@ class Books:
         now: float = 0.0,
         exclusive: bool = False,
         qos_seconds: float | None = None,
+        prestarted: bool = False,
     ) -> Entry:
         """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it.
         ``qos_seconds``: an inference pod's latency target, which the share rule (``share_when_pays``) keeps.
+        ``prestarted``: the pod runs behind ``gate --prestart`` (its start-up began now, not at its admission).
 
         ``exclusive``: the pod runs alone on a whole GPU; it is booked at :meth:`whole_gpu_bytes` whatever ``bytes``
         says (its own estimate may exceed the shareable capacity: that is why it runs alone)."""
@@ -204,6 +215,7 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive, qos_seconds=qos_seconds,
+            prestarted=prestarted,
         )
         self.queued[key] = e
         self._tasks[key] = e.task()
@@ -226,6 +238,12 @@ class Books:
         """An unhealthy GPU admits nothing new; what runs there stays booked until it exits."""
         self.gpus[index].healthy = healthy
 
+    def _work_from(self, e: Entry) -> float | None:
+        """When a running entry's GPU work is predicted to start: its admission plus the start-up it had left then."""
+        if e.admitted_at is None:
+            return None
+        return e.admitted_at + startup_left(self.startup_seconds, e.queued_at, e.admitted_at, e.prestarted)
+
     def decide(self, now: float = 0.0) -> list[Decision]:
         """Apply the policy once: move every group it admits from the queue to the running set."""
         if not self.queued:
@@ -240,7 +258,7 @@ class Books:
                 room = min(room, g.total_bytes - g.used_bytes)
             running: tuple[Client, ...] = ()
             if self.spread or self.share_when_pays:  # the load-aware rules read the running clients
-                running = tuple(Client(e.intensity, remaining_seconds(e.qt_seconds, e.admitted_at, now))
+                running = tuple(Client(e.intensity, remaining_seconds(e.qt_seconds, self._work_from(e), now))
                                 for e in self.running.values() if e.gpu_index == g.index)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes, running))
         result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread,

@@ -21,7 +21,7 @@ from gnnsched.contract import (
     ENV_NODE_NAME,
     MPS_MAX_CLIENTS_PER_GPU,
 )
-from gnnsched.policies import DEFAULT_BYPASS_LIMIT
+from gnnsched.policies import DEFAULT_BYPASS_LIMIT, STARTUP_SECONDS
 
 if TYPE_CHECKING:
     from gnnsched.node_agent.node_conflicts import NodeReader
@@ -54,8 +54,16 @@ def node_agent(
         True,
         "--spread/--no-spread",
         help="Plan each admission decision in rounds of one pod per GPU, least loaded GPU first (least predicted "
-        "work left of the pods running there, then fewest running pods), so pods spread over the node's GPUs instead of grouping onto the one with most "
-        "free memory while others stay idle (the default, as in the chart).",
+        "work left of the pods running there, then fewest running pods), so pods spread over the node's GPUs "
+        "instead of grouping onto the one with most free memory while others stay idle (the default, as in the "
+        "chart).",
+    ),
+    startup_seconds: float = typer.Option(
+        STARTUP_SECONDS, "--startup-seconds", min=0.0, max=3600.0,
+        help="The process start-up a pod pays after its admission before its GPU work (interpreter, imports, graph "
+        "load), as the spread rule assumes it: a pod's predicted end is its admission plus the start-up it has left "
+        "(all of it behind the plain gate; behind gate --prestart what its wait did not cover) plus its predicted "
+        "runtime. The default is torch and PyG's import time; set your image's.",
     ),
     share_when_pays: bool = typer.Option(
         False,
@@ -285,7 +293,7 @@ def node_agent(
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
-        spread=spread, share_when_pays=share_when_pays,
+        spread=spread, share_when_pays=share_when_pays, startup_seconds=startup_seconds,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
         workload_env=workload_env,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.

@@ -347,7 +347,7 @@ class GateServer:
             e = self.books.enqueue(
                 key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
-                exclusive=demand.exclusive, qos_seconds=demand.qos_seconds,
+                exclusive=demand.exclusive, qos_seconds=demand.qos_seconds, prestarted=demand.prestarted,
             )
         except Rejected as exc:
             self._reject(exc.reason)

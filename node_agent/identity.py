@@ -20,7 +20,7 @@ import socket
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ from gnnsched.contract import (
     ANN_INTENSITY,
     ANN_JOB,
     ANN_PREDICTED_RUNTIME,
+    ANN_PRESTART,
     ANN_QOS_TARGET,
     API_VERSION,
     GNNJOB_KIND,
@@ -396,10 +397,20 @@ class Demand:
     intensity: str | None
     exclusive: bool = False
     qos_seconds: float | None = None  # ANN_QOS_TARGET: an inference pod's latency target (the share rule keeps it)
+    prestarted: bool = False  # ANN_PRESTART: behind gate --prestart, its start-up runs while it waits at the gate
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
-    """The bytes to book for ``pod``: trusted ``admit-bytes`` only under a GNNJob owner (see module docstring)."""
+    """The bytes to book for ``pod``: trusted ``admit-bytes`` only under a GNNJob owner (see module docstring).
+    Whether it was prestarted (``ANN_PRESTART``) only steers the spread rule's view of its start-up: any pod's
+    annotation is taken, since it books nothing."""
+    demand = _demand(pod, whole_gpu_bytes)
+    if pod.annotations.get(ANN_PRESTART) == "true":
+        demand = replace(demand, prestarted=True)
+    return demand
+
+
+def _demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
     ann = pod.annotations
     qt: float | None = None
     raw_rt = ann.get(ANN_PREDICTED_RUNTIME)

@@ -114,9 +114,10 @@ class OperatorConfig(BaseModel):
     # Device of the built-in worker: cuda on GPU nodes, cpu where the agents' GPUs are fake (no CUDA behind them).
     worker_device: Literal["cuda", "cpu"] = "cuda"
     # The built-in worker does its CPU start-up while it waits at the gate (gnnsched gate --prestart).
-    # Off by default: on an H100, importing torch_geometric while CUDA_VISIBLE_DEVICES is empty initialised the CUDA
+    # On an H100, importing torch_geometric while CUDA_VISIBLE_DEVICES is empty initialised the CUDA
     # driver with no device, so every prestarted CUDA worker failed after admission (docs/gpu-measurements.md). The
-    # worker now guards that phase (gnnsched.cuda_guard); off until bench/gpu/prestart_check.py passes on a GPU.
+    # worker now guards that phase (gnnsched.cuda_guard) and falls back to a plain start where the guard misses a
+    # path (gnnsched.gate_handoff.reexec_admitted). Off in the CLI, on in the chart (operator.workerPrestart).
     worker_prestart: bool = False
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz
     metrics_port: int | None = None  # serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)

@@ -46,6 +46,7 @@ from gnnsched.contract import (
     ANN_JOB,
     ANN_PMC_BYTES,
     ANN_PREDICTED_RUNTIME,
+    ANN_PRESTART,
     ANN_QOS_TARGET,
     API_VERSION,
     DEFAULT_JOB_RUNTIME_CLASS,
@@ -286,6 +287,9 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         annotations[ANN_INTENSITY] = plan.intensity
     if spec.mode == "infer" and spec.qos_target_seconds is not None:  # the gate's share rule keeps it
         annotations[ANN_QOS_TARGET] = repr(float(spec.qos_target_seconds))
+    command = container_command(spec, worker_device, worker_prestart)
+    if worker_prestart and not spec.command:  # container_command's rule: the built-in worker only
+        annotations[ANN_PRESTART] = "true"  # the gate's spread rule: its start-up runs while it waits, not after
     env = [
         {"name": ENV_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -316,7 +320,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
                 {
                     "name": CONTAINER_NAME,
                     "image": spec.image or image,
-                    "command": container_command(spec, worker_device, worker_prestart),
+                    "command": command,
                     "env": env,
                     "resources": {"requests": requests, "limits": limits},
                     "terminationMessagePath": TERMINATION_LOG,

@@ -129,6 +129,20 @@ def test_inference_pod_carries_its_latency_target_for_the_gate() -> None:
         assert ANN_QOS_TARGET not in build_pod(job, spec, _plan(), 0, "default/image:1")["metadata"]["annotations"]
 
 
+def test_prestarted_worker_pods_say_so_for_the_gate() -> None:
+    """``gnnsched.io/prestart: "true"`` exactly where the command runs behind ``gate --prestart``: the built-in
+    worker with ``worker_prestart``, never a user's command (the gate's spread rule reads it for the start-up)."""
+    from gnnsched.contract import ANN_PRESTART
+
+    job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": SPEC}
+    custom = parse_spec({**SPEC, "image": "mine:1", "command": ["python", "train.py"]})
+    for spec, prestart, want in ((parse_spec(SPEC), True, True), (parse_spec(SPEC), False, False),
+                                 (custom, True, False)):
+        pod = build_pod(job, spec, _plan(), 0, "default/image:1", worker_prestart=prestart)
+        assert (pod["metadata"]["annotations"].get(ANN_PRESTART) == "true") == want
+        assert ("--prestart" in pod["spec"]["containers"][0]["command"]) == want
+
+
 def test_plan_survives_a_merge_patch_round_trip_that_drops_nulls() -> None:
     plan = _plan(predicted_runtime_seconds=None, intensity=None, scaled_cpu=None)
     stored = {k: v for k, v in plan.model_dump(mode="json").items() if v is not None}

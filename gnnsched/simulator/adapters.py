@@ -248,8 +248,13 @@ class Integrations:
                         for r in g.running:
                             c = r.gate_client
                             if c is None:
+                                # its GPU work starts after the start-up it had left at admission: r.startup_s is
+                                # policies.startup_left(sim.startup_s, its bind, its start, +prestart) by
+                                # construction (Simulation._startup), the gate's assumption when both use the same
+                                # start-up figure (the defaults do: policies.STARTUP_SECONDS = costs.STARTUP_S)
+                                start = None if r.out.start is None else r.out.start + r.startup_s
                                 c = r.gate_client = (r.intensity, pol.predicted_end(
-                                    r.job.profile(g.model).predicted_s, r.out.start))
+                                    r.job.profile(g.model).predicted_s, start))
                             running.append(client(c[0], seconds_left(c[1], now)))
                         f = pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
                                         capacity_bytes=f.capacity_bytes, running=tuple(running))

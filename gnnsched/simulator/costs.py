@@ -25,6 +25,8 @@ start-up overlaps other jobs' compute but still delays the job itself. The defau
 
 from __future__ import annotations
 
+from gnnsched.policies import STARTUP_SECONDS
+
 # Host-interface bandwidth per direction (bytes/s): PCIe 3.0 x16 = 15.75 GB/s, 4.0 = 31.5 GB/s, 5.0 = 63 GB/s.
 _PCIE3 = 15.75e9
 _PCIE4 = 31.5e9
@@ -34,7 +36,7 @@ HOST_LINK_BYTES_PER_S: dict[str, float] = {
     "A100-40GB": _PCIE4, "A100-80GB": _PCIE4, "A10": _PCIE4, "L4": _PCIE4, "H100-80GB": _PCIE5,
 }
 
-STARTUP_S = 4.4
+STARTUP_S = STARTUP_SECONDS
 """Process start-up before a job's first step, seconds. Measured on this project's CPU machine as the wall time of
 ``python -c "import torch, torch_geometric"`` (4.37 s and 4.79 s, load average 4.3 on 2 cores); a GPU adds CUDA context
 creation on top, which is

@@ -24,7 +24,7 @@ from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.engine import RunResult
 from gnnsched.simulator.faults import parse_estimate_error
-from gnnsched.simulator.metrics import completed_jcts
+from gnnsched.simulator.metrics import common_jct_stats
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import materialise, run
 from gnnsched.simulator.workloads import resolve_workload
@@ -43,11 +43,8 @@ def common_ratio(plain: RunResult, loop: RunResult) -> float:
     over different jobs. A job predicted above every GPU, whose true peak fits one, is refused without errors but
     tried alone and completed with them (``closed_loop.MEASURED_OVERPREDICTION``); a baseline's OOM kills drop
     jobs from its mean with errors."""
-    before, after = completed_jcts(plain), completed_jcts(loop)
-    both = sorted(before.keys() & after.keys())
-    if not both:
-        return float("nan")
-    return sum(after[j] for j in both) / sum(before[j] for j in both)
+    common = common_jct_stats(loop, plain, "jct_mean_s")
+    return common[0] / common[1] if common is not None and common[1] else float("nan")
 
 
 def main() -> None:

@@ -279,14 +279,14 @@ class Planner:
         exclusive: list[tuple[ClusterGPU, int, Any, int, int, float, bool]] = []
         exclusive_reason = "ExceedsShareableCapacity"
         if not fitting and override is None:
-            # Alone on a whole GPU the safety factor has no neighbour to protect: the GPU's capacity is the limit.
-            exclusive = [(g, g.capacity_bytes, m, need, static, f, c) for g, _, m, need, static, f, c in rows
-                         if need <= g.capacity_bytes]
-            if not exclusive:
-                # The need itself exceeds every GPU, but an estimate can be that much too high: tried alone.
+            # Alone on a whole GPU the safety factor has no neighbour to protect: the GPU's capacity is the limit. A
+            # need above every GPU is tried so too while an estimate can be that much too high.
+            for exclusive_reason, bound in (("ExceedsShareableCapacity", 1.0),
+                                            ("PredictedPeakAboveGPU", MEASURED_OVERPREDICTION)):
                 exclusive = [(g, g.capacity_bytes, m, need, static, f, c) for g, _, m, need, static, f, c in rows
-                             if need <= g.capacity_bytes * MEASURED_OVERPREDICTION]
-                exclusive_reason = "PredictedPeakAboveGPU"
+                             if need <= g.capacity_bytes * bound]
+                if exclusive:
+                    break
         largest = max(rows, key=lambda r: r[0].capacity_bytes) if rows else None
         if healthy and not fitting and not exclusive:
             assert largest is not None

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU_MEMORY, ANN_PREDICTED_RUNTIME
+from gnnsched.contract import (
+    ANN_ADMIT_BYTES,
+    ANN_GPU_MEMORY,
+    ANN_PREDICTED_RUNTIME,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    ENV_RESULT_FILE,
+)
 from gnnsched.node_agent.identity import FilePodLookup, gnnjob_owner_reference
 
 GiB = 2**30
@@ -18,6 +27,20 @@ def gnnsched_command() -> list[str]:
     """The ``gnnsched`` CLI of this interpreter's environment (its console script, else ``python -m``)."""
     exe = Path(sys.executable).parent / "gnnsched"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "gnnsched.cli"]
+
+
+def run_gated_worker(tmp_path: Path, env: dict[str, str], sock: Path, job_file: Path,
+                     pod: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``gnnsched gate -- gnnsched worker JOB`` as ``pod``'s container would run it (its downward-API identity, its
+    result file as the termination message); returns the finished process and the result file's path."""
+    meta = pod["metadata"]
+    result_file = tmp_path / f"{meta['name']}.result"
+    wenv = dict(env, **{ENV_POD_UID: meta["uid"], ENV_POD_NAME: meta["name"], ENV_POD_NAMESPACE: meta["namespace"],
+                        ENV_RESULT_FILE: str(result_file)})
+    run = subprocess.run(gnnsched_command() + ["gate", "--socket", str(sock), "--"] + gnnsched_command()
+                         + ["worker", str(job_file), "--no-progress"], env=wenv, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180, check=False)
+    return run, result_file
 
 
 def pod_object(

@@ -14,15 +14,9 @@ from pathlib import Path
 import pytest
 from fake_mps import start_agent, stop_agent
 from gate_helpers import gnnsched_command as _gnnsched
-from gate_helpers import job_pod, write_pods
+from gate_helpers import job_pod, run_gated_worker, write_pods
 
 from gnnsched.closed_loop import AttemptResult
-from gnnsched.contract import (
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_POD_UID,
-    ENV_RESULT_FILE,
-)
 from gnnsched.estimator import estimate
 from gnnsched.spec import load_job
 
@@ -60,15 +54,9 @@ def test_worker_behind_the_gate_on_a_fake_gpu_reports_memory_exceeded_then_succe
     try:
         results = {}
         for pod in (small, large):
-            m = pod["metadata"]
-            result_file = tmp_path / f"{m['name']}.result"
-            wenv = dict(env, **{ENV_POD_UID: m["uid"], ENV_POD_NAME: m["name"], ENV_POD_NAMESPACE: m["namespace"],
-                                ENV_RESULT_FILE: str(result_file)})
-            run = subprocess.run(_gnnsched() + ["gate", "--socket", str(sock), "--"] + _gnnsched()
-                                 + ["worker", str(job), "--no-progress"], env=wenv, cwd=tmp_path,
-                                 capture_output=True, text=True, timeout=180, check=False)
-            results[m["name"]] = (run.returncode, AttemptResult.model_validate_json(result_file.read_text()),
-                                  run.stderr)
+            run, result_file = run_gated_worker(tmp_path, env, sock, job, pod)
+            results[pod["metadata"]["name"]] = (run.returncode,
+                                                AttemptResult.model_validate_json(result_file.read_text()), run.stderr)
     finally:
         stop_agent(agent, pipe)
     code, small_result, stderr = results["small"]

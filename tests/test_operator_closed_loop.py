@@ -427,11 +427,14 @@ async def test_bad_gpu_memory_or_max_resizes_is_a_named_invalid_spec(tmp_path: P
     assert "\n" not in validated["message"] and not pods
 
 
+A100_80GB = {**a100(0), "uuid": "GPU-a100-80-0", "model": "A100-80GB", "totalBytes": 81920 * 2**20}
+
+
 async def test_exclusive_fallback_for_77_gib_on_an_a100_80gb(tmp_path: Path) -> None:
     """The issue's example: predicted peak 77.0 GiB, admit 85.2 GiB with the static 1.1; runs alone, not refused."""
     from fake_estimates import FixedPeakPlanner
 
-    gpu = {**a100(0), "uuid": "GPU-a100-80-0", "model": "A100-80GB", "totalBytes": 81920 * 2**20}
+    gpu = A100_80GB
     capacity = gpu["totalBytes"] - gpu["reserveBytes"]
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [gpu])
@@ -454,7 +457,7 @@ async def test_a_job_predicted_just_above_every_gpu_is_tried_alone(tmp_path: Pat
     a job predicted 1.5x the GPU is refused at once, as before."""
     from fake_estimates import FixedPeakPlanner
 
-    gpu = {**a100(0), "uuid": "GPU-a100-80-0", "model": "A100-80GB", "totalBytes": 81920 * 2**20}
+    gpu = A100_80GB
     capacity = gpu["totalBytes"] - gpu["reserveBytes"]
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [gpu])
@@ -463,7 +466,7 @@ async def test_a_job_predicted_just_above_every_gpu_is_tried_alone(tmp_path: Pat
             first = await pod(cluster, "gcn-cora-0")
             job = await job_in_phase(cluster, "gcn-cora", "Estimated", "Scheduled")
             if outcome == "fits":
-                await succeed(cluster, "gcn-cora-0", peak=70 * GiB, gpu="GPU-a100-80-0")
+                await succeed(cluster, "gcn-cora-0", peak=70 * GiB, gpu=gpu["uuid"])
                 done = await job_in_phase(cluster, "gcn-cora", "Succeeded")
             else:
                 await cluster.patch_pod("gcn-cora-0", ended("Failed", oom_line(capacity, capacity - GiB, 2 * GiB)))

@@ -20,17 +20,13 @@ from typing import Any
 import pytest
 import yaml
 from fake_mps import stop_agent
-from gate_helpers import add_pods, write_pods
+from gate_helpers import add_pods, run_gated_worker, write_pods
 from gate_helpers import gnnsched_command as _gnnsched
 from operator_harness import Cluster, GiB, emulated_cluster, running_operator, wait_for
 
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_POD_UID,
-    ENV_RESULT_FILE,
 )
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300),
@@ -49,13 +45,7 @@ async def _pod(cluster: Cluster, name: str) -> dict[str, Any]:
 
 def _run_attempt(tmp_path: Path, env: dict[str, str], sock: Path, job_file: Path, pod: dict[str, Any]) -> str:
     """``gnnsched gate -- gnnsched worker`` as the pod's container; the result file is the termination message."""
-    meta = pod["metadata"]
-    result_file = tmp_path / f"{meta['name']}.result"
-    wenv = dict(env, **{ENV_POD_UID: meta["uid"], ENV_POD_NAME: meta["name"], ENV_POD_NAMESPACE: meta["namespace"],
-                        ENV_RESULT_FILE: str(result_file)})
-    run = subprocess.run(_gnnsched() + ["gate", "--socket", str(sock), "--"] + _gnnsched()
-                         + ["worker", str(job_file), "--no-progress"], env=wenv, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=180, check=False)
+    run, result_file = run_gated_worker(tmp_path, env, sock, job_file, pod)
     assert result_file.exists(), run.stderr[-2000:]
     return result_file.read_text()
 

@@ -60,6 +60,15 @@ async def create_class(cluster: Cluster, name: str, value: int) -> None:
     assert status in (200, 201), data
 
 
+async def queue_cluster(cluster: Cluster, order: QueueOrder, *extra: tuple[str, int]) -> None:
+    """The emulated cluster the queue tests share: the Priority admission rule, the runtime buckets' classes (and
+    ``extra`` ones) created, one A100 node."""
+    with_priority_admission(cluster)
+    for name, value in (*((c.name, c.value) for c in order.classes()), *extra):
+        await create_class(cluster, name, value)
+    await cluster.add_gpunode("node-a", [a100(0)])
+
+
 async def pod_of(cluster: Cluster, job: str) -> dict[str, Any]:
     async def find() -> Any:
         return next((p for p in await cluster.pods() if p["metadata"]["name"] == f"{job}-0"), None)
@@ -76,11 +85,7 @@ async def job_status(cluster: Cluster, name: str, phase: str) -> dict[str, Any]:
 async def test_pods_get_the_class_of_their_predicted_runtime_and_a_user_class_wins(tmp_path: Path) -> None:
     order = QueueOrder()
     async with emulated_cluster(tmp_path) as cluster:
-        with_priority_admission(cluster)
-        for c in order.classes():
-            await create_class(cluster, c.name, c.value)
-        await create_class(cluster, "batch-urgent", 50_000)
-        await cluster.add_gpunode("node-a", [a100(0)])
+        await queue_cluster(cluster, order, ("batch-urgent", 50_000))
         async with running_operator(cluster, queue_priority=True):
             await cluster.create_job(manifest("short", epochs=20))
             await cluster.create_job(manifest("long", epochs=200_000))
@@ -110,11 +115,7 @@ async def test_a_resized_attempt_goes_ahead_and_a_charged_retry_keeps_its_class(
     job's runtime for a retry charged to backoffLimit (the user's failure); the reason kept in the status."""
     order = QueueOrder()
     async with emulated_cluster(tmp_path) as cluster:
-        with_priority_admission(cluster)
-        for c in order.classes():
-            await create_class(cluster, c.name, c.value)
-        await create_class(cluster, order.retry_name, order.retry_value)
-        await cluster.add_gpunode("node-a", [a100(0)])
+        await queue_cluster(cluster, order, (order.retry_name, order.retry_value))
         async with running_operator(cluster, queue_priority=True, retry_priority=True):
             await cluster.create_job(manifest("oom"))
             await cluster.create_job(manifest("flaky", backoffLimit=1))
@@ -136,10 +137,7 @@ async def test_a_resized_attempt_goes_ahead_and_a_charged_retry_keeps_its_class(
 async def test_a_missing_retry_class_keeps_the_jobs_class_and_says_so(tmp_path: Path) -> None:
     order = QueueOrder()
     async with emulated_cluster(tmp_path) as cluster:
-        with_priority_admission(cluster)
-        for c in order.classes():
-            await create_class(cluster, c.name, c.value)
-        await cluster.add_gpunode("node-a", [a100(0)])
+        await queue_cluster(cluster, order)
         async with running_operator(cluster, queue_priority=True, retry_priority=True):
             await cluster.create_job(manifest("oom"))
             first = await pod_named(cluster, "oom-0")

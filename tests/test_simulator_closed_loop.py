@@ -387,30 +387,41 @@ def test_cli_json_keys_and_columns(tmp_path) -> None:
     assert plain.exit_code == 0 and "mem-exc" not in plain.output
 
 
+def _with_a_big_job(ix: Integrations, n: int, peak_bytes: int, admit_bytes: int) -> tuple[Workload, list, int]:
+    """``n`` small jobs whose first is replaced by a 30 s job of ``peak_bytes`` and ``admit_bytes`` on the V100:
+    the workload, its jobs and the big job's id."""
+    wl = _workload(n)
+    jobs = materialise(wl, parse_cluster(CLUSTER, None), ix, scaling=False)
+    big = jobs[0]
+    model = next(iter(big.profiles))
+    prof = big.profiles[model]
+    jobs[0] = replace(big, profiles={model: replace(prof, peak_bytes=peak_bytes, admit_bytes=admit_bytes,
+                                                    solo_s=max(prof.solo_s, 30.0), predicted_s=30.0)})
+    return wl, jobs, big.id
+
+
+def _ran_beside(outcomes: dict, job_id: int) -> list[str]:
+    """The jobs that ran on the GPU of ``job_id`` while it did."""
+    alone = outcomes[job_id]
+    assert alone.start is not None and alone.finish is not None
+    return [o.job.name for o in outcomes.values() if o.job.id != job_id and o.gpu == alone.gpu
+            and o.start is not None and o.finish is not None and o.start < alone.finish and o.finish > alone.start]
+
+
 def test_open_loop_runs_a_job_too_big_to_share_alone(ix: Integrations) -> None:
     """Without errors or faults the open-loop run plans as the operator does: a job whose admit bytes exceed the
     GPU but whose peak fits it reserves the whole GPU and runs alone (``operator/planning.py``'s ``exclusive``), as
     the closed-loop run of the same policy does. It used to wait forever, so the two runs' mean JCTs were over
     different jobs and the closed loop's ratio to the open loop came out too high."""
-    wl = _workload(6)
-    cl = parse_cluster(CLUSTER, None)
-    jobs = materialise(wl, cl, ix, scaling=False)
     total = 32 * 2**30
-    big = jobs[0]
-    model = next(iter(big.profiles))
-    prof = big.profiles[model]
-    jobs[0] = replace(big, profiles={model: replace(prof, peak_bytes=total - 2**30, admit_bytes=total + 2**30,
-                                                    solo_s=max(prof.solo_s, 30.0), predicted_s=30.0)})
+    wl, jobs, big = _with_a_big_job(ix, 6, total - 2**30, total + 2**30)
     both = []
     for error in (NO_ERROR, parse_estimate_error("lognormal:0.000001")):
         report = _run(ix, wl, "base", error=error, jobs=jobs)
         outcomes = {o.job.id: o for o in report.results["base"].outcomes}
-        alone = outcomes[big.id]
+        alone = outcomes[big]
         assert alone.status == "completed", (error, alone.status, alone.reason)
-        assert alone.start is not None and alone.finish is not None
-        beside = [o for o in outcomes.values() if o.job.id != big.id and o.gpu == alone.gpu and o.start is not None
-                  and o.finish is not None and o.start < alone.finish and o.finish > alone.start]
-        assert beside == [], f"ran beside the whole-GPU job: {[o.job.name for o in beside]}"
+        assert _ran_beside(outcomes, big) == []
         both.append(report.policies["base"]["jct_mean_s"])
     assert both[0] == pytest.approx(both[1], rel=0.05)  # the same jobs, the same plan: a tiny error changes nothing
 
@@ -422,28 +433,19 @@ def test_a_job_predicted_just_above_the_gpu_is_tried_alone(ix: Integrations, mul
     with the whole GPU as its limit, as the operator does (PredictedPeakAboveGPU). An over-estimate completes, and
     nothing ran beside it; a true estimate overruns once and ends ExceedsLargestGPU, not counted as lost (it fits no
     GPU)."""
-    wl = _workload(4)
-    cl = parse_cluster(CLUSTER, None)
-    jobs = materialise(wl, cl, ix, scaling=False)
     total = 32 * 2**30
-    big = jobs[0]
-    model = next(iter(big.profiles))
-    prof = big.profiles[model]
     peak = int(total * 1.1)
-    jobs[0] = replace(big, profiles={model: replace(prof, peak_bytes=peak, admit_bytes=int(peak * 1.1),
-                                                    solo_s=max(prof.solo_s, 30.0), predicted_s=30.0)})
+    wl, jobs, big = _with_a_big_job(ix, 4, peak, int(peak * 1.1))
+    model = next(iter(jobs[0].profiles))
     books = LoopBooks(error=EstimateError("lognormal", 0.0, 1.0), fault_rate=0.0, seed=0, mode="gnnsched",
-                      largest_bytes=total, capacity={model: total}, multipliers={big.id: multiplier})
+                      largest_bytes=total, capacity={model: total}, multipliers={big: multiplier})
     assert books.attempt(jobs[0]).profile(model).admit_bytes == total
     report = _run(ix, wl, "base", error=EstimateError("lognormal", 1e-9, multiplier), jobs=jobs)
     outcomes = {o.job.id: o for o in report.results["base"].outcomes}
-    alone = outcomes[big.id]
+    alone = outcomes[big]
     assert report.policies["base"]["jobs_lost"] == 0 and report.policies["base"]["oom_kills"] == 0
     if completes:
         assert alone.status == "completed" and alone.attempts == 1
-        assert alone.start is not None and alone.finish is not None
-        beside = [o for o in outcomes.values() if o.job.id != big.id and o.gpu == alone.gpu and o.start is not None
-                  and o.finish is not None and o.start < alone.finish and o.finish > alone.start]
-        assert beside == []
+        assert _ran_beside(outcomes, big) == []
     else:
         assert alone.status == "failed" and alone.reason == "ExceedsLargestGPU" and alone.attempts == 1

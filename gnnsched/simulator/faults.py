@@ -244,11 +244,10 @@ class LoopBooks:
         if self.calibrating:
             factor = self._factor(self._class(job, model))
         admit = int(math.ceil(prof.peak_bytes * factor))
-        if admit > self.capacity[model] >= prof.peak_bytes:
-            return self.capacity[model]  # fits the whole GPU but not a shared one: runs alone
         if admit > self.capacity[model] and prof.peak_bytes <= self.capacity[model] * MEASURED_OVERPREDICTION:
-            # predicted above the GPU by less than an estimate has been measured to be high: tried alone (the
-            # operator's PredictedPeakAboveGPU); its true peak decides, an overrun ends it with ExceedsLargestGPU
+            # fits the whole GPU but not a shared one (the operator's ExceedsShareableCapacity), or is predicted above
+            # it by less than an estimate has been measured to be high (PredictedPeakAboveGPU): runs alone, booking
+            # the whole GPU; its true peak decides, an overrun ends it with ExceedsLargestGPU
             return self.capacity[model]
         return admit
 

@@ -88,6 +88,19 @@ def completed_jcts(res: RunResult) -> dict[int, float]:
             if o.job.arrival <= res.end_time and o.status == "completed" and o.jct is not None}
 
 
+def common_jct_stats(a: RunResult, b: RunResult, metric: str) -> tuple[float, float, int] | None:
+    """``metric`` of each run over the jobs both completed, and how many those are; None when there are none. Why:
+    each run's own JCT figures are over its own completed jobs, and two runs that completed different jobs (one
+    OOM-killed or refused some) compare different sets."""
+    jcts_a, jcts_b = completed_jcts(a), completed_jcts(b)
+    both = sorted(jcts_a.keys() & jcts_b.keys())
+    stat_a = jct_stat([jcts_a[i] for i in both], metric)
+    stat_b = jct_stat([jcts_b[i] for i in both], metric)
+    if stat_a is None or stat_b is None:
+        return None
+    return stat_a, stat_b, len(both)
+
+
 def jct_stat(jcts: list[float], metric: str) -> float | None:
     """``metric`` (one of :data:`JCT_STATS`) over ``jcts``, rounded as :func:`summarise` rounds it."""
     if not jcts:

@@ -16,7 +16,7 @@ from gnnsched.simulator.cluster import ClusterSpec
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import RunResult, Simulation
 from gnnsched.simulator.faults import BASELINE_BACKOFF_LIMIT, NO_ERROR, EstimateError, LoopBooks, true_multipliers
-from gnnsched.simulator.metrics import JCT_STATS, completed_jcts, jct_stat, summarise
+from gnnsched.simulator.metrics import JCT_STATS, common_jct_stats, completed_jcts, summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
 from gnnsched.simulator.workload_types import Workload
@@ -185,10 +185,7 @@ def whole_gpu_fallback(jobs: list[SimJob], cluster: ClusterSpec) -> list[SimJob]
     the operator (``PredictedPeakAboveGPU``) and by the closed loop's books; here it stays refused. Without errors its
     true peak is its prediction, so the real attempt would overrun and fail ``ExceedsLargestGPU`` either way; the few
     seconds that attempt holds an empty GPU (start-up and a first step) are not modelled."""
-    from gnnsched.gpus import get_gpu_model
-
-    capacity = {get_gpu_model(n.gpu_model).name: get_gpu_model(n.gpu_model).memory_bytes
-                for n in cluster.nodes if n.gpus}
+    capacity = gpu_capacity(cluster)
     out: list[SimJob] = []
     for job in jobs:
         models = [m for m in job.profiles if m in capacity]
@@ -204,19 +201,20 @@ def whole_gpu_fallback(jobs: list[SimJob], cluster: ClusterSpec) -> list[SimJob]
     return out
 
 
+def gpu_capacity(cluster: ClusterSpec) -> dict[str, int]:
+    """GPU model -> what one job alone may use on it: its whole memory (the engine's GPUs carry no agent reserve)."""
+    from gnnsched.gpus import get_gpu_model
+
+    return {get_gpu_model(n.gpu_model).name: get_gpu_model(n.gpu_model).memory_bytes for n in cluster.nodes if n.gpus}
+
+
 def closed_loop_books(spec: PolicySpec, cluster: ClusterSpec, error: EstimateError, fault_rate: float, seed: int,
                       multipliers: dict[int, float]) -> LoopBooks | None:
     """The closed loop's books for one policy's run, or None when the run has neither errors nor faults (then the
     engine is the open-loop one, and every figure is what it was before the loop existed)."""
     if not error.active and fault_rate <= 0:
         return None
-    from gnnsched.gpus import get_gpu_model
-
-    capacity: dict[str, int] = {}
-    for node in cluster.nodes:
-        if node.gpus:
-            gm = get_gpu_model(node.gpu_model)
-            capacity[gm.name] = gm.memory_bytes  # the engine's GPUs carry no agent reserve
+    capacity = gpu_capacity(cluster)
     mode = "baseline" if not spec.is_ours else ("gnnsched" if spec.calibration else "calib-off")
     return LoopBooks(error=error, fault_rate=fault_rate, seed=seed, mode=mode, largest_bytes=max(capacity.values()),
                      capacity=capacity, multipliers=dict(multipliers))
@@ -284,13 +282,11 @@ def _best_of(metrics: dict[str, dict[str, Any]], metric: str | None, higher: boo
     if metric in JCT_STATS and results is not None and a in results and b in results:
         jcts_a, jcts_b = completed_jcts(results[a]), completed_jcts(results[b])
         if jcts_a.keys() != jcts_b.keys():
-            both = sorted(jcts_a.keys() & jcts_b.keys())
-            common_a = jct_stat([jcts_a[i] for i in both], metric)
-            common_b = jct_stat([jcts_b[i] for i in both], metric)
-            if common_a is None or common_b is None:
+            common = common_jct_stats(results[a], results[b], metric)
+            if common is None:
                 return None  # no job both completed: nothing to compare
-            value_a, value_b = common_a, common_b
-            note = (f"over the {len(both)} jobs both completed ({a} completed {len(jcts_a)}, {b} {len(jcts_b)}"
+            value_a, value_b, both = common
+            note = (f"over the {both} jobs both completed ({a} completed {len(jcts_a)}, {b} {len(jcts_b)}"
                     f"{_oom_note(metrics[b])}); each one's own {metric} is over its own jobs")
     elif metric in JCT_STATS:
         done_a, done_b = metrics[a].get("completed"), metrics[b].get("completed")

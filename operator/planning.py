@@ -281,11 +281,12 @@ class Planner:
         if not fitting and override is None:
             # Alone on a whole GPU the safety factor has no neighbour to protect: the GPU's capacity is the limit. A
             # need above every GPU is tried so too while an estimate can be that much too high.
-            for exclusive_reason, bound in (("ExceedsShareableCapacity", 1.0),
-                                            ("PredictedPeakAboveGPU", MEASURED_OVERPREDICTION)):
+            rules = (("ExceedsShareableCapacity", 1.0), ("PredictedPeakAboveGPU", MEASURED_OVERPREDICTION))
+            for reason, bound in rules:
                 exclusive = [(g, g.capacity_bytes, m, need, static, f, c) for g, _, m, need, static, f, c in rows
                              if need <= g.capacity_bytes * bound]
                 if exclusive:
+                    exclusive_reason = reason
                     break
         largest = max(rows, key=lambda r: r[0].capacity_bytes) if rows else None
         if healthy and not fitting and not exclusive:

@@ -207,7 +207,8 @@ def measure_cuda(spec: Any, steps: int) -> tuple[int, int]:
 
     import torch
 
-    from gnnsched.models import build_model, make_graph, run_step
+    from gnnsched.models import build_model, make_graph
+    from gnnsched.portable.step import run_step
     from gnnsched.worker import _serve_parallel, _StepInputs
 
     gc.collect()

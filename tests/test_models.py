@@ -18,8 +18,8 @@ from gnnsched.models import (
     make_graph,
     minibatch_bound,
     pyg_backends,
-    run_step,
 )
+from gnnsched.portable.step import run_step
 from gnnsched.spec import GNNJobSpec, parse_spec
 
 

@@ -341,7 +341,7 @@ def resource_demand(seed: int, data_dir: Path, fits: Fits | None = None) -> Work
         lifetime = float(pod["deletion_time"]) - float(pod["scheduled_time"])
         cpu = max(100, min(96_000, int(round(int(pod["cpu_milli"]) * cpu_factor / 100)) * 100))
         templates.append(JobTemplate(
-            name=f"job-{i:04d}-{spec.model.arch}-{spec.graph.dataset}", arrival=t, spec=spec,
+            name=f"job-{i:04d}-{spec.model.model_class}-{spec.graph.dataset}", arrival=t, spec=spec,
             cpu_milli=cpu, memory_bytes=int(pod["memory_mib"]) * 2**20,
             labels={"runtime_target": f"{lifetime:.3f}", "openb_pod": pod["name"]},
         ))
@@ -473,7 +473,7 @@ def generated(text: str, seed: int, fits: Fits | None = None) -> Workload:
             graph = {**graph, "nodes": max(100, int(graph["nodes"] * 0.8)), "edges": max(1, int(graph["edges"] * 0.8))}
             spec = parse_spec({**shape, **work, "graph": graph})
         templates.append(JobTemplate(
-            name=f"{mode}-{spec.model.arch}-{i:03d}", arrival=t, spec=spec, cpu_milli=DEFAULT_CPU_MILLI,
+            name=f"{mode}-{spec.model.model_class}-{i:03d}", arrival=t, spec=spec, cpu_milli=DEFAULT_CPU_MILLI,
             memory_bytes=DEFAULT_MEMORY_BYTES, qos_factor=2.0 if mode == "infer" else None,
             labels={"mode": mode, "size": keys["size"]},
         ))

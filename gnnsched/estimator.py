@@ -90,7 +90,7 @@ from gnnsched.models import (
     minibatch_bound,
 )
 from gnnsched.portable.step import run_step
-from gnnsched.spec import GNNJobSpec
+from gnnsched.spec import GNNJobSpec, SpecError
 
 Device = Literal["cpu", "cuda"]
 Engine = Literal["meta", "fake"]
@@ -727,7 +727,12 @@ def trace_step(
         hooks = _label_layers(tracker, model) if splicing else []
         window_start = len(tracker.events)
         tracker.phase = "forward"
-        run_step(model, graph, spec.mode)
+        try:
+            run_step(model, graph, spec.mode)
+        except Exception as exc:
+            if spec.model.arch is not None:
+                raise
+            raise _step_failed(spec, exc) from None
         tracker.finish()
         grads = tracker.records_of(p.grad for p in model.parameters() if p.grad is not None)
         for hook in hooks:
@@ -748,6 +753,18 @@ def trace_step(
     if trace is None:
         return trace_step(spec, layout, device=device, engine=engine, splice=False)
     return trace, breakdown, peak
+
+
+def _step_failed(spec: GNNJobSpec, exc: Exception) -> SpecError:
+    """A PyG class, layer or entrypoint that cannot run one step on the job's graph, as an error naming the field.
+    An entrypoint is traced on data-less tensors: code that reads values cannot run there."""
+    kind = spec.model.kind
+    hint = (
+        " (the model must not read tensor values: no .item(), .tolist() or shapes that depend on values)"
+        if kind == "entrypoint" else " (a GNNJob's graph gives node features and edges, no edge features)"
+    )
+    return SpecError(f"spec.model.{kind}", f"{getattr(spec.model, kind)} cannot run one step on the job's graph"
+                     f"{hint}: {type(exc).__name__}: {exc}")
 
 
 def _label_layers(tracker: _LivenessMode, model: Any) -> list[Any]:

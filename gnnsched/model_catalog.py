@@ -248,10 +248,12 @@ def _allowed_options(spec: GNNJobSpec) -> tuple[str, dict[str, tuple[inspect.Par
         what = f"torch_geometric.nn.conv.{model.conv}"
         allowed.update({k: v for k, v in _init_parameters(BasicGNN).items()})
     required: list[str] = []
+    # a model class's init_conv builds what its layer needs beyond in/out (GIN's and EdgeCNN's MLP): not options
+    supplied = ("in_channels", "out_channels") + (("nn",) if model.pyg is not None else ())
     if layer is not None:
         for name, (param, hint) in _init_parameters(layer).items():
             allowed.setdefault(name, (param, hint))
-            if param.default is inspect.Parameter.empty and name not in ("in_channels", "out_channels", "nn"):
+            if param.default is inspect.Parameter.empty and name not in supplied:
                 required.append(name)
     return what, allowed, required
 
@@ -294,6 +296,10 @@ def check_model(spec: GNNJobSpec) -> None:
         _check_option(field, value, allowed[name][1])
     for name in required:
         if name not in options and name not in FROM_GRAPH:
+            hint = allowed[name][1]
+            if _accepts(hint, None) is None and _accepts(hint, "") is None and _accepts(hint, 0) is None:
+                raise SpecError(f"spec.model.{model.kind}",
+                                f"{what} needs {name} (a {_describe(hint)}), which YAML options cannot give")
             raise SpecError(f"spec.model.options.{name}", f"required by {what}")
     try:
         with torch.device("meta"):

@@ -165,7 +165,7 @@ class Planner:
         need = int(self._estimate(spec, model, safety_factor=1.0).admit_bytes)
         name = getattr(model, "name", None) or self.default_gpu_model
         if calibration is not None:
-            cls = CalibrationClass(gpu_model=name, arch=spec.model.arch, mode=spec.mode, container=container)
+            cls = CalibrationClass(gpu_model=name, arch=spec.model.model_class, mode=spec.mode, container=container)
             result = calibration.factor(cls, self.calibration_policy)
             if result.calibrated:
                 return math.ceil(need * result.factor), need, int(static.admit_bytes), result.factor, True

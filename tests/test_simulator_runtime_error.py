@@ -58,7 +58,8 @@ def test_parsing_names_the_flag() -> None:
     for bad in ("gamma:1", "lognormal:x", "lognormal:4", "lognormal:0.1:0", "lognormal:0.1:nan"):
         with pytest.raises(FieldError, match="--runtime-error"):
             parse_runtime_error(bad)
-    for table in ({}, {"heldout_residuals": {"gcn": []}}, {"heldout_residuals": {"gcn": [-1.0]}}):
+    tables: list[dict] = [{}, {"heldout_residuals": {"gcn": []}}, {"heldout_residuals": {"gcn": [-1.0]}}]
+    for table in tables:
         with pytest.raises(FieldError, match="--runtime-error"):
             parse_runtime_error("measured", table)
 
@@ -72,7 +73,7 @@ def test_multipliers_are_seeded_and_per_arch(ix: Integrations) -> None:
     assert len(set(a.values())) == len(jobs) and all(v > 0 for v in a.values())
     measured = runtime_multipliers(jobs, parse_runtime_error("measured", TABLE), 0)
     for j in jobs:
-        pool = {"gcn": {2.0, 3.0}, "sage": {0.5}}[j.spec.model.arch]
+        pool = {"gcn": {2.0, 3.0}, "sage": {0.5}}[j.spec.model.model_class]
         assert measured[j.id] in pool
 
 

@@ -123,11 +123,11 @@ def measured_error(table: dict[str, Any]) -> RuntimeErrorDist:
 
 
 def _arch(job: SimJob) -> str:
-    """The job's arch for the measured residuals ("*" for trace pods and archs the table lacks)."""
-    spec = job.spec
-    model = getattr(spec, "model", None)
-    arch = getattr(model, "arch", None)
-    return str(arch).lower() if arch else "*"
+    """The job's model class (``ModelSpec.model_class``: the arch, or ``pyg-<Class>`` and the like) for the
+    measured residuals; "*" for trace pods. A class the table lacks draws from every arch's pool."""
+    model = getattr(job.spec, "model", None)
+    name = getattr(model, "model_class", None)
+    return str(name).lower() if name else "*"
 
 
 def runtime_multipliers(jobs: list[SimJob], error: RuntimeErrorDist, seed: int) -> dict[int, float]:

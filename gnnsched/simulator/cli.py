@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the simulator's modules load on first use (the CLI starts w
     from gnnsched.simulator.cluster import ClusterSpec
     from gnnsched.simulator.faults import EstimateError, FaultModel
     from gnnsched.simulator.policyspec import PolicySpec
+    from gnnsched.simulator.runtime_error import RuntimeErrorDist
     from gnnsched.simulator.workload_types import Fits, Workload
 
 
@@ -70,6 +71,11 @@ def simulate(
                                             "stays out of the pool."),
     buggy_jobs: float = typer.Option(0.0, "--buggy-jobs", help="Fraction of jobs (seeded) that carry a deterministic "
                                      "application fault at a fixed point of their run, on every attempt."),
+    runtime_error: str = typer.Option("none", "--runtime-error", help="Each job's true runtime against its "
+                                      "prediction: none (the oracle), lognormal:SIGMA[:BIAS] (true = predicted x "
+                                      "BIAS x exp(N(0, SIGMA)), seeded by --seed) or measured (drawn per arch from "
+                                      "the measured table's held-out residuals). The report adds the same run "
+                                      "with exact predictions."),
     backoff_limit: int | None = typer.Option(None, "--backoff-limit", help="Every job's backoffLimit (0-10: failed "
                                              "pods a job survives) in place of the workload's (3 in the built-in "
                                              "generators; a workload file's spec.backoffLimit, default 0). "
@@ -83,6 +89,7 @@ def simulate(
     from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
     from gnnsched.simulator.faults import parse_estimate_error, parse_faults
     from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, parse_policies
+    from gnnsched.simulator.runtime_error import parse_runtime_error
     from gnnsched.simulator.workloads import (
         BUILTIN,
         DEFAULT_WORKLOAD,
@@ -109,9 +116,13 @@ def simulate(
             wl = resolve_workload(name, seed, data, fits=fits_on(cl, ix))
             specs = parse_policies(policies or ",".join(wl.policies))
             error = parse_estimate_error(estimate_error)
+            runtime = parse_runtime_error(runtime_error)
             faults = parse_faults(hw_fault_rate, hw_repair_seconds, buggy_jobs)
             if backoff_limit is not None and not 0 <= backoff_limit <= 10:
                 raise FieldError("--backoff-limit", f"{backoff_limit}: must be between 0 and 10")
+            if runtime.active and any(p.base in PLACEMENT_ONLY for p in specs):
+                raise PolicyError("--runtime-error needs a simulated run, not the openb placement replay "
+                                  "(best-fit, fgd)")
             if (error.active or faults.active) and any(p.base in PLACEMENT_ONLY for p in specs):
                 raise PolicyError("--estimate-error, --hw-fault-rate and --buggy-jobs need a simulated run, not "
                                   "the openb "
@@ -128,7 +139,7 @@ def simulate(
             if plots.exists() and not plots.is_dir():
                 raise UserError(f"--plots: {plots} exists and is not a directory")
             _writable_dir("--plots", plots)
-    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, faults, backoff_limit)
+    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, faults, backoff_limit, runtime)
 
 
 def _writable_dir(flag: str, directory: Path) -> None:
@@ -160,6 +171,7 @@ def fits_on(cluster: ClusterSpec, ix: Integrations) -> Fits | None:
 def _run(
     wl: Workload, cl: ClusterSpec, specs: list[PolicySpec], seed: int, json_out: Path | None, plots: Path | None,
     show_progress: bool, ix: Integrations, error: EstimateError, faults: FaultModel, backoff_limit: int | None,
+    runtime: RuntimeErrorDist,
 ) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -181,7 +193,7 @@ def _run(
 
         try:
             report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, faults=faults,
-                         backoff_limit=backoff_limit)
+                         backoff_limit=backoff_limit, runtime_error=runtime)
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
     typer.echo(render_table(report))

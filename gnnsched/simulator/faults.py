@@ -1,7 +1,8 @@
 """The closed memory loop in the simulator: estimate errors, fatal MPS faults, and what each policy does about them.
 
 A real cluster's estimate is open-loop (the CUDA allocator's reserved memory, user scripts, unverified constants) and
-MPS shares one fault domain per GPU. ``gnnsched simulate --estimate-error DIST --fault-rate R`` replays both, so the
+MPS shares one fault domain per GPU.
+``gnnsched simulate --estimate-error DIST --hw-fault-rate R --buggy-jobs F`` replays both, so the
 loop's benefit is measured rather than asserted:
 
 * **Estimate errors.** ``lognormal:SIGMA[:BIAS]``: a job's true peak is its predicted peak (the estimator's PMC plus
@@ -56,7 +57,7 @@ BASELINE_BACKOFF_LIMIT = 0
 run as Kubernetes runs a pod without gnnsched's operator: nothing classifies a failure as a misestimate or a fault's
 victim, so, as issue 15 puts it, a failed pod fails the job; and the one budget a GNNJob has by default,
 ``spec.backoffLimit``, is 0 (``gnnsched.spec``). The open-loop engine keeps the workload's own (the built-in
-generators' 3), so every figure without ``--estimate-error``/``--fault-rate`` is unchanged."""
+generators' 3), so every figure without ``--estimate-error``/``--hw-fault-rate``/``--buggy-jobs`` is unchanged."""
 
 DEFAULT_REPAIR_S = 600.0
 """``--hw-repair-seconds``' default: how long a GPU with a hardware fault stays out of the pool (NVIDIA's device
@@ -251,7 +252,7 @@ class LoopBooks:
         cls = self.class_keys.get((job.id, model))
         if cls is None:
             spec = job.spec
-            arch = spec.model.arch if spec is not None else "trace"
+            arch = spec.model.model_class if spec is not None else "trace"
             mode = spec.mode if spec is not None else job.mode or "train"
             cls = self.class_keys[(job.id, model)] = CalibrationClass(gpu_model=model, arch=arch, mode=mode,
                                                                       container="builtin")

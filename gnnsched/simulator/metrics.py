@@ -70,7 +70,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "unallocated_gpus": _r(res.idle_gpu_waiting_area / res.waiting_time, 3) if res.waiting_time > 0 else 0.0,
         "max_slowdown": _r(max((o.slowdown_max for o in outs), default=1.0), 3),
         "gate_checks": res.gate_checks,
-        # the closed loop (gnnsched.simulator.faults); 0 without --estimate-error / --fault-rate, except that
+        # the closed loop (gnnsched.simulator.faults); 0 without its options, except that
         # wasted_gpu_seconds and jobs_lost also count OOM kills and failures of the open-loop run
         "memory_exceeded": int(res.extra.get("memory_exceeded", 0)),
         "resize_retries": int(res.extra.get("resize_retries", 0)),

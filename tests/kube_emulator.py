@@ -149,6 +149,25 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             await self.after_write(request)
         return response
 
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        """kube-apiserver's wording for a missing or existing object (``gnnjobs.gnnsched.io "x" not found``); kmock
+        answers reason ``Object Not Found`` and a hint for its own users, which kubectl prints as is."""
+        request = _CURRENT_REQUEST.get()
+        res = request.resource if request is not None else None
+        conflict = type(exc).__name__ == "KubernetesObjectConflictError"
+        if res is not None and (isinstance(exc, kmock.KubernetesObjectNotFoundError) or conflict):
+            name = request.name
+            if not name and isinstance(request.data, dict):
+                name = (request.data.get("metadata") or {}).get("name")
+            what = f"{res.plural}.{res.group}" if res.group else str(res.plural)
+            details = {"name": name, "group": res.group or "", "kind": str(res.plural)}
+            if conflict:
+                body = _status(409, "AlreadyExists", f'{what} "{name}" already exists')
+            else:
+                body = _status(404, "NotFound", f'{what} "{name}" not found')
+            return aiohttp.web.json_response({**body, "details": details}, status=body["code"])
+        return await super()._render_error(exc)
+
     async def _serve_binding(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         """The binding subresource: the pod's node, the Binding's annotations and PodScheduled in one write."""
         body = request.data if isinstance(request.data, dict) else {}

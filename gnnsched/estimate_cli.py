@@ -58,10 +58,15 @@ def estimate_command(
         if table is not None:
             calibrated = _calibration_factor(table, spec, get_gpu_model(gpu_model or DEFAULT_GPU_MODEL).name)
             factor = calibrated["factor"]
-        from gnnsched.estimator import estimate
+        from gnnsched.estimator import UntraceableModel, estimate
         from gnnsched.models import pyg_backends
 
-        result = estimate(spec, device=device, gpu_model=gpu_model, safety_factor=factor)  # type: ignore[arg-type]
+        try:
+            result = estimate(spec, device=device, gpu_model=gpu_model, safety_factor=factor)  # type: ignore[arg-type]
+        except UntraceableModel as exc:
+            raise UserError(f"spec.model: {exc}; give spec.resources.gpuMemory (the cluster then runs it at that "
+                            "reservation and records what it really used)") from None
+    verified = get_gpu_model(gpu_model or DEFAULT_GPU_MODEL).overheads_verified
     extensions = [name for name, present in pyg_backends().items() if present]
     if extensions:
         typer.echo(
@@ -78,8 +83,12 @@ def estimate_command(
     for name, value in result.breakdown.items():
         typer.echo(f"  {name + ':':17} {_human(value)}")
     if result.cuda_reserved_bytes is not None:
+        # The allocator model and this GPU model's constants were measured on a lent GPU only where the catalogue
+        # says so (gnnsched.gpus.GPUModel.overheads_verified; docs/gpu-measurements.md).
+        how = ("allocator model and constants checked on this GPU model" if verified
+               else "caching-allocator model; this GPU model's constants are unverified on a GPU")
         typer.echo(f"cuda reserved:    {_human(result.cuda_reserved_bytes)} ({result.cuda_reserved_bytes} bytes; "
-                   "caching-allocator model, unverified on a GPU)")
+                   f"{how})")
     typer.echo(f"device overhead:  {_human(result.device_overhead_bytes)} ({device})")
     if calibrated is None:
         typer.echo(f"safety factor:    {result.safety_factor}")
@@ -111,7 +120,7 @@ def _calibration_factor(table: Any, spec: Any, gpu_model: str) -> dict[str, Any]
     from gnnsched.closed_loop import CalibrationClass
 
     cls = CalibrationClass(
-        gpu_model=gpu_model, arch=spec.model.arch, mode=spec.mode,
+        gpu_model=gpu_model, arch=spec.model.model_class, mode=spec.mode,
         container="custom" if (spec.image or spec.command) else "builtin",
     )
     got = table.factor(cls)

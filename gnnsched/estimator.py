@@ -88,9 +88,9 @@ from gnnsched.models import (
     fake_graph_tensors,
     graph_layout,
     minibatch_bound,
-    run_step,
 )
-from gnnsched.spec import GNNJobSpec
+from gnnsched.portable.step import run_step
+from gnnsched.spec import GNNJobSpec, SpecError
 
 Device = Literal["cpu", "cuda"]
 Engine = Literal["meta", "fake"]
@@ -110,11 +110,25 @@ _INPLACE_IN_PLAIN_RUN = {_aten.add.Tensor, _aten.index_add.default}
 # Steps the CUDA replay runs (``cuda_allocation_events``): the measurement in bench/pmc_accuracy.py --device cuda
 # runs three; in the five allocator histories recorded on an H100 the reserved peak came in the first or second.
 CUDA_STEPS = 3
+# Elementwise operators built on TensorIterator with ``promote_inputs_to_common_dtype`` (binary arithmetic and
+# comparisons, ATen's BinaryOps.cpp / TensorIterator.cpp): on the CPU a mixed-dtype call copies its odd input first.
+_PROMOTING_OPS = {
+    getattr(getattr(_aten, name), overload)
+    for name in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum",
+                 "add_", "sub_", "mul_", "div_")
+    for overload in ("Tensor", "default")
+    if hasattr(getattr(_aten, name), overload)
+}
 # Operators PyTorch runs through cuBLAS on CUDA: the first one on a thread takes that thread's cuBLAS workspace.
 _CUBLAS_OPS = {
     _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten.addbmm.default,
     _aten.mv.default, _aten.addmv.default,
 }
+
+
+class UntraceableModel(Exception):
+    """The model runs operators whose memory a trace cannot see (fused recurrent kernels), so no exact peak exists
+    for it: the job needs ``spec.resources.gpuMemory``, or runs alone on a whole GPU and is observed."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +170,9 @@ class _Record:
     alloc_at: int  # index into the event list
     free_at: int | None = None
     # A zero-byte record that marks where the CUDA process would take a library workspace from the caching allocator
-    # (``cuda_allocation_events`` turns it into that allocation): ``cublas-workspace:<phase>``, ``cublaslt-workspace``.
+    # (``cuda_allocation_events`` turns it into that allocation): ``cublas-workspace:<phase>``, ``cublaslt-workspace``;
+    # or ``cpu-promotion``: an input cast a CPU kernel makes for itself (``_LivenessMode.promotion_temporaries``),
+    # which a CUDA kernel never allocates (the CUDA replay skips it).
     marker: str | None = None
 
 
@@ -234,9 +250,10 @@ class _LivenessMode(TorchDispatchMode):
         wrapper (two eval-frame switches per operator) was a tenth of the trace's time."""
         return False
 
-    def __init__(self, self_loops: int) -> None:
+    def __init__(self, self_loops: int, cpu: bool = True) -> None:
         super().__init__()
         self.self_loops = self_loops
+        self.cpu = cpu
         self.records: list[_Record] = []
         self.events: list[tuple[int, int] | None] = []
         self._by_storage: dict[int, int] = {}  # id(storage) -> record index, for live storages only
@@ -324,6 +341,30 @@ class _LivenessMode(TorchDispatchMode):
                 self.labels.append(self.block)
                 self.owners.append(self.block)
 
+    def promotion_temporaries(self, func: Any, args: tuple) -> list[int]:
+        """Allocate the input casts a CPU TensorIterator makes when an elementwise operator's tensor inputs differ in
+        dtype (``(src == value) * grad``: the boolean input is first copied as float). PyTorch's
+        ``TensorIteratorBase::compute_types`` does this only when the common device is the CPU ("Promotes inputs by
+        creating temporaries of the correct dtype"); CUDA kernels cast as they load. Each cast copies the input
+        (``Tensor.to``) and lives until the operator returns. Zero-dimensional inputs (a few bytes) are left out."""
+        tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+        if len(tensors) < 2 or tensors[0].dtype == tensors[1].dtype:
+            return []
+        common = torch.result_type(args[0], args[1])
+        created: list[int] = []
+        for t in tensors:
+            if t.dim() == 0 or t.dtype == common:
+                continue
+            idx = len(self.records)
+            nbytes = t.numel() * torch.empty((), dtype=common, device=_META).element_size()
+            self.records.append(_Record(nbytes, self.phase, len(self.events), marker="cpu-promotion"))
+            self.events.append((1, idx))
+            if self.labelling:
+                self.labels.append(self.block)
+                self.owners.append(self.block)
+            created.append(idx)
+        return created
+
     def records_of(self, tensors: Iterable[torch.Tensor]) -> set[int]:
         """The records of the tensors' storages (a storage allocated before tracing began has none)."""
         return {r for t in tensors if (r := self.record_of(t)) is not None}
@@ -361,12 +402,18 @@ class _LivenessMode(TorchDispatchMode):
                 self.block = 0
         if func is _aten.index.Tensor:
             args = self._boolean_index_as_integers(args)
+        temporaries = self.promotion_temporaries(func, args) if self.cpu and func in _PROMOTING_OPS else ()
         out = self._run(func, args, kwargs)
         created: list[int] = []
         for t in _output_tensors(out):
             idx = self.track(t)
             if idx is not None:
                 created.append(idx)
+        for idx in temporaries:
+            self.records[idx].free_at = len(self.events)
+            self.events.append((-1, idx))
+            if self.labelling:
+                self.labels.append(self.block)
         if func in _CUBLAS_OPS:
             self.mark_workspaces(func)
         if self.labelling and self.phase == "optimizer" and isinstance(out, (list, tuple)) and created:
@@ -633,12 +680,14 @@ def trace_step(
         minibatch_bound(layout, int(spec.batching.batch_size or layout.nodes), spec.fanouts) if minibatch else layout
     )
     layers = spec.model.layers
-    splicing = splice and engine == "meta" and layers > SPLICE_DEPTH
+    # Only the built-in stacks are spliced: their layers repeat exactly (a PyG class may not: jumping knowledge's
+    # "cat" widens its last linear layer with the depth), and a full trace of 16 layers is still fast.
+    splicing = splice and engine == "meta" and layers > SPLICE_DEPTH and spec.model.arch is not None
     # The template differs from the job only in its depth (the graph, sampler and fanouts stay the job's).
     model_spec = (
         spec.model_copy(update={"model": spec.model.model_copy(update={"layers": SPLICE_DEPTH})}) if splicing else spec
     )
-    tracker = _LivenessMode(self_loops=step_layout.self_loops)
+    tracker = _LivenessMode(self_loops=step_layout.self_loops, cpu=device == "cpu")
     tracker.labelling = splicing
     outer = FakeTensorMode(allow_non_fake_inputs=False) if engine == "fake" else nullcontext()
     placement = torch.device("meta") if engine == "meta" else nullcontext()
@@ -652,7 +701,18 @@ def trace_step(
             graph = fake_graph_tensors(step_layout)
             model_from = len(tracker.records)
             model = build_model(model_spec, features=layout.features, classes=layout.classes)
-        optimizer = model.optimizer
+            recurrent = sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)})
+            if recurrent:
+                raise UntraceableModel(
+                    f"the model has recurrent layers ({', '.join(recurrent)}): PyTorch runs them as fused kernels "
+                    f"(oneDNN on CPU, cuDNN on a GPU) whose workspaces no trace sees"
+                )
+            if engine == "meta" and any(t.device != _META for t in (*model.parameters(), *model.buffers())):
+                # A layer that makes a weight with the legacy ``Tensor(n)`` constructor (ResGatedGraphConv's bias)
+                # ignores the device context; the real run moves it with the model, so the trace does too
+                # (``.to`` keeps the parameter objects, which the optimizer holds).
+                model.to(_META)
+        optimizer: torch.optim.Optimizer | None = getattr(model, "optimizer", None)
         if spec.mode == "train" and optimizer is not None:
             # Steady state: the optimizer creates its state with its own code; the previous step's gradients are
             # alive until run_step's zero_grad frees them.
@@ -667,7 +727,12 @@ def trace_step(
         hooks = _label_layers(tracker, model) if splicing else []
         window_start = len(tracker.events)
         tracker.phase = "forward"
-        run_step(model, graph, spec.mode)
+        try:
+            run_step(model, graph, spec.mode)
+        except Exception as exc:
+            if spec.model.arch is not None:
+                raise
+            raise _step_failed(spec, exc) from None
         tracker.finish()
         grads = tracker.records_of(p.grad for p in model.parameters() if p.grad is not None)
         for hook in hooks:
@@ -690,6 +755,18 @@ def trace_step(
     return trace, breakdown, peak
 
 
+def _step_failed(spec: GNNJobSpec, exc: Exception) -> SpecError:
+    """A PyG class, layer or entrypoint that cannot run one step on the job's graph, as an error naming the field.
+    An entrypoint is traced on data-less tensors: code that reads values cannot run there."""
+    kind = spec.model.kind
+    hint = (
+        " (the model must not read tensor values: no .item(), .tolist() or shapes that depend on values)"
+        if kind == "entrypoint" else " (a GNNJob's graph gives node features and edges, no edge features)"
+    )
+    return SpecError(f"spec.model.{kind}", f"{getattr(spec.model, kind)} cannot run one step on the job's graph"
+                     f"{hint}: {type(exc).__name__}: {exc}")
+
+
 def _label_layers(tracker: _LivenessMode, model: Any) -> list[Any]:
     """Attribute the resident records (weights, their gradients and optimizer state) to their layers, tell the
     tracker which layer each parameter belongs to, and hook every layer's forward to label the events it causes."""
@@ -697,7 +774,7 @@ def _label_layers(tracker: _LivenessMode, model: Any) -> list[Any]:
     for layer, conv in enumerate(model.convs, start=1):
         for t in list(conv.parameters()) + list(conv.buffers()):
             layer_of[id(t)] = layer
-    optimizer = model.optimizer
+    optimizer = getattr(model, "optimizer", None)
     for p in list(model.parameters()) + list(model.buffers()):
         layer = layer_of.get(id(p), 0)
         owned = [p, p.grad] + ([] if optimizer is None else list(optimizer.state.get(p, {}).values()))
@@ -1056,4 +1133,4 @@ def _resident_inputs(trace: Trace) -> int:
     return sum(trace.records[i].nbytes for i in trace.live_at(trace.window_start))
 
 
-__all__ = ["CATEGORIES", "Estimate", "Trace", "cuda_allocation_events", "estimate", "trace_step"]
+__all__ = ["CATEGORIES", "Estimate", "Trace", "UntraceableModel", "cuda_allocation_events", "estimate", "trace_step"]

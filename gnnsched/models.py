@@ -1,9 +1,11 @@
 """The GNN a job runs: model, graph and one step, shared by the worker and the estimator so they cannot drift.
 
-``build_model(spec)`` builds the PyG 2.x model (gcn, sage, gin, gat; 1-16 layers) with its optimizer attached,
+``build_model(spec)`` builds the job's model (a built-in arch, a PyG model class, a layer stack or the user's
+entrypoint; ``gnnsched.model_catalog``) with its optimizer attached,
 ``make_graph(spec, seed)`` builds the graph (the real Planetoid files for cora/citeseer when present, otherwise a
 synthetic graph of the spec's dimensions), and ``run_step(model, graph, mode)`` runs one training step (zero grads,
-forward, loss, backward, optimizer step) or one inference forward under ``torch.no_grad``.
+forward, loss, backward, optimizer step) or one inference forward under ``torch.no_grad`` (``gnnsched.portable.step``,
+the same code a probe runs in the user's image).
 
 The estimator runs exactly these functions under ``FakeTensorMode``; everything here therefore avoids shapes that
 depend on data: the synthetic generator draws edges without self-loops by construction (``dst = src + offset``,
@@ -33,16 +35,19 @@ import torch
 import torch.nn.functional as F
 
 from gnnsched.datasets import get_dataset
-from gnnsched.spec import GNNJobSpec, layer_dims
+from gnnsched.portable.step import (
+    EntrypointError,
+    GraphDims,
+    attach_optimizer,
+    build_entrypoint_model,
+    make_optimizer,
+)
+from gnnsched.spec import GNNJobSpec, SpecError, layer_dims
 
 Mode = Literal["train", "infer"]
 
 DATA_DIR_ENV = "GNNSCHED_DATA_DIR"
 """Directory holding Planetoid raw files as ``<root>/Cora/raw/ind.cora.*`` (the shared ``data/graphs`` folder)."""
-
-LEARNING_RATE = 0.01
-WEIGHT_DECAY = 5e-4
-"""Adam settings of the PyG GCN example; the optimizer's state (two moments per weight) is part of the peak."""
 
 PLANETOID_TRAIN_PER_CLASS = 20
 """Planetoid's public split labels 20 nodes per class (Cora 140, CiteSeer 120)."""
@@ -224,19 +229,65 @@ def make_graph(spec: GNNJobSpec, seed: int = 0, root: str | Path | None = None) 
 
 
 def build_model(
-    spec: GNNJobSpec, features: int | None = None, classes: int | None = None, device: str | torch.device = "cpu"
-) -> GNN:
-    """The job's model (a ``torch.nn.Module``) with its Adam optimizer at ``model.optimizer`` for training jobs.
+    spec: GNNJobSpec,
+    features: int | None = None,
+    classes: int | None = None,
+    device: str | torch.device = "cpu",
+    graph: Graph | None = None,
+) -> torch.nn.Module:
+    """The job's model (a ``torch.nn.Module``) with its optimizer at ``model.optimizer`` for training jobs.
 
-    ``features``/``classes`` default to the spec's graph dimensions. Adam runs its multi-tensor implementation
-    (``foreach=True``, PyTorch's default on CUDA) on every device, so the CPU trace the estimator takes has the same
-    temporaries a GPU run has (and it traces in a handful of operators instead of a dozen per weight).
+    One function for every way a spec names its model (``spec.model.arch``, ``pyg``, ``conv``, ``entrypoint``): the
+    worker runs and the estimator traces what it returns, so the two cannot drift. ``features``/``classes`` default
+    to the spec's graph dimensions, or to ``graph``'s. Classes that take the graph's in-degree histogram (PNA) get
+    ``graph``'s, computed from its edges as the user's code would; without a graph (the estimator builds without data)
+    they get the mean-degree histogram of the graph's size, which changes PNA's two scalars and no tensor size. The
+    optimizer is ``spec.optimizer`` (Adam by default) in its multi-tensor form (``foreach=True``, PyTorch's default on
+    CUDA) on every device, so the CPU trace has the same temporaries a GPU run has. Raises ``SpecError`` for a PyG
+    class, layer or option the installed PyG cannot build, or an entrypoint that gives no model.
     """
-    from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
-
     dims = spec.graph.resolve()
+    if graph is not None:
+        features = graph.layout.features if features is None else features
+        classes = graph.layout.classes if classes is None else classes
     features = dims.features if features is None else features
     classes = dims.classes if classes is None else classes
+    model: torch.nn.Module
+    if spec.model.arch is not None:
+        model = _built_in(spec, features, classes)
+    elif spec.model.entrypoint is not None:
+        try:
+            model = build_entrypoint_model(
+                spec.model.entrypoint,
+                GraphDims(num_nodes=dims.nodes, num_edges=dims.edges, num_features=features, num_classes=classes),
+            )
+        except EntrypointError as exc:
+            raise SpecError("spec.model.entrypoint", str(exc)) from None
+    else:
+        from gnnsched.model_catalog import build_network, check_model, degree_histogram, typical_degree_histogram
+
+        check_model(spec)
+
+        def histogram() -> torch.Tensor:
+            if graph is None:
+                return typical_degree_histogram(dims.nodes, dims.edges)
+            return degree_histogram(graph.edge_index, graph.layout.nodes)
+
+        model = build_network(spec, features, classes, histogram)
+    if torch.device(device).type != "cpu":
+        model = model.to(device)  # parameters stay the same objects, so the optimizer below sees the moved ones
+    optimizer = None
+    if spec.mode == "train":
+        opt = spec.training_optimizer
+        optimizer = make_optimizer(model.parameters(), opt.name, opt.learning_rate, opt.weight_decay, opt.momentum)
+    attach_optimizer(model, optimizer)
+    return model
+
+
+def _built_in(spec: GNNJobSpec, features: int, classes: int) -> GNN:
+    """The four built-in stacks (``spec.model.arch``)."""
+    from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+
     arch = spec.model.arch
     convs = torch.nn.ModuleList()
     for width_in, width_out, heads in layer_dims(spec, features, classes):
@@ -253,18 +304,11 @@ def build_model(
             convs.append(GATConv(width_in, width_out, heads=heads, dropout=spec.model.dropout))
         else:  # the spec's Literal makes this unreachable; kept so a new arch cannot silently build nothing
             raise ValueError(f"unknown arch {arch!r}")
-    model = GNN(convs, spec.model.dropout)
-    if torch.device(device).type != "cpu":
-        model = model.to(device)  # parameters stay the same objects, so the optimizer below sees the moved ones
-    if spec.mode == "train":
-        model.optimizer = torch.optim.Adam(
-            model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=True
-        )
-    return model
+    return GNN(convs, spec.model.dropout)
 
 
 class GNN(torch.nn.Module):
-    """Stacked message-passing layers with ReLU and dropout between them (none after the last).
+    """Stacked message-passing layers with ReLU and dropout between them (none after the last): the built-in archs.
 
     ``optimizer`` is attached by ``build_model`` for training specs, so ``run_step`` needs nothing else.
     """
@@ -283,30 +327,6 @@ class GNN(torch.nn.Module):
             if i != last:
                 x = F.relu(x)
         return x
-
-
-def run_step(model: GNN, graph: Graph, mode: Mode) -> torch.Tensor | None:
-    """One step: training = zero grads, forward, cross-entropy on ``graph.target``, backward, optimizer step (returns
-    the detached loss tensor, left on its device so no step waits for a device sync); inference = one forward pass
-    under ``torch.no_grad`` in eval mode (returns None)."""
-
-    if mode == "train":
-        optimizer = model.optimizer
-        if optimizer is None:
-            raise ValueError("run_step(mode='train') needs a model built for a training spec (it has no optimizer)")
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        out = model(graph.x, graph.edge_index)
-        loss = F.cross_entropy(out[graph.target], graph.y[graph.target])
-        del out
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-    model.eval()
-    with torch.no_grad():
-        out = model(graph.x, graph.edge_index)
-        del out
-    return None
 
 
 # --- neighbour sampling (mini-batches for sage and gat) ------------------------------------------------------------

@@ -78,6 +78,27 @@ def _layer_cost(
     return float(flops), float(byts), int(params)
 
 
+COST_FAMILY = {"GCN": "gcn", "GraphSAGE": "sage", "GIN": "gin", "GAT": "gat", "EdgeCNN": "gin", "PNA": "sage",
+               "GCNConv": "gcn", "SGConv": "gcn", "ClusterGCNConv": "gcn", "GraphConv": "gcn", "LEConv": "gcn",
+               "SAGEConv": "sage", "GINConv": "gin"}
+"""The layer cost each PyG class or layer is counted as (``cost_family``)."""
+
+
+def cost_family(spec: GNNJobSpec) -> str:
+    """Which of the four layer costs the prior counts a model with. The built-in archs are themselves. A PyG class
+    or layer is counted as the cost it resembles: attention layers (a ``heads`` option, or GAT/Transformer/GATv2)
+    as ``gat``, the classes in ``COST_FAMILY`` as listed, anything else (and a user's entrypoint, whose layers the
+    prior cannot see) as ``sage``: a neighbour gather and two dense transforms per layer at width ``hidden``. This
+    is an assumption, not a measurement; the runtime factor the cluster learns per model class corrects it."""
+    model = spec.model
+    if model.arch is not None:
+        return model.arch
+    name = model.pyg or model.conv or ""
+    if "heads" in (model.options or {}) or name in ("GATv2Conv", "TransformerConv", "GATConv", "SuperGATConv"):
+        return "gat"
+    return COST_FAMILY.get(name, "sage")
+
+
 def step_cost(spec: GNNJobSpec) -> StepCost:
     """Count one step's work from the spec (see module docstring for the model)."""
     g = spec.graph.resolve()
@@ -107,8 +128,9 @@ def step_cost(spec: GNNJobSpec) -> StepCost:
         host_bytes = 0.0
     flops = byts = 0.0
     params = 0
+    family = cost_family(spec)
     for n_src, n_dst, e, din, dout, heads in passes:
-        lf, lb, lp = _layer_cost(spec.model.arch, n_src, n_dst, e, din, dout, heads)
+        lf, lb, lp = _layer_cost(family, n_src, n_dst, e, din, dout, heads)
         flops, byts, params = flops + lf, byts + lb, params + lp
     kernels = KERNELS_PER_LAYER * len(dims)
     if train:

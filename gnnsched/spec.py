@@ -95,19 +95,86 @@ class _Spec(BaseModel):
     )
 
 
+ENTRYPOINT = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+"""``package.module:function``: the user's model factory, imported in the user's image (see ``gnnsched.portable``)."""
+MODEL_KINDS = ("arch", "pyg", "conv", "entrypoint")
+"""The four ways to name a model; a spec names exactly one."""
+
+
 class ModelSpec(_Spec):
-    arch: Arch
+    """The model, named one of four ways (exactly one):
+
+    * ``arch``: one of the four built-in layer stacks (a shorthand kept from the first release);
+    * ``pyg``: a class of ``torch_geometric.nn.models`` taking ``(in_channels, hidden_channels, num_layers,
+      out_channels, **kwargs)``, built with ``options`` as its keyword arguments;
+    * ``conv``: a class of ``torch_geometric.nn.conv`` stacked ``layers`` times at width ``hidden`` the way PyG's
+      ``BasicGNN`` stacks its layers (``options`` holds the layer's keyword arguments and BasicGNN's own: ``act``,
+      ``norm``, ``jk``, ...);
+    * ``entrypoint``: the user's own function in their image (``gnnsched.portable.step`` states its contract).
+
+    Which class names and options exist depends on the installed PyG, so they are checked against it by
+    ``gnnsched.model_catalog.check_model`` (CLI and operator), not here: the CRD cannot know them either, and the
+    two validators must accept the same manifests.
+    """
+
+    arch: Arch | None = None
+    pyg: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    conv: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    entrypoint: str | None = Field(default=None, max_length=512, pattern=ENTRYPOINT)
     layers: Int = _bounded("spec.model.layers", default=2)
     hidden: Int = _bounded("spec.model.hidden", default=64)
     heads: Int | None = _bounded("spec.model.heads", default=None)
     dropout: float = Field(default=0.5, ge=0.0, lt=1.0)
+    options: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _heads_only_for_gat(self) -> ModelSpec:
+    def _one_model(self) -> ModelSpec:
+        named = [k for k in MODEL_KINDS if getattr(self, k) is not None]
+        if len(named) != 1:
+            raise ValueError(
+                "give exactly one of arch, pyg, conv, entrypoint"
+                + (f" (got {', '.join(named)})" if named else " (arch gcn|sage|gin|gat, a PyG model class, a conv "
+                   "layer class, or package.module:function)")
+            )
         if self.arch == "gat" and self.heads is None:
             raise ValueError("heads: required when arch is gat (attention heads per layer, 1-64)")
         if self.arch != "gat" and self.heads is not None:
-            raise ValueError(f"heads: applies only to arch gat, not {self.arch}")
+            where = f"arch {self.arch}" if self.arch else named[0]
+            raise ValueError(f"heads: applies only to arch gat, not {where} (for pyg and conv give options.heads)")
+        if self.options is not None and self.pyg is None and self.conv is None:
+            raise ValueError(f"options: apply only to pyg and conv, not {named[0]}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """Which of ``MODEL_KINDS`` names the model."""
+        return next(k for k in MODEL_KINDS if getattr(self, k) is not None)
+
+    @property
+    def model_class(self) -> str:
+        """The model's class for grouping jobs (calibration classes, the runtime prior, logs): the arch,
+        ``pyg-<Class>``, ``conv-<Layer>`` or ``entrypoint-<package-module-function>``. Options do not split a class.
+        Letters, digits and dashes only, so it can sit in a dotted calibration key and a ConfigMap key."""
+        if self.arch is not None:
+            return self.arch
+        name = self.pyg or self.conv or self.entrypoint or ""
+        text = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:120]
+        return f"{self.kind}-{text}"
+
+
+class OptimizerSpec(_Spec):
+    """The training step's optimizer. Each one holds different state (Adam and AdamW two moments per weight, SGD
+    with momentum one buffer, plain SGD none), which is part of the peak."""
+
+    name: Literal["adam", "adamw", "sgd"] = "adam"
+    learning_rate: float = Field(default=0.01, gt=0.0, le=10.0)
+    weight_decay: float = Field(default=5e-4, ge=0.0, le=1.0)
+    momentum: float | None = Field(default=None, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _momentum_only_for_sgd(self) -> OptimizerSpec:
+        if self.momentum is not None and self.name != "sgd":
+            raise ValueError(f"momentum: applies only to sgd, not {self.name}")
         return self
 
 
@@ -312,6 +379,7 @@ class GNNJobSpec(_Spec):
     command: list[str] | None = None
     args: list[str] | None = None
     backoff_limit: Int = _bounded("spec.backoffLimit", default=0)
+    optimizer: OptimizerSpec | None = None
     # A PriorityClass the user picks for the job's pods; wins over the operator's runtime-bucket class
     # (gnnsched.queue_order). It must exist: the API server rejects a pod that names a missing class.
     priority_class_name: str | None = Field(default=None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
@@ -330,7 +398,9 @@ class GNNJobSpec(_Spec):
                 raise ValueError("parallelism: applies only to mode infer (workers sharing one model copy)")
         elif self.epochs is not None:
             raise ValueError("epochs: applies only to mode train (use requests for infer)")
-        if self.batching.mode == "minibatch" and self.model.arch not in ("sage", "gat"):
+        elif self.optimizer is not None:
+            raise ValueError("optimizer: applies only to mode train")
+        if self.batching.mode == "minibatch" and self.model.arch is not None and self.model.arch not in ("sage", "gat"):
             raise ValueError(f"batching.mode: minibatch is supported for sage and gat, not {self.model.arch}")
         if self.batching.fanouts is not None and len(self.batching.fanouts) != self.model.layers:
             raise ValueError(
@@ -344,6 +414,11 @@ class GNNJobSpec(_Spec):
         if self.mode == "train":
             return self.epochs if self.epochs is not None else DEFAULT_EPOCHS
         return self.requests if self.requests is not None else DEFAULT_REQUESTS
+
+    @property
+    def training_optimizer(self) -> OptimizerSpec:
+        """The optimizer a training step uses, with its defaults applied (Adam when none is given)."""
+        return self.optimizer if self.optimizer is not None else OptimizerSpec()
 
     @property
     def fanouts(self) -> list[int]:

@@ -42,7 +42,8 @@ from torch._C._profiler import _EventType
 from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
 from gnnsched.fake_gpu_faults import FakeGPUFaultWatch
 from gnnsched.fake_gpu_memory import FakeGPUMemory
-from gnnsched.models import Graph, NeighborSampler, build_model, make_graph, run_step
+from gnnsched.models import Graph, NeighborSampler, build_model, make_graph
+from gnnsched.portable.step import run_step
 from gnnsched.spec import GNNJobSpec
 from gnnsched.storage_booking import storage_booking_mode
 
@@ -142,7 +143,7 @@ def measure_step_peak_cpu(spec: GNNJobSpec, seed: int = 0, root: str | Path | No
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         graph = make_graph(spec, seed, root)
-        model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes)
+        model = build_model(spec, graph=graph)
         inputs = _StepInputs(spec, graph, "cpu", seed)
         stream = inputs.stream()
         run_step(model, next(stream), spec.mode)
@@ -378,7 +379,7 @@ def prepare_job(spec: GNNJobSpec, seed: int = 0, root: str | Path | None = None)
     started = time.perf_counter()
     torch.manual_seed(seed)
     graph = make_graph(spec, seed, root)
-    model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device="cpu")
+    model = build_model(spec, graph=graph, device="cpu")
     return Prepared(graph=graph, model=model, seconds=time.perf_counter() - started)
 
 
@@ -451,7 +452,7 @@ def run_job(
     with _PeakMeter(device, profiled_steps(spec), limit_bytes) as meter_, fake_mode:
         if prepared is None:
             graph = make_graph(spec, seed, root)
-            model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device=device)
+            model = build_model(spec, graph=graph, device=device)
         else:
             graph, model = _on_device(prepared, device)
         inputs = _StepInputs(spec, graph, device, seed)

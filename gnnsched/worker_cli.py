@@ -164,7 +164,7 @@ def worker_command(
     )
 
     bar = Progress(
-        TextColumn(f"{spec.mode} {spec.model.arch}"),
+        TextColumn(f"{spec.mode} {spec.model.model_class}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

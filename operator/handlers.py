@@ -932,7 +932,7 @@ class Operator:
             spec = parse_spec(job.get("spec"))
         except SpecError:
             return
-        cls = CalibrationClass(gpu_model=model, arch=spec.model.arch, mode=spec.mode, container=plan.container)
+        cls = CalibrationClass(gpu_model=model, arch=spec.model.model_class, mode=spec.mode, container=plan.container)
         uid = _dict(job.get("metadata")).get("uid")
         try:
             recorded = self.calibration.record(cls, observed / need, f"{uid}/{attempt}", exceeded=exceeded)
@@ -982,7 +982,7 @@ class Operator:
             return plan
         # The cheap test first (no estimate, no runtime prediction): the factor of the plan's own class now.
         model = plan.admit_gpu_model or plan.runtime_gpu_model
-        now = table.factor(CalibrationClass(gpu_model=model, arch=spec.model.arch, mode=spec.mode,
+        now = table.factor(CalibrationClass(gpu_model=model, arch=spec.model.model_class, mode=spec.mode,
                                             container=plan.container), self.planner.calibration_policy)
         if ("calibrated" if now.calibrated else "estimate") == plan.reservation_source \
                 and (not now.calibrated or now.factor == plan.safety_factor):
@@ -1054,6 +1054,14 @@ def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:
         raise SpecError("spec.command", "contains an empty string")
     if len(ref.name) > 253:
         raise SpecError("metadata.name", f"is {len(ref.name)} characters; at most 253")
+    if spec.model.entrypoint is not None and spec.image is None:
+        raise SpecError("spec.image", "required with spec.model.entrypoint: the image that holds your package "
+                        "(gnnsched's own image does not)")
+    if spec.model.pyg is not None or spec.model.conv is not None:
+        # which PyG classes and options exist depends on the installed PyG, which the CRD cannot know
+        from gnnsched.model_catalog import check_model
+
+        check_model(spec)
 
 
 def _exclusive_message(plan: Plan) -> str:

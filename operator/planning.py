@@ -95,10 +95,12 @@ class Plan(BaseModel):
 
 
 def memory_key(spec: GNNJobSpec) -> str:
-    """The part of a spec the GPU-memory estimate depends on (not epochs, requests, resources or image)."""
-    relevant = spec.model_dump(
-        mode="json", include={"mode", "model", "graph", "batching", "parallelism"}, by_alias=True
-    )
+    """The part of a spec the GPU-memory estimate depends on (not epochs, requests or resources; the image only
+    for an entrypoint, whose code lives in it)."""
+    fields = {"mode", "model", "graph", "batching", "parallelism", "optimizer"}
+    if spec.model.entrypoint is not None:
+        fields.add("image")
+    relevant = spec.model_dump(mode="json", include=fields, by_alias=True)
     return json.dumps(relevant, sort_keys=True)
 
 
@@ -165,7 +167,7 @@ class Planner:
         need = int(self._estimate(spec, model, safety_factor=1.0).admit_bytes)
         name = getattr(model, "name", None) or self.default_gpu_model
         if calibration is not None:
-            cls = CalibrationClass(gpu_model=name, arch=spec.model.arch, mode=spec.mode, container=container)
+            cls = CalibrationClass(gpu_model=name, arch=spec.model.model_class, mode=spec.mode, container=container)
             result = calibration.factor(cls, self.calibration_policy)
             if result.calibrated:
                 return math.ceil(need * result.factor), need, int(static.admit_bytes), result.factor, True

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from gnnsched.cli import app
 from gnnsched.estimator import CATEGORIES, estimate, trace_step
 from gnnsched.gpus import get_gpu_model
-from gnnsched.models import Graph, GraphLayout, build_model, graph_layout, run_step
+from gnnsched.models import Graph, GraphLayout, build_model, graph_layout
+from gnnsched.portable.step import run_step
 from gnnsched.spec import parse_spec
 from gnnsched.worker import measure_step_peak_cpu, profiled_peak
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,8 +19,8 @@ from gnnsched.models import (
     make_graph,
     minibatch_bound,
     pyg_backends,
-    run_step,
 )
+from gnnsched.portable.step import run_step
 from gnnsched.spec import GNNJobSpec, parse_spec
 
 
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("layers", [1, 3, 16])
 def test_build_model_layers_and_output_width(arch, layers):
     spec = _spec(arch, layers=layers, hidden=8, heads=3 if arch == "gat" else None)
-    model = build_model(spec)
+    model: Any = build_model(spec)
     assert len(model.convs) == layers
     graph = make_graph(spec, seed=1)
     out = model.eval()(graph.x, graph.edge_index)

@@ -46,7 +46,8 @@ s = torch.sparse_coo_tensor(idx, v, (1000, 1000)).coalesce()
 torch.sparse.mm(s, torch.randn(1000, 64, device="cuda")).sum().item()
 stage("after sparse mm (cuSPARSE)")
 sys.path.insert(0, "bench")
-from gnnsched.models import build_model, make_graph, run_step  # noqa: E402
+from gnnsched.models import build_model, make_graph  # noqa: E402
+from gnnsched.portable.step import run_step  # noqa: E402
 from gnnsched.spec import parse_spec  # noqa: E402
 from gnnsched.worker import _StepInputs  # noqa: E402
 

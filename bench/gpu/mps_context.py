@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from gnnsched.models import build_model, make_graph, run_step
+from gnnsched.models import build_model, make_graph
+from gnnsched.portable.step import run_step
 from gnnsched.spec import parse_spec
 from gnnsched.worker import _StepInputs
 

@@ -27,7 +27,7 @@ import numpy as np
 from gnnsched.gpus import GPUModel, get_gpu_model
 from gnnsched.predictor.modelfile import read_model_file, read_packaged_model
 from gnnsched.predictor.trees import TreeEnsemble
-from gnnsched.runtime_prior import arithmetic_intensity, solo_runtime_seconds, step_cost
+from gnnsched.runtime_prior import arithmetic_intensity, cost_family, solo_runtime_seconds, step_cost
 from gnnsched.spec import GNNJobSpec
 
 GNN_FEATURES = (
@@ -57,7 +57,7 @@ def gnn_features(spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores: float, 
     g = spec.graph.resolve()
     cost = step_cost(spec)
     prior = solo_runtime_seconds(spec, gpu, cpu_cores, cost)
-    arch = spec.model.arch
+    arch = cost_family(spec)  # the built-in archs as themselves, other models as the layer cost they resemble
     return [
         math.log(max(prior, 1e-9)),
         float(arch == "gcn"), float(arch == "sage"), float(arch == "gin"), float(arch == "gat"),

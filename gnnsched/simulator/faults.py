@@ -217,7 +217,7 @@ class LoopBooks:
         cls = self.class_keys.get((job.id, model))
         if cls is None:
             spec = job.spec
-            arch = spec.model.arch if spec is not None else "trace"
+            arch = spec.model.model_class if spec is not None else "trace"
             mode = spec.mode if spec is not None else job.mode or "train"
             cls = self.class_keys[(job.id, model)] = CalibrationClass(gpu_model=model, arch=arch, mode=mode,
                                                                       container="builtin")

@@ -114,7 +114,7 @@ def test_apply_wait_describe_logs_explain_delete(session: Session, tmp_path: Pat
     assert any(f"gnnjob/{name}" in ln for ln in got[1:])
 
     explained = session.kubectl("explain", "gnnjob.spec.model").stdout
-    assert "FIELD: model <Object>" in explained and re.search(r"arch\s+<string> -required-", explained)
+    assert "FIELD: model <Object>" in explained and re.search(r"\n  arch\s+<string>\n", explained), explained
     assert session.kubectl("auth", "can-i", "create", "gnnjobs").stdout.strip() == "yes"
 
     typo = yaml.safe_load(manifest.read_text())

@@ -87,6 +87,7 @@ from gnnsched.portable.tracer import (
     CATEGORIES,
     CUDA_STEPS,
     Trace,
+    UntraceableModel,
     _categorise,
     _LivenessMode,
     _pair_reused_frees,  # noqa: F401 - re-exported: tests pin the pairing through the estimator's name
@@ -95,6 +96,7 @@ from gnnsched.portable.tracer import (
     cuda_allocation_events,
     gradient_records,
     prime_optimizer,
+    refuse_untraceable,
     resident_records,
     scale_for_workers,
 )
@@ -107,11 +109,6 @@ DEFAULT_SAFETY_FACTOR_CPU = 1.02
 """Margin on the traced peak on CPU: the benchmark's worst case is within 1 % (README, "Estimator")."""
 DEFAULT_SAFETY_FACTOR_CUDA = 1.10
 """Margin on a GPU, where kernels and the allocator are not measured here; the low end of the papers' 1.1-1.15."""
-
-class UntraceableModel(Exception):
-    """The model runs operators whose memory a trace cannot see (fused recurrent kernels), so no exact peak exists
-    for it: the job needs ``spec.resources.gpuMemory``, or runs alone on a whole GPU and is observed."""
-
 
 @dataclass(frozen=True)
 class Estimate:
@@ -205,12 +202,7 @@ def trace_step(
             graph = fake_graph_tensors(step_layout)
             model_from = len(tracker.records)
             model = build_model(model_spec, features=layout.features, classes=layout.classes)
-            recurrent = sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)})
-            if recurrent:
-                raise UntraceableModel(
-                    f"the model has recurrent layers ({', '.join(recurrent)}): PyTorch runs them as fused kernels "
-                    f"(oneDNN on CPU, cuDNN on a GPU) whose workspaces no trace sees"
-                )
+            refuse_untraceable(model)
             if engine == "meta" and any(t.device != _META for t in (*model.parameters(), *model.buffers())):
                 # A layer that makes a weight with the legacy ``Tensor(n)`` constructor (ResGatedGraphConv's bias)
                 # ignores the device context; the real run moves it with the model, so the trace does too

@@ -28,6 +28,21 @@ from .cuda_allocator import AllocatorPeak, replay
 
 CATEGORIES = ("weights", "optimizer_state", "activations", "gradients", "ephemeral")
 
+
+class UntraceableModel(Exception):
+    """The model runs operators whose memory a trace cannot see (fused recurrent kernels), so no exact peak exists
+    for it: the job needs ``spec.resources.gpuMemory``, or runs alone on a whole GPU and is observed."""
+
+
+def refuse_untraceable(model: torch.nn.Module) -> None:
+    """Raise ``UntraceableModel`` for a model with recurrent layers (their fused kernels allocate unseen)."""
+    recurrent = sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)})
+    if recurrent:
+        raise UntraceableModel(
+            f"the model has recurrent layers ({', '.join(recurrent)}): PyTorch runs them as fused kernels "
+            f"(oneDNN on CPU, cuDNN on a GPU) whose workspaces no trace sees"
+        )
+
 _aten = torch.ops.aten
 _META = torch.device("meta")
 _NO_SEQUENCE_NR = 2**64 - 1

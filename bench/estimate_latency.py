@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Warm latency of ``gnnsched.estimator.estimate`` for the heaviest models, against the 150 ms bound of issue 2.
 
-Cases: every architecture in train and infer at the accuracy grid's largest depth (10 layers) and the spec's
-largest (16), hidden 256, GAT with 4 heads, on a 5-million-node, 100-million-edge graph (the graph's size costs
-nothing: the trace holds no data), plus the real Cora graph. Each case is estimated once to warm up, then
+Cases (``--set archs``): every built-in architecture in train and infer at the accuracy grid's largest depth (10
+layers) and the spec's largest (16), hidden 256, GAT with 4 heads, on a 5-million-node, 100-million-edge graph (the
+graph's size costs nothing: the trace holds no data), plus the real Cora graph. ``--set models``: every PyG model
+class (``spec.model.pyg``) and every layer the README lists (``spec.model.conv``) with their common options, 3 layers
+of 256, train and infer, on a 1-million-node, 10-million-edge graph (issue 30's bound). ``--set all`` (default) runs
+both. Each case is estimated once to warm up, then
 ``--repeat`` times; the row shows the median and the minimum of wall and process CPU time, beside the load average
 at that moment (the machine may be shared: a load above the core count inflates wall time, CPU time less so).
 
@@ -35,7 +38,37 @@ MODES = ("train", "infer")
 BIG_GRAPH = {"nodes": 5_000_000, "edges": 100_000_000, "features": 128, "classes": 40}
 
 
-def cases() -> list[tuple[str, dict[str, Any]]]:
+MEDIUM_GRAPH = {"nodes": 1_000_000, "edges": 10_000_000, "features": 128, "classes": 40}
+MODELS: list[dict[str, Any]] = [
+    {"pyg": "GCN"},
+    {"pyg": "GraphSAGE", "options": {"aggr": "max"}},
+    {"pyg": "GIN", "options": {"jk": "cat", "norm": "batch_norm"}},
+    {"pyg": "GAT", "options": {"heads": 4, "v2": True}},
+    {"pyg": "PNA", "options": {"aggregators": ["mean", "min", "max", "std"],
+                               "scalers": ["identity", "amplification", "attenuation"]}},
+    {"pyg": "EdgeCNN"},
+    {"conv": "TransformerConv", "options": {"heads": 4}},
+    {"conv": "GATv2Conv", "options": {"heads": 4}},
+    {"conv": "GENConv", "options": {"aggr": "softmax", "learn_t": True}},
+    {"conv": "ResGatedGraphConv"},
+    {"conv": "GraphConv"},
+    {"conv": "SGConv", "options": {"K": 2}},
+]
+
+
+def model_cases() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for model in MODELS:
+        name = model.get("pyg") or model.get("conv")
+        for mode in MODES:
+            body = {"mode": mode, "model": {**model, "layers": 3, "hidden": 256}, "graph": dict(MEDIUM_GRAPH)}
+            out.append((f"{name} {mode} L=3 h=256 10M edges", body))
+    return out
+
+
+def cases(which: str = "all") -> list[tuple[str, dict[str, Any]]]:
+    if which == "models":
+        return model_cases()
     out = []
     for layers in (10, 16):
         for arch in ARCHS:
@@ -47,7 +80,7 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
                                                                            "graph": dict(BIG_GRAPH)}))
     out.append(("gcn train L=2 h=16 cora", {"mode": "train", "model": {"arch": "gcn", "layers": 2, "hidden": 16},
                                             "graph": {"dataset": "cora"}}))
-    return out
+    return out + model_cases() if which == "all" else out
 
 
 def load_estimator(path: str) -> Any:
@@ -84,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="which median the bound applies to")
     parser.add_argument("--baseline", help="another estimator.py to time side by side")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--set", dest="which", choices=("all", "archs", "models"), default="all",
+                        help="built-in archs, PyG model classes and layers, or both")
     args = parser.parse_args(argv)
 
     import torch
@@ -100,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header + "   load(1m)")
     worst = 0.0
     same = True
-    for label, body in cases():
+    for label, body in cases(args.which):
         spec = parse_spec(body)
         row = time_estimate(estimate, spec, args.repeat)
         worst = max(worst, row[f"{args.clock}_median"])

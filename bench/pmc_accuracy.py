@@ -7,8 +7,10 @@ a dispatch-mode tracker (under a dispatch mode autograd accumulates gradients ou
 
 The grid: 4 architectures x train/infer x 8 synthetic graph sizes (peaks from under 1 MB to a few hundred MB), with
 layers 2-10 and hidden 16-256 rotated across the sizes so every value meets every architecture, GAT heads 1/2/4;
-plus the real Cora and CiteSeer graphs for each architecture and mode. A case whose estimate exceeds ``--max-bytes``
-has its hidden size halved until it fits (the printed row shows what ran). Separately, two bound checks that are not
+plus the real Cora and CiteSeer graphs for each architecture and mode; plus every PyG model class and listed layer
+stack (``spec.model.pyg`` / ``conv``) with common options, train and infer, on the graph of issue 30's table. A
+case whose estimate exceeds ``--max-bytes`` has its hidden size halved until it fits (the printed row shows what
+ran). Separately, two bound checks that are not
 part of the error statistics: parallel inference (the estimate assumes all workers peak together, so it must be >=
 the measured peak) and neighbour-sampled mini-batches (the estimate uses the largest batch the sampler can build).
 
@@ -19,6 +21,7 @@ Usage::
     python bench/pmc_accuracy.py --json out.json
     python bench/pmc_accuracy.py --check-splice # spliced vs full traces over the grid at depths 6-16 (no profiler)
     python bench/pmc_accuracy.py --device cuda  # the CUDA caching-allocator model against a GPU (needs one)
+    python bench/pmc_accuracy.py --models --max-bytes 8000000000  # PyG classes and layer stacks, issue 30's graph
 
 ``--device cuda`` runs each case on the GPU (graph, model on the device, ``--cuda-steps`` steps; parallel inference
 as the worker serves it) in this process, emptying the allocator's cache and the cuBLAS workspaces between cases, and
@@ -75,10 +78,13 @@ class Case:
     graph: dict[str, Any]
     parallelism: int = 1
     batching: dict[str, Any] | None = None
-    kind: str = "grid"  # grid | real | parallel-bound | minibatch-bound
+    kind: str = "grid"  # grid | real | models | parallel-bound | minibatch-bound
+    named: dict[str, Any] | None = None  # a PyG class or layer stack ({"pyg"|"conv": ..., "options": ...})
 
     def spec_dict(self) -> dict[str, Any]:
         model: dict[str, Any] = {"arch": self.arch, "layers": self.layers, "hidden": self.hidden}
+        if self.named is not None:
+            model = {**self.named, "layers": self.layers, "hidden": self.hidden}
         if self.heads is not None:
             model["heads"] = self.heads
         spec: dict[str, Any] = {"mode": self.mode, "model": model, "graph": dict(self.graph)}
@@ -92,6 +98,9 @@ class Case:
         g = self.graph
         graph = g["dataset"] if "dataset" in g else f"n={g['nodes']} e={g['edges']} f={g['features']} c={g['classes']}"
         heads = f" heads={self.heads}" if self.heads else ""
+        if self.named is not None:
+            options = ",".join(f"{k}={v}" for k, v in (self.named.get("options") or {}).items())[:40]
+            return f"{self.arch} {self.mode:5} L={self.layers:<2} h={self.hidden:<3} {options} {graph}"
         extra = f" par={self.parallelism}" if self.parallelism != 1 else ""
         extra += " minibatch" if self.batching else ""
         return f"{self.arch:4} {self.mode:5} L={self.layers:<2} h={self.hidden:<3}{heads} {graph}{extra}"
@@ -131,6 +140,37 @@ def grid_cases() -> list[Case]:
                          graph={"dataset": dataset}, kind="real")
                 )
     return cases
+
+
+ISSUE_GRAPH = {"nodes": 20_000, "edges": 200_000, "features": 128, "classes": 16}
+"""The graph of issue 30's table (a user's own models declared as the nearest built-in arch)."""
+PNA_OPTIONS = {"aggregators": ["mean", "min", "max", "std"], "scalers": ["identity", "amplification", "attenuation"]}
+NAMED_MODELS: list[tuple[dict[str, Any], int, int]] = [  # (model, layers, hidden)
+    ({"pyg": "GCN"}, 3, 256),
+    ({"pyg": "GIN"}, 3, 256),
+    ({"pyg": "GAT", "options": {"heads": 4}}, 2, 256),
+    ({"pyg": "GraphSAGE"}, 3, 256),
+    ({"pyg": "GCN", "options": {"norm": "batch_norm", "jk": "cat"}}, 3, 256),
+    ({"conv": "TransformerConv", "options": {"heads": 4}}, 2, 256),
+    ({"pyg": "GAT", "options": {"heads": 4, "v2": True}}, 2, 256),
+    ({"pyg": "GraphSAGE", "options": {"aggr": "max"}}, 3, 256),
+    ({"pyg": "PNA", "options": PNA_OPTIONS}, 3, 256),
+    ({"pyg": "EdgeCNN"}, 3, 128),
+    ({"conv": "GATv2Conv", "options": {"heads": 4}}, 3, 128),
+    ({"conv": "GENConv", "options": {"aggr": "softmax", "learn_t": True}}, 3, 128),
+    ({"conv": "ResGatedGraphConv"}, 3, 128),
+    ({"conv": "GraphConv", "options": {"aggr": "max"}}, 3, 128),
+    ({"conv": "SGConv", "options": {"K": 2}}, 3, 128),
+]
+
+
+def model_cases(graph: dict[str, Any] | None = None) -> list[Case]:
+    """Every PyG model class and listed layer, train and infer (``spec.model.pyg`` / ``conv``)."""
+    return [
+        Case(str(named.get("pyg") or named.get("conv")), mode, layers, hidden, None, dict(graph or ISSUE_GRAPH),
+             kind="models", named=named)
+        for named, layers, hidden in NAMED_MODELS for mode in MODES
+    ]
 
 
 def bound_cases() -> list[Case]:
@@ -222,7 +262,7 @@ def measure_cuda(spec: Any, steps: int) -> tuple[int, int]:
         raise RuntimeError(f"{torch.cuda.memory_reserved()} bytes still reserved before the case")
     torch.manual_seed(0)
     graph = make_graph(spec, 0)
-    model = build_model(spec, features=graph.layout.features, classes=graph.layout.classes, device="cuda")
+    model = build_model(spec, graph=graph, device="cuda")
     inputs = _StepInputs(spec, graph, "cuda", 0)
     workers = spec.parallelism if spec.mode == "infer" else 1
     if workers == 1:
@@ -280,7 +320,7 @@ def main_cuda(args: argparse.Namespace) -> int:
     gpu_model = model.name if model is not None else DEFAULT_GPU_MODEL
     print(f"device: {name} (catalogue: {gpu_model}{'' if model else ', not in the catalogue'}), CUDA "
           f"{torch.version.cuda}, steps per case {args.cuda_steps}")
-    cases = quick_cases() if args.quick else grid_cases() + ([] if args.no_bounds else bound_cases())
+    cases = _selected(args)
     results = []
     too_big = []
     for case in cases:
@@ -325,7 +365,7 @@ def main_cuda(args: argparse.Namespace) -> int:
 
 
 def summarize(results: list[Result]) -> dict[str, Any]:
-    errors = [r.rel_error for r in results if r.kind in ("grid", "real")]
+    errors = [r.rel_error for r in results if r.kind in ("grid", "real", "models")]
     bounds = [r for r in results if r.kind.endswith("-bound")]
     out: dict[str, Any] = {}
     if errors:
@@ -412,6 +452,14 @@ def check_splice(depths: tuple[int, ...] = (6, 8, 10, 12, 16)) -> tuple[int, lis
     return count, problems
 
 
+def _selected(args: argparse.Namespace) -> list[Case]:
+    if args.models:
+        return model_cases()
+    if args.quick:
+        return quick_cases()
+    return grid_cases() + model_cases() + ([] if args.no_bounds else bound_cases())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="run only the CI slice")
@@ -424,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: compare the caching-allocator model with the GPU's reserved/allocated peaks")
     parser.add_argument("--cuda-steps", type=int, default=3, help="steps per case with --device cuda")
+    parser.add_argument("--models", action="store_true",
+                        help="only the PyG model classes and layer stacks (issue 30's graph), not the arch grid")
     args = parser.parse_args(argv)
 
     import torch
@@ -439,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         count, problems = check_splice()
         print(f"splice check: {count} spliced traces compared with full traces, {len(problems)} differ")
         return 1 if problems else 0
-    cases = quick_cases() if args.quick else grid_cases() + ([] if args.no_bounds else bound_cases())
+    cases = _selected(args)
     results = []
     for case in cases:
         r = run_case(case, args.max_bytes)

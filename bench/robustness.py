@@ -15,6 +15,7 @@ least. Exit status 1 when any cell is worse than ``--bound`` (1.02) in mean JCT,
 kill in any cell; 0 otherwise.
 
     python bench/robustness.py [--quick] [--seeds 2] [--jobs 40] [--policy TEXT] [--also TEXT ...] [--json FILE]
+                               [--runtime-error none|lognormal:SIGMA[:BIAS]|measured]
 
 ``--quick`` is the CI slice (a few cells, one seed, under a minute). ``--policy`` replaces the chart's default (to
 compare candidate defaults on the same grid). ``--also`` runs more configurations in the same runs (same workloads,
@@ -41,6 +42,7 @@ from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import run
+from gnnsched.simulator.runtime_error import NO_RUNTIME_ERROR, RuntimeErrorDist, parse_runtime_error
 from gnnsched.simulator.workloads import builtin_workload
 
 LOADS = (0.3, 0.7, 1.0, 1.5)
@@ -97,6 +99,7 @@ class Cell:
     metrics: dict[str, dict[str, Any]]
     ours: str
     also: tuple[str, ...] = ()
+    oracle: dict[str, dict[str, Any]] | None = None  # --runtime-error: the same cell with exact predictions
 
     @property
     def key(self) -> str:
@@ -111,6 +114,13 @@ class Cell:
                 if self.metrics[b].get(metric) is not None and int(self.metrics[b]["completed"]) == most}
         name = min(vals, key=vals.__getitem__)
         return name, float(vals[name])
+
+    def oracle_ratio(self, metric: str = "jct_mean_s") -> float:
+        """--runtime-error: gnnsched's ``metric`` under the error over its own with exact predictions."""
+        if self.oracle is None:
+            return 1.0
+        mine, exact = self.metrics[self.ours].get(metric), self.oracle[self.ours].get(metric)
+        return float("inf") if mine is None or not exact else float(mine) / float(exact)
 
     def ratio(self, metric: str, policy: str | None = None) -> float:
         _, best = self.best_baseline(metric)
@@ -163,13 +173,14 @@ def summary_table(cells: list[Cell], bound: float, also: tuple[str, ...] = ()) -
 
 
 def run_cell(ix: Integrations, load: float, arrival: str, mix: str, size: str, cluster: str, seed: int, jobs: int,
-             ours: str, also: tuple[str, ...] = ()) -> Cell:
+             ours: str, also: tuple[str, ...] = (), runtime_error: RuntimeErrorDist = NO_RUNTIME_ERROR) -> Cell:
     cl = parse_cluster(cluster)
     text = f"gen:load={load:g},arrival={arrival},mix={mix},size={size},jobs={jobs}"
     wl = builtin_workload(text, seed, default_data_dir(), fits=fits_on(cl, ix))
     specs = parse_policies(",".join((ours, *also, *BASELINES, *REPORTED)))
-    report = run(wl, cl, specs, seed, ix, record_timeline=False)
-    return Cell(load, arrival, mix, size, cluster, seed, report.policies, ours, also)
+    report = run(wl, cl, specs, seed, ix, record_timeline=False, runtime_error=runtime_error)
+    oracle = report.runtime_error.get("oracle") if report.runtime_error else None
+    return Cell(load, arrival, mix, size, cluster, seed, report.policies, ours, also, oracle)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="another configuration to run in the same runs and report beside (repeatable)")
     ap.add_argument("--bound", type=float, default=1.02, help="largest mean-JCT ratio to the best baseline allowed")
     ap.add_argument("--json", type=Path, default=None, help="write every cell's metrics here")
+    ap.add_argument("--runtime-error", default="none", help="none, lognormal:SIGMA[:BIAS] or measured: every "
+                    "policy sees the prior's runtime, the engine runs the true one (ratios are under the error; "
+                    "the column 'vs orac' is gnnsched's mean JCT over its own with exact predictions)")
     args = ap.parse_args(argv)
+    runtime_error = parse_runtime_error(args.runtime_error)
     ours = args.policy or chart_default_policy()
     also = tuple(args.also)
     parse_policies(",".join((ours, *also)))
@@ -200,20 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     ix = Integrations()
     started = time.perf_counter()
     print(f"gnnsched default configuration: {ours} (chart {CHART_VALUES.name}); baselines {', '.join(BASELINES)}; "
-          f"{len(grid)} cells x {jobs} jobs")
+          f"{len(grid)} cells x {jobs} jobs; runtime error {runtime_error.text()}")
     for i, name in enumerate(also, 1):
         print(f"  also{i}: {name}")
     head = "".join(f" {'also' + str(i):>6s}" for i in range(1, len(also) + 1))
-    print(f"{'cell':56s} {'best base':>10s} {'mean':>6s} {'p99':>6s} {'lost':>4s} {'oom':>4s} {'temporal':>8s}{head}")
+    print(f"{'cell':56s} {'best base':>10s} {'mean':>6s} {'p99':>6s} {'lost':>4s} {'oom':>4s} {'temporal':>8s}"
+          f"{head} {'vs orac':>7s}")
     cells: list[Cell] = []
     for load, arrival, mix, size, cluster, seed in grid:
-        cell = run_cell(ix, load, arrival, mix, size, cluster, seed, jobs, ours, also)
+        cell = run_cell(ix, load, arrival, mix, size, cluster, seed, jobs, ours, also, runtime_error)
         cells.append(cell)
         best, _ = cell.best_baseline("jct_mean_s")
         flag = " <-- worse" if cell.ratio("jct_mean_s") > args.bound else ""
         print(f"{cell.key:56s} {best:>10s} {cell.ratio('jct_mean_s'):6.3f} {cell.ratio('jct_p99_s'):6.3f} "
               f"{cell.lost:4d} {cell.oom:4d} {cell.ratio('jct_mean_s', 'temporal'):8.3f}"
-              + "".join(f" {cell.ratio('jct_mean_s', name):6.3f}" for name in also) + flag, flush=True)
+              + "".join(f" {cell.ratio('jct_mean_s', name):6.3f}" for name in also)
+              + f" {cell.oracle_ratio():7.3f}" + flag, flush=True)
     elapsed = time.perf_counter() - started
     means = sorted(cells, key=lambda c: c.ratio("jct_mean_s"))
     worse = [c for c in cells if c.ratio("jct_mean_s") > args.bound]
@@ -229,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                                                               for c in means[:3]))
     print("least gained (highest mean-JCT ratio): " + "; ".join(f"{c.key} {c.ratio('jct_mean_s'):.3f}"
                                                                 for c in means[::-1][:3]))
+    if runtime_error.active:
+        orac = sorted(c.oracle_ratio() for c in cells)
+        print(f"runtime error {runtime_error.text()}: gnnsched's mean JCT over its own with exact predictions: "
+              f"geomean {geomean(orac):.3f}, min {orac[0]:.3f}, max {orac[-1]:.3f}")
     print()
     print("\n".join(summary_table(cells, args.bound, also)))
     for i, name in enumerate(also, 1):
@@ -245,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                                           "size": c.size, "cluster": c.cluster, "seed": c.seed, "policy": ours,
                                           "ratio_mean": c.ratio("jct_mean_s"), "ratio_p99": c.ratio("jct_p99_s"),
                                           "also": {name: c.ratio("jct_mean_s", name) for name in also},
-                                          "lost": c.lost, "metrics": c.metrics} for c in cells], indent=1))
+                                          "lost": c.lost, "metrics": c.metrics,
+                                          "runtime_error": runtime_error.text(), "oracle_metrics": c.oracle}
+                                         for c in cells], indent=1))
     return 1 if worse or lost or oom else 0
 
 

@@ -1054,6 +1054,9 @@ def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:
         raise SpecError("spec.command", "contains an empty string")
     if len(ref.name) > 253:
         raise SpecError("metadata.name", f"is {len(ref.name)} characters; at most 253")
+    if spec.model.entrypoint is not None and spec.image is None:
+        raise SpecError("spec.image", "required with spec.model.entrypoint: the image that holds your package "
+                        "(gnnsched's own image does not)")
     if spec.model.pyg is not None or spec.model.conv is not None:
         # which PyG classes and options exist depends on the installed PyG, which the CRD cannot know
         from gnnsched.model_catalog import check_model

@@ -95,10 +95,12 @@ class Plan(BaseModel):
 
 
 def memory_key(spec: GNNJobSpec) -> str:
-    """The part of a spec the GPU-memory estimate depends on (not epochs, requests, resources or image)."""
-    relevant = spec.model_dump(
-        mode="json", include={"mode", "model", "graph", "batching", "parallelism"}, by_alias=True
-    )
+    """The part of a spec the GPU-memory estimate depends on (not epochs, requests or resources; the image only
+    for an entrypoint, whose code lives in it)."""
+    fields = {"mode", "model", "graph", "batching", "parallelism", "optimizer"}
+    if spec.model.entrypoint is not None:
+        fields.add("image")
+    relevant = spec.model_dump(mode="json", include=fields, by_alias=True)
     return json.dumps(relevant, sort_keys=True)
 
 

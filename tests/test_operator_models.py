@@ -42,8 +42,9 @@ async def test_bad_model_names_and_options_fail_validation_with_no_pod(tmp_path:
         await cluster.create_job(manifest("typo-class", model={"pyg": "GraphSage", "layers": 2}))
         await cluster.create_job(manifest("typo-option", model={"conv": "GATv2Conv", "options": {"head": 4}}))
         await cluster.create_job(manifest("wrong-type", model={"pyg": "GAT", "options": {"v2": "yes"}}))
+        await cluster.create_job(manifest("no-image", model={"entrypoint": "mypkg.models:build"}))
         jobs = {name: await job_in_phase(cluster, name, "Failed")
-                for name in ("typo-class", "typo-option", "wrong-type")}
+                for name in ("typo-class", "typo-option", "wrong-type", "no-image")}
         await asyncio.sleep(0.5)
         assert await cluster.pods() == []
     messages = {name: condition(job, "Validated")["message"] for name, job in jobs.items()}
@@ -52,3 +53,4 @@ async def test_bad_model_names_and_options_fail_validation_with_no_pod(tmp_path:
     assert "did you mean 'GraphSAGE'" in messages["typo-class"]
     assert messages["typo-option"].startswith("spec.model.options.head: unknown option")
     assert messages["wrong-type"].startswith("spec.model.options.v2: must be bool")
+    assert messages["no-image"].startswith("spec.image: required with spec.model.entrypoint")

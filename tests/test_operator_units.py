@@ -154,6 +154,11 @@ def test_memory_key_ignores_what_does_not_change_gpu_memory() -> None:
     b = parse_spec({**SPEC, "epochs": 500, "image": "x/y:1"})
     c = parse_spec({**SPEC, "model": {"arch": "gcn", "hidden": 128}})
     assert memory_key(a) == memory_key(b) != memory_key(c)
+    sgd = parse_spec({**SPEC, "optimizer": {"name": "sgd"}})  # each optimizer holds different state
+    assert memory_key(sgd) != memory_key(a)
+    mine = {**SPEC, "model": {"entrypoint": "mypkg.models:build"}}
+    # an entrypoint's code lives in its image: another image is another model
+    assert memory_key(parse_spec({**mine, "image": "x/y:1"})) != memory_key(parse_spec({**mine, "image": "x/y:2"}))
 
 
 def test_gpunode_status_is_read_and_malformed_ones_yield_nothing() -> None:

@@ -144,3 +144,20 @@ def test_incremental_placement_view_matches_a_rebuild(monkeypatch):
     res = Simulation(jobs, uniform_cluster(3, 2, V100), parse_policy("bqt"), Integrations(), startup_s=0.0).run()
     assert all(o.status == "completed" for o in res.outcomes)
     assert seen["checks"] >= 60 and seen["queued"]
+
+
+def test_generated_jobs_can_name_pyg_model_classes_and_the_default_draw_is_unchanged():
+    from gnnsched.simulator.workloads import WorkloadError, generated
+
+    default = generated("gen:jobs=30,size=small", seed=4)
+    explicit = generated("gen:jobs=30,size=small,models=archs", seed=4)
+    assert default.name == explicit.name and "models" not in default.name
+    assert [(t.name, t.spec) for t in default.templates] == [(t.name, t.spec) for t in explicit.templates]
+    assert all(t.spec.model.arch is not None for t in default.templates)
+    pyg = generated("gen:jobs=30,size=small,models=pyg", seed=4)
+    assert all(t.spec.model.arch is None for t in pyg.templates)
+    assert len({t.spec.model.model_class for t in pyg.templates}) >= 4
+    mixed = generated("gen:jobs=60,size=small,models=all", seed=4)
+    assert {t.spec.model.kind for t in mixed.templates} >= {"arch", "pyg", "conv"}
+    with pytest.raises(WorkloadError, match=r"workload\.gen\.models"):
+        generated("gen:models=zoo", seed=0)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the simulator's modules load on first use (the CLI starts w
     from gnnsched.simulator.cluster import ClusterSpec
     from gnnsched.simulator.faults import EstimateError
     from gnnsched.simulator.policyspec import PolicySpec
+    from gnnsched.simulator.runtime_error import RuntimeErrorDist
     from gnnsched.simulator.workload_types import Fits, Workload
 
 
@@ -64,6 +65,11 @@ def simulate(
                                        "turns calibration off); baselines fail as Kubernetes does."),
     fault_rate: float = typer.Option(0.0, "--fault-rate", help="Fatal MPS faults per busy GPU-hour (Poisson, seeded "
                                      "by --seed): a fault kills every client on the GPU, which then drains."),
+    runtime_error: str = typer.Option("none", "--runtime-error", help="Each job's true runtime against its "
+                                      "prediction: none (the oracle), lognormal:SIGMA[:BIAS] (true = predicted x "
+                                      "BIAS x exp(N(0, SIGMA)), seeded by --seed) or measured (drawn per arch from "
+                                      "the measured table's held-out residuals). The report adds the same run "
+                                      "with exact predictions."),
     backoff_limit: int | None = typer.Option(None, "--backoff-limit", help="Every job's backoffLimit (0-10: failed "
                                              "pods a job survives) in place of the workload's (3 in the built-in "
                                              "generators; a workload file's spec.backoffLimit, default 0). "
@@ -77,6 +83,7 @@ def simulate(
     from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
     from gnnsched.simulator.faults import parse_estimate_error, parse_fault_rate
     from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, parse_policies
+    from gnnsched.simulator.runtime_error import parse_runtime_error
     from gnnsched.simulator.workloads import (
         BUILTIN,
         DEFAULT_WORKLOAD,
@@ -103,9 +110,13 @@ def simulate(
             wl = resolve_workload(name, seed, data, fits=fits_on(cl, ix))
             specs = parse_policies(policies or ",".join(wl.policies))
             error = parse_estimate_error(estimate_error)
+            runtime = parse_runtime_error(runtime_error)
             rate = parse_fault_rate(fault_rate)
             if backoff_limit is not None and not 0 <= backoff_limit <= 10:
                 raise FieldError("--backoff-limit", f"{backoff_limit}: must be between 0 and 10")
+            if runtime.active and any(p.base in PLACEMENT_ONLY for p in specs):
+                raise PolicyError("--runtime-error needs a simulated run, not the openb placement replay "
+                                  "(best-fit, fgd)")
             if (error.active or rate > 0) and any(p.base in PLACEMENT_ONLY for p in specs):
                 raise PolicyError("--estimate-error and --fault-rate need a simulated run, not the openb "
                                   "placement replay (best-fit, fgd)")
@@ -121,7 +132,7 @@ def simulate(
             if plots.exists() and not plots.is_dir():
                 raise UserError(f"--plots: {plots} exists and is not a directory")
             _writable_dir("--plots", plots)
-    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, rate, backoff_limit)
+    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, rate, backoff_limit, runtime)
 
 
 def _writable_dir(flag: str, directory: Path) -> None:
@@ -153,6 +164,7 @@ def fits_on(cluster: ClusterSpec, ix: Integrations) -> Fits | None:
 def _run(
     wl: Workload, cl: ClusterSpec, specs: list[PolicySpec], seed: int, json_out: Path | None, plots: Path | None,
     show_progress: bool, ix: Integrations, error: EstimateError, fault_rate: float, backoff_limit: int | None,
+    runtime: RuntimeErrorDist,
 ) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -174,7 +186,7 @@ def _run(
 
         try:
             report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, fault_rate=fault_rate,
-                         backoff_limit=backoff_limit)
+                         backoff_limit=backoff_limit, runtime_error=runtime)
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)
     typer.echo(render_table(report))

@@ -70,6 +70,13 @@ def render_table(report: Report) -> str:
             continue
         lines.append(f"{ref['paper']}: {ref['compare']} {ref['metric']}: paper {ref['paper_value']:g}{ref['unit']}, "
                      f"simulated {sim}")
+    if report.runtime_error:
+        lines.append(f"runtime error {report.runtime_error['dist']}: mean JCT (makespan) under it vs the oracle's")
+        for name, gap in report.runtime_error["gap"].items():
+            lines.append(f"  {name}: {_fmt(gap['jct_mean_s'], '{:.1f}')} s vs "
+                         f"{_fmt(gap['oracle_jct_mean_s'], '{:.1f}')} s "
+                         f"(x{_fmt(gap['jct_mean_s_ratio'], '{:.3f}')}); makespan "
+                         f"x{_fmt(gap['makespan_s_ratio'], '{:.3f}')}")
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -19,6 +19,14 @@ from gnnsched.simulator.faults import BASELINE_BACKOFF_LIMIT, NO_ERROR, Estimate
 from gnnsched.simulator.metrics import JCT_STATS, common_jct_stats, completed_jcts, summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
+from gnnsched.simulator.runtime_error import (
+    NO_RUNTIME_ERROR,
+    RuntimeErrorDist,
+    as_oracle,
+    oracle_gap,
+    runtime_multipliers,
+    with_true_runtimes,
+)
 from gnnsched.simulator.workload_types import Workload
 
 MAX_EPOCHS = 1_000_000
@@ -37,12 +45,17 @@ class Report:
     reference: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     closed_loop: dict[str, Any] = field(default_factory=dict)  # {"estimate_error", "fault_rate"} when either is on
+    # --runtime-error: {"dist", "oracle": the same run's figures with exact predictions, "gap": per-policy ratios}
+    runtime_error: dict[str, Any] = field(default_factory=dict)
+    oracle_results: dict[str, RunResult] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         doc = {"workload": self.workload, "cluster": self.cluster, "seed": self.seed, "jobs": self.jobs,
                "policies": self.policies, "reference": self.reference, "notes": self.notes}
         if self.closed_loop:
             doc["closed_loop"] = self.closed_loop
+        if self.runtime_error:
+            doc["runtime_error"] = self.runtime_error
         return doc
 
 
@@ -131,17 +144,32 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         *, startup_s: float = STARTUP_S, record_timeline: bool = True,
         progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None,
         estimate_error: EstimateError = NO_ERROR, fault_rate: float = 0.0,
-        backoff_limit: int | None = None) -> Report:
+        backoff_limit: int | None = None, runtime_error: RuntimeErrorDist = NO_RUNTIME_ERROR) -> Report:
     """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``fault_rate``, the
     closed loop of :mod:`gnnsched.simulator.faults`: the same true peaks and fault streams for every policy).
     ``backoff_limit``: every job's; without it the workload's, except a closed-loop run's baselines, which get
-    :data:`~gnnsched.simulator.faults.BASELINE_BACKOFF_LIMIT`."""
+    :data:`~gnnsched.simulator.faults.BASELINE_BACKOFF_LIMIT`. ``runtime_error``: the engine runs each job's true
+    runtime while the policies see the prior's (:mod:`gnnsched.simulator.runtime_error`); the report then also holds
+    the same run with exact predictions (``runtime_error["oracle"]``, ``oracle_results``)."""
     placement_only = [p for p in policies if p.base in PLACEMENT_ONLY]
     if placement_only:
+        if runtime_error.active:
+            raise PolicyError("--runtime-error needs a simulated run, not the openb placement replay (best-fit, fgd)")
         return _run_openb(workload, cluster, policies, seed, progress)
     if jobs is None:
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in policies), startup_s=startup_s,
                            progress=partial(progress, "costing jobs") if progress else None)
+    if runtime_error.active:
+        truth = with_true_runtimes(jobs, runtime_multipliers(jobs, runtime_error, seed))
+        again = partial(run, workload, cluster, policies, seed, ix, startup_s=startup_s,
+                        record_timeline=record_timeline, progress=progress, estimate_error=estimate_error,
+                        fault_rate=fault_rate, backoff_limit=backoff_limit)
+        report = again(jobs=truth)
+        oracle = again(jobs=as_oracle(truth))
+        report.oracle_results = oracle.results
+        report.runtime_error = {"dist": runtime_error.text(), "oracle": oracle.policies,
+                                "gap": oracle_gap(report.policies, oracle.policies)}
+        return report
     if backoff_limit is not None:  # --backoff-limit: every job's, in place of the workload's
         jobs = [replace(j, backoff_limit=backoff_limit) for j in jobs]
     report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={},

@@ -368,7 +368,20 @@ def resource_demand(seed: int, data_dir: Path, fits: Fits | None = None) -> Work
 # ---------------------------------------------------------------------------------------------------- gen: family
 #: ``gen:`` keys and their defaults (``gen:`` alone is the default cell).
 GEN_DEFAULTS: dict[str, str] = {"load": "0.7", "arrival": "poisson", "mix": "mixed", "size": "medium", "jobs": "40",
-                                "burst": "10"}
+                                "burst": "10", "models": "archs"}
+#: which models a generated job names: the four built-in archs, PyG's own classes and layer stacks, or both
+GEN_MODELS = ("archs", "pyg", "all")
+#: PyG model classes and layer stacks a generated job may name (with their common options)
+GEN_PYG_MODELS: tuple[dict[str, Any], ...] = (
+    {"pyg": "GCN"},
+    {"pyg": "GraphSAGE", "options": {"aggr": "max"}},
+    {"pyg": "GIN", "options": {"jk": "cat"}},
+    {"pyg": "GAT", "options": {"heads": 4, "v2": True}},
+    {"pyg": "PNA", "options": {"aggregators": ["mean", "min", "max", "std"], "scalers": ["identity", "amplification"]}},
+    {"pyg": "EdgeCNN"},
+    {"conv": "TransformerConv", "options": {"heads": 4}},
+    {"conv": "GENConv"},
+)
 GEN_ARRIVALS = ("burst", "poisson")
 #: share of training jobs in each mix (the rest are inference jobs)
 GEN_MIXES: dict[str, float] = {"train": 0.8, "mixed": 0.5, "infer": 0.2}
@@ -402,6 +415,8 @@ def parse_gen(text: str) -> dict[str, str]:
         raise WorkloadError(f"{where}.arrival", f"{out['arrival']!r}: must be one of {', '.join(GEN_ARRIVALS)}")
     if out["mix"] not in GEN_MIXES:
         raise WorkloadError(f"{where}.mix", f"{out['mix']!r}: must be one of {', '.join(GEN_MIXES)}")
+    if out["models"] not in GEN_MODELS:
+        raise WorkloadError(f"{where}.models", f"{out['models']!r}: must be one of {', '.join(GEN_MODELS)}")
     if out["size"] not in GEN_SIZES:
         raise WorkloadError(f"{where}.size", f"{out['size']!r}: must be one of {', '.join(GEN_SIZES)}")
     for key, top in (("jobs", 10_000), ("burst", 10_000)):
@@ -423,16 +438,21 @@ def _gen_graph(rng: random.Random, size: str) -> dict[str, int]:
 GEN_SHAPES = 16
 
 
-def _gen_shapes(size: str, mode: str, seed: int) -> list[dict[str, Any]]:
-    """The seed's pool of job shapes (spec without its work) for ``size`` and ``mode``: architecture, depth 2-4,
-    width 64-256 (GAT: 1-4 heads), a synthetic graph of ``size``."""
-    rng = random.Random(f"gen-shapes-{size}-{mode}-{seed}")
+def _gen_shapes(size: str, mode: str, seed: int, models: str = "archs") -> list[dict[str, Any]]:
+    """The seed's pool of job shapes (spec without its work) for ``size`` and ``mode``: a model (a built-in
+    architecture, GAT with 1-4 heads; or one of ``GEN_PYG_MODELS``, by ``models``), depth 2-4, width 64-256, a
+    synthetic graph of ``size``. ``models=archs`` draws exactly what it drew before model classes existed."""
+    rng = random.Random(f"gen-shapes-{size}-{mode}-{seed}" + ("" if models == "archs" else f"-{models}"))
     out = []
     for _ in range(GEN_SHAPES):
-        arch = rng.choice(("gcn", "sage", "gat", "gin"))
-        model: dict[str, Any] = {"arch": arch, "layers": rng.randint(2, 4), "hidden": rng.choice((64, 128, 256))}
-        if arch == "gat":
-            model["heads"] = rng.choice((1, 2, 4))
+        layers_hidden = {"layers": rng.randint(2, 4), "hidden": rng.choice((64, 128, 256))}
+        if models == "pyg" or (models == "all" and rng.random() < 0.5):
+            model: dict[str, Any] = {**rng.choice(GEN_PYG_MODELS), **layers_hidden}
+        else:
+            arch = rng.choice(("gcn", "sage", "gat", "gin"))
+            model = {"arch": arch, **layers_hidden}
+            if arch == "gat":
+                model["heads"] = rng.choice((1, 2, 4))
         out.append({"mode": mode, "model": model, "graph": _gen_graph(rng, size)})
     return out
 
@@ -441,19 +461,20 @@ def generated(text: str, seed: int, fits: Fits | None = None) -> Workload:
     """The seeded ``gen:`` family: workloads nobody tuned for, as a new user would bring them.
 
     ``jobs`` jobs, ``mix`` of training and inference (``GEN_MIXES``), graphs of ``size`` (``GEN_SIZES``: synthetic
-    graphs, 5-30 edges per node, real datasets' feature and class counts), random architecture, depth 2-4, width
-    64-256; training runs 20-200 epochs, inference serves 100-2000 requests with a QoS target of 2 x its solo time
-    (start-up included). Arrivals are in units of the mean job's service time per GPU (``runner.materialise``
-    multiplies by the mean solo time plus start-up on the cluster's GPU and divides by its GPU count), so ``load`` is
-    the offered load against what the cluster serves one job per GPU: ``poisson`` draws exponential gaps of mean
-    ``1 / load``; ``burst`` sends clumps of ``burst`` jobs at once, ``burst / load`` apart. The same text and seed
-    give the same jobs."""
+    graphs, 5-30 edges per node, real datasets' feature and class counts), random model (``models``: the built-in
+    archs, PyG classes and layer stacks, or both), depth 2-4, width 64-256; training runs 20-200 epochs, inference
+    serves 100-2000 requests with a QoS target of 2 x its solo time (start-up included). Arrivals are in units of
+    the mean job's service time per GPU (``runner.materialise`` multiplies by the mean solo time plus start-up on the
+    cluster's GPU and divides by its GPU count), so ``load`` is the offered load against what the cluster serves one
+    job per GPU: ``poisson`` draws exponential gaps of mean ``1 / load``; ``burst`` sends clumps of ``burst`` jobs at
+    once, ``burst / load`` apart. The same text and seed give the same jobs."""
     keys = parse_gen(text)
-    canon = "gen:" + ",".join(f"{k}={keys[k]}" for k in GEN_DEFAULTS)
+    # ``models`` joins the canonical text only when it is not the default, so every earlier workload keeps its seed
+    canon = "gen:" + ",".join(f"{k}={keys[k]}" for k in GEN_DEFAULTS if k != "models" or keys[k] != "archs")
     rng = random.Random(f"{canon}-{seed}")
     load, jobs, burst = float(keys["load"]), int(keys["jobs"]), int(keys["burst"])
     train_share = GEN_MIXES[keys["mix"]]
-    pools = {mode: _gen_shapes(keys["size"], mode, seed) for mode in ("train", "infer")}
+    pools = {mode: _gen_shapes(keys["size"], mode, seed, keys["models"]) for mode in ("train", "infer")}
     templates = []
     t = 0.0
     for i in range(jobs):
@@ -493,8 +514,8 @@ BUILTIN: dict[str, str] = {
     "resource-demand": "70 jobs/h for 12 h on 32 GPUs / 384 cores / 2 TB, +-adaptive scaling (seed 004)",
     "openb": "openb trace replay on its 1,213-node cluster, GPU shares, FGD fragmentation (needs ../shared/data)",
     "gen:": "seeded generated jobs: load (x what one job per GPU serves), arrival (burst, poisson), mix "
-                         "(train, mixed, infer), size (small, medium, large), jobs, burst; gen:KEY=VALUE,... e.g. "
-             "gen:load=1.5,arrival=burst,mix=train,size=large",
+                         "(train, mixed, infer), size (small, medium, large), jobs, burst, models (archs, pyg, all); "
+             "gen:KEY=VALUE,... e.g. gen:load=1.5,arrival=burst,mix=train,size=large,models=all",
 }
 DEFAULT_WORKLOAD = "cognn-mix"
 

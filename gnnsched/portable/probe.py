@@ -54,8 +54,8 @@ ERROR_LINES = 12
 VERSION = 1
 
 
-@dataclass(frozen=True)
-class StepGraph:
+@dataclass
+class DatalessGraph:
     """The step's graph as data-less tensors (what ``gnnsched.models.fake_graph_tensors`` gives the estimator)."""
 
     x: torch.Tensor
@@ -73,7 +73,7 @@ def trace_entrypoint(request: dict[str, Any]) -> dict[str, Any]:
     tracker = _LivenessMode(self_loops=int(step.get("selfLoops", 0)), cpu=request.get("device", "cuda") == "cpu")
     with tracker:
         with torch.device(_META):
-            graph = StepGraph(
+            graph = DatalessGraph(
                 x=torch.empty(step["nodes"], dims.num_features),
                 edge_index=torch.empty(2, step["edges"], dtype=torch.long),
                 y=torch.empty(step["nodes"], dtype=torch.long),

@@ -127,3 +127,14 @@ def test_cli_writes_the_oracle_beside(tmp_path) -> None:
     assert set(doc["runtime_error"]["oracle"]) == {"exclusive", "sqtf"}
     bad = CliRunner().invoke(app, ["simulate", "-w", "gen:jobs=4", "--runtime-error", "weibull", "--no-progress"])
     assert bad.exit_code != 0 and "--runtime-error" in bad.output
+
+
+def test_measured_without_a_shipped_table_is_refused() -> None:
+    """No measured table ships yet: ``measured`` names the flag and the missing file instead of falling back to the
+    oracle."""
+    from importlib import resources
+
+    if resources.files("gnnsched.data").joinpath("runtime_truth.json").is_file():
+        pytest.skip("a measured table ships: measured_error parses it (test_parsing_names_the_flag)")
+    with pytest.raises(FieldError, match="--runtime-error.*runtime_truth.json"):
+        parse_runtime_error("measured")

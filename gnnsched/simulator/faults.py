@@ -9,18 +9,20 @@ loop's benefit is measured rather than asserted:
   the device overhead, the ``safety_factor=1.0`` figure the operator calibrates against) times
   ``BIAS * exp(N(0, SIGMA))``, one draw per job from a stream seeded by the run's ``--seed``, the same for every
   policy of the run.
-* **Faults.** ``R`` fatal faults per busy GPU-hour: each GPU's faults are a Poisson process on the time it has at
-  least one client, drawn from its own seeded stream (the same stream for every policy). A fault kills every MPS
-  client on the GPU; one of them (uniformly drawn) is the suspect, the others are victims. The GPU then drains:
-  it admits nothing for :data:`QUARANTINE_S` (the clients exiting and the MPS server answering its probe again).
+* **Faults.** ``--hw-fault-rate R``: hardware faults per GPU-hour, a Poisson process on wall time on every GPU
+  (:class:`HardwareFaultClock`, its own seeded stream); every client dies and the GPU is out for
+  ``--hw-repair-seconds``. ``--buggy-jobs F``: a seeded fraction of jobs (:func:`buggy_points`) fault at a fixed
+  point of every attempt; every client of their GPU dies and it drains for :data:`QUARANTINE_S`. Who is charged is
+  the core rule (``gnnsched.fault_classes``), through :meth:`LoopBooks.fault_charges` and :meth:`LoopBooks.step`.
 
 What each policy does is decided here, with the operator's own rules from :mod:`gnnsched.closed_loop`:
 
 * gnnsched's policies run each attempt under its MPS memory limit (its admit bytes). An attempt whose true peak
   exceeds the limit fails alone with CUDA out of memory when its first step reaches the peak, and the next attempt
   reserves :func:`~gnnsched.closed_loop.next_reservation` (capped at the largest GPU); after ``max_resizes`` resizes
-  the job is lost. Fault victims are requeued at once without being charged; the suspect is charged against its
-  ``backoffLimit``; a job suspected twice runs later attempts alone on a GPU. Completed attempts record observed ÷
+  the job is lost. Faults are charged by ``fault_classes.fault_step``: hardware faults and undecided application
+  faults requeue uncharged; a lone suspect is charged against its ``backoffLimit``; a job suspected or undecided
+  twice runs later attempts alone on a GPU. Completed attempts record observed ÷
   predicted in a :class:`~gnnsched.closed_loop.CalibrationTable` per :class:`~gnnsched.closed_loop.CalibrationClass`,
   and new estimates use its factor (``-calib``: the static factor always).
 * Baselines behave as Kubernetes does: a failed pod fails the job (:data:`BASELINE_BACKOFF_LIMIT`; with

@@ -1,7 +1,8 @@
 """Per-job trace of one closed-loop cell: where a policy's mean JCT with errors and faults goes, job by job.
 
 Runs one workload, seed and policy on one node x 4 V100-32GB twice, without errors and with
-``--estimate-error lognormal:0.2 --fault-rate 1`` (the cell of issue 15's JCT-ratio figure), and prints per job its
+``--estimate-error lognormal:0.2 --hw-fault-rate 1 --buggy-jobs 0.05`` (the cell of issue 27's JCT-ratio figure),
+and prints per job its
 true-peak multiplier, its start and finish in both runs and how many attempts it took, then the makespans, the wasted
 GPU-seconds and the mean-JCT ratio.
 
@@ -18,14 +19,14 @@ import argparse
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
-from gnnsched.simulator.faults import parse_estimate_error, true_multipliers
+from gnnsched.simulator.faults import parse_estimate_error, parse_faults, true_multipliers
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import materialise, run
 from gnnsched.simulator.workloads import resolve_workload
 
 CLUSTER = "1x4xV100-32GB"
 ERRORS = "lognormal:0.2"
-FAULT_RATE = 1.0
+FAULTS = parse_faults(1.0, buggy=0.05)
 
 
 
@@ -44,7 +45,7 @@ def main() -> None:
     jobs = materialise(wl, cl, ix, scaling=False)
     policies = parse_policies(args.policy)
     plain = run(wl, cl, policies, args.seed, ix, jobs=jobs)
-    loop = run(wl, cl, policies, args.seed, ix, jobs=jobs, estimate_error=error, fault_rate=FAULT_RATE)
+    loop = run(wl, cl, policies, args.seed, ix, jobs=jobs, estimate_error=error, faults=FAULTS)
     name = next(iter(plain.results))
     before, after = plain.results[name], loop.results[name]
     multipliers = true_multipliers(jobs, error, args.seed)
@@ -53,7 +54,8 @@ def main() -> None:
         nan = float("nan")
         return f"{start if start is not None else nan:6.1f}-{finish if finish is not None else nan:6.1f}"
 
-    print(f"{args.workload} seed {args.seed} {name} on {CLUSTER}; errors {ERRORS}, --fault-rate {FAULT_RATE:g}")
+    print(f"{args.workload} seed {args.seed} {name} on {CLUSTER}; errors {ERRORS}, "
+          f"--hw-fault-rate {FAULTS.hw_rate:g} --buggy-jobs {FAULTS.buggy_fraction:g}")
     print(f"{'job':28s} {'true':>5s} {'no errors: run':>15s} {'JCT':>6s}   {'errors: first':>13s} {'last run':>15s} "
           f"{'JCT':>6s} {'att':>3s}")
     for a, b in zip(before.outcomes, after.outcomes, strict=True):

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gnnsched.errors import FieldError
+from gnnsched.fault_classes import Charge, fault_class
 
 Outcome = Literal["succeeded", "memory-exceeded", "fault"]
 """How one attempt ended, as the worker's result line (or the node agent's attempt-result annotation, for a custom
@@ -156,9 +157,19 @@ class FaultRecord(BaseModel):
     gpu: str = Field(min_length=1)
     role: Literal["victim", "suspect"]
     reason: str = Field(min_length=1, max_length=256)
-    """``Xid <n>``, ``MpsClientTerminated``, ``MpsServerFault`` or ``ClientFault``: what told the agent."""
+    """``GPUFault`` (a hardware fault), ``Xid <n>``, ``MpsClientTerminated``, ``MpsServerFault`` or ``ClientFault``."""
     at: datetime
     xid: int | None = None
+    fault_class: Literal["hardware", "application"] | None = None
+    """``gnnsched.fault_classes.fault_class`` of the fault; a record without it (an older agent's) is classified from
+    its Xid by :meth:`klass`."""
+
+    def klass(self) -> Literal["hardware", "application"]:
+        return self.fault_class if self.fault_class is not None else fault_class(self.xid)
+
+    def charge(self) -> Charge:
+        """The record as the rule's :class:`~gnnsched.fault_classes.Charge` (what ``fault_step`` decides from)."""
+        return Charge(self.role, self.reason, self.role == "suspect", self.klass())
 
 
 # --------------------------------------------------------------------------------------------------- resize

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from gnnsched.contract import ENV_NODE_NAME
+from gnnsched.fault_classes import APPLICATION_XIDS
 
 __all__ = [
     "APPLICATION_XIDS",
@@ -52,12 +53,6 @@ __all__ = [
     "open_backend",
     "parse_fake_spec",
 ]
-
-#: Xid codes an application can trigger on its own (illegal address, page fault, preemption cleanup, ...).
-#: They are surfaced as events but do not make the GPU unhealthy. This is the same set the NVIDIA device plugin
-#: skips by default: 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
-#: 45 preemptive cleanup, 68 video decoder exception, 109 context switch timeout.
-APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
 DEFAULT_FAKE_MODEL = "Fake-GPU"
 FAULT_POLL_S = 0.2

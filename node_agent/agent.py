@@ -31,6 +31,7 @@ from gnnsched.contract import (
     MPS_MAX_CLIENTS_PER_GPU,
     MPSStatus,
 )
+from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED
 from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
 from gnnsched.gpus import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot
@@ -50,8 +51,6 @@ from gnnsched.node_agent.observe import (
     write_peak,
 )
 from gnnsched.node_agent.quarantine import (
-    REASON_CLIENT_FAULT,
-    REASON_CLIENT_TERMINATED,
     REASON_XID,
     ClientEnd,
     Quarantine,

@@ -34,18 +34,18 @@ from gnnsched.closed_loop import (
     classify_log,
     is_mps_victim_text,
 )
+from gnnsched.fault_classes import ClientError, fault_charges, is_hardware_xid
 
 Role = Literal["victim", "suspect"]
 
 REASON_XID = "Xid"
-REASON_CLIENT_TERMINATED = "MpsClientTerminated"
 REASON_SERVER_FAULT = "MpsServerFault"
-REASON_CLIENT_FAULT = "ClientFault"
 
 
 def is_critical_xid(xid: int) -> bool:
-    """An Xid after which the GPU's MPS clients cannot be trusted (``gnnsched.closed_loop.CRITICAL_XIDS``)."""
-    return xid in CRITICAL_XIDS
+    """An Xid after which the GPU's MPS clients cannot be trusted: one of ``gnnsched.closed_loop.CRITICAL_XIDS``, or
+    any hardware Xid (``gnnsched.fault_classes``: every Xid that is not an application's makes the GPU unhealthy)."""
+    return xid in CRITICAL_XIDS or is_hardware_xid(xid)
 
 
 @dataclass(slots=True)
@@ -155,19 +155,11 @@ class Quarantine:
         drain.recorded = True
         stamp = at or datetime.now(tz=timezone.utc)
         failed = [a for a in drain.affected.values() if a.end is not None and (a.end.failed or a.end.exit_code is None)]
-        own = [a for a in failed if a.end is not None and a.end.own_fault]
-        suspect = own[0].key if len(own) == 1 else None
-        out = []
-        for a in failed:
-            role: Role = "suspect" if a.key == suspect else "victim"
-            if a.key == suspect:
-                reason = REASON_CLIENT_FAULT
-            elif a.end is not None and a.end.victim_of_810:
-                reason = REASON_CLIENT_TERMINATED
-            else:
-                reason = drain.label()
-            out.append((a, FaultRecord(gpu=uuid, role=role, reason=reason, at=stamp, xid=drain.xid)))
-        return out
+        errors = [ClientError(a.key, own_fault=bool(a.end and a.end.own_fault),
+                              terminated_810=bool(a.end and a.end.victim_of_810)) for a in failed]
+        charges = fault_charges(drain.xid, errors, drain.label())
+        return [(a, FaultRecord(gpu=uuid, role=charges[a.key].role, reason=charges[a.key].reason, at=stamp,
+                                xid=drain.xid, fault_class=charges[a.key].fault_class)) for a in failed]
 
     def may_release(self, uuid: str, clients_on_gpu: int, mps_answers: bool) -> bool:
         """Whether the drain of ``uuid`` can end: no client left on the GPU (neither booked by the gate nor seen by

@@ -51,6 +51,7 @@ from gnnsched.contract import (
     SCHEDULER_NAME,
     VERSION,
 )
+from gnnsched.fault_classes import fault_step
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
@@ -80,8 +81,6 @@ from .podspec import (
 )
 from .resize import (
     AGENT_VERDICT_SECONDS,
-    SUSPECT_EXCLUSIVE_AFTER,
-    UNDECIDED_FAULTS_EXCLUSIVE_AFTER,
     AttemptFacts,
     attempt_facts,
     decide,
@@ -781,24 +780,26 @@ class Operator:
             if decision.kind == "requeue":
                 message = f"{detail}; {decision.message}; requeued without using backoffLimit"
                 requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
-                if facts.outcome == "fault" and not facts.victim_of_810:
+                assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
+                step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
+                                  _count(status, "undecidedFaults"), _count(status, "suspected"))
+                if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told
                     # apart, so a job that faults by itself would be requeued as a victim each time, killing its
                     # neighbours. Alone on a GPU, its next fault is its own and is charged.
-                    undecided = _count(status, "undecidedFaults") + 1
-                    requeue_extra["undecidedFaults"] = undecided
-                    if undecided >= UNDECIDED_FAULTS_EXCLUSIVE_AFTER and not plan.exclusive:
-                        plan = plan.model_copy(update={"exclusive": True, "exclusive_reason": "RepeatFault"})
+                    requeue_extra["undecidedFaults"] = step.undecided
+                    if step.alone and not plan.exclusive:
+                        plan = plan.model_copy(update={"exclusive": True, "exclusive_reason": step.alone_reason})
                         requeue_extra.update(exclusive=True, plan=plan.model_dump(mode="json"))
                         new["conditions"] = set_condition(
-                            new.get("conditions"), "Exclusive", "True", "RepeatFault",
-                            f"failed with its own fatal GPU error in {undecided} MPS faults whose cause could not "
-                            "be told apart: later attempts run alone on a GPU", now, generation)
+                            new.get("conditions"), "Exclusive", "True", str(step.alone_reason),
+                            f"failed with its own fatal GPU error in {step.undecided} MPS faults whose cause could "
+                            "not be told apart: later attempts run alone on a GPU", now, generation)
                         self._event(job, "Warning", "Exclusive", new["conditions"][-1]["message"])
                 self._next_attempt(job, status, new, spec, plan, attempt, now,
-                                   ("Requeued", "CoLocatedFault", message), requeue_extra, priority_class)
-                self.metrics.requeues.labels("CoLocatedFault").inc()
+                                   ("Requeued", step.reason, message), requeue_extra, priority_class)
+                self.metrics.requeues.labels(step.reason).inc()
                 return
             if decision.kind == "resize":
                 assert decision.new_admit_bytes is not None
@@ -830,7 +831,11 @@ class Operator:
                 reason = "ExceedsLargestGPU" if decision.kind == "exceeds-largest" else "MemoryExceeded"
                 self._finish_failed(job, new, view, now, reason, f"{detail}; {decision.message}")
                 return
-            suspected = _count(status, "suspected") + (1 if decision.suspect else 0)
+            suspected = _count(status, "suspected")
+            alone_reason: str | None = None
+            if decision.suspect and facts.fault is not None:
+                step = fault_step(facts.fault.charge(), True, _count(status, "undecidedFaults"), suspected)
+                suspected, alone_reason = step.suspected, step.alone_reason
             extra: dict[str, Any] = {"suspected": suspected} if decision.suspect else {}
             if decision.suspect:
                 self._event(job, "Warning", "FaultSuspect",
@@ -839,11 +844,11 @@ class Operator:
                             f"(suspected {suspected} time(s))")
             used = _count(status, "retriesUsed")
             if used < limit:
-                if suspected >= SUSPECT_EXCLUSIVE_AFTER and not plan.exclusive:
-                    plan = plan.model_copy(update={"exclusive": True, "exclusive_reason": "RepeatSuspect"})
+                if alone_reason is not None and not plan.exclusive:
+                    plan = plan.model_copy(update={"exclusive": True, "exclusive_reason": alone_reason})
                     extra.update(exclusive=True, plan=plan.model_dump(mode="json"))
                     new["conditions"] = set_condition(
-                        new.get("conditions"), "Exclusive", "True", "RepeatSuspect",
+                        new.get("conditions"), "Exclusive", "True", alone_reason,
                         f"suspected {suspected} times of a fatal MPS fault: later attempts run alone on a GPU",
                         now, generation)
                     self._event(job, "Warning", "Exclusive", new["conditions"][-1]["message"])

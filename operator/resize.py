@@ -55,6 +55,7 @@ from gnnsched.contract import (
     ANN_OBSERVED_PEAK_BYTES,
     JOB_CONTAINER_NAME,
 )
+from gnnsched.fault_classes import ALONE_AFTER
 
 from .status import last_json_object, parse_time
 
@@ -62,9 +63,10 @@ MAX_REQUEUES = 10
 """Fault requeues a job may take without being charged; beyond it a victim is charged to ``backoffLimit``."""
 UNKNOWN_CAP = 2**62
 """The cap a resize uses while no GPUNode reports a healthy GPU."""
-SUSPECT_EXCLUSIVE_AFTER = 2
-"""A job suspected this many times of a fatal MPS fault runs its later attempts alone on a GPU."""
-UNDECIDED_FAULTS_EXCLUSIVE_AFTER = 2
+SUSPECT_EXCLUSIVE_AFTER = ALONE_AFTER
+"""A job suspected this many times of a fatal MPS fault runs its later attempts alone on a GPU
+(``gnnsched.fault_classes.fault_step``)."""
+UNDECIDED_FAULTS_EXCLUSIVE_AFTER = ALONE_AFTER
 """A job requeued this many times as a victim of an MPS fault while its own error was a fatal fault too (not 810: the
 suspect could not be told apart) runs its later attempts alone on a GPU, where a fault of its own is charged."""
 AGENT_VERDICT_SECONDS = 30.0
@@ -207,6 +209,9 @@ def decide(facts: AttemptFacts, *, admit_bytes: int, resizes: int, max_resizes: 
     """The next step for a failed attempt (rules in the module docstring)."""
     policy = policy or ResizePolicy()
     if facts.fault is not None and facts.fault.role == "victim" and requeues < MAX_REQUEUES:
+        if facts.fault.klass() == "hardware":
+            return Decision(kind="requeue", message=f"GPU {facts.fault.gpu} failed (hardware fault, Xid "
+                                                    f"{facts.fault.xid}): no job is charged for it")
         return Decision(kind="requeue", message=f"a co-located client's fatal fault on GPU {facts.fault.gpu} "
                                                 f"({facts.fault.reason}) ended this attempt")
     suspect = facts.fault is not None and facts.fault.role == "suspect"

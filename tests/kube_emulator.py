@@ -17,8 +17,17 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
   ``pkg/registry/core/pod/storage/storage.go``): one guarded update sets ``spec.nodeName``, merges the Binding's
   annotations into the pod's and sets ``PodScheduled``; a pod already assigned (to any node), being deleted, or whose
   uid differs from the Binding's uid precondition is answered 409 Conflict (kmock would store a "Binding" object);
-* ``Accept: ...;as=Table`` gets a server-side ``Table`` built from registered printer columns, as the real API server
-  does for CRDs with ``additionalPrinterColumns`` (so ``kubectl get gj`` prints Phase, PMC ...).
+* ``Accept: ...;as=Table`` gets a server-side ``Table`` (lists, gets and watches), built from the CRD's
+  ``additionalPrinterColumns`` with dates as ages, or from the core printers' columns (``kube_kubectl.table``);
+* list replies carry ``kind`` (``GNNJobList``), ``apiVersion`` and a real ``resourceVersion``, and a watch from a
+  ``resourceVersion`` sends only what changed after it (kmock replays every object: ``kubectl get -w`` printed each
+  twice); discovery lists subresources with their own verbs and without the resource's short names (kubectl
+  otherwise reports ``short name "gj" could also match lower priority resource gnnjobs/status``);
+* ``/openapi/v2``, ``/openapi/v3`` and ``/openapi/v3/<group-version>`` are built from the installed CRDs' schemas
+  (``kubectl explain``, client-side validation and ``apply``'s patch type read them); a create or patch of a custom
+  resource with ``fieldValidation=Strict`` (kubectl's default) and an undeclared field is refused with the real
+  server's 400 ``strict decoding error``; ``dryRun=All`` validates and answers without storing;
+* ``SelfSubjectAccessReview`` (``kubectl auth can-i``) answers allowed: there is no RBAC here.
 
 It is test infrastructure (imported by ``tests/`` and ``bench/``), not part of the package.
 """
@@ -29,6 +38,7 @@ import asyncio
 import contextvars
 import datetime
 import itertools
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,6 +46,7 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
+import kube_kubectl
 import yaml
 from kmock._internal import enums, parsing, rendering
 
@@ -59,15 +70,6 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _jsonpath(obj: Any, path: str) -> Any:
-    """The subset of JSONPath printer columns use: ``.a.b.c``."""
-    for part in path.strip(".").split("."):
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
 @attrs.define(kw_only=True)
 class StrictKubernetes(kmock.KubernetesEmulator):
     """kmock's emulator with resourceVersion bumps, 422 on failed JSON-patch tests, uids and Table rendering."""
@@ -75,6 +77,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
     _write_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     printer_columns: dict[str, list[dict[str, str]]] = attrs.field(factory=dict)
+    # The installed CRDs by plural (their schemas make the OpenAPI documents and strict field validation).
+    crds: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     # Test hook: awaited before a write is applied (may sleep to hold it, or raise KubernetesError to refuse it).
     before_write: Any = attrs.field(default=None)
     # Test hook: awaited after a write was applied, before the response is sent (to lose responses).
@@ -110,6 +114,15 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         self._forget_old_requests()
         _CURRENT_REQUEST.set(request)  # per aiohttp handler task (contextvars are task-local)
+        special = self._serve_kubectl(request)
+        if special is not None:
+            return special
+        if request.action in (enums.action.CREATE, enums.action.UPDATE) and request.resource is not None:
+            refused = self._strict_fields(request)
+            if refused is not None:
+                return await self._render_error(refused)
+            if request.params.get("dryRun") == "All":
+                return await self._dry_run(request)
         if _is_binding(request):  # kmock sees a POST to a named object as no action at all
             if self.before_write is not None:
                 await self.before_write(request)
@@ -122,10 +135,10 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             enums.action.UPDATE,
             enums.action.DELETE,
         ):
-            if request.action == enums.action.LIST and "as=Table" in request.headers.get("Accept", ""):
+            if request.action in (enums.action.LIST, enums.action.FETCH) and _wants_table(request):
                 return await self._serve_table(request)
-            if request.action == enums.action.FETCH and "as=Table" in request.headers.get("Accept", ""):
-                return await self._serve_table(request)
+            if request.action == enums.action.WATCH and request.resource is not None:
+                return await self._stream_watch(request)
             return await super()._handle(request)
         if self.before_write is not None:
             await self.before_write(request)
@@ -135,6 +148,25 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         if self.after_write is not None:
             await self.after_write(request)
         return response
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        """kube-apiserver's wording for a missing or existing object (``gnnjobs.gnnsched.io "x" not found``); kmock
+        answers reason ``Object Not Found`` and a hint for its own users, which kubectl prints as is."""
+        request = _CURRENT_REQUEST.get()
+        res = request.resource if request is not None else None
+        conflict = type(exc).__name__ == "KubernetesObjectConflictError"
+        if res is not None and (isinstance(exc, kmock.KubernetesObjectNotFoundError) or conflict):
+            name = request.name
+            if not name and isinstance(request.data, dict):
+                name = (request.data.get("metadata") or {}).get("name")
+            what = f"{res.plural}.{res.group}" if res.group else str(res.plural)
+            details = {"name": name, "group": res.group or "", "kind": str(res.plural)}
+            if conflict:
+                body = _status(409, "AlreadyExists", f'{what} "{name}" already exists')
+            else:
+                body = _status(404, "NotFound", f'{what} "{name}" not found')
+            return aiohttp.web.json_response({**body, "details": details}, status=body["code"])
+        return await super()._render_error(exc)
 
     async def _serve_binding(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         """The binding subresource: the pod's node, the Binding's annotations and PodScheduled in one write."""
@@ -221,6 +253,21 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             if meta.get("finalizers") and not meta.get("deletionTimestamp"):
                 stored.patch({"metadata": {"resourceVersion": version}})
 
+    async def _stream_watch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """The watch stream as ``application/json`` lines, as the real server sends it (kmock's renderer sends
+        ``application/octet-stream``, which client-go refuses: ``no stream serializers registered``)."""
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        assert request._raw_request is not None  # only kmock's own tests build requests without one
+        await response.prepare(request._raw_request)
+        try:
+            async for item in self._serve_watch(request):
+                if isinstance(item, dict):
+                    await response.write(json.dumps(item).encode() + b"\n")
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client went away
+        return response
+
     async def _serve_watch(self, request: rendering.Request) -> Any:
         """kmock's watch stream, ended after ``timeoutSeconds`` as the real API server does.
 
@@ -232,6 +279,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         except ValueError:
             timeout = 0.0
         stream = self._selected(request, super()._serve_watch(request))
+        if _wants_table(request):
+            stream = self._as_tables(request, stream)
         if timeout <= 0:
             async for item in stream:
                 yield item
@@ -253,10 +302,23 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     async def _selected(self, request: rendering.Request, stream: Any) -> Any:
         """Watch events of the objects the request's ``labelSelector`` selects (kmock sends every object)."""
         terms = _selector_terms(request.params.get("labelSelector"))
+        since = _version_number(request.params.get("resourceVersion"))
         async for item in stream:
             if terms and isinstance(item, dict) and isinstance(item.get("object"), dict) \
                     and not _matches(item["object"], terms):
                 continue
+            if since is not None and isinstance(item, dict) and isinstance(item.get("object"), dict):
+                seen = _version_number((item["object"].get("metadata") or {}).get("resourceVersion"))
+                if seen is not None and seen <= since:  # kmock replays every object; the list already had it
+                    continue
+            yield item
+
+    async def _as_tables(self, request: rendering.Request, stream: Any) -> Any:
+        """A watch asked ``as=Table`` (``kubectl get -w``): each event's object is a one-row Table."""
+        plural, columns = self._table_columns(request)
+        async for item in stream:
+            if isinstance(item, dict) and isinstance(item.get("object"), dict):
+                item = {**item, "object": kube_kubectl.table(plural, [item["object"]], columns)}
             yield item
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
@@ -264,12 +326,29 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         terms = _selector_terms(request.params.get("labelSelector"))
         if terms and isinstance(result, dict):
             result["items"] = [item for item in result["items"] if _matches(item, terms)]
+        if isinstance(result, dict) and request.resource is not None:
+            info = self._info(request.resource)
+            res = request.resource
+            kind = str(info.kind) if info is not None and info.kind else ""
+            result = {"kind": f"{kind}List" if kind else "List",
+                      "apiVersion": f"{res.group}/{res.version}" if res.group else str(res.version or "v1"),
+                      **result, "metadata": {"resourceVersion": str(next(self._versions))}}
         return result
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_version(request)
         if isinstance(result, dict) and result.get("groupVersion", "").startswith("/"):
             result["groupVersion"] = result["groupVersion"][1:]
+        if isinstance(result, dict):
+            for entry in result.get("resources") or []:
+                if "/" in entry.get("name", ""):  # a subresource: its own verbs, no short names or categories
+                    sub = entry["name"].split("/", 1)[1]
+                    entry.update(shortNames=[], categories=[],
+                                 verbs=kube_kubectl.SUBRESOURCE_VERBS.get(sub, ["get"]))
+                    if sub == "log":
+                        entry["kind"] = "Pod"
+                    elif sub == "binding":
+                        entry["kind"] = "Binding"
         return result
 
     async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
@@ -279,10 +358,19 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             result.update(gitVersion=self.server_version, major=major, minor=minor)
         return result
 
+    def _info(self, resource: Any) -> Any:
+        """The declared ResourceInfo, or None (kmock's ``resources[...]`` would declare it)."""
+        return self.resources[resource] if resource is not None and resource in self.resources else None
+
+    def _table_columns(self, request: rendering.Request) -> tuple[str, list[dict[str, Any]] | None]:
+        plural = str(request.resource.plural) if request.resource is not None else ""
+        columns = self.printer_columns.get(plural)
+        core = request.resource is not None and not request.resource.group
+        return plural, columns if columns is not None or core else []
+
     async def _serve_table(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
-        plural = request.resource.plural if request.resource is not None else None
-        columns = [{"name": "Name", "type": "string", "jsonPath": ".metadata.name"}]
-        columns += self.printer_columns.get(str(plural), [])
+        plural, columns = self._table_columns(request)
+        terms = _selector_terms(request.params.get("labelSelector"))
         async with self._lock:
             objs = [
                 o.raw
@@ -292,28 +380,121 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                 and (request.namespace is None or ns == request.namespace)
                 and (request.name is None or name == request.name)
             ]
+        objs = [o for o in objs if not terms or _matches(o, terms)]
         if request.name is not None and not objs:
             return await self._render_error(kmock.KubernetesObjectNotFoundError())
-        table = {
-            "apiVersion": "meta.k8s.io/v1",
-            "kind": "Table",
-            "metadata": {"resourceVersion": self._next_version()},
-            "columnDefinitions": [
-                {"name": c["name"], "type": "string" if c.get("type") == "date" else c.get("type", "string"),
-                 "format": "name" if c["name"] == "Name" else "", "description": c.get("description", ""),
-                 "priority": 0}
-                for c in columns
-            ],
-            "rows": [
-                {
-                    "cells": [_cell(_jsonpath(obj, c["jsonPath"])) for c in columns],
-                    "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                               "metadata": obj.get("metadata", {})},
-                }
-                for obj in objs
-            ],
-        }
-        return aiohttp.web.json_response(table)
+        result = kube_kubectl.table(plural, objs, columns)
+        result["metadata"]["resourceVersion"] = self._next_version()
+        return aiohttp.web.json_response(result)
+
+    # -- what kubectl asks beyond objects (kube_kubectl) ---------------------------------------------------------
+    def _openapi_documents(self) -> dict[str, dict[str, Any]]:
+        docs: dict[str, dict[str, Any]] = {}
+        core: dict[str, tuple[str, bool]] = {}
+        for key, info in self.resources.items():
+            if not key.group and key.version == "v1" and info.kind and key.plural:
+                core[str(info.kind)] = (str(key.plural), bool(info.namespaced))
+        gv, paths, schemas = kube_kubectl.core_openapi_v3(core)
+        docs[gv] = kube_kubectl.v3_document(paths, schemas)
+        for crd in self.crds.values():
+            gv, paths, schemas = kube_kubectl.crd_openapi_v3(crd)
+            doc = docs.setdefault(gv, kube_kubectl.v3_document({}, {}))
+            doc["paths"].update(paths)
+            doc["components"]["schemas"].update(schemas)
+        return docs
+
+    def _serve_kubectl(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
+        """OpenAPI documents and access reviews; ``None`` for every other request."""
+        path = request.url.path.rstrip("/")
+        if request.method == "GET" and path in ("/openapi/v2", "/openapi/v3"):
+            docs = self._openapi_documents()
+            body = kube_kubectl.v2_document(docs) if path.endswith("v2") else kube_kubectl.v3_root(docs)
+            return aiohttp.web.json_response(body)
+        if request.method == "GET" and path.startswith("/openapi/v3/"):
+            doc = self._openapi_documents().get(path[len("/openapi/v3/"):])
+            if doc is None:
+                return aiohttp.web.json_response(_status(404, "NotFound", "the server could not find the "
+                                                                          "requested resource"), status=404)
+            return aiohttp.web.json_response(doc)
+        if request.method == "POST" and path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews":
+            return aiohttp.web.json_response(kube_kubectl.self_subject_access_review(request.data), status=201)
+        return None
+
+    def _schema_of(self, request: rendering.Request) -> dict[str, Any] | None:
+        resource = request.resource
+        crd = self.crds.get(str(resource.plural)) if resource is not None and resource.group else None
+        if crd is None:
+            return None
+        version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+        schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+        return schema
+
+    def _strict_fields(self, request: rendering.Request) -> kmock.KubernetesError | None:
+        """kube-apiserver's strict field validation of a custom resource: 400 naming each undeclared field."""
+        if request.params.get("fieldValidation") != "Strict" or not isinstance(request.data, dict):
+            return None
+        schema = self._schema_of(request)
+        if schema is None:
+            return None
+        body = request.data
+        if request.subresource == "status":
+            body = {"status": body.get("status")} if "status" in body else {}
+        fields = kube_kubectl.unknown_fields(body, schema)
+        if not fields:
+            return None
+        message = kube_kubectl.strict_decoding_message(fields)
+        if request.action == enums.action.CREATE:
+            info = self._info(request.resource)
+            kind = str(info.kind) if info is not None and info.kind else str(body.get("kind", ""))
+            message = f'{kind} in version "{request.resource.version}" cannot be handled as a {kind}: {message}'
+        return kmock.KubernetesError(status=400, reason="BadRequest", message=message)
+
+    async def _dry_run(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """``dryRun=All``: what the write would store, nothing stored, no watch event."""
+        if not isinstance(request.data, dict):
+            return await self._render_error(kmock.KubernetesError(status=400, reason="BadRequest",
+                                                                  message="body must be an object"))
+        obj = json.loads(json.dumps(request.data))
+        meta = obj.setdefault("metadata", {})
+        key = (request.resource, request.namespace, request.name or meta.get("name"))
+        async with self._lock:
+            stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 - ObjectsArray has no get()
+            current = None if stored is None or stored.deleted else json.loads(json.dumps(stored.raw))
+        if request.action == enums.action.CREATE:
+            if current is not None:
+                return await self._render_error(kmock.KubernetesError(
+                    status=409, reason="AlreadyExists",
+                    message=f'{request.resource.plural}.{request.resource.group} "{meta.get("name")}" already exists'
+                    if request.resource.group else f'{request.resource.plural} "{meta.get("name")}" already exists'))
+            if request.namespace and not meta.get("namespace"):
+                meta["namespace"] = request.namespace
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+            return aiohttp.web.json_response(obj, status=201)
+        if current is None:
+            return await self._render_error(kmock.KubernetesObjectNotFoundError())
+        return aiohttp.web.json_response(_merge(current, obj))
+
+
+def _wants_table(request: rendering.Request) -> bool:
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+def _merge(current: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (``null`` removes a key)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(current) if isinstance(current, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
 
 
 def _is_binding(request: rendering.Request) -> bool:
@@ -329,13 +510,16 @@ def _selector_terms(selector: Any) -> list[list[str]]:
     return [t.split("=", 1) for t in selector.replace("==", "=").split(",") if "=" in t]
 
 
+def _version_number(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _matches(obj: dict[str, Any], terms: list[list[str]]) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return all(labels.get(k) == v for k, v in terms)
-
-
-def _cell(value: Any) -> Any:
-    return "<none>" if value is None else value
 
 
 def _pointer(obj: Any, path: str) -> Any:
@@ -356,7 +540,7 @@ def declare_resources(k8s: StrictKubernetes) -> None:
                                                         verbs={"list", "watch", "get"})
     k8s.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", singular="pod", namespaced=True, shortnames={"po"},
                                                   verbs={"list", "watch", "get", "create", "patch", "delete"},
-                                                  subresources={"status", "binding"})
+                                                  subresources={"status", "binding", "log"})
     k8s.resources["v1/configmaps"] = kmock.ResourceInfo(kind="ConfigMap", singular="configmap", namespaced=True,
                                                         shortnames={"cm"}, verbs={"list", "get", "create", "delete"})
     k8s.resources["v1/events"] = kmock.ResourceInfo(kind="Event", singular="event", namespaced=True,
@@ -376,3 +560,4 @@ def declare_resources(k8s: StrictKubernetes) -> None:
             subresources=set(version.get("subresources", {})),
         )
         k8s.printer_columns[names["plural"]] = list(version.get("additionalPrinterColumns", []))
+        k8s.crds[names["plural"]] = crd

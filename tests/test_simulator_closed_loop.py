@@ -1,9 +1,11 @@
-"""The simulator's closed memory loop (``--estimate-error``, ``--fault-rate``; gnnsched.simulator.faults).
+"""The simulator's closed memory loop (``--estimate-error``, ``--hw-fault-rate``, ``--buggy-jobs``;
+gnnsched.simulator.faults).
 
 Small seeded runs on hand-made workloads (a few jobs on a 1 x 4 V100-32GB node), so each property is checked where it
 arises: a gnnsched attempt that overruns its limit fails alone and is retried larger, neighbours untouched; naive
-MPS OOM-kills the job that allocates past the GPU; calibration cuts resizes; faults kill every client of a GPU and
-gnnsched requeues the victims; and without errors or faults nothing moves.
+MPS OOM-kills the job that allocates past the GPU; calibration cuts resizes; a hardware fault kills every client of a
+GPU, gnnsched requeues them all uncharged and the GPU is out for its repair; a buggy job fails under every policy while
+gnnsched loses no innocent job; and without errors or faults nothing moves.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from gnnsched.simulator.cluster import parse_cluster
 from gnnsched.simulator.faults import (
     BASELINE_BACKOFF_LIMIT,
     NO_ERROR,
+    NO_FAULTS,
     QUARANTINE_S,
     EstimateError,
-    FaultClock,
+    FaultModel,
+    HardwareFaultClock,
     LoopBooks,
+    buggy_points,
     parse_estimate_error,
-    parse_fault_rate,
+    parse_faults,
     true_multipliers,
 )
 from gnnsched.simulator.policyspec import PolicyError, parse_policies, parse_policy
@@ -56,12 +61,12 @@ def _workload(n: int, *, gap: float = 0.0, epochs: int = 150, backoff: int = 3, 
     return Workload(name=name, description="closed-loop test", templates=templates, cluster=CLUSTER)
 
 
-def _run(ix: Integrations, wl: Workload, policies: str, error: EstimateError = NO_ERROR, rate: float = 0.0,
-         seed: int = 0, jobs=None):
+def _run(ix: Integrations, wl: Workload, policies: str, error: EstimateError = NO_ERROR,
+         faults: FaultModel = NO_FAULTS, seed: int = 0, jobs=None):
     cl = parse_cluster(CLUSTER, None)
     if jobs is None:
         jobs = materialise(wl, cl, ix, scaling=False)
-    return run(wl, cl, parse_policies(policies), seed, ix, jobs=jobs, estimate_error=error, fault_rate=rate)
+    return run(wl, cl, parse_policies(policies), seed, ix, jobs=jobs, estimate_error=error, faults=faults)
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -76,11 +81,15 @@ def test_estimate_error_parsing() -> None:
         with pytest.raises(FieldError) as exc:
             parse_estimate_error(bad)
         assert exc.value.field == "--estimate-error"
-    assert parse_fault_rate(1) == 1.0
-    for rate in (-1.0, math.inf, math.nan):
+    assert parse_faults(1) == FaultModel(1.0, 600.0, 0.0)
+    assert parse_faults(2, 60, 0.05) == FaultModel(2.0, 60.0, 0.05)
+    for args, field in (((-1.0,), "--hw-fault-rate"), ((math.inf,), "--hw-fault-rate"),
+                        ((math.nan,), "--hw-fault-rate"), ((1, 0), "--hw-repair-seconds"),
+                        ((1, -5), "--hw-repair-seconds"),
+                        ((1, 600, 1.5), "--buggy-jobs"), ((1, 600, -0.1), "--buggy-jobs")):
         with pytest.raises(FieldError) as exc:
-            parse_fault_rate(rate)
-        assert exc.value.field == "--fault-rate"
+            parse_faults(*args)
+        assert exc.value.field == field
 
 
 def test_calib_suffix() -> None:
@@ -103,17 +112,22 @@ def test_multipliers_are_seeded_and_lognormal() -> None:
     assert abs(mean) < 0.02 and abs(sd - 0.2) < 0.02
 
 
-def test_fault_clock_counts_busy_time_only() -> None:
-    clock = FaultClock(rate_per_hour=3600.0, seed=1, gid=0)  # mean gap 1 busy-second
-    gap = clock.left
-    at = clock.busy(100.0)
-    assert at == pytest.approx(100.0 + gap)
-    token = clock.token
-    clock.idle(100.0 + gap / 2)  # idle before the fault: the planned one is void, half the gap is left
-    assert clock.token != token and clock.left == pytest.approx(gap / 2)
-    assert clock.busy(500.0) == pytest.approx(500.0 + gap / 2)
-    # the same stream for the same GPU and seed, another for another GPU
-    assert FaultClock(3600.0, 1, 0).left == gap and FaultClock(3600.0, 1, 1).left != gap
+def test_hardware_fault_clock_is_seeded_per_gpu_on_wall_time() -> None:
+    a, b = HardwareFaultClock(3600.0, 1, 0), HardwareFaultClock(3600.0, 1, 0)
+    gaps = [a.next_after(0.0) for _ in range(2000)]
+    assert gaps == [b.next_after(0.0) for _ in range(2000)]  # the same faults for every policy
+    assert HardwareFaultClock(3600.0, 1, 1).next_after(0.0) != gaps[0]
+    assert sum(gaps) / len(gaps) == pytest.approx(1.0, rel=0.1)  # mean gap 1 s at 3600 per hour
+    assert HardwareFaultClock(3600.0, 1, 0).next_after(500.0) == pytest.approx(500.0 + gaps[0])
+
+
+def test_buggy_jobs_are_a_seeded_fraction_with_a_fixed_point() -> None:
+    jobs = [type("J", (), {"id": i})() for i in range(200)]
+    points = buggy_points(jobs, 0.05, seed=3)
+    assert len(points) == 10 and points == buggy_points(jobs, 0.05, seed=3)
+    assert points != buggy_points(jobs, 0.05, seed=4)
+    assert all(0.1 <= p <= 0.9 for p in points.values())
+    assert buggy_points(jobs, 0.0, seed=3) == {}
 
 
 # ------------------------------------------------------------------------------------------------ behaviour
@@ -125,7 +139,7 @@ def test_no_errors_no_faults_changes_nothing(ix: Integrations) -> None:
     jobs = materialise(wl, cl, ix, scaling=False)
     policies = "exclusive,mps-naive,lmcf,bqt"
     plain = run(wl, cl, parse_policies(policies), 0, ix, jobs=jobs)
-    explicit = _run(ix, wl, policies, NO_ERROR, 0.0, jobs=jobs)
+    explicit = _run(ix, wl, policies, NO_ERROR, NO_FAULTS, jobs=jobs)
     assert plain.policies == explicit.policies
     assert not explicit.closed_loop
     for m in plain.policies.values():
@@ -258,18 +272,55 @@ def test_a_resized_attempt_goes_ahead_of_the_jobs_that_have_not_run(ix: Integrat
     assert max(o.start for o in wave if o.start is not None) <= min(o.first_start for o in later if o.first_start)
 
 
-def test_faults_requeue_victims_and_charge_baselines(ix: Integrations) -> None:
-    """A high fault rate (jobs share GPUs): gnnsched requeues the victims without charging them and completes every
+def test_hardware_faults_requeue_every_client_uncharged_and_charge_baselines(ix: Integrations) -> None:
+    """A high hardware fault rate (jobs share GPUs): gnnsched requeues every client without charging it and loses no
     job; naive MPS charges every failed pod to backoffLimit 0 and loses jobs."""
     wl = _workload(12, epochs=40000, backoff=0)
-    rep = _run(ix, wl, "mps-naive,lmcf", NO_ERROR, rate=100.0, seed=3)
+    rep = _run(ix, wl, "mps-naive,lmcf", NO_ERROR, parse_faults(40.0, 30.0), seed=3)
     ours, naive = rep.policies["lmcf"], rep.policies["mps-naive"]
-    assert ours["faults"] > 0 and ours["fault_victims"] > 0
-    assert ours["oom_kills"] == 0
-    assert naive["faults"] > 0 and naive["failed"] > 0 and naive["jobs_lost"] > 0
-    # a gnnsched job fails only as a fault suspect charged past its backoffLimit
+    assert ours["hw_faults"] > 0 and ours["fault_victims"] > 0 and ours["innocent_jobs_requeued"] > 0
+    assert ours["app_faults"] == 0 and ours["oom_kills"] == 0
+    assert ours["jobs_lost"] == 0 and ours["completed"] == 12
+    assert naive["hw_faults"] > 0 and naive["failed"] > 0 and naive["jobs_lost"] > 0
+
+
+def test_hardware_faulted_gpu_is_out_for_its_repair(ix: Integrations) -> None:
+    """A hardware fault takes its GPU out for --hw-repair-seconds, under every policy: nothing starts there."""
+    wl = _workload(16, gap=1.0, epochs=40000, backoff=3)
+    rep = _run(ix, wl, "lmcf,mps-naive", NO_ERROR, parse_faults(20.0, 120.0), seed=5)
+    for name, res in rep.results.items():
+        faults = res.extra["fault_log"]
+        assert faults, name
+        for t, gid in faults:
+            during = [g for g in res.groups if g.gpu == gid and t <= g.t < t + 120.0]
+            assert not during, (name, t, gid, during[:3])
+    lmcf = rep.results["lmcf"]
+    assert any(t < g.t for t, _ in lmcf.extra["fault_log"] for g in lmcf.groups)  # work goes on after faults
+    assert rep.policies["lmcf"]["jobs_lost"] == 0
+
+
+def test_buggy_jobs_fail_everywhere_and_gnnsched_loses_no_innocent_job(ix: Integrations) -> None:
+    """A buggy job faults at the same point of every attempt: it fails under every policy, exclusive included.
+    gnnsched requeues its co-located neighbours uncharged (every client's own error is fatal, so nobody can be told
+    apart), runs it alone after two undecided faults, and then charges it; naive MPS loses its neighbours too."""
+    wl = _workload(12, epochs=40000, backoff=1)
+    cl = parse_cluster(CLUSTER, None)
+    jobs = materialise(wl, cl, ix, scaling=False)
+    rep = _run(ix, wl, "exclusive,mps-naive,lmcf", NO_ERROR, parse_faults(0.0, 600.0, 0.25), seed=2, jobs=jobs)
+    buggy = set(buggy_points(jobs, 0.25, seed=2))
+    assert len(buggy) == 3
+    for name, res in rep.results.items():
+        m = rep.policies[name]
+        assert m["buggy_jobs_failed"] == 3, name
+        assert {o.job.id for o in res.outcomes if o.status == "failed"} >= buggy, name
+        assert m["hw_faults"] == 0 and m["app_faults"] >= 1, name
+    ours = rep.policies["lmcf"]
+    assert ours["jobs_lost"] == 0 and ours["innocent_jobs_requeued"] > 0
+    assert rep.policies["exclusive"]["jobs_lost"] == 0  # alone, a buggy job harms nobody
+    assert rep.policies["mps-naive"]["jobs_lost"] > 0
+    # gnnsched charged each buggy job only once it ran alone: its last attempts had the GPU to itself
     for o in rep.results["lmcf"].outcomes:
-        assert o.status == "completed" or o.reason.startswith("GPUFault: suspect")
+        assert o.status == "completed" or (o.job.id in buggy and o.reason.startswith("ClientFault"))
 
 
 def test_cli_flags_and_bad_values(tmp_path) -> None:
@@ -277,8 +328,12 @@ def test_cli_flags_and_bad_values(tmp_path) -> None:
     bad = runner.invoke(app, ["simulate", "--estimate-error", "lognormal:abc", "--no-progress"])
     assert bad.exit_code == 2
     assert bad.output.strip().count("\n") == 0 and "--estimate-error" in bad.output
-    bad = runner.invoke(app, ["simulate", "--fault-rate", "-2", "--no-progress"])
-    assert bad.exit_code == 2 and "--fault-rate" in bad.output
+    bad = runner.invoke(app, ["simulate", "--hw-fault-rate", "-2", "--no-progress"])
+    assert bad.exit_code == 2 and "--hw-fault-rate" in bad.output
+    bad = runner.invoke(app, ["simulate", "--buggy-jobs", "2", "--no-progress"])
+    assert bad.exit_code == 2 and "--buggy-jobs" in bad.output
+    gone = runner.invoke(app, ["simulate", "--fault-rate", "1", "--no-progress"])
+    assert gone.exit_code == 2 and "--fault-rate" in gone.output  # replaced by --hw-fault-rate / --buggy-jobs
     bad = runner.invoke(app, ["simulate", "--backoff-limit", "11", "--no-progress"])
     assert bad.exit_code == 2 and "--backoff-limit" in bad.output
 
@@ -312,7 +367,7 @@ def test_memory_exceeded_attempt_is_recorded_as_a_lower_bound(ix: Integrations) 
     job = materialise(wl, cl, ix, scaling=False)[0]
     model = "V100-32GB"
     cap = 32 * 2**30
-    books = LoopBooks(error=EstimateError("lognormal", 0.0, 1.5), fault_rate=0.0, seed=0, mode="gnnsched",
+    books = LoopBooks(error=EstimateError("lognormal", 0.0, 1.5), fault_model=NO_FAULTS, seed=0, mode="gnnsched",
                       largest_bytes=cap, capacity={model: cap}, multipliers={job.id: 1.5})
     first = books.attempt(job)
     assert books.exceeds(first, model) and books.resized(first, model)
@@ -325,17 +380,18 @@ def test_memory_exceeded_attempt_is_recorded_as_a_lower_bound(ix: Integrations) 
 
 
 def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:
-    """After a fault the GPU takes no admission for QUARANTINE_S (its clients exit, the MPS probe answers), under
-    gnnsched's gate and under the baselines alike; other GPUs keep admitting."""
+    """After a buggy job's application fault the GPU takes no admission for QUARANTINE_S (its clients exit, the MPS
+    probe answers), under gnnsched's gate and under the baselines alike; other GPUs keep admitting."""
     wl = _workload(16, gap=1.0, epochs=40000, backoff=3)
-    rep = _run(ix, wl, "lmcf,mps-naive", NO_ERROR, rate=150.0, seed=5)
+    rep = _run(ix, wl, "lmcf,mps-naive", NO_ERROR, parse_faults(0.0, 600.0, 0.25), seed=5)
     for name, res in rep.results.items():
         faults = res.extra["fault_log"]
         assert faults, name
         for t, gid in faults:
             during = [g for g in res.groups if g.gpu == gid and t <= g.t < t + QUARANTINE_S]
             assert not during, (name, t, gid, during[:3])
-        assert any(t < g.t for t, _ in faults for g in res.groups), name  # work goes on after faults
+    lmcf = rep.results["lmcf"]
+    assert any(t < g.t for t, _ in lmcf.extra["fault_log"] for g in lmcf.groups)  # work goes on after faults
 
 
 def test_loop_books_calibrated_and_exclusive_reservations(ix: Integrations) -> None:
@@ -348,9 +404,9 @@ def test_loop_books_calibrated_and_exclusive_reservations(ix: Integrations) -> N
     model = "V100-32GB"
     need = job.profile(model).peak_bytes
     cap = 32 * 2**30
-    books = LoopBooks(error=NO_ERROR, fault_rate=0.0, seed=0, mode="gnnsched", largest_bytes=cap,
+    books = LoopBooks(error=NO_ERROR, fault_model=NO_FAULTS, seed=0, mode="gnnsched", largest_bytes=cap,
                       capacity={model: cap})
-    static = LoopBooks(error=NO_ERROR, fault_rate=0.0, seed=0, mode="calib-off", largest_bytes=cap,
+    static = LoopBooks(error=NO_ERROR, fault_model=NO_FAULTS, seed=0, mode="calib-off", largest_bytes=cap,
                        capacity={model: cap})
     first = books.attempt(job)
     assert first.profile(model).admit_bytes == math.ceil(need * 1.1)  # too few samples: the static factor
@@ -359,12 +415,16 @@ def test_loop_books_calibrated_and_exclusive_reservations(ix: Integrations) -> N
         static.table = static.table.record(static._class(job, model), ratio)
     assert books.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.43)
     assert static.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.1)
-    books.suspected[job.id] = 2
+    (charge,) = books.fault_charges(13, [job], job.id).values()  # alone: its own fault, the suspect
+    assert charge.role == "suspect" and charge.charged
+    assert not books.step(job, charge).alone and books.attempt(job).profile(model).admit_bytes < cap
+    assert books.step(job, charge).alone  # suspected twice: runs alone, booking the GPU's whole capacity
     assert books.attempt(job).profile(model).admit_bytes == cap
 
 
 def test_cli_json_keys_and_columns(tmp_path) -> None:
-    """--estimate-error / --fault-rate on the CLI: the new keys per policy, the closed_loop block, the new columns."""
+    """--estimate-error / --hw-fault-rate / --buggy-jobs on the CLI: the new keys per policy, the closed_loop block,
+    the new columns."""
     wl = tmp_path / "jobs.yaml"
     wl.write_text("\n".join(
         f"- {{apiVersion: gnnsched.io/v1alpha1, kind: GNNJob, metadata: {{name: j{i}}}, spec: {{mode: train, "
@@ -372,15 +432,18 @@ def test_cli_json_keys_and_columns(tmp_path) -> None:
         f"arrival: {i}}}" for i in range(4)) + "\n")
     out = tmp_path / "out.json"
     done = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf,lmcf-calib,mps-naive",
-                                    "--estimate-error", "lognormal:0.3:1.2", "--fault-rate", "5", "--json",
+                                    "--estimate-error", "lognormal:0.3:1.2", "--hw-fault-rate", "5",
+                                    "--buggy-jobs", "0.25", "--json",
                                     str(out), "--no-progress"])
     assert done.exit_code == 0, done.output
     for column in ("mem-exc", "resized", "victims", "lost", "wasted GPU s"):
         assert column in done.output
     doc = json.loads(out.read_text())
-    assert doc["closed_loop"] == {"estimate_error": "lognormal:0.3:1.2", "fault_rate": 5.0}
+    assert doc["closed_loop"] == {"estimate_error": "lognormal:0.3:1.2", "hw_fault_rate": 5.0,
+                                  "hw_repair_seconds": 600.0, "buggy_jobs": 0.25}
     for m in doc["policies"].values():
-        for key in ("memory_exceeded", "resize_retries", "fault_victims", "jobs_lost", "wasted_gpu_seconds"):
+        for key in ("memory_exceeded", "resize_retries", "fault_victims", "jobs_lost", "wasted_gpu_seconds",
+                    "buggy_jobs_failed", "innocent_jobs_requeued", "hw_faults", "app_faults"):
             assert key in m
     assert doc["policies"]["lmcf"]["oom_kills"] == 0
     plain = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf", "--no-progress"])
@@ -437,7 +500,7 @@ def test_a_job_predicted_just_above_the_gpu_is_tried_alone(ix: Integrations, mul
     peak = int(total * 1.1)
     wl, jobs, big = _with_a_big_job(ix, 4, peak, int(peak * 1.1))
     model = next(iter(jobs[0].profiles))
-    books = LoopBooks(error=EstimateError("lognormal", 0.0, 1.0), fault_rate=0.0, seed=0, mode="gnnsched",
+    books = LoopBooks(error=EstimateError("lognormal", 0.0, 1.0), fault_model=NO_FAULTS, seed=0, mode="gnnsched",
                       largest_bytes=total, capacity={model: total}, multipliers={big: multiplier})
     assert books.attempt(jobs[0]).profile(model).admit_bytes == total
     report = _run(ix, wl, "base", error=EstimateError("lognormal", 1e-9, multiplier), jobs=jobs)

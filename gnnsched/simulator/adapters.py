@@ -436,20 +436,21 @@ class PlacementView:
         cap_clients = sim.per_gpu_cap
         capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued
         max_clients = cap_clients if cap_clients is not None else g.max_clients
-        inputs = (capacity, used, clients, max_clients, qbytes, qsecs, running)
+        healthy = g.quarantine_until <= sim.now  # a faulted GPU is unhealthy in its GPUNode while it drains or is out
+        inputs = (capacity, used, clients, max_clients, qbytes, qsecs, running, healthy)
         if derive:
             if self.written[g.gid] == inputs:
                 return False
             self.written[g.gid] = inputs
             self.pl.set_gpu_derived(
-                self.state, index, node.idx, capacity=capacity, used=used, healthy=True, clients=clients,
+                self.state, index, node.idx, capacity=capacity, used=used, healthy=healthy, clients=clients,
                 max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running, above=self.above,
                 sens=self.sens,
             )
             return True
         self.written[g.gid] = inputs
         self.pl.set_gpu(
-            self.state, index, node.idx, capacity=capacity, used=used, healthy=True, clients=clients,
+            self.state, index, node.idx, capacity=capacity, used=used, healthy=healthy, clients=clients,
             max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running,
         )
         return True

@@ -13,7 +13,7 @@ from gnnsched.cliutil import UserError, fail, user_errors
 if TYPE_CHECKING:  # the simulator's modules load on first use (the CLI starts without numpy's import cost)
     from gnnsched.simulator.adapters import Integrations
     from gnnsched.simulator.cluster import ClusterSpec
-    from gnnsched.simulator.faults import EstimateError
+    from gnnsched.simulator.faults import EstimateError, FaultModel
     from gnnsched.simulator.policyspec import PolicySpec
     from gnnsched.simulator.runtime_error import RuntimeErrorDist
     from gnnsched.simulator.workload_types import Fits, Workload
@@ -63,8 +63,14 @@ def simulate(
                                        "none, or lognormal:SIGMA[:BIAS] (true = estimate x BIAS x exp(N(0, SIGMA)), "
                                        "seeded by --seed). gnnsched policies retry larger and calibrate ('-calib' "
                                        "turns calibration off); baselines fail as Kubernetes does."),
-    fault_rate: float = typer.Option(0.0, "--fault-rate", help="Fatal MPS faults per busy GPU-hour (Poisson, seeded "
-                                     "by --seed): a fault kills every client on the GPU, which then drains."),
+    hw_fault_rate: float = typer.Option(0.0, "--hw-fault-rate", help="Hardware faults per GPU-hour (Poisson on wall "
+                                        "time, busy and idle GPUs alike, seeded by --seed): every client on the GPU "
+                                        "dies, no job is charged (gnnsched), the GPU is out for "
+                                        "--hw-repair-seconds."),
+    hw_repair_seconds: float = typer.Option(600.0, "--hw-repair-seconds", help="How long a GPU with a hardware fault "
+                                            "stays out of the pool."),
+    buggy_jobs: float = typer.Option(0.0, "--buggy-jobs", help="Fraction of jobs (seeded) that carry a deterministic "
+                                     "application fault at a fixed point of their run, on every attempt."),
     runtime_error: str = typer.Option("none", "--runtime-error", help="Each job's true runtime against its "
                                       "prediction: none (the oracle), lognormal:SIGMA[:BIAS] (true = predicted x "
                                       "BIAS x exp(N(0, SIGMA)), seeded by --seed) or measured (drawn per arch from "
@@ -81,7 +87,7 @@ def simulate(
     from gnnsched.errors import FieldError
     from gnnsched.simulator.adapters import IntegrationMissing, Integrations
     from gnnsched.simulator.cluster import BUILTIN_CLUSTERS, ClusterError, parse_cluster
-    from gnnsched.simulator.faults import parse_estimate_error, parse_fault_rate
+    from gnnsched.simulator.faults import parse_estimate_error, parse_faults
     from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, parse_policies
     from gnnsched.simulator.runtime_error import parse_runtime_error
     from gnnsched.simulator.workloads import (
@@ -111,14 +117,15 @@ def simulate(
             specs = parse_policies(policies or ",".join(wl.policies))
             error = parse_estimate_error(estimate_error)
             runtime = parse_runtime_error(runtime_error)
-            rate = parse_fault_rate(fault_rate)
+            faults = parse_faults(hw_fault_rate, hw_repair_seconds, buggy_jobs)
             if backoff_limit is not None and not 0 <= backoff_limit <= 10:
                 raise FieldError("--backoff-limit", f"{backoff_limit}: must be between 0 and 10")
             if runtime.active and any(p.base in PLACEMENT_ONLY for p in specs):
                 raise PolicyError("--runtime-error needs a simulated run, not the openb placement replay "
                                   "(best-fit, fgd)")
-            if (error.active or rate > 0) and any(p.base in PLACEMENT_ONLY for p in specs):
-                raise PolicyError("--estimate-error and --fault-rate need a simulated run, not the openb "
+            if (error.active or faults.active) and any(p.base in PLACEMENT_ONLY for p in specs):
+                raise PolicyError("--estimate-error, --hw-fault-rate and --buggy-jobs need a simulated run, not "
+                                  "the openb "
                                   "placement replay (best-fit, fgd)")
         except (ClusterError, PolicyError, WorkloadError, FieldError) as exc:
             raise UserError(str(exc)) from None
@@ -132,7 +139,7 @@ def simulate(
             if plots.exists() and not plots.is_dir():
                 raise UserError(f"--plots: {plots} exists and is not a directory")
             _writable_dir("--plots", plots)
-    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, rate, backoff_limit, runtime)
+    _run(wl, cl, specs, seed, json_out, plots, progress, ix, error, faults, backoff_limit, runtime)
 
 
 def _writable_dir(flag: str, directory: Path) -> None:
@@ -163,7 +170,7 @@ def fits_on(cluster: ClusterSpec, ix: Integrations) -> Fits | None:
 
 def _run(
     wl: Workload, cl: ClusterSpec, specs: list[PolicySpec], seed: int, json_out: Path | None, plots: Path | None,
-    show_progress: bool, ix: Integrations, error: EstimateError, fault_rate: float, backoff_limit: int | None,
+    show_progress: bool, ix: Integrations, error: EstimateError, faults: FaultModel, backoff_limit: int | None,
     runtime: RuntimeErrorDist,
 ) -> None:
     from rich.console import Console
@@ -185,7 +192,7 @@ def _run(
             bar.update(tasks[name], completed=done, total=total)
 
         try:
-            report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, fault_rate=fault_rate,
+            report = run(wl, cl, specs, seed, ix, progress=tick, estimate_error=error, faults=faults,
                          backoff_limit=backoff_limit, runtime_error=runtime)
         except IntegrationMissing as exc:
             fail(f"integration: {exc}", code=3)

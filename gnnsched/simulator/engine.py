@@ -29,7 +29,7 @@ from gnnsched.gpus import get_gpu_model
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
-from gnnsched.simulator.faults import QUARANTINE_S, FaultClock, LoopBooks
+from gnnsched.simulator.faults import APP_FAULT_XID, HW_FAULT_XID, QUARANTINE_S, HardwareFaultClock, LoopBooks
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
 
@@ -37,9 +37,9 @@ if TYPE_CHECKING:  # adapters imports this module's state classes at run time
     from gnnsched.simulator.adapters import Integrations
 
 ARRIVE, FINISH, RETRY, STARTED = 0, 1, 2, 3
-# the closed loop's events (gnnsched.simulator.faults): a fatal fault on a GPU, an attempt's first step passing its
-# MPS memory limit, and the end of a faulted GPU's quarantine
-FAULT, MEM_EXCEEDED, QUARANTINE_END = 4, 5, 6
+# the closed loop's events (gnnsched.simulator.faults): a hardware fault on a GPU, an attempt's first step passing its
+# MPS memory limit, the end of a faulted GPU's quarantine (or repair), and a buggy job's own application fault
+FAULT, MEM_EXCEEDED, QUARANTINE_END, APP_FAULT = 4, 5, 6, 7
 MPS_BASE_CLIENTS = 4
 BACKOFF_S = 10.0
 BACKOFF_MAX_S = 360.0
@@ -73,7 +73,7 @@ class GpuState:
         self.free_view = None  # adapters: the last policies.GPUFree built for this GPU (immutable, reused)
         # the closed loop: after a fatal fault the GPU admits nothing until this time; its faults' Poisson clock
         self.quarantine_until = -1.0
-        self.fault_clock: FaultClock | None = None
+        self.fault_clock: HardwareFaultClock | None = None
 
     @property
     def free_admit_bytes(self) -> int:
@@ -289,9 +289,9 @@ class Simulation:
         self.loop = loop
         self.loop_ours = loop is not None and loop.gnnsched
         self.wasted_s = 0.0  # GPU-seconds held by attempts that did not complete (each co-located attempt its own)
-        if loop is not None and loop.fault_rate > 0:
+        if loop is not None and loop.fault_model.hw_rate > 0:
             for gs in self.gpus:
-                gs.fault_clock = FaultClock(loop.fault_rate, loop.seed, gs.gid)
+                gs.fault_clock = HardwareFaultClock(loop.fault_model.hw_rate, loop.seed, gs.gid)
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, payload: Any, token: int = 0) -> None:
@@ -314,6 +314,9 @@ class Simulation:
         self.heap = [(j.arrival, i, ARRIVE, j, 0) for i, j in enumerate(self.jobs)]
         heapq.heapify(self.heap)
         self.seq = len(self.heap)
+        for gs in self.gpus:
+            if gs.fault_clock is not None:
+                self._push(gs.fault_clock.next_after(0.0), FAULT, gs)
         total = len(self.jobs)
         tick = max(1, total // 200)
         # self.heap is only ever pushed to and popped from (never re-bound) during the run: held in a local, with
@@ -354,14 +357,17 @@ class Simulation:
                 elif kind == RETRY:
                     self._requeue(payload)
                 elif kind == FAULT:
-                    if payload.fault_clock.token == token:
-                        self._fault(payload)
+                    self._hw_fault(payload)
+                elif kind == APP_FAULT:
+                    if not payload.killed:
+                        self._app_fault(payload)
                 elif kind == MEM_EXCEEDED:
                     if not payload.killed:
                         self._memory_exceeded(payload)
-                else:  # QUARANTINE_END: the drained GPU answers its probe again
+                else:  # QUARANTINE_END: the drained (or repaired) GPU is healthy again
                     self.changed_gpus.add((payload.node.idx, payload.index))
                     self.dirty_nodes.add(payload.node.idx)
+                    self.pending_dirty = True  # the extender may place pending pods on it again
             if (self.pending_dirty and self.pending) or self.dirty_nodes:  # else _schedule has nothing to do
                 self._schedule()
             if record_timeline:
@@ -751,8 +757,9 @@ class Simulation:
             self._push(self.now + startup, STARTED, run)
         if not gpu.running:
             self.idle_gpus -= 1
-            if gpu.fault_clock is not None:
-                self._push(gpu.fault_clock.busy(self.now), FAULT, gpu, gpu.fault_clock.token)
+        if self.loop is not None and job.id in self.loop.buggy:
+            # its own application fault, at the same point of every attempt's run (after its start-up)
+            self._push(self.now + startup + self.loop.buggy[job.id] * prof.solo_s, APP_FAULT, run)
         if self.loop_ours and self.loop is not None and self.loop.exceeds(job, gpu.model):
             # its first step reaches the true peak, past its MPS limit: CUDA out of memory in its own process
             first = prof.solo_s / max(1, job.spec.steps) if job.spec is not None else 0.0
@@ -795,20 +802,24 @@ class Simulation:
             self._count_size(prof.admit_bytes, -1)
         if not gpu.running:
             self.idle_gpus += 1
-            if gpu.fault_clock is not None:
-                gpu.fault_clock.idle(self.now)
         self.running_count -= 1
 
     # ------------------------------------------------------------------ the closed loop
     def _void(self, event: tuple) -> bool:
-        """An event that would change nothing: a start-up end or memory-exceeded of an attempt already ended, a
-        fault planned before its GPU went idle, a quarantine's end once every job is resolved."""
+        """An event that would change nothing: a start-up end, memory-exceeded or application fault of an attempt
+        already ended; a hardware fault or a quarantine's end once every job is resolved. A hardware fault is void
+        too when nothing else can happen any more (no other event, no GPU out of the pool): the jobs left can never
+        run, and a fault process that went on would never let the run end."""
         kind, payload = event[2], event[3]
-        if kind in (STARTED, MEM_EXCEEDED):
+        if kind in (STARTED, MEM_EXCEEDED, APP_FAULT):
             return payload.killed
-        if kind == FAULT:
-            return payload.fault_clock.token != event[4]
-        return kind == QUARANTINE_END and self.resolved >= len(self.jobs)
+        if kind not in (FAULT, QUARANTINE_END):
+            return False
+        if self.resolved >= len(self.jobs):
+            return True
+        return kind == FAULT and not self.running_count \
+            and all(g.quarantine_until <= self.now for g in self.gpus) \
+            and all(e[2] in (FAULT, QUARANTINE_END) for e in self.heap)
 
     def _end_attempt(self, run: Run) -> None:
         """Take a failed attempt off its GPU (as ``_finish`` does, without completing the job): its events become
@@ -881,34 +892,51 @@ class Simulation:
         else:
             self._give_up(job, "ExceedsLargestGPU")
 
-    def _fault(self, gpu: GpuState) -> None:
-        """A fatal fault on ``gpu``: every client dies; one is the suspect, the others victims; the GPU drains."""
+    def _hw_fault(self, gpu: GpuState) -> None:
+        """A hardware fault on ``gpu`` (busy or idle): every client dies and is charged nothing
+        (``fault_classes.fault_charges``); the GPU is unhealthy for ``--hw-repair-seconds``. Baselines: Kubernetes
+        charges each failed pod to its job's backoffLimit; the device plugin keeps the GPU out all the same."""
+        loop, clock = self.loop, gpu.fault_clock
+        assert loop is not None and clock is not None  # hardware faults are scheduled only with a fault clock
+        loop.hw_faults += 1
+        repaired = self.now + loop.fault_model.hw_repair_s
+        self._push(clock.next_after(repaired), FAULT, gpu)  # the next one, on the repaired GPU
+        self._kill_group(gpu, HW_FAULT_XID, None, repaired)
+
+    def _app_fault(self, run: Run) -> None:
+        """A buggy job's own application fault: under MPS every client of its GPU dies (one fault domain); the GPU
+        stays healthy and drains for ``QUARANTINE_S``. Who is charged is the core rule's suspect rule."""
+        assert self.loop is not None  # buggy jobs exist only in a closed-loop run
+        self.loop.app_faults += 1
+        self._kill_group(run.gpu, APP_FAULT_XID, run.job.id, self.now + QUARANTINE_S)
+
+    def _kill_group(self, gpu: GpuState, xid: int, culprit: int | None, until: float) -> None:
         loop = self.loop
-        clock = gpu.fault_clock
-        assert loop is not None and clock is not None  # faults are scheduled only with a fault clock
+        assert loop is not None
         runs = list(gpu.running)
-        suspect = clock.pick(len(runs)) if runs else -1
-        clock.fired()
         loop.faults += 1
         loop.fault_log.append((self.now, gpu.gid))
-        loop.fault_victims += max(0, len(runs) - 1)
+        loop.fault_victims += sum(1 for r in runs if r.job.id != culprit)
         for run in runs:
             self._end_attempt(run)
         self._rerate(gpu)
-        gpu.quarantine_until = self.now + QUARANTINE_S
-        self._push(gpu.quarantine_until, QUARANTINE_END, gpu)
-        for i, run in enumerate(runs):
-            job = run.job
+        if until > gpu.quarantine_until:
+            gpu.quarantine_until = until
+            self._push(until, QUARANTINE_END, gpu)
+            self.changed_gpus.add((gpu.node.idx, gpu.index))  # unhealthy in its GPUNode: the extender skips it
+        charges = loop.fault_charges(xid, [r.job for r in runs], culprit)
+        for run in runs:
+            job, charge = run.job, charges[run.job.id]
             if not self.loop_ours:
-                self._charge(job, "GPUFault")
+                self._charge(job, "GPUFault" if charge.fault_class == "hardware" else "Error")
                 continue
-            if i != suspect:
-                self._next_attempt(job, ahead=True)  # a victim: requeued, its backoffLimit untouched
+            step = loop.step(job, charge)
+            if step.requeue:
+                self._next_attempt(job, ahead=True)  # requeued, its backoffLimit untouched
                 continue
-            loop.suspected[job.id] = loop.suspected.get(job.id, 0) + 1
             charged = loop.charged[job.id] = loop.charged.get(job.id, 0) + 1
             if charged > job.backoff_limit:
-                self._give_up(job, "GPUFault: suspect, backoffLimit used")
+                self._give_up(job, "ClientFault: suspect, backoffLimit used")
             else:
                 self._next_attempt(job, ahead=False)  # the suspect: charged, and back in its usual place
 
@@ -921,15 +949,20 @@ class Simulation:
         cap: dict[str, int] = {}
         for g in self.gpus:
             cap[g.model] = max(cap.get(g.model, 0), g.total - g.reserve)
-        lost = 0
+        lost = buggy_failed = 0
+        buggy = loop.buggy if loop is not None else {}
         for o in self.outcomes.values():
             if o.job.arrival > end or o.status not in ("failed", "unschedulable"):
                 continue
             job = o.job
+            if job.id in buggy:
+                buggy_failed += 1
+                continue
             fits = any((loop.true_peak(job, m) if loop is not None else job.profile(m).peak_bytes) <= c
                        for m, c in cap.items() if m in job.profiles)
             lost += fits
         figures["jobs_lost"] = lost
+        figures["buggy_jobs_failed"] = buggy_failed
         return figures
 
     # ------------------------------------------------------------------ rates

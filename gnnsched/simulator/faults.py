@@ -1,25 +1,28 @@
 """The closed memory loop in the simulator: estimate errors, fatal MPS faults, and what each policy does about them.
 
 A real cluster's estimate is open-loop (the CUDA allocator's reserved memory, user scripts, unverified constants) and
-MPS shares one fault domain per GPU. ``gnnsched simulate --estimate-error DIST --fault-rate R`` replays both, so the
+MPS shares one fault domain per GPU.
+``gnnsched simulate --estimate-error DIST --hw-fault-rate R --buggy-jobs F`` replays both, so the
 loop's benefit is measured rather than asserted:
 
 * **Estimate errors.** ``lognormal:SIGMA[:BIAS]``: a job's true peak is its predicted peak (the estimator's PMC plus
   the device overhead, the ``safety_factor=1.0`` figure the operator calibrates against) times
   ``BIAS * exp(N(0, SIGMA))``, one draw per job from a stream seeded by the run's ``--seed``, the same for every
   policy of the run.
-* **Faults.** ``R`` fatal faults per busy GPU-hour: each GPU's faults are a Poisson process on the time it has at
-  least one client, drawn from its own seeded stream (the same stream for every policy). A fault kills every MPS
-  client on the GPU; one of them (uniformly drawn) is the suspect, the others are victims. The GPU then drains:
-  it admits nothing for :data:`QUARANTINE_S` (the clients exiting and the MPS server answering its probe again).
+* **Faults.** ``--hw-fault-rate R``: hardware faults per GPU-hour, a Poisson process on wall time on every GPU
+  (:class:`HardwareFaultClock`, its own seeded stream); every client dies and the GPU is out for
+  ``--hw-repair-seconds``. ``--buggy-jobs F``: a seeded fraction of jobs (:func:`buggy_points`) fault at a fixed
+  point of every attempt; every client of their GPU dies and it drains for :data:`QUARANTINE_S`. Who is charged is
+  the core rule (``gnnsched.fault_classes``), through :meth:`LoopBooks.fault_charges` and :meth:`LoopBooks.step`.
 
 What each policy does is decided here, with the operator's own rules from :mod:`gnnsched.closed_loop`:
 
 * gnnsched's policies run each attempt under its MPS memory limit (its admit bytes). An attempt whose true peak
   exceeds the limit fails alone with CUDA out of memory when its first step reaches the peak, and the next attempt
   reserves :func:`~gnnsched.closed_loop.next_reservation` (capped at the largest GPU); after ``max_resizes`` resizes
-  the job is lost. Fault victims are requeued at once without being charged; the suspect is charged against its
-  ``backoffLimit``; a job suspected twice runs later attempts alone on a GPU. Completed attempts record observed ÷
+  the job is lost. Faults are charged by ``fault_classes.fault_step``: hardware faults and undecided application
+  faults requeue uncharged; a lone suspect is charged against its ``backoffLimit``; a job suspected or undecided
+  twice runs later attempts alone on a GPU. Completed attempts record observed ÷
   predicted in a :class:`~gnnsched.closed_loop.CalibrationTable` per :class:`~gnnsched.closed_loop.CalibrationClass`,
   and new estimates use its factor (``-calib``: the static factor always).
 * Baselines behave as Kubernetes does: a failed pod fails the job (:data:`BASELINE_BACKOFF_LIMIT`; with
@@ -48,6 +51,7 @@ from gnnsched.closed_loop import (
     next_reservation,
 )
 from gnnsched.errors import FieldError
+from gnnsched.fault_classes import Charge, ClientError, FaultStep, fault_charges, fault_step
 from gnnsched.simulator.model import JobProfile, SimJob
 
 BASELINE_BACKOFF_LIMIT = 0
@@ -55,7 +59,16 @@ BASELINE_BACKOFF_LIMIT = 0
 run as Kubernetes runs a pod without gnnsched's operator: nothing classifies a failure as a misestimate or a fault's
 victim, so, as issue 15 puts it, a failed pod fails the job; and the one budget a GNNJob has by default,
 ``spec.backoffLimit``, is 0 (``gnnsched.spec``). The open-loop engine keeps the workload's own (the built-in
-generators' 3), so every figure without ``--estimate-error``/``--fault-rate`` is unchanged."""
+generators' 3), so every figure without ``--estimate-error``/``--hw-fault-rate``/``--buggy-jobs`` is unchanged."""
+
+DEFAULT_REPAIR_S = 600.0
+"""``--hw-repair-seconds``' default: how long a GPU with a hardware fault stays out of the pool (NVIDIA's device
+plugin never marks a device healthy again by itself; an admin resets or replaces the GPU)."""
+
+HW_FAULT_XID = 79
+"""The Xid a simulated hardware fault carries (GPU fallen off the bus; any non-application Xid classifies the same)."""
+APP_FAULT_XID = 13
+"""The Xid a buggy job's fault carries (graphics engine exception, an application Xid)."""
 
 QUARANTINE_S = 10.0
 """Seconds a faulted GPU admits nothing: its clients exit (the MPS server terminated them) and the agent's probe
@@ -64,6 +77,7 @@ client to exit, refuse new clients meanwhile), not the duration."""
 
 ERROR_STREAM = 0x15E1
 FAULT_STREAM = 0x15FA
+BUGGY_STREAM = 0x1B06
 _LOGNORMAL = re.compile(r"lognormal:(?P<sigma>[^:]+)(?::(?P<bias>[^:]+))?")
 
 
@@ -106,11 +120,51 @@ def parse_estimate_error(text: str) -> EstimateError:
     return EstimateError(kind="lognormal", sigma=sigma, bias=bias)
 
 
-def parse_fault_rate(value: float) -> float:
-    """``--fault-rate``: fatal faults per busy GPU-hour, a finite number >= 0."""
-    if not (math.isfinite(value) and 0.0 <= value <= 3600.0):
-        raise FieldError("--fault-rate", f"{value!r}: must be a number of faults per busy GPU-hour in 0..3600")
-    return float(value)
+@dataclass(frozen=True)
+class FaultModel:
+    """The run's faults: ``--hw-fault-rate`` hardware faults per GPU-hour (Poisson on wall time, busy and idle GPUs
+    alike), each taking its GPU out for ``--hw-repair-seconds``; and ``--buggy-jobs``, the fraction of jobs that carry
+    a deterministic application fault."""
+
+    hw_rate: float = 0.0
+    hw_repair_s: float = DEFAULT_REPAIR_S
+    buggy_fraction: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.hw_rate > 0 or self.buggy_fraction > 0
+
+    def text(self) -> dict[str, float]:
+        return {"hw_fault_rate": self.hw_rate, "hw_repair_seconds": self.hw_repair_s,
+                "buggy_jobs": self.buggy_fraction}
+
+
+NO_FAULTS = FaultModel()
+
+
+def parse_faults(hw_rate: float, repair_s: float = DEFAULT_REPAIR_S, buggy: float = 0.0) -> FaultModel:
+    """The three options as a :class:`FaultModel`; a bad value is a :class:`FieldError` naming its option."""
+    if not (math.isfinite(hw_rate) and 0.0 <= hw_rate <= 3600.0):
+        raise FieldError("--hw-fault-rate", f"{hw_rate!r}: must be a number of hardware faults per GPU-hour in 0..3600")
+    if not (math.isfinite(repair_s) and 0.0 < repair_s <= 30 * 86400.0):
+        raise FieldError("--hw-repair-seconds", f"{repair_s!r}: must be > 0 and at most 30 days")
+    if not (math.isfinite(buggy) and 0.0 <= buggy <= 1.0):
+        raise FieldError("--buggy-jobs", f"{buggy!r}: must be a fraction of jobs in 0..1")
+    return FaultModel(float(hw_rate), float(repair_s), float(buggy))
+
+
+def buggy_points(jobs: list[SimJob], fraction: float, seed: int) -> dict[int, float]:
+    """The jobs that carry an application fault, each with the point of its run where it faults (a fraction of its
+    solo run time, in 0.1..0.9): ``round(fraction * len(jobs))`` jobs drawn without replacement from the run's seeded
+    stream, the same for every policy. Deterministic per job: every attempt faults at the same point."""
+    count = int(round(fraction * len(jobs)))
+    if count <= 0:
+        return {}
+    rng = np.random.default_rng([BUGGY_STREAM, seed])
+    ordered = sorted(j.id for j in jobs)
+    chosen = rng.choice(len(ordered), size=count, replace=False)
+    points = rng.uniform(0.1, 0.9, size=count)
+    return {ordered[int(i)]: float(p) for i, p in zip(chosen, points, strict=True)}
 
 
 def true_multipliers(jobs: list[SimJob], error: EstimateError, seed: int) -> dict[int, float]:
@@ -123,43 +177,20 @@ def true_multipliers(jobs: list[SimJob], error: EstimateError, seed: int) -> dic
     return {jid: float(error.bias * math.exp(d)) for jid, d in zip(ordered, draws, strict=True)}
 
 
-class FaultClock:
-    """One GPU's fatal faults: a Poisson process of ``rate`` per busy hour, as busy-seconds left to the next fault.
+class HardwareFaultClock:
+    """One GPU's hardware faults: a Poisson process of ``rate`` per GPU-hour on wall time (a GPU fails whether or not
+    it has clients), from its own generator seeded by the run's seed and the GPU's index, so every policy sees the
+    same faults at the same times on each GPU."""
 
-    Its own generator (seeded by the run's seed and the GPU's index), so every policy sees the same sequence of
-    busy-time gaps on each GPU; only how busy the policy keeps the GPU decides when they fall."""
-
-    __slots__ = ("rng", "mean_s", "left", "busy_since", "token")
+    __slots__ = ("rng", "mean_s")
 
     def __init__(self, rate_per_hour: float, seed: int, gid: int) -> None:
         self.rng = np.random.default_rng([FAULT_STREAM, seed, gid])
         self.mean_s = 3600.0 / rate_per_hour
-        self.left = float(self.rng.exponential(self.mean_s))
-        self.busy_since: float | None = None
-        self.token = 0
 
-    def busy(self, now: float) -> float:
-        """The GPU got its first client: the time of its next fault (the caller schedules it with ``token``)."""
-        self.busy_since = now
-        self.token += 1
-        return now + self.left
-
-    def idle(self, now: float) -> None:
-        """The GPU lost its last client: the busy time it had counts against the gap; the planned fault is void."""
-        if self.busy_since is not None:
-            self.left = max(0.0, self.left - (now - self.busy_since))
-        self.busy_since = None
-        self.token += 1
-
-    def fired(self) -> None:
-        """A fault happened: the next gap starts now (the GPU is idle after its clients are killed)."""
-        self.left = float(self.rng.exponential(self.mean_s))
-        self.busy_since = None
-        self.token += 1
-
-    def pick(self, n: int) -> int:
-        """Which of ``n`` clients is the suspect (the one whose own error is not 810)."""
-        return int(self.rng.integers(n))
+    def next_after(self, now: float) -> float:
+        """The time of the next fault after ``now``."""
+        return now + float(self.rng.exponential(self.mean_s))
 
 
 @dataclass
@@ -168,7 +199,7 @@ class LoopBooks:
     charges and suspicions; the calibration table; and the figures the metrics report."""
 
     error: EstimateError
-    fault_rate: float
+    fault_model: FaultModel
     seed: int
     mode: str  # "gnnsched" (the operator's loop), "calib-off" (the loop with the static factor), "baseline"
     largest_bytes: int
@@ -182,6 +213,12 @@ class LoopBooks:
     resizes: dict[int, int] = field(default_factory=dict)
     charged: dict[int, int] = field(default_factory=dict)
     suspected: dict[int, int] = field(default_factory=dict)
+    undecided: dict[int, int] = field(default_factory=dict)
+    alone: set[int] = field(default_factory=set)  # jobs whose later attempts run alone (fault_step's ``alone``)
+    buggy: dict[int, float] = field(default_factory=dict)  # job id -> the point of its run where it faults
+    requeued_innocent: set[int] = field(default_factory=set)  # innocent jobs requeued uncharged by a fault
+    hw_faults: int = 0
+    app_faults: int = 0
     memory_exceeded: int = 0
     resize_retries: int = 0
     fault_victims: int = 0
@@ -238,7 +275,7 @@ class LoopBooks:
         overhead) times the class's factor, the static factor until the class has enough samples
         (``CalibrationTable.factor``) and always with ``-calib``. The factor multiplies the whole need, context and
         workspaces included; with the static factor this is the estimator's ``admit_bytes`` itself."""
-        if self.suspected.get(job.id, 0) >= 2:
+        if job.id in self.alone:
             return self.capacity[model]  # runs alone: books the GPU's whole capacity
         factor = self.calibration_policy.static_factor
         if self.calibrating:
@@ -263,7 +300,7 @@ class LoopBooks:
                 profiles[model] = replace(prof, peak_bytes=true)
                 continue
             admit = resized[model] if resized is not None else self._admit(job, model, prof)
-            if self.suspected.get(job.id, 0) >= 2:
+            if job.id in self.alone:
                 admit = max(admit, self.capacity[model])
             profiles[model] = replace(prof, admit_bytes=admit, peak_bytes=min(true, admit))
         return replace(job, profiles=profiles)
@@ -319,7 +356,7 @@ class LoopBooks:
         """The attempt ``waiting`` (of ``job``, as the workload made it) as the operator would plan it now, or None
         when that changes nothing: the classes of its models kept their factors since the last re-plan, its
         reservation is a resize's or a whole GPU's, or its admit bytes come out the same."""
-        if not self.calibrating or job.id in self.reservation or self.suspected.get(job.id, 0) >= 2:
+        if not self.calibrating or job.id in self.reservation or job.id in self.alone:
             return None
         if not any(self._class(job, model).key() in self.changed for model in job.profiles):
             return None
@@ -328,8 +365,30 @@ class LoopBooks:
             return None
         return new
 
+    def fault_charges(self, xid: int, runs: list[SimJob], culprit: int | None) -> dict[int, Charge]:
+        """The charges of one fault on a GPU whose clients are ``runs`` (``culprit``: the buggy job whose own fault
+        it is, None for a hardware fault), by the core rule (``gnnsched.fault_classes.fault_charges``) on the clients'
+        own errors. What each client reports is what the H100 measured (docs/gpu-measurements.md): every client of
+        a faulted MPS server gets a fatal error of its own (700), none gets 810, so the culprit cannot be told apart
+        from its neighbours; alone, its fault is its own."""
+        errors = [ClientError(str(j.id), own_fault=True, terminated_810=False) for j in runs]
+        charges = fault_charges(xid, errors, f"Xid {xid}")
+        return {j.id: charges[str(j.id)] for j in runs}
+
+    def step(self, job: SimJob, charge: Charge) -> FaultStep:
+        """The operator's step for one faulted client (``gnnsched.fault_classes.fault_step``), kept in the books."""
+        step = fault_step(charge, True, self.undecided.get(job.id, 0), self.suspected.get(job.id, 0))
+        self.undecided[job.id], self.suspected[job.id] = step.undecided, step.suspected
+        if step.alone:
+            self.alone.add(job.id)
+        if step.requeue and job.id not in self.buggy:
+            self.requeued_innocent.add(job.id)
+        return step
+
     def summary(self) -> dict[str, Any]:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
-                "fault_victims": self.fault_victims, "faults": self.faults, "fault_log": list(self.fault_log),
+                "fault_victims": self.fault_victims, "faults": self.faults, "hw_faults": self.hw_faults,
+                "app_faults": self.app_faults, "innocent_jobs_requeued": len(self.requeued_innocent),
+                "fault_log": list(self.fault_log),
                 "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
                                 for k in self.table.classes()}}

@@ -15,8 +15,11 @@ Definitions (the README repeats them):
 * ``unallocated_gpus``: mean number of GPUs with nothing running while some job waits.
 * ``memory_exceeded``: attempts that failed with CUDA out of memory inside their own MPS limit (gnnsched with
   ``--estimate-error``); ``resize_retries``: of those, the ones retried at a larger reservation.
-* ``faults``: fatal MPS faults (``--fault-rate``); ``fault_victims``: clients killed by a fault they did not cause.
-* ``jobs_lost``: jobs that arrived, whose true peak fits a GPU alone, and that failed or were found unschedulable.
+* ``faults``: fatal faults, ``hw_faults`` of them hardware (``--hw-fault-rate``) and ``app_faults`` buggy jobs' own
+  (``--buggy-jobs``); ``fault_victims``: clients killed by a fault they did not cause.
+* ``jobs_lost``: innocent jobs (not buggy) that arrived, whose true peak fits a GPU alone, and that failed or were
+  found unschedulable. ``buggy_jobs_failed``: buggy jobs that failed (under every policy they should);
+  ``innocent_jobs_requeued``: innocent jobs requeued uncharged by a fault at least once (gnnsched's policies).
 * ``wasted_gpu_seconds``: seconds held on a GPU by attempts that did not complete (each co-located attempt counts its
   own; an attempt OOM-killed at its first allocation counts its start-up).
 """
@@ -67,13 +70,17 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "unallocated_gpus": _r(res.idle_gpu_waiting_area / res.waiting_time, 3) if res.waiting_time > 0 else 0.0,
         "max_slowdown": _r(max((o.slowdown_max for o in outs), default=1.0), 3),
         "gate_checks": res.gate_checks,
-        # the closed loop (gnnsched.simulator.faults); 0 without --estimate-error / --fault-rate, except that
+        # the closed loop (gnnsched.simulator.faults); 0 without its options, except that
         # wasted_gpu_seconds and jobs_lost also count OOM kills and failures of the open-loop run
         "memory_exceeded": int(res.extra.get("memory_exceeded", 0)),
         "resize_retries": int(res.extra.get("resize_retries", 0)),
         "faults": int(res.extra.get("faults", 0)),
         "fault_victims": int(res.extra.get("fault_victims", 0)),
         "jobs_lost": int(res.extra.get("jobs_lost", 0)),
+        "buggy_jobs_failed": int(res.extra.get("buggy_jobs_failed", 0)),
+        "innocent_jobs_requeued": int(res.extra.get("innocent_jobs_requeued", 0)),
+        "hw_faults": int(res.extra.get("hw_faults", 0)),
+        "app_faults": int(res.extra.get("app_faults", 0)),
         "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),
     }
 

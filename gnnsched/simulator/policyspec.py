@@ -30,7 +30,7 @@ finishes sooner than waiting for an idle GPU, :func:`gnnsched.policies.share_pay
 (gnnsched: a pod's start-up begins when it is bound to its node, not when it is admitted: the built-in worker imports,
 loads its graph and builds its model on the CPU while it waits at the gate, ``gnnsched gate --prestart``, so only what
 is left of ``STARTUP_S`` after the wait delays its first step),
-``-calib`` (gnnsched, with ``--estimate-error`` or ``--fault-rate``: new estimates keep the static safety factor
+``-calib`` (gnnsched, with ``--estimate-error`` or faults: new estimates keep the static safety factor
 instead of the calibration table's, see :mod:`gnnsched.simulator.faults`),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
 the published algorithm, a baseline, see above), ``+sjf`` (gnnsched: the operator gives each pod the PriorityClass of

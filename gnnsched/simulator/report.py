@@ -22,7 +22,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("sm_util", "SM", "{:.0%}"),
 )
 
-# the closed loop's columns, shown when the run has --estimate-error or --fault-rate
+# the closed loop's columns, shown when the run has --estimate-error, --hw-fault-rate or --buggy-jobs
 LOOP_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("memory_exceeded", "mem-exc", "{}"),
     ("resize_retries", "resized", "{}"),

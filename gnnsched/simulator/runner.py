@@ -15,7 +15,16 @@ from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import ClusterSpec
 from gnnsched.simulator.costs import STARTUP_S
 from gnnsched.simulator.engine import RunResult, Simulation
-from gnnsched.simulator.faults import BASELINE_BACKOFF_LIMIT, NO_ERROR, EstimateError, LoopBooks, true_multipliers
+from gnnsched.simulator.faults import (
+    BASELINE_BACKOFF_LIMIT,
+    NO_ERROR,
+    NO_FAULTS,
+    EstimateError,
+    FaultModel,
+    LoopBooks,
+    buggy_points,
+    true_multipliers,
+)
 from gnnsched.simulator.metrics import JCT_STATS, common_jct_stats, completed_jcts, summarise
 from gnnsched.simulator.model import JobProfile, SimJob
 from gnnsched.simulator.policyspec import PLACEMENT_ONLY, PolicyError, PolicySpec
@@ -44,7 +53,7 @@ class Report:
     results: dict[str, RunResult] = field(default_factory=dict)
     reference: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    closed_loop: dict[str, Any] = field(default_factory=dict)  # {"estimate_error", "fault_rate"} when either is on
+    closed_loop: dict[str, Any] = field(default_factory=dict)  # {"estimate_error", "hw_fault_rate", ...} when on
     # --runtime-error: {"dist", "oracle": the same run's figures with exact predictions, "gap": per-policy ratios}
     runtime_error: dict[str, Any] = field(default_factory=dict)
     oracle_results: dict[str, RunResult] = field(default_factory=dict)
@@ -143,10 +152,10 @@ def _trace_job(i: int, t: Any, models: list[str]) -> SimJob:
 def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], seed: int, ix: Integrations,
         *, startup_s: float = STARTUP_S, record_timeline: bool = True,
         progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None,
-        estimate_error: EstimateError = NO_ERROR, fault_rate: float = 0.0,
+        estimate_error: EstimateError = NO_ERROR, faults: FaultModel = NO_FAULTS,
         backoff_limit: int | None = None, runtime_error: RuntimeErrorDist = NO_RUNTIME_ERROR) -> Report:
-    """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``fault_rate``, the
-    closed loop of :mod:`gnnsched.simulator.faults`: the same true peaks and fault streams for every policy).
+    """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``faults``, the closed
+    loop of :mod:`gnnsched.simulator.faults`: the same true peaks, hardware faults and buggy jobs for every policy).
     ``backoff_limit``: every job's; without it the workload's, except a closed-loop run's baselines, which get
     :data:`~gnnsched.simulator.faults.BASELINE_BACKOFF_LIMIT`. ``runtime_error``: the engine runs each job's true
     runtime while the policies see the prior's (:mod:`gnnsched.simulator.runtime_error`); the report then also holds
@@ -163,7 +172,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         truth = with_true_runtimes(jobs, runtime_multipliers(jobs, runtime_error, seed))
         again = partial(run, workload, cluster, policies, seed, ix, startup_s=startup_s,
                         record_timeline=record_timeline, progress=progress, estimate_error=estimate_error,
-                        fault_rate=fault_rate, backoff_limit=backoff_limit)
+                        faults=faults, backoff_limit=backoff_limit)
         report = again(jobs=truth)
         oracle = again(jobs=as_oracle(truth))
         report.oracle_results = oracle.results
@@ -174,13 +183,14 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         jobs = [replace(j, backoff_limit=backoff_limit) for j in jobs]
     report = Report(workload=workload.name, cluster=cluster.name, seed=seed, jobs=len(jobs), policies={},
                     notes=list(workload.notes))
-    if estimate_error.active or fault_rate > 0:
-        report.closed_loop = {"estimate_error": estimate_error.text(), "fault_rate": fault_rate}
+    if estimate_error.active or faults.active:
+        report.closed_loop = {"estimate_error": estimate_error.text(), **faults.text()}
     multipliers = true_multipliers(jobs, estimate_error, seed) if estimate_error.active else {}
+    buggy = buggy_points(jobs, faults.buggy_fraction, seed)
     baseline_jobs: list[SimJob] | None = None
     alone_jobs: list[SimJob] | None = None
     for spec in policies:
-        loop = closed_loop_books(spec, cluster, estimate_error, fault_rate, seed, multipliers)
+        loop = closed_loop_books(spec, cluster, estimate_error, faults, seed, multipliers, buggy)
         run_jobs = jobs
         if loop is None and spec.is_ours:
             # the closed loop's books plan it themselves (LoopBooks._admit); the open loop needs the operator's plan
@@ -236,16 +246,16 @@ def gpu_capacity(cluster: ClusterSpec) -> dict[str, int]:
     return {get_gpu_model(n.gpu_model).name: get_gpu_model(n.gpu_model).memory_bytes for n in cluster.nodes if n.gpus}
 
 
-def closed_loop_books(spec: PolicySpec, cluster: ClusterSpec, error: EstimateError, fault_rate: float, seed: int,
-                      multipliers: dict[int, float]) -> LoopBooks | None:
+def closed_loop_books(spec: PolicySpec, cluster: ClusterSpec, error: EstimateError, faults: FaultModel, seed: int,
+                      multipliers: dict[int, float], buggy: dict[int, float] | None = None) -> LoopBooks | None:
     """The closed loop's books for one policy's run, or None when the run has neither errors nor faults (then the
     engine is the open-loop one, and every figure is what it was before the loop existed)."""
-    if not error.active and fault_rate <= 0:
+    if not error.active and not faults.active:
         return None
     capacity = gpu_capacity(cluster)
     mode = "baseline" if not spec.is_ours else ("gnnsched" if spec.calibration else "calib-off")
-    return LoopBooks(error=error, fault_rate=fault_rate, seed=seed, mode=mode, largest_bytes=max(capacity.values()),
-                     capacity=capacity, multipliers=dict(multipliers))
+    return LoopBooks(error=error, fault_model=faults, seed=seed, mode=mode, largest_bytes=max(capacity.values()),
+                     capacity=capacity, multipliers=dict(multipliers), buggy=dict(buggy or {}))
 
 
 def _run_openb(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], seed: int,

@@ -18,8 +18,13 @@ kube-apiserver does:
   stopping the containers, deletes it with ``gracePeriodSeconds=0`` (``pkg/registry/core/pod/strategy.go``,
   ``CheckGracefulDelete``: unbound and terminal pods are deleted at once).
 
-Usage: ``apiserver.py --url-file FILE`` writes ``http://127.0.0.1:PORT`` to FILE once it serves, then runs until
-SIGTERM/SIGINT.
+* **Pod logs** (``GET .../pods/NAME/log``, ``kubectl logs [-f]``). kube-apiserver proxies this to the pod's kubelet,
+  which reads the container runtime's log file; here the server reads the file the kubelet stand-in writes the
+  container's output to (``NODE_ROOT/<node>/pods/<uid>/containers/<container>/0.log``, ``--node-root``).
+  ``follow=true`` streams it until the pod is terminal or gone; ``tailLines`` and ``container`` are honoured.
+
+Usage: ``apiserver.py --url-file FILE [--node-root DIR]`` writes ``http://127.0.0.1:PORT`` to FILE once it serves,
+then runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kube_emulator import StrictKubernetes, declare_resources  # noqa: E402
 
 DEFAULT_GRACE_SECONDS = 30
+FOLLOW_POLL_SECONDS = 0.2
 
 
 def _now() -> str:
@@ -55,11 +61,17 @@ def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
 
 @attrs.define(kw_only=True)
 class ClusterAPI(StrictKubernetes):
-    """StrictKubernetes with Nodes, pod binding and graceful pod deletion (see the module docstring)."""
+    """StrictKubernetes with Nodes, pod binding, graceful pod deletion and pod logs (see the module docstring)."""
+
+    # Where the kubelet stand-ins keep their nodes' pod directories (``<node-root>/<node>/pods/<uid>``); None: no logs.
+    node_root: Path | None = attrs.field(default=None)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
         if res is not None and res.group == "" and res.version == "v1":
+            if (request.method == "GET" and res.plural == "pods" and request.subresource == "log"
+                    and request.name is not None):
+                return await self._pod_log(request)
             if request.action == enums.action.CREATE and (
                 res.plural == "bindings" or (res.plural == "pods" and request.subresource == "binding")
             ):
@@ -148,6 +160,63 @@ class ClusterAPI(StrictKubernetes):
         return aiohttp.web.json_response(raw)
 
 
+    def _log_file(self, pod: dict[str, Any], container: str | None) -> Path | str:
+        """The container's log file, or the message of the 400 the real server gives."""
+        spec = pod.get("spec") or {}
+        names = [c.get("name") for c in spec.get("containers") or []]
+        name = container or (names[0] if len(names) == 1 else None)
+        pod_name = (pod.get("metadata") or {}).get("name")
+        if name is None:
+            return (f"a container name must be specified for pod {pod_name}, choose one of: "
+                    f"[{' '.join(str(n) for n in names)}]")
+        if name not in names:
+            return f"container {name} is not valid for pod {pod_name}"
+        if not spec.get("nodeName") or self.node_root is None:
+            return f'container "{name}" in pod "{pod_name}" is waiting to start: ContainerCreating'
+        return (self.node_root / spec["nodeName"] / "pods" / str((pod.get("metadata") or {}).get("uid"))
+                / "containers" / name / "0.log")
+
+    async def _pod_log(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """The container's output as text; with ``follow=true`` a stream that ends when the pod is terminal."""
+        key = self._pod_key(request.namespace, str(request.name))
+        if key is None or self._objects[key].deleted:
+            return _status(404, "NotFound", f'pods "{request.name}" not found')
+        where = self._log_file(dict(self._objects[key].raw), request.params.get("container"))
+        if isinstance(where, str):
+            return _status(400, "BadRequest", where)
+        if not where.exists():
+            name = where.parent.name
+            return _status(400, "BadRequest", f'container "{name}" in pod "{request.name}" is waiting to start: '
+                                              "ContainerCreating")
+        data = where.read_bytes()
+        tail = request.params.get("tailLines")
+        if tail is not None and tail.isdigit():
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[len(lines) - int(tail):]) if int(tail) < len(lines) else data
+        if request.params.get("follow") != "true":
+            return aiohttp.web.Response(body=data, content_type="text/plain")
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        assert request._raw_request is not None  # only kmock's own tests build requests without one
+        await response.prepare(request._raw_request)
+        offset = where.stat().st_size
+        await response.write(data)
+        while True:
+            done = key not in self._objects or self._objects[key].deleted or (
+                (self._objects[key].raw.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+            with where.open("rb") as f:
+                f.seek(offset)
+                more = f.read()
+            if more:
+                offset += len(more)
+                await response.write(more)
+            elif done:
+                break
+            else:
+                await asyncio.sleep(FOLLOW_POLL_SECONDS)
+        await response.write_eof()
+        return response
+
+
 def declare_cluster_resources(k8s: StrictKubernetes) -> None:
     """What the local cluster's clients discover: the operator's resources plus Nodes and bindings."""
     declare_resources(k8s)
@@ -158,9 +227,9 @@ def declare_cluster_resources(k8s: StrictKubernetes) -> None:
                                                       verbs={"create"})
 
 
-async def serve(url_file: Path, host: str = "127.0.0.1") -> None:
+async def serve(url_file: Path, host: str = "127.0.0.1", node_root: Path | None = None) -> None:
     """Serve until SIGTERM/SIGINT; the URL goes to ``url_file`` once requests are answered."""
-    async with ClusterAPI() as k8s, kmock.Server(k8s, host=host) as server:
+    async with ClusterAPI(node_root=node_root) as k8s, kmock.Server(k8s, host=host) as server:
         declare_cluster_resources(k8s)
         k8s.objects["v1/namespaces", None, "default"] = {
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "uid": "ns-default"}}
@@ -177,8 +246,9 @@ async def serve(url_file: Path, host: str = "127.0.0.1") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url-file", type=Path, required=True, help="where to write the server's URL")
+    parser.add_argument("--node-root", type=Path, help="the kubelet stand-ins' node directories (pod logs)")
     args = parser.parse_args()
-    asyncio.run(serve(args.url_file))
+    asyncio.run(serve(args.url_file, node_root=args.node_root))
 
 
 if __name__ == "__main__":

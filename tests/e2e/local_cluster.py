@@ -3,6 +3,7 @@
 
     python tests/e2e/local_cluster.py JOB.yaml... [--nodes N] [--gpus fake:GxSIZE] [--policy P] [--json OUT]
                                       [--timeout S] [--keep DIR]
+    python tests/e2e/local_cluster.py --serve [JOB.yaml...] [--nodes N] [--gpus fake:GxSIZE] ...
 
 Each of these runs as its own process: the emulated API server (``tests/e2e/apiserver.py``: the project's
 ``kube_emulator`` with Nodes, pod binding and graceful pod deletion) loaded with the CRDs from ``crds/`` and N Node
@@ -13,11 +14,14 @@ extender from the ``KubeSchedulerConfiguration`` that ``gnnsched extender --prin
 (``scheduler_standin.py``) and one kubelet per node that talks to its device plugin over real gRPC and runs the
 pods' commands (``gnnsched gate -- gnnsched worker ...``) as local processes (``kubelet_standin.py``).
 
-Output: a live timeline on stderr, then a table like ``kubectl get gj -o wide``; ``--json OUT`` writes per job
-``name, phase, node, gpu, admit_bytes, observed_peak_bytes, attempts, seconds`` plus ``max_committed_fraction`` (over
-every GPU and instant, committed bytes / capacity, replayed from the agents' gate event logs) and ``violations``
-(instants where committed exceeded capacity). Exit 0 only when every job reached ``Succeeded``; 1 otherwise; 2 on
-bad input (one line). Every process and socket is gone afterwards, on success, failure or Ctrl-C.
+Output: ``export KUBECONFIG=<path>`` as the first line on stdout once the cluster is up (kubectl works against it:
+``docs/local-cluster.md``), a live timeline on stderr, then a table like ``kubectl get gj -o wide``; ``--json OUT``
+writes per job ``name, phase, node, gpu, admit_bytes, observed_peak_bytes, attempts, seconds`` plus
+``max_committed_fraction`` (over every GPU and instant, committed bytes / capacity, replayed from the agents' gate
+event logs) and ``violations`` (instants where committed exceeded capacity). Exit 0 only when every job reached
+``Succeeded``; 1 otherwise; 2 on bad input (one line). ``--serve`` keeps the cluster up after the jobs (none
+needed) until Ctrl-C or SIGTERM, then exits 0. Every process, socket and temporary file is gone afterwards, on
+success, failure or Ctrl-C.
 
 Used as a library by ``tests/e2e/`` (``LocalCluster``).
 """
@@ -60,6 +64,7 @@ from gnnsched.contract import (  # noqa: E402
     GPU_SHARE_RESOURCE,
 )
 from gnnsched.gpu_backend import BackendSpecError, parse_fake_spec  # noqa: E402
+from gnnsched.quantity import parse_bytes  # noqa: E402
 
 log = logging.getLogger("e2e")
 MAX_UNIX_SOCKET = 107
@@ -194,9 +199,13 @@ class ClusterOptions:
         if not self.gpus.startswith("fake:"):
             raise InputError(f"--gpus: the local cluster runs on fake GPUs, expected fake:GxSIZE, got {self.gpus!r}")
         try:
-            return parse_fake_spec(self.gpus)
+            count, size, model = parse_fake_spec(self.gpus)
         except BackendSpecError as exc:
             raise InputError(str(exc)) from None
+        if size <= parse_bytes(self.reserve):
+            raise InputError(f"--gpus: {self.gpus} leaves no usable memory: each node reserves {self.reserve} of "
+                             f"every GPU, so a GPU needs more than {self.reserve}")
+        return count, size, model
 
 
 def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
@@ -385,7 +394,7 @@ class LocalCluster:
         self.say("starting the emulated API server")
         url_file = self.dir / "apiserver.url"
         self.apiserver = self._proc("apiserver", [sys.executable, str(HERE / "apiserver.py"), "--url-file",
-                                                  str(url_file)])
+                                                  str(url_file), "--node-root", str(self.dir)])
         self._wait(lambda: url_file.exists(), 30, "the API server's URL", self.apiserver)
         self.url = url_file.read_text().strip()
         self.api = Api(self.url)
@@ -731,6 +740,8 @@ def _signals_raise() -> Iterator[None]:
         raise _Terminated(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C raises KeyboardInterrupt even where the shell started us with SIGINT ignored (a background job).
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
@@ -738,9 +749,25 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(s, h)
 
 
+class _ServeEnded(Exception):
+    """``--serve`` was ended by Ctrl-C or SIGTERM: its normal end (exit 0 after the cleanup)."""
+
+
+def serve_forever() -> None:
+    """Keep the cluster up for kubectl until Ctrl-C/SIGTERM/SIGHUP; then raise :class:`_ServeEnded`."""
+    print("serving: use kubectl with the KUBECONFIG above; Ctrl-C stops every process", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        raise _ServeEnded() from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="local_cluster.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("jobs", nargs="+", type=Path, metavar="JOB.yaml", help="GNNJob manifests")
+    parser.add_argument("jobs", nargs="*", type=Path, metavar="JOB.yaml", help="GNNJob manifests")
+    parser.add_argument("--serve", action="store_true",
+                        help="stay up after the jobs (if any) until Ctrl-C, for kubectl (docs/local-cluster.md)")
     parser.add_argument("--nodes", type=int, default=2, help="GPU nodes (default 2)")
     parser.add_argument("--gpus", default="fake:2x16Gi",
                         help="GPUs per node: fake:GxSIZE[xMODEL] (default fake:2x16Gi)")
@@ -754,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        manifests = load_manifests(args.jobs)
+        manifests = load_manifests(args.jobs) if args.jobs or not args.serve else []
         if args.json_out is not None and not args.json_out.parent.is_dir():
             raise InputError(f"--json: directory {args.json_out.parent} does not exist")
         if not 1 <= args.slots_per_gpu <= 48:
@@ -769,20 +796,28 @@ def main(argv: list[str] | None = None) -> int:
     with _signals_raise():
         try:
             cluster.start()
+            print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+            if args.serve and not manifests:
+                serve_forever()
             cluster.submit(manifests)
             names = {m["metadata"]["name"] for m in manifests}
             jobs = cluster.wait_jobs(names)
             result = cluster.report(jobs)
-            print(gnnjob_table(jobs))
+            print(gnnjob_table(jobs), flush=True)
             print(f"max committed fraction {result['max_committed_fraction']:.3f}, "
                   f"violations {len(result['violations'])}", file=sys.stderr)
             if args.json_out is not None:
                 args.json_out.write_text(json.dumps(result, indent=2) + "\n")
             ok = len(jobs) == len(names) and all(j["phase"] == "Succeeded" for j in result["jobs"])
             code = 0 if ok and not result["violations"] else 1
+            if args.serve:
+                serve_forever()
         except KeyboardInterrupt as exc:
             print("interrupted: stopping the cluster", file=sys.stderr)
             code = 128 + exc.signum if isinstance(exc, _Terminated) else 130
+        except _ServeEnded:
+            print("stopping the cluster", file=sys.stderr)
+            code = 0
         except (RuntimeError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             code = 1

@@ -274,6 +274,7 @@ def _run_script(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     (["/nonexistent/job.yaml"], "/nonexistent/job.yaml: cannot read"),
     (["{example}", "--gpus", "fake:2"], "--gpus"),
     (["{example}", "--gpus", "nvml"], "--gpus"),
+    (["{example}", "--gpus", "fake:2x1Gi"], "each node reserves 1Gi"),  # no memory left after the reserve
     (["{example}", "--nodes", "0"], "--nodes"),
     (["{example}", "--json", "/nonexistent/dir/out.json"], "--json"),
 ])

@@ -1,0 +1,123 @@
+"""Fault classes: whose fault a fatal GPU error is, and who is charged for it. One rule for the node agent, the
+operator and the simulator, which all call these pure functions (no copy of the rule lives anywhere else).
+
+Why two classes: a critical Xid either says the GPU failed (double-bit ECC 48, row-remapping failure 63/64, NVLink 74,
+fallen off the bus 79, GSP 119/120, ...) or that an application made its own context fault (13, 31, 43, 45, 68, 109).
+NVIDIA's device plugin draws the same line (``internal/rm/health.go``, ``ignoredXids``: "Application errors: the GPU
+should still be healthy"; any other critical Xid marks the device unhealthy). So:
+
+* A **hardware fault** (a critical Xid that is not an application Xid) makes the GPU unhealthy and charges no job:
+  every client on the GPU is requeued, its ``backoffLimit`` untouched (condition ``Requeued``, reason ``GPUFault``).
+* An **application fault** (an application Xid, or a client's own fatal error without a hardware Xid) keeps the
+  suspect rule: exactly one affected client whose own error is fatal and not ``cudaErrorMpsClientTerminated`` (810)
+  is the suspect and is charged; with none or several, nobody can be told apart (on the H100 every client of a fault
+  got error 700 and none 810, docs/gpu-measurements.md), so all are requeued uncharged as *undecided*, and a job
+  undecided (or suspected) :data:`ALONE_AFTER` times runs its later attempts alone on a GPU, where a fault of its own
+  is charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+FaultClass = Literal["hardware", "application"]
+Role = Literal["victim", "suspect"]
+
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+"""Xids an application causes by itself: the GPU stays healthy. NVIDIA's device plugin skips exactly these in its
+health check (``internal/rm/health.go``: 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped
+processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout)."""
+
+REASON_GPU_FAULT = "GPUFault"
+"""The ``Requeued`` condition's reason (and a fault record's reason) for every client of a hardware fault."""
+REASON_COLOCATED = "CoLocatedFault"
+"""The ``Requeued`` condition's reason for a victim or an undecided client of an application fault."""
+REASON_CLIENT_FAULT = "ClientFault"
+REASON_CLIENT_TERMINATED = "MpsClientTerminated"
+
+ALONE_AFTER = 2
+"""A job suspected, or undecided, this many times in application faults runs its later attempts alone on a GPU."""
+
+
+def fault_class(xid: int | None) -> FaultClass:
+    """``hardware`` for an Xid that is not an application Xid; ``application`` for an application Xid or none (a
+    client's own fatal error, or MPS reporting a fault, without a hardware Xid)."""
+    return "hardware" if xid is not None and xid not in APPLICATION_XIDS else "application"
+
+
+def is_hardware_xid(xid: int) -> bool:
+    """Whether ``xid`` makes its GPU unhealthy (NVIDIA's device plugin marks it so too)."""
+    return fault_class(xid) == "hardware"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientError:
+    """How one affected client ended, reduced to what the rule needs: whether it failed at all, and whether its own
+    error was a fatal GPU error other than 810 (a client the fault may have started in)."""
+
+    key: str
+    failed: bool = True
+    own_fault: bool = False
+    terminated_810: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One failed client's verdict on one fault: its role, the reason the fault record carries, and whether the fault
+    is charged to its job's ``backoffLimit``."""
+
+    role: Role
+    reason: str
+    charged: bool
+    fault_class: FaultClass
+
+
+def fault_charges(xid: int | None, clients: Sequence[ClientError], label: str) -> dict[str, Charge]:
+    """Every failed client's :class:`Charge` for one fault on one GPU (``label``: what told the agent, e.g. ``Xid 79``
+    or ``MpsServerFault``, the reason of a victim whose own error says nothing more)."""
+    cls = fault_class(xid)
+    failed = [c for c in clients if c.failed]
+    if cls == "hardware":
+        return {c.key: Charge("victim", REASON_GPU_FAULT, False, cls) for c in failed}
+    own = [c for c in failed if c.own_fault]
+    suspect = own[0].key if len(own) == 1 else None
+    out: dict[str, Charge] = {}
+    for c in failed:
+        if c.key == suspect:
+            out[c.key] = Charge("suspect", REASON_CLIENT_FAULT, True, cls)
+        else:
+            out[c.key] = Charge("victim", REASON_CLIENT_TERMINATED if c.terminated_810 else label, False, cls)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FaultStep:
+    """What the operator does with one faulted attempt, and the job's counters after it."""
+
+    requeue: bool
+    """Requeued uncharged (``Requeued``); False: charged to ``backoffLimit`` (``Retrying`` or ``Failed``)."""
+    reason: str
+    undecided: int
+    suspected: int
+    alone: bool
+    """Later attempts run alone on a GPU (the counter that reached :data:`ALONE_AFTER` names why)."""
+    alone_reason: str | None = None
+
+
+def fault_step(charge: Charge, own_fault: bool, undecided: int, suspected: int) -> FaultStep:
+    """The operator's step for a faulted attempt with ``charge`` (its own error a fatal fault other than 810 when
+    ``own_fault``), given the job's ``undecided`` and ``suspected`` counts so far."""
+    if charge.fault_class == "hardware":
+        return FaultStep(True, REASON_GPU_FAULT, undecided, suspected, False)
+    if charge.role == "suspect":
+        suspected += 1
+        alone = suspected >= ALONE_AFTER
+        return FaultStep(False, REASON_CLIENT_FAULT, undecided, suspected, alone,
+                         "RepeatSuspect" if alone else None)
+    if own_fault:
+        undecided += 1
+        alone = undecided >= ALONE_AFTER
+        return FaultStep(True, REASON_COLOCATED, undecided, suspected, alone, "RepeatFault" if alone else None)
+    return FaultStep(True, REASON_COLOCATED, undecided, suspected, False)

@@ -1062,6 +1062,12 @@ def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:
     if spec.model.entrypoint is not None and spec.image is None:
         raise SpecError("spec.image", "required with spec.model.entrypoint: the image that holds your package "
                         "(gnnsched's own image does not)")
+    if spec.model.entrypoint is not None and spec.resources.gpu_memory is None:
+        # User code never runs in the operator; until the probe pod traces it in its own image, the reservation is
+        # the user's (docs/custom-models.md)
+        raise SpecError("spec.resources.gpuMemory", "required with spec.model.entrypoint: the operator never runs "
+                        "your code, so it cannot trace it; run `gnnsched estimate` on the manifest where your package "
+                        "imports (it prints the admit bytes) and set them here")
     if spec.model.pyg is not None or spec.model.conv is not None:
         # which PyG classes and options exist depends on the installed PyG, which the CRD cannot know
         from gnnsched.model_catalog import check_model

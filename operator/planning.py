@@ -151,6 +151,8 @@ class Planner:
         the GPU is predicted to count, the denominator of every observed ÷ predicted ratio)."""
         from gnnsched.estimator import estimate
 
+        if spec.model.entrypoint is not None:
+            return _declared(spec)
         model = gpu_model if gpu_model is not None else self.default_gpu_model
         name = getattr(model, "name", model)
         key = (memory_key(spec), name if safety_factor is None else f"{name}@{safety_factor:g}")
@@ -362,6 +364,24 @@ class Planner:
             scaled_memory=exact_bytes_quantity(memory),
             scaling_note=note,
         )
+
+
+class _Declared(BaseModel):
+    """The estimate's fields for a job gnnsched must not trace here: an entrypoint's code runs only in its own
+    image (never in the operator), so its reservation is ``spec.resources.gpuMemory`` (``extra_validation``
+    requires it) and the prediction is that number."""
+
+    pmc_bytes: int
+    admit_bytes: int
+    safety_factor: float = 1.0
+
+
+def _declared(spec: GNNJobSpec) -> _Declared:
+    declared = spec.resources.gpu_memory_bytes()
+    if declared is None:
+        raise PlanError("EstimationFailed", "spec.model.entrypoint needs spec.resources.gpuMemory: the operator never "
+                        "runs a user's code to trace it")
+    return _Declared(pmc_bytes=declared, admit_bytes=declared)
 
 
 def _distinct_largest_per_model(gpus: list[ClusterGPU]) -> list[ClusterGPU]:

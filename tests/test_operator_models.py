@@ -54,3 +54,24 @@ async def test_bad_model_names_and_options_fail_validation_with_no_pod(tmp_path:
     assert messages["typo-option"].startswith("spec.model.options.head: unknown option")
     assert messages["wrong-type"].startswith("spec.model.options.v2: must be bool")
     assert messages["no-image"].startswith("spec.image: required with spec.model.entrypoint")
+
+
+async def test_an_entrypoint_job_never_runs_user_code_in_the_operator(tmp_path: Path) -> None:
+    """The operator cannot import the user's package (it is only in the user's image): the job runs at its declared
+    gpuMemory, and without one it is refused naming the field, with no pod."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            mine = {"entrypoint": "users_own_package_nowhere_here.models:build"}
+            await cluster.create_job(manifest("declared", model=mine, image="registry.example/team/gnn:1",
+                                              resources={"gpuMemory": "6Gi"}))
+            await cluster.create_job(manifest("undeclared", model=mine, image="registry.example/team/gnn:1"))
+            pods = await wait_for(lambda: own_pods(cluster, "declared"), 30, what="the declared job's pod")
+            declared = await job_in_phase(cluster, "declared", "Estimated")
+            undeclared = await job_in_phase(cluster, "undeclared", "Failed")
+            assert await own_pods(cluster, "undeclared") == []
+    assert int(pods[0]["metadata"]["annotations"][ANN_ADMIT_BYTES]) == 6 * 2**30
+    assert declared["status"]["reservationSource"] == "gpuMemory"
+    assert pods[0]["spec"]["containers"][0]["image"] == "registry.example/team/gnn:1"
+    message = condition(undeclared, "Validated")["message"]
+    assert message.startswith("spec.resources.gpuMemory: required with spec.model.entrypoint")

@@ -100,23 +100,30 @@ class EstimateError:
 NO_ERROR = EstimateError()
 
 
-def parse_estimate_error(text: str) -> EstimateError:
-    """``none`` | ``lognormal:SIGMA[:BIAS]``; anything else is a :class:`FieldError` naming ``--estimate-error``."""
-    raw = text.strip().lower()
-    if raw in ("", "none"):
-        return NO_ERROR
-    m = _LOGNORMAL.fullmatch(raw)
+def lognormal_parameters(text: str, flag: str, expected: str) -> tuple[float, float]:
+    """SIGMA and BIAS of ``lognormal:SIGMA[:BIAS]`` (BIAS 1 when left out), checked the same way for every flag
+    that takes one (``--estimate-error``, ``--runtime-error``); a bad text is a :class:`FieldError` naming ``flag``,
+    ``expected`` saying what the flag accepts."""
+    m = _LOGNORMAL.fullmatch(text.strip().lower())
     if m is None:
-        raise FieldError("--estimate-error", f"{text!r}: expected none or lognormal:SIGMA[:BIAS]")
+        raise FieldError(flag, f"{text!r}: expected {expected}")
     try:
         sigma = float(m.group("sigma"))
         bias = float(m.group("bias")) if m.group("bias") is not None else 1.0
     except ValueError:
-        raise FieldError("--estimate-error", f"{text!r}: SIGMA and BIAS must be numbers") from None
+        raise FieldError(flag, f"{text!r}: SIGMA and BIAS must be numbers") from None
     if not (math.isfinite(sigma) and 0.0 <= sigma <= 3.0):
-        raise FieldError("--estimate-error", f"{text!r}: SIGMA must be between 0 and 3")
+        raise FieldError(flag, f"{text!r}: SIGMA must be between 0 and 3")
     if not (math.isfinite(bias) and 0.0 < bias <= 10.0):
-        raise FieldError("--estimate-error", f"{text!r}: BIAS must be > 0 and <= 10")
+        raise FieldError(flag, f"{text!r}: BIAS must be > 0 and <= 10")
+    return sigma, bias
+
+
+def parse_estimate_error(text: str) -> EstimateError:
+    """``none`` | ``lognormal:SIGMA[:BIAS]``; anything else is a :class:`FieldError` naming ``--estimate-error``."""
+    if text.strip().lower() in ("", "none"):
+        return NO_ERROR
+    sigma, bias = lognormal_parameters(text, "--estimate-error", "none or lognormal:SIGMA[:BIAS]")
     return EstimateError(kind="lognormal", sigma=sigma, bias=bias)
 
 

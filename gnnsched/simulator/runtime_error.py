@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gnnsched.errors import FieldError
+from gnnsched.simulator.faults import lognormal_parameters
 from gnnsched.simulator.model import SimJob
 
 RUNTIME_STREAM = 0x15E7
@@ -40,7 +40,6 @@ change another's draws."""
 TRUTH_TABLE = "runtime_truth.json"
 """The measured table in ``gnnsched/data/``: its ``heldout_residuals`` map an arch to measured ÷ predicted ratios."""
 
-_LOGNORMAL = re.compile(r"lognormal:(?P<sigma>[^:]+)(?::(?P<bias>[^:]+))?")
 
 
 @dataclass(frozen=True)
@@ -74,18 +73,7 @@ def parse_runtime_error(text: str, table: dict[str, Any] | None = None) -> Runti
         return NO_RUNTIME_ERROR
     if raw == "measured":
         return measured_error(table if table is not None else load_truth_table())
-    m = _LOGNORMAL.fullmatch(raw)
-    if m is None:
-        raise FieldError("--runtime-error", f"{text!r}: expected none, measured or lognormal:SIGMA[:BIAS]")
-    try:
-        sigma = float(m.group("sigma"))
-        bias = float(m.group("bias")) if m.group("bias") is not None else 1.0
-    except ValueError:
-        raise FieldError("--runtime-error", f"{text!r}: SIGMA and BIAS must be numbers") from None
-    if not (math.isfinite(sigma) and 0.0 <= sigma <= 3.0):
-        raise FieldError("--runtime-error", f"{text!r}: SIGMA must be between 0 and 3")
-    if not (math.isfinite(bias) and 0.0 < bias <= 10.0):
-        raise FieldError("--runtime-error", f"{text!r}: BIAS must be > 0 and <= 10")
+    sigma, bias = lognormal_parameters(text, "--runtime-error", "none, measured or lognormal:SIGMA[:BIAS]")
     return RuntimeErrorDist(kind="lognormal", sigma=sigma, bias=bias)
 
 

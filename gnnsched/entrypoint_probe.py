@@ -9,7 +9,6 @@ into an ``Estimate`` with the GPU model's constants through the estimator's own 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -79,13 +78,6 @@ def probe_request(spec: GNNJobSpec, gpus: Iterable[GPUModel]) -> dict[str, Any]:
         request["optimizer"] = {"name": opt.name, "learningRate": opt.learning_rate,
                                 "weightDecay": opt.weight_decay, "momentum": opt.momentum}
     return request
-
-
-def cache_key(image: str, request: dict[str, Any]) -> str:
-    """What a probe result depends on: the image (by digest where the caller has one) and the request, which holds
-    the entrypoint and every spec field the trace reads. Equal keys, equal traces."""
-    body = json.dumps({"image": image, "request": request}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(body.encode()).hexdigest()[:40]
 
 
 def parse_probe_result(text: str) -> ProbeResult:

@@ -4,6 +4,7 @@ layer or option is a Validated=False condition naming the field, with no pod (ko
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ async def test_an_entrypoint_job_never_runs_user_code_in_the_operator(tmp_path: 
                                               resources={"gpuMemory": "6Gi"}))
             await cluster.create_job(manifest("undeclared", model=mine, image="registry.example/team/gnn:1"))
             for name in ("declared", "undeclared"):
-                pods = await wait_for(lambda name=name: own_pods(cluster, name), 30, what=f"{name}'s probe pod")
+                pods = await wait_for(functools.partial(own_pods, cluster, name), 30, what=f"{name}'s probe pod")
                 assert [p["metadata"]["name"] for p in pods] == [f"{name}-probe"]
                 assert pods[0]["spec"]["containers"][0]["image"] == "registry.example/team/gnn:1"
             await asyncio.sleep(1.0)

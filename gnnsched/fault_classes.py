@@ -47,6 +47,13 @@ def fault_class(xid: int | None) -> FaultClass:
     return "hardware" if xid is not None and xid not in APPLICATION_XIDS else "application"
 
 
+def counted_class(xid: int | None) -> Literal["hardware", "application", "unknown"]:
+    """The class the agent's and the operator's fault metrics count a fault under: its Xid's, or ``unknown`` when no
+    Xid reached the agent (a client's own error or MPS told; the charge rule treats such a fault as an
+    application's)."""
+    return "unknown" if xid is None else fault_class(xid)
+
+
 def is_hardware_xid(xid: int) -> bool:
     """Whether ``xid`` makes its GPU unhealthy (NVIDIA's device plugin marks it so too)."""
     return fault_class(xid) == "hardware"

@@ -51,7 +51,7 @@ from gnnsched.contract import (
     SCHEDULER_NAME,
     VERSION,
 )
-from gnnsched.fault_classes import fault_step
+from gnnsched.fault_classes import counted_class, fault_step
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
@@ -764,6 +764,8 @@ class Operator:
         detail = f"pod {view.name} failed: {view.failure_reason}{exit_part}" + (
             f": {view.failure_message}" if view.failure_message else "")
         self._event(job, "Warning", "PodFailed", detail)
+        if facts.fault is not None or facts.outcome == "fault":
+            self.metrics.faults.labels(counted_class(facts.fault.xid if facts.fault else None)).inc()
         # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
         plan = self._stored_plan(status, None, any_generation=True)
         priority_class = _dict(_dict(pod).get("spec")).get("priorityClassName")

@@ -9,15 +9,21 @@ Starts the emulated API server (``tests/kube_emulator.py``) holding ``--pods`` p
 * ``server-selector`` (after): ``operator/podwatch.py``, whose LIST and WATCH carry ``labelSelector``.
 
 Each run waits until the operator is ready, lets it settle ``--settle`` seconds (the initial listing is processed),
-measures, then creates one GNNJob and waits for its pod (the operator still works). It reports the process's
-resident set size (``VmRSS``), its peak (``VmHWM``), the Python heap traced by ``tracemalloc`` (current and peak,
-started before the operator), and how many pod events reached the operator's handler. The API server here sends every
-existing object again on each new watch (kmock); the watch timeout is set longer than the run so each mode makes one
-LIST and one WATCH, as against a real API server.
+measures, then creates one GNNJob and waits for its pod (the operator still works; ``--no-probe`` skips this, which
+loads torch for the job's estimate: about 5 s of CPU per mode). It reports the process's resident set size
+(``VmRSS``), its peak (``VmHWM``), the Python heap that ``tracemalloc`` traced from the start of the operator's loop
+to the measurement (current and peak: what the run added on top of the modules and clients, the same in both modes),
+and how many pod events reached the operator's handler. The watch timeout is set longer than the run, so each mode
+makes one LIST and one WATCH, as against a real API server.
+
+Tracing starts after the imports and the API clients are built, and stops at the measurement: under ``tracemalloc``
+the ``kubernetes`` client's import (its generated API classes, pydantic-validated) took minutes on a loaded 2-core
+machine, and the probe job's torch import as long again. Every wait here is bounded by ``--deadline``; the operator
+processes are killed if this one dies (``tests/child_process.py``).
 
 Usage::
 
-    .venv/bin/python bench/operator_pod_memory.py [--pods 10000] [--settle 20]
+    .venv/bin/python bench/operator_pod_memory.py [--pods 10000] [--settle 15] [--deadline 300] [--no-probe]
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from child_process import die_with_parent  # noqa: E402
+
 MODES = ("kopf-labels", "server-selector")
 
 
@@ -53,7 +61,6 @@ def child(mode: str, kubeconfig: str, settle: float, out: str) -> None:
     """One operator process in ``mode``; writes its measurements as JSON to ``out``."""
     import tracemalloc
 
-    tracemalloc.start()
     import kopf
 
     import gnnsched.operator.main as main
@@ -95,11 +102,13 @@ def child(mode: str, kubeconfig: str, settle: float, out: str) -> None:
 
     async def run() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
+        tracemalloc.start()  # after the imports and make_operator's clients (the module docstring says why)
         task = asyncio.create_task(main.run_async(op, stop_flag=stop, ready_flag=ready))
         await asyncio.wait_for(ready.wait(), 300)
         await asyncio.sleep(settle)
         settled = _proc_status()
         current, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
         Path(out).write_text(json.dumps({"mode": mode, "settled": settled, "traced_current": current,
                                          "traced_peak": peak, "pod_events": delivered["n"]}))
         done = Path(out + ".done")  # the parent saw the probe job's pod: this operator still works
@@ -133,7 +142,7 @@ def _pod(i: int) -> dict[str, Any]:
 
 
 async def parent(args: argparse.Namespace) -> int:
-    from operator_harness import a100, emulated_cluster, manifest, wait_for
+    from operator_harness import a100, emulated_cluster
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,40 +151,65 @@ async def parent(args: argparse.Namespace) -> int:
                 cluster.k8s.objects["v1/pods", "default", f"web-{i:05d}"] = _pod(i)
             await cluster.add_gpunode("node-a", [a100(0)])
             for n, mode in enumerate(MODES):
-                out = Path(tmp) / f"{mode}.json"
-                started = time.monotonic()
-                proc = subprocess.Popen(  # noqa: ASYNC220 - the parent only waits on it from a thread
-                    [sys.executable, "-P", __file__, "--child", mode, "--kubeconfig", str(cluster.kubeconfig),
-                     "--settle", str(args.settle), "--out", str(out)],
-                    stdout=subprocess.DEVNULL, stderr=(Path(tmp) / f"{mode}.log").open("wb"))
-                name = f"probe-{n}"
-                while not out.exists() and proc.poll() is None:  # measured before any job (no torch loaded yet)
-                    await asyncio.sleep(0.5)
-                await cluster.create_job(manifest(name))
-                try:
-                    pod = await wait_for(lambda name=name: _pod_of(cluster, name), args.deadline,  # type: ignore[misc]
-                                         what=f"{mode}: the job's pod")
-                except AssertionError as exc:
-                    pod = None
-                    print(exc, file=sys.stderr)
-                Path(str(out) + ".done").touch()
-                await asyncio.to_thread(proc.wait)
-                if proc.returncode != 0 or not out.exists() or pod is None:
+                result = await _measure(cluster, mode, f"probe-{n}", Path(tmp), args)
+                if isinstance(result, str):
                     log = (Path(tmp) / f"{mode}.log").read_text(errors="replace")
-                    print(f"{mode}: operator exited {proc.returncode}: {log[-3000:]}", file=sys.stderr)
+                    print(f"{mode}: {result}; the operator's log ends:\n{log[-3000:]}", file=sys.stderr)
                     return 1
-                result = json.loads(out.read_text())
-                result["seconds"] = round(time.monotonic() - started, 1)
-                result["job_pod_created"] = pod is not None
                 results.append(result)
     mib = 2**20
     print(f"{args.pods} unrelated pods in the API server; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'mode':<17} {'RSS MiB':>8} {'peak RSS':>9} {'py heap':>8} {'py peak':>8} {'pod events':>10}")
+    print(f"{'mode':<17} {'RSS MiB':>8} {'peak RSS':>9} {'py heap':>8} {'py peak':>8} {'pod events':>10} "
+          f"{'seconds':>8}")
     for r in results:
         print(f"{r['mode']:<17} {r['settled']['VmRSS'] / mib:8.1f} {r['settled']['VmHWM'] / mib:9.1f} "
-              f"{r['traced_current'] / mib:8.1f} {r['traced_peak'] / mib:8.1f} {r['pod_events']:10d}")
+              f"{r['traced_current'] / mib:8.1f} {r['traced_peak'] / mib:8.1f} {r['pod_events']:10d} "
+              f"{r['seconds']:8.1f}")
     print(json.dumps(results))
     return 0
+
+
+async def _measure(cluster: Any, mode: str, job: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any] | str:
+    """One operator process in ``mode``: its figures, or why there are none (it never measured, never made the
+    probe job's pod, or never stopped: each bounded by ``--deadline``)."""
+    from operator_harness import manifest, wait_for
+
+    out = tmp / f"{mode}.json"
+    started = time.monotonic()
+    with (tmp / f"{mode}.log").open("wb") as log:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - waited on from a thread or polled
+            [sys.executable, "-P", __file__, "--child", mode, "--kubeconfig", str(cluster.kubeconfig),
+             "--settle", str(args.settle), "--out", str(out)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=die_with_parent)
+    try:
+        while not out.exists():  # measured before any job (no torch loaded yet)
+            if proc.poll() is not None:
+                return f"the operator exited {proc.returncode} before it measured"
+            if time.monotonic() - started > args.deadline:
+                return f"the operator did not measure within {args.deadline:.0f} s"
+            await asyncio.sleep(0.2)
+        pod = None
+        if args.probe:
+            await cluster.create_job(manifest(job))
+            try:
+                pod = await wait_for(lambda: _pod_of(cluster, job), args.deadline, what=f"{mode}: the job's pod")
+            except AssertionError as exc:
+                return str(exc)
+        Path(str(out) + ".done").touch()
+        try:
+            code = await asyncio.to_thread(proc.wait, args.deadline)
+        except subprocess.TimeoutExpired:
+            return f"the operator did not stop within {args.deadline:.0f} s of being told to"
+        if code != 0:
+            return f"the operator exited {code}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["seconds"] = round(time.monotonic() - started, 1)
+    result["job_pod_created"] = pod is not None
+    return result
 
 
 async def _pod_of(cluster: Any, job: str) -> dict[str, Any] | None:
@@ -185,15 +219,18 @@ async def _pod_of(cluster: Any, job: str) -> dict[str, Any] | None:
     return items[0] if items else None
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=10_000, help="unrelated pods in the API server")
     parser.add_argument("--settle", type=float, default=20.0, help="seconds after ready before measuring")
-    parser.add_argument("--deadline", type=float, default=300.0, help="seconds to wait for the probe job's pod")
+    parser.add_argument("--deadline", type=float, default=300.0,
+                        help="seconds each operator may take to measure, to make the probe job's pod, and to stop")
+    parser.add_argument("--no-probe", dest="probe", action="store_false",
+                        help="measure only: no probe job after the measurement (it loads torch)")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         child(args.child, args.kubeconfig, args.settle, args.out)
         return 0

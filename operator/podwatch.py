@@ -106,11 +106,18 @@ class PodWatcher:
             self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop watching: open streams are closed at once, then the threads are joined (daemon threads: a stuck one
-        never holds the process)."""
+        """Stop watching: open streams are ended at once, then the threads are joined (daemon threads: a stuck one
+        never holds the process).
+
+        A watch thread is usually blocked reading a quiet stream. ``close()`` alone would wait for that read to
+        return (the reader holds the socket file's lock), which is only when the server sends an event or ends the
+        stream after ``timeout_seconds``: minutes. ``shutdown()`` (urllib3 >= 2.3, urllib3/urllib3#2868) shuts the
+        socket for reading, so the blocked read returns at once and the close that follows does not wait.
+        """
         self._stop.set()
         for response in list(self._responses.values()):
-            with contextlib.suppress(Exception):  # already closed
+            with contextlib.suppress(Exception):  # already released by its thread
+                response.shutdown()
                 response.close()
         deadline = time.monotonic() + timeout
         for thread in self._threads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ from operator_harness import (
     wait_for,
 )
 
+from gnnsched.kubeclient import load_client_configuration
 from gnnsched.operator.admission import (
     create_backoff_seconds,
     job_field,
     never_admissible,
 )
-from gnnsched.operator.kube import KubeError, connection_info
+from gnnsched.operator.kube import Kube, KubeError, connection_info
+from gnnsched.operator.podwatch import PodWatcher
 
 UNRELATED = 200
 
@@ -96,6 +99,34 @@ def test_the_watch_requests_carry_the_label_selector(tmp_path: Path) -> None:
     queries = asyncio.run(scenario())
     assert queries, "the operator made no pod LIST/WATCH"
     assert set(queries) == {"app.kubernetes.io/managed-by=gnnsched"}, queries
+
+
+def test_stop_ends_a_watch_that_is_waiting_for_events_at_once(tmp_path: Path) -> None:
+    """The watch thread blocks reading a quiet stream whose server-side timeout is ten minutes away; stop() must not
+    wait for it (closing the response alone did: the operator's stop, and each run of
+    ``bench/operator_pod_memory.py``, hung until the server ended the stream)."""
+
+    async def scenario() -> tuple[float, int]:
+        async with emulated_cluster(tmp_path) as cluster:
+            kube = Kube(load_client_configuration(str(cluster.kubeconfig), None))
+            watcher = PodWatcher(kube, "app=none", lambda body, event: None, timeout_seconds=600)
+            watcher.start()
+            try:
+                await wait_for(lambda: _watching(cluster), 30, what="the watch request")
+                await asyncio.sleep(0.5)  # the thread is now in its blocking read
+                started = time.monotonic()
+                await asyncio.wait_for(asyncio.to_thread(watcher.stop), 20)
+                return time.monotonic() - started, watcher.lists
+            finally:
+                kube.close()
+
+    took, lists = asyncio.run(scenario())
+    assert lists == 1
+    assert took < 5, f"stop() took {took:.1f} s"
+
+
+async def _watching(cluster: Any) -> bool:
+    return any(r.action == enums.action.WATCH for r in list(cluster.k8s))
 
 
 def test_a_quota_refusal_is_retried_with_back_off_and_shown_until_the_pod_is_admitted(tmp_path: Path) -> None:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -57,9 +56,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))  # tests/: child_process
 sys.path.insert(0, str(HERE))
 
 import yaml  # noqa: E402
+from child_process import die_with_parent  # noqa: E402
 from kubeapi import ALL_JOBS, ALL_PODS, GPUNODES, JOBS, NODES, Api, ApiError  # noqa: E402
 
 from gnnsched.contract import (  # noqa: E402
@@ -75,7 +76,6 @@ from gnnsched.quantity import parse_bytes  # noqa: E402
 log = logging.getLogger("e2e")
 MAX_UNIX_SOCKET = 107
 TERMINAL = ("Succeeded", "Failed")
-PR_SET_PDEATHSIG = 1
 
 
 class InputError(Exception):
@@ -102,12 +102,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """Child side of Popen: get SIGKILL if the harness dies without cleaning up (Linux ``PR_SET_PDEATHSIG``)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def gnnsched_command() -> list[str]:
     """The ``gnnsched`` of this Python environment (the installed console script, else ``python -m``)."""
     script = Path(sys.executable).parent / "gnnsched"
@@ -129,7 +123,7 @@ class Proc:
         with self.log_path.open("ab") as out:
             self.popen = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True,
-                                          preexec_fn=_die_with_parent)
+                                          preexec_fn=die_with_parent)
         self.starts += 1
 
     @property

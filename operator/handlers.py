@@ -784,7 +784,8 @@ class Operator:
                 requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
                 assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
                 step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
-                                  _count(status, "undecidedFaults"), _count(status, "suspected"))
+                                  _count(status, "undecidedFaults"), _count(status, "suspected"),
+                                  _count(status, "requeues"))
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told

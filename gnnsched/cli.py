@@ -141,6 +141,19 @@ def _operator(
         help="nodeSelector of every job pod as a JSON object (default none; chart: "
         "jobs.nodeSelector). A GNNJob's spec.nodeSelector is added.",
     ),
+    probe_cpu: str = typer.Option(
+        "1", "--probe-cpu", help="CPU request and limit of an entrypoint job's probe pod (chart: operator.probe.cpu)."
+    ),
+    probe_memory: str = typer.Option(
+        "2Gi", "--probe-memory",
+        help="Memory request and limit of the probe pod: the user's image imports torch and PyG in it "
+        "(chart: operator.probe.memory).",
+    ),
+    probe_deadline: int = typer.Option(
+        600, "--probe-deadline", min=30,
+        help="activeDeadlineSeconds of the probe pod; past it the job runs as a failed probe's does "
+        "(chart: operator.probe.deadlineSeconds).",
+    ),
     kubeconfig: str = typer.Option(
         None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."
     ),
@@ -180,13 +193,15 @@ def _operator(
     from gnnsched.operator.handlers import OperatorConfig
     from gnnsched.operator.main import run
     from gnnsched.operator.podspec import job_pod_settings
+    from gnnsched.operator.probe import probe_settings
 
     try:
         pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector)
+        probe = probe_settings(probe_cpu, probe_memory, probe_deadline)
     except ValueError as exc:
         fail(str(exc))
-    fields = {"pods": pods, "namespaces": list(namespace), "default_gpu_model": default_gpu_model, "workers": workers,
-              "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
+    fields = {"pods": pods, "probe": probe, "namespaces": list(namespace), "default_gpu_model": default_gpu_model,
+              "workers": workers, "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
               "scheduler_name": scheduler_name, "worker_device": worker_device,
               "worker_prestart": worker_prestart, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority, "retry_priority": retry_priority,

@@ -9,18 +9,25 @@ into an ``Estimate`` with the GPU model's constants through the estimator's own 
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
+import shutil
+import sys
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gnnsched.gpus import GPUModel
+from gnnsched.gpus import GPUModel, gpu_models
 from gnnsched.spec import GNNJobSpec
 
-PROBE_MODULE = "gnnsched_portable.probe"
-"""The probe's module in the pod: the init container copies ``gnnsched/portable`` to ``<volume>/gnnsched_portable``
-(a name no installed package has, so a user's image that does contain gnnsched cannot shadow it)."""
+PORTABLE_NAME = "gnnsched_portable"
+"""The probe package's name in the pod: the init container copies ``gnnsched/portable`` to ``<volume>/<this>`` (a
+name no installed package has, so a user's image that does contain gnnsched cannot shadow it)."""
+LAUNCHER = f"{PORTABLE_NAME}/launch.py"
+"""The probe's script, relative to the volume (``gnnsched/portable/launch.py`` says why a script and not ``-m``)."""
 
 
 class ProbeError(Exception):
@@ -52,9 +59,12 @@ def workspace_pairs(gpus: Iterable[GPUModel]) -> list[tuple[int, int]]:
     return sorted({(g.cublas_workspace_bytes, g.cublaslt_workspace_bytes) for g in gpus})
 
 
-def probe_request(spec: GNNJobSpec, gpus: Iterable[GPUModel]) -> dict[str, Any]:
+def probe_request(spec: GNNJobSpec, gpus: Iterable[GPUModel] | None = None) -> dict[str, Any]:
     """The request for an entrypoint spec: the graph's dimensions, the step's graph shapes as the GPU run sees them
-    (a mini-batch job's largest batch), the optimizer and the workspace sizes of ``gpus``."""
+    (a mini-batch job's largest batch), the optimizer and the workspace sizes of ``gpus`` (default: every model of
+    the catalogue, a handful of distinct pairs, so one probe serves any GPU the job may land on, and the request,
+    hence the cache key, does not change when GPUs join or leave the cluster)."""
+    gpus = gpu_models() if gpus is None else gpus
     from gnnsched.models import graph_layout, minibatch_bound
 
     if spec.model.entrypoint is None:
@@ -112,3 +122,71 @@ def estimate_from_probe(result: ProbeResult, gpu: GPUModel, safety_factor: float
         cuda_reserved_bytes=reserved,
         cuda_allocated_bytes=allocated,
     )
+
+
+def cache_key(image: str, request: dict[str, Any]) -> str:
+    """The key of a probe's result: the image and everything the probe was asked (entrypoint, mode, dimensions, step
+    shapes, optimizer, workers, workspaces). An image pinned by digest (``name@sha256:...``) is keyed by the digest
+    alone, so a re-tag of the same content still hits; a tag is keyed as written (the operator cannot resolve a tag
+    without the registry; ``docs/custom-models.md`` says to pin digests when tags are re-pushed)."""
+    _, at, digest = image.partition("@")
+    identity = digest if at and digest.startswith("sha256:") else image
+    text = json.dumps({"image": identity, "request": request}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class ProbeRecord(BaseModel):
+    """One probe, as ``status.probe`` of the job and the operator's cache hold it.
+
+    ``state``: ``Running`` until the probe pod ends, then ``Succeeded`` (``result`` set) or ``Failed`` (``error``:
+    the last lines of its error, or what stopped it). ``cacheable``: a failure of the user's code on data-less
+    tensors is the same next time and is kept; a pod killed by its deadline or its memory limit (or deleted) is not,
+    so a re-submission probes again."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    key: str
+    pod: str
+    state: Literal["Running", "Succeeded", "Failed"]
+    result: ProbeResult | None = None
+    error: str | None = None
+    reason: str | None = None  # ProbeError, DeadlineExceeded, OOMKilled, PodDeleted, ...
+    image_id: str | None = Field(default=None, alias="imageID")  # the digest the kubelet ran
+    source: Literal["pod", "cache"] = "pod"
+    cacheable: bool = True
+
+    def status(self) -> dict[str, Any]:
+        """The JSON of ``status.probe`` (camelCase, no nulls: it round-trips through a merge patch)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def install_probe(dest: Path) -> Path:
+    """Copy the portable package to ``dest/gnnsched_portable`` (what the probe pod's init container runs); returns
+    the launcher's path. Bytecode caches are left out: the user's Python may be another version."""
+    target = dest / PORTABLE_NAME
+    if target.exists():
+        shutil.rmtree(target)
+    source = Path(__file__).resolve().parent / "portable"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest / LAUNCHER
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gnnsched.entrypoint_probe",
+        description="Copy gnnsched's torch-only probe into DEST (the probe pod's init container; "
+                    "docs/custom-models.md).")
+    parser.add_argument("--install", metavar="DEST", required=True, type=Path,
+                        help="a directory shared with the probe container (an emptyDir)")
+    args = parser.parse_args(argv)
+    try:
+        launcher = install_probe(args.install)
+    except OSError as exc:
+        print(f"error: --install {args.install}: {exc}", file=sys.stderr)
+        return 1
+    print(f"installed the probe: python {launcher} --request JSON --result PATH")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

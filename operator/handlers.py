@@ -51,6 +51,7 @@ from gnnsched.contract import (
     SCHEDULER_NAME,
     VERSION,
 )
+from gnnsched.entrypoint_probe import ProbeRecord, ProbeResult, cache_key, probe_request
 from gnnsched.fault_classes import counted_class, fault_step
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
@@ -79,6 +80,7 @@ from .podspec import (
     job_label,
     pod_name,
 )
+from .probe import ANN_PROBE_KEY, ProbeCache, ProbeSettings, build_probe_pod, is_probe_pod, read_probe_pod
 from .resize import (
     AGENT_VERDICT_SECONDS,
     AttemptFacts,
@@ -132,6 +134,8 @@ class OperatorConfig(BaseModel):
     queue_priority_per_doubling: int = DEFAULT_PER_DOUBLING
     # UID, RuntimeClass, tolerations and nodeSelector of every job pod (chart values jobs.*; podspec.JobPodSettings).
     pods: JobPodSettings = Field(default_factory=JobPodSettings)
+    # Bounds of an entrypoint job's CPU-only probe pod (operator/probe.py; chart values operator.probe.*).
+    probe: ProbeSettings = Field(default_factory=ProbeSettings)
 
     @model_validator(mode="after")
     def _queue_order_valid(self) -> OperatorConfig:
@@ -232,6 +236,7 @@ class Operator:
         self.pod_watcher: Any = None  # the running podwatch.PodWatcher once ``main.run_async`` started it
         self._job_locks: dict[str, threading.Lock] = {}
         self._job_locks_guard = threading.Lock()
+        self.probes = ProbeCache()
 
     # ------------------------------------------------------------------ events and status writes
 
@@ -469,11 +474,16 @@ class Operator:
         # Once a pod was planned for this attempt, the plan stays the one it was built from (pods are immutable;
         # a later spec edit is reported by on_spec_update, not half-applied here).
         plan = self._stored_plan(status, generation, any_generation=bool(status.get("podName")))
+        if plan is None and spec.model.entrypoint is not None:
+            probed = self._probe(ref, body, spec, status, conditions, generation)
+            if probed is None:
+                return  # the probe pod runs; its end (pod event or resync) continues here
+            conditions = list(status.get("conditions") or [])
         if plan is None:
             try:
                 table = self._calibration_table()
                 with self.metrics.plan_seconds.time():
-                    plan = self.planner.plan(spec, self.cluster_gpus(), table)
+                    plan = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(status))
             except PlanError as exc:
                 new = dict(status, conditions=conditions)
                 self._fail(body, new, exc.phase, "Schedulable" if exc.phase == "Unschedulable" else "Estimated",
@@ -481,6 +491,10 @@ class Operator:
                 return
         conditions = set_condition(
             conditions, "Estimated", "True", "PMCEstimated",
+            f"no prediction (the probe failed: see ProbeFailed): the job runs alone on a whole GPU, reserving "
+            f"{format_bytes(plan.admit_bytes)} ({plan.admit_bytes} bytes); predicted runtime "
+            f"{_seconds(plan.predicted_runtime_seconds)} on {plan.runtime_gpu_model} ({plan.runtime_source})"
+            if plan.reservation_source == "wholeGPU" else
             f"predicted peak {format_bytes(plan.pmc_bytes)} ({plan.pmc_bytes} bytes); admit "
             f"{format_bytes(plan.admit_bytes)} ({plan.admit_bytes} bytes) on one GPU; predicted runtime "
             f"{_seconds(plan.predicted_runtime_seconds)} on {plan.runtime_gpu_model} ({plan.runtime_source})"
@@ -521,6 +535,98 @@ class Operator:
                                                             worker_prestart=self.config.worker_prestart))
         if pod is not None:
             self._apply_pod(body, status, pod, deleted=False)
+
+    def _probe(self, ref: JobRef, body: dict[str, Any], spec: GNNJobSpec, status: dict[str, Any],
+               conditions: list[dict[str, Any]], generation: int | None) -> ProbeRecord | None:
+        """An entrypoint job's probe (``operator/probe.py``): the finished one in the status or the cache, else its
+        pod, created or adopted. Returns the finished record (written to ``status.probe`` with its conditions), or
+        None while the probe pod runs."""
+        assert spec.image is not None  # extra_validation
+        request = probe_request(spec)
+        key = cache_key(spec.image, request)
+        stored = _stored_probe(status)
+        if stored is not None and stored.key == key and stored.state != "Running":
+            return stored
+        cached = self.probes.get(key)
+        if cached is not None:
+            record = cached.model_copy(update={"source": "cache"})
+            self._record_probe(body, status, conditions, record, generation)
+            return record
+        obj = build_probe_pod(body, spec, request, key, self.config.image, self.config.pods, self.config.probe,
+                              self.config.scheduler_name)
+        pod = self._create_pod(ref, body, status, obj)
+        if pod is None:
+            return None  # never admissible: the job failed with PodSpecInvalid
+        if _dict(_dict(pod.get("metadata")).get("annotations")).get(ANN_PROBE_KEY) != key:
+            # a probe of an earlier spec of this job (edited before its pod existed): replaced, never reused
+            self.kube.delete_pod(ref.namespace, str(obj["metadata"]["name"]))
+            return None
+        record = read_probe_pod(pod, key)
+        if record.state != "Running":
+            self._record_probe(body, status, conditions, record, generation)
+            return record
+        if stored is None or stored.key != key or stored.pod != record.pod:
+            new = dict(status, probe=record.status(), phase=status.get("phase") or "Pending")
+            new["conditions"] = set_condition(
+                conditions, "Probed", "Unknown", "ProbeRunning",
+                f"tracing spec.model.entrypoint in pod {record.pod} (image {spec.image}, no GPU) before any GPU pod",
+                now_rfc3339(), generation)
+            new["message"] = f"probing the entrypoint in pod {record.pod}"
+            self._write(body, status, new)
+        return None
+
+    def _record_probe(self, body: dict[str, Any], status: dict[str, Any], conditions: list[dict[str, Any]],
+                      record: ProbeRecord, generation: int | None) -> None:
+        """Write a finished probe into the status (``probe``, conditions ``Probed`` and ``ProbeFailed``), post its
+        event, count it and cache it."""
+        now = now_rfc3339()
+        new = dict(status, probe=record.status())
+        if record.state == "Succeeded" and record.result is not None:
+            where = "the cache (same image, entrypoint and spec)" if record.source == "cache" else \
+                f"pod {record.pod}" + (f" ({record.image_id})" if record.image_id else "")
+            message = (f"traced by {where}: PMC {format_bytes(record.result.pmc)} ({record.result.pmc} bytes) in "
+                       f"{record.result.seconds:.1f} s")
+            reason = "ProbeCached" if record.source == "cache" else "ProbeSucceeded"
+            new["conditions"] = set_condition(conditions, "Probed", "True", reason, message, now, generation)
+            self._event(body, "Normal", reason, message)
+        else:
+            why = str(record.reason or "ProbeError")
+            error = str(record.error or "the probe failed")
+            plan = ("it runs at spec.resources.gpuMemory" if _dict(_dict(body.get("spec")).get("resources"))
+                    .get("gpuMemory") else "it runs alone on a whole GPU (set spec.resources.gpuMemory to share one)")
+            new["conditions"] = set_condition(conditions, "Probed", "False", why,
+                                              f"the probe of pod {record.pod} failed: {plan}", now, generation)
+            new["conditions"] = set_condition(new["conditions"], "ProbeFailed", "True", why, error, now, generation)
+            self._event(body, "Warning", "ProbeFailed", f"{why}: {error}")
+        self.metrics.probes.labels(record.state if record.source == "pod" else "Cached").inc()
+        self._write(body, status, new)
+        if record.source == "pod":
+            self.probes.put(record)
+
+    def _apply_probe(self, job: dict[str, Any], status: dict[str, Any], pod: dict[str, Any], deleted: bool) -> None:
+        """A probe pod changed: once it ends, record its result and go on to plan the job and create its pod."""
+        stored = _stored_probe(status)
+        name = _dict(pod.get("metadata")).get("name")
+        if stored is None or stored.state != "Running" or stored.pod != name:
+            return
+        record = read_probe_pod(pod, stored.key)
+        if deleted and record.state == "Running":
+            record = ProbeRecord(key=stored.key, pod=stored.pod, state="Failed", reason="PodDeleted",
+                                 error="the probe pod was deleted before it finished", cacheable=False)
+        if record.state == "Running":
+            return
+        with self._job_lock(job, wait=True):
+            ref = _job_ref(job)
+            fresh = self.kube.read_job(ref.namespace, ref.name)
+            if fresh is None or _dict(fresh.get("metadata")).get("uid") != ref.uid:
+                return
+            fresh_status = _dict(fresh.get("status"))
+            if fresh_status.get("phase") in TERMINAL or _stored_probe(fresh_status) != stored:
+                return  # finished meanwhile, or a resync recorded it first
+            generation = _dict(fresh.get("metadata")).get("generation")
+            self._record_probe(fresh, fresh_status, list(fresh_status.get("conditions") or []), record,
+                               generation if isinstance(generation, int) else None)
+            self.reconcile_job(fresh, fresh_status)
 
     def _create_pod(self, ref: JobRef, body: dict[str, Any], status: dict[str, Any],
                     obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -659,6 +765,9 @@ class Operator:
         job_uid = _dict(job.get("metadata")).get("uid")
         if not any(isinstance(o, dict) and o.get("uid") == job_uid for o in owners):
             return  # a pod of an earlier job with the same name
+        if is_probe_pod(pod):
+            self._apply_probe(job, _dict(job.get("status")), pod, deleted=deleted)
+            return
         self._apply_pod(job, _dict(job.get("status")), pod, deleted=deleted)
 
     def _apply_pod(self, job: dict[str, Any], status: dict[str, Any], pod: dict[str, Any], deleted: bool) -> None:
@@ -996,7 +1105,7 @@ class Operator:
                 and (not now.calibrated or now.factor == plan.safety_factor):
             return plan
         try:
-            fresh = self.planner.plan(spec, self.cluster_gpus(), table)
+            fresh = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(new))
         except PlanError:
             return plan
         if fresh.exclusive or fresh.reservation_source not in ("estimate", "calibrated") \
@@ -1048,6 +1157,22 @@ class Operator:
         return deleted
 
 
+def _stored_probe(status: dict[str, Any]) -> ProbeRecord | None:
+    """``status.probe`` as a record; None when absent or unreadable (the probe then runs again)."""
+    raw = status.get("probe")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return ProbeRecord.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def _probe_result(status: dict[str, Any]) -> ProbeResult | None:
+    record = _stored_probe(status)
+    return record.result if record is not None and record.state == "Succeeded" else None
+
+
 def waiting_for_a_node(pod: dict[str, Any]) -> bool:
     """A pod the scheduler has not bound yet and that is not going away: its reservation can still change."""
     meta, spec, status = (_dict(pod.get(k)) for k in ("metadata", "spec", "status"))
@@ -1065,12 +1190,6 @@ def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:
     if spec.model.entrypoint is not None and spec.image is None:
         raise SpecError("spec.image", "required with spec.model.entrypoint: the image that holds your package "
                         "(gnnsched's own image does not)")
-    if spec.model.entrypoint is not None and spec.resources.gpu_memory is None:
-        # User code never runs in the operator; until the probe pod traces it in its own image, the reservation is
-        # the user's (docs/custom-models.md)
-        raise SpecError("spec.resources.gpuMemory", "required with spec.model.entrypoint: the operator never runs "
-                        "your code, so it cannot trace it; run `gnnsched estimate` on the manifest where your package "
-                        "imports (it prints the admit bytes) and set them here")
     if spec.model.pyg is not None or spec.model.conv is not None:
         # which PyG classes and options exist depends on the installed PyG, which the CRD cannot know
         from gnnsched.model_catalog import check_model

@@ -32,7 +32,8 @@ class OperatorMetrics:
         self.plan_seconds = Histogram("gnnsched_operator_plan_seconds",
                                       "Time to plan one job: PMC estimate, runtime prediction and scaling",
                                       buckets=PLAN_BUCKETS, registry=r)
-        self.pods_created = Counter("gnnsched_operator_pods_created", "Worker pods created", registry=r)
+        self.pods_created = Counter("gnnsched_operator_pods_created",
+                                    "Pods created (job attempts and entrypoint probes)", registry=r)
         self.retries = Counter("gnnsched_operator_pod_retries", "Failed pods replaced by a new attempt", ("reason",),
                                registry=r)
         self.api_errors = Counter("gnnsched_operator_api_errors",
@@ -56,7 +57,11 @@ class OperatorMetrics:
                               "(hardware, application; unknown: no Xid, or no record)", ("class",), registry=r)
         self.exclusive = Counter("gnnsched_operator_exclusive_pods",
                                  "Pods created to run alone on a whole GPU, by reason (ExceedsShareableCapacity, "
-                                 "PredictedPeakAboveGPU, RepeatSuspect, RepeatFault)", ("reason",), registry=r)
+                                 "PredictedPeakAboveGPU, RepeatSuspect, RepeatFault, ProbeFailed)", ("reason",),
+                                 registry=r)
+        self.probes = Counter("gnnsched_operator_probes",
+                              "Entrypoint jobs' probes by outcome: Succeeded or Failed (a probe pod ran), Cached (a "
+                              "re-submission reused a finished probe)", ("outcome",), registry=r)
         self.prestart_fallbacks = Counter("gnnsched_operator_prestart_fallbacks",
                                           "Succeeded jobs whose built-in worker re-executed itself after admission "
                                           "(its prestarted start-up could not keep the GPU untouched: the start-up "

@@ -33,6 +33,7 @@ from gnnsched.closed_loop import (
     CalibrationTable,
 )
 from gnnsched.contract import PREDICTED_RUNTIME_RESOLUTION_S
+from gnnsched.entrypoint_probe import ProbeResult
 from gnnsched.quantity import format_bytes, format_cpu
 from gnnsched.spec import GNNJobSpec
 
@@ -75,7 +76,8 @@ class Plan(BaseModel):
     admit_bytes: int
     # The closed memory loop (gnnsched.closed_loop). Defaults keep plans stored before it readable.
     estimate_admit_bytes: int | None = None  # the estimate's own admit bytes (gpuMemory or a resize may replace them)
-    reservation_source: Literal["estimate", "calibrated", "gpuMemory", "resized"] = "estimate"
+    # wholeGPU: no prediction (an entrypoint whose probe failed, without gpuMemory): alone on a whole GPU
+    reservation_source: Literal["estimate", "calibrated", "gpuMemory", "resized", "wholeGPU"] = "estimate"
     safety_factor: float | None = None  # the factor admit_bytes was built with (None: gpuMemory)
     exclusive: bool = False  # run alone on a whole GPU (the gate admits it only into an empty GPU)
     exclusive_reason: str | None = None
@@ -146,13 +148,21 @@ class Planner:
 
     # --- the core models (imported here: torch and xgboost must not load for `gnnsched --help`) ---
 
-    def _estimate(self, spec: GNNJobSpec, gpu_model: Any, safety_factor: float | None = None) -> Any:
+    def _estimate(self, spec: GNNJobSpec, gpu_model: Any, safety_factor: float | None = None,
+                  probe: ProbeResult | None = None) -> Any:
         """The estimate on ``gpu_model`` with the estimator's static factor, or with ``safety_factor`` (1.0: what
-        the GPU is predicted to count, the denominator of every observed ÷ predicted ratio)."""
+        the GPU is predicted to count, the denominator of every observed ÷ predicted ratio). An entrypoint job's
+        comes from its probe's trace (``probe``), or is its declared ``gpuMemory`` when no probe result exists."""
         from gnnsched.estimator import estimate
 
         if spec.model.entrypoint is not None:
-            return _declared(spec)
+            if probe is None:
+                return _declared(spec)
+            from gnnsched.entrypoint_probe import estimate_from_probe
+            from gnnsched.gpus import get_gpu_model
+
+            gpu = gpu_model if gpu_model is not None else get_gpu_model(self.default_gpu_model)
+            return estimate_from_probe(probe, gpu, safety_factor)
         model = gpu_model if gpu_model is not None else self.default_gpu_model
         name = getattr(model, "name", model)
         key = (memory_key(spec), name if safety_factor is None else f"{name}@{safety_factor:g}")
@@ -160,13 +170,14 @@ class Planner:
                                                                safety_factor=safety_factor))
 
     def _admit_on(self, spec: GNNJobSpec, model: Any, calibration: CalibrationTable | None,
-                  container: Literal["builtin", "custom"]) -> tuple[int, int, int, float, bool]:
+                  container: Literal["builtin", "custom"],
+                  probe: ProbeResult | None = None) -> tuple[int, int, int, float, bool]:
         """(admit bytes, predicted need, the estimate's static admit bytes, factor, calibrated) on one model.
 
         A class with enough recorded ratios uses its calibrated factor on the predicted need in place of the
         estimator's static factor; otherwise the estimate's own admit bytes stand."""
-        static = self._estimate(spec, model)
-        need = int(self._estimate(spec, model, safety_factor=1.0).admit_bytes)
+        static = self._estimate(spec, model, probe=probe)
+        need = int(self._estimate(spec, model, safety_factor=1.0, probe=probe).admit_bytes)
         name = getattr(model, "name", None) or self.default_gpu_model
         if calibration is not None:
             cls = CalibrationClass(gpu_model=name, arch=spec.model.model_class, mode=spec.mode, container=container)
@@ -241,21 +252,27 @@ class Planner:
 
     # --- the plan ---
 
-    def plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU], calibration: CalibrationTable | None = None) -> Plan:
+    def plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU], calibration: CalibrationTable | None = None,
+             probe: ProbeResult | None = None) -> Plan:
         """Estimate, check against the cluster's GPUs, predict and scale. Raises ``PlanError`` with the reason.
 
         The reservation (admit bytes) is, in order: ``spec.resources.gpuMemory`` when set; else the estimate with the
         calibrated factor of the job's class when ``calibration`` has enough samples for it; else the estimate with
         the static factor. A job whose reservation fits no GPU but whose predicted need (PMC plus device overheads)
-        fits a whole one runs alone (``exclusive``), reserving that GPU's capacity."""
+        fits a whole one runs alone (``exclusive``), reserving that GPU's capacity.
+
+        An entrypoint job's estimate is its probe's trace (``probe``). Without one (the probe failed) and without
+        ``gpuMemory`` nothing predicts it: it runs alone on a whole GPU (``wholeGPU``)."""
         from gnnsched.gpus import get_gpu_model
 
         container: Literal["builtin", "custom"] = "custom" if (spec.command or spec.image) else "builtin"
         override = spec.resources.gpu_memory_bytes()
+        if spec.model.entrypoint is not None and probe is None and override is None:
+            return self._whole_gpu_plan(spec, gpus, container)
         try:
             base_admit, base_need, base_static, base_factor, base_cal = self._admit_on(spec, None, calibration,
-                                                                                      container)
-            base = self._estimate(spec, None)
+                                                                                      container, probe)
+            base = self._estimate(spec, None, probe=probe)
         except MemoryError:
             raise PlanError("EstimationFailed", "the estimator ran out of host memory tracing this graph") from None
         except Exception as exc:  # noqa: BLE001 - any estimator failure becomes a condition, never a crash
@@ -271,7 +288,8 @@ class Planner:
                 model = None
             try:
                 if model is not None:
-                    admit, need, static, factor, calibrated = self._admit_on(spec, model, calibration, container)
+                    admit, need, static, factor, calibrated = self._admit_on(spec, model, calibration, container,
+                                                                             probe)
                     rows.append((gpu, admit, model, need, static, factor, calibrated))
                 else:
                     rows.append((gpu, base_admit, None, base_need, base_static, base_factor, base_cal))
@@ -328,6 +346,19 @@ class Planner:
             runtime_gpu = None
         needs = [ModelNeed(model=r[0].model, bytes=r[3]) for r in rows] or \
             [ModelNeed(model=self.default_gpu_model, bytes=base_need)]
+        return self._finish(spec, runtime_gpu, pmc_bytes=int(base.pmc_bytes), admit_bytes=admit_bytes,
+                            estimate_admit_bytes=static_admit,
+                            reservation_source="gpuMemory" if override is not None
+                            else "calibrated" if calibrated else "estimate",
+                            safety_factor=None if override is not None else factor, exclusive=bool(exclusive),
+                            exclusive_reason=exclusive_reason if exclusive else None, container=container,
+                            needs=needs, admit_gpu_model=admit_model)
+
+    def _finish(self, spec: GNNJobSpec, runtime_gpu: Any, **memory: Any) -> Plan:
+        """The plan from its memory decision (``memory``: Plan's memory fields) plus the runtime prediction and the
+        scaled resources on ``runtime_gpu`` (None: the default GPU model)."""
+        from gnnsched.gpus import get_gpu_model
+
         if runtime_gpu is None:
             try:
                 runtime_gpu = get_gpu_model(self.default_gpu_model)
@@ -335,24 +366,14 @@ class Planner:
                 raise PlanError(
                     "InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}"
                 ) from None
-
-        req_cpu, req_memory, cpu, memory, scaled_runtime, note = self._resources(spec, runtime_gpu)
+        req_cpu, req_memory, cpu, memory_bytes, scaled_runtime, note = self._resources(spec, runtime_gpu)
         seconds: float | None
         if scaled_runtime is not None and scaled_runtime > 0:
             seconds, source = scaled_runtime, "gnn-predictor"
         else:
-            seconds, source = self._predict_runtime(spec, runtime_gpu, cpu, memory)
+            seconds, source = self._predict_runtime(spec, runtime_gpu, cpu, memory_bytes)
         return Plan(
-            pmc_bytes=int(base.pmc_bytes),
-            admit_bytes=admit_bytes,
-            estimate_admit_bytes=static_admit,
-            reservation_source="gpuMemory" if override is not None else "calibrated" if calibrated else "estimate",
-            safety_factor=None if override is not None else factor,
-            exclusive=bool(exclusive),
-            exclusive_reason=exclusive_reason if exclusive else None,
-            container=container,
-            needs=needs,
-            admit_gpu_model=admit_model,
+            **memory,
             predicted_runtime_seconds=None if seconds is None else max(round(seconds, 3),
                                                                        PREDICTED_RUNTIME_RESOLUTION_S),
             runtime_source=source,
@@ -361,9 +382,29 @@ class Planner:
             requested_cpu=spec.resources.cpu or format_cpu(req_cpu),
             requested_memory=spec.resources.memory or exact_bytes_quantity(req_memory),
             scaled_cpu=format_cpu(cpu),
-            scaled_memory=exact_bytes_quantity(memory),
+            scaled_memory=exact_bytes_quantity(memory_bytes),
             scaling_note=note,
         )
+
+    def _whole_gpu_plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU], container: Literal["builtin", "custom"]
+                        ) -> Plan:
+        """Alone on a whole GPU, with no prediction: the reservation is the capacity of the largest healthy GPU (the
+        gate admits an exclusive pod only into an empty GPU; the extender places it where that capacity exists).
+        With no GPU reported yet, the default model's capacity stands until the pod is placed."""
+        from gnnsched.gpus import get_gpu_model
+
+        healthy = [g for g in gpus if g.healthy]
+        largest = max(healthy, key=lambda g: g.capacity_bytes) if healthy else None
+        try:
+            runtime_gpu = get_gpu_model(largest.model if largest is not None else self.default_gpu_model)
+        except KeyError:
+            runtime_gpu = None
+        capacity = largest.capacity_bytes if largest is not None else \
+            get_gpu_model(self.default_gpu_model).memory_bytes
+        return self._finish(spec, runtime_gpu, pmc_bytes=0, admit_bytes=capacity, estimate_admit_bytes=None,
+                            reservation_source="wholeGPU", safety_factor=None, exclusive=True,
+                            exclusive_reason="ProbeFailed", container=container, needs=[],
+                            admit_gpu_model=largest.model if largest is not None else None)
 
 
 class _Declared(BaseModel):

@@ -21,7 +21,8 @@ class FixedPeakPlanner(Planner):
         super().__init__(**kwargs)
         self.pmc_bytes = pmc_bytes
 
-    def _estimate(self, spec: GNNJobSpec, gpu_model: Any, safety_factor: float | None = None) -> Any:
+    def _estimate(self, spec: GNNJobSpec, gpu_model: Any, safety_factor: float | None = None,
+                  probe: Any = None) -> Any:
         model = gpu_model if isinstance(gpu_model, GPUModel) else get_gpu_model(gpu_model or self.default_gpu_model)
         overhead = model.context_bytes + model.cublas_workspace_bytes + model.mps_client_bytes
         factor = DEFAULT_SAFETY_FACTOR_CUDA if safety_factor is None else safety_factor

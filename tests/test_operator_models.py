@@ -4,6 +4,7 @@ layer or option is a Validated=False condition naming the field, with no pod (ko
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,11 @@ async def test_bad_model_names_and_options_fail_validation_with_no_pod(tmp_path:
 
 
 async def test_an_entrypoint_job_never_runs_user_code_in_the_operator(tmp_path: Path) -> None:
-    """The operator cannot import the user's package (it is only in the user's image): the job runs at its declared
-    gpuMemory, and without one it is refused naming the field, with no pod."""
+    """The operator cannot import the user's package (it is only in the user's image): an entrypoint job, with or
+    without a declared gpuMemory, gets a probe pod from its own image and no GPU pod until the probe has ended
+    (tests/test_operator_probe.py follows it to the end)."""
+    import sys
+
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])
         async with running_operator(cluster):
@@ -66,12 +70,13 @@ async def test_an_entrypoint_job_never_runs_user_code_in_the_operator(tmp_path: 
             await cluster.create_job(manifest("declared", model=mine, image="registry.example/team/gnn:1",
                                               resources={"gpuMemory": "6Gi"}))
             await cluster.create_job(manifest("undeclared", model=mine, image="registry.example/team/gnn:1"))
-            pods = await wait_for(lambda: own_pods(cluster, "declared"), 30, what="the declared job's pod")
-            declared = await job_in_phase(cluster, "declared", "Estimated")
-            undeclared = await job_in_phase(cluster, "undeclared", "Failed")
-            assert await own_pods(cluster, "undeclared") == []
-    assert int(pods[0]["metadata"]["annotations"][ANN_ADMIT_BYTES]) == 6 * 2**30
-    assert declared["status"]["reservationSource"] == "gpuMemory"
-    assert pods[0]["spec"]["containers"][0]["image"] == "registry.example/team/gnn:1"
-    message = condition(undeclared, "Validated")["message"]
-    assert message.startswith("spec.resources.gpuMemory: required with spec.model.entrypoint")
+            for name in ("declared", "undeclared"):
+                pods = await wait_for(functools.partial(own_pods, cluster, name), 30, what=f"{name}'s probe pod")
+                assert [p["metadata"]["name"] for p in pods] == [f"{name}-probe"]
+                assert pods[0]["spec"]["containers"][0]["image"] == "registry.example/team/gnn:1"
+            await asyncio.sleep(1.0)
+            assert sorted(p["metadata"]["name"] for p in await cluster.pods()) == ["declared-probe",
+                                                                                   "undeclared-probe"]
+            job = await cluster.get_job("undeclared")
+    assert job["status"]["phase"] == "Pending" and condition(job, "Probed")["reason"] == "ProbeRunning"
+    assert not any(m.startswith("users_own_package_nowhere_here") for m in sys.modules)

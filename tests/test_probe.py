@@ -13,7 +13,13 @@ import pytest
 import yaml
 from crd_schema import ROOT, load_crd, validate
 
-from gnnsched.entrypoint_probe import ProbeError, estimate_from_probe, parse_probe_result, probe_request
+from gnnsched.entrypoint_probe import (
+    ProbeError,
+    estimate_from_probe,
+    install_probe,
+    parse_probe_result,
+    probe_request,
+)
 from gnnsched.estimator import estimate
 from gnnsched.gpus import get_gpu_model, gpu_models
 from gnnsched.portable.probe import RESULT_LIMIT
@@ -44,7 +50,7 @@ finally:
 def image(tmp_path_factory) -> Path:
     """The user's image, simulated: the probe's directory as the init container copies it, and the user's package."""
     root = tmp_path_factory.mktemp("image")
-    shutil.copytree(ROOT / "gnnsched" / "portable", root / "probe" / "gnnsched_portable")
+    install_probe(root / "probe")  # what the probe pod's init container runs
     shutil.copytree(EXAMPLE / "my_gnn", root / "user" / "my_gnn")
     (root / "user" / "broken_gnn.py").write_text(
         "import torch\n"

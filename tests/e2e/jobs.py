@@ -17,6 +17,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+ENTRYPOINT_EXAMPLE = REPO / "examples" / "custom-entrypoint" / "gnnjob.yaml"
 TINY_GRAPH = {"nodes": 2000, "edges": 10000, "features": 32, "classes": 4}
 
 
@@ -36,6 +37,14 @@ def tiny_example(path: Path) -> dict[str, Any]:
         spec["batching"]["batchSize"] = 1024
     spec.setdefault("resources", {})
     spec["resources"].update({"cpu": "1", "memory": "2Gi"})
+    return doc
+
+
+def tiny_entrypoint_example() -> dict[str, Any]:
+    """The user's own model (``examples/custom-entrypoint``) made tiny, with no declared ``gpuMemory``: its
+    reservation must come from its probe pod."""
+    doc = tiny_example(ENTRYPOINT_EXAMPLE)
+    doc["spec"]["resources"].pop("gpuMemory", None)
     return doc
 
 

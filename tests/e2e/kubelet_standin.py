@@ -15,7 +15,10 @@ What it does, each step as kubelet does it (``pkg/kubelet``):
   ``spec.nodeName``, ``spec.serviceAccountName``, ``status.hostIP``, ``status.podIP``, and ``metadata.labels['k']``/
   ``metadata.annotations['k']``, and ``resourceFieldRef`` for ``requests``/``limits`` ``cpu``/``memory``), later
   names winning; ``command`` + ``args``; volumes (configMap files, emptyDir);
-  the termination-message file.
+  the termination-message file. Init containers run first, one after another, each to success
+  (``kuberuntime_manager.go`` ``computePodActions``), with ``initContainerStatuses``; a failed one fails the pod
+  (``restartPolicy: Never``). ``activeDeadlineSeconds`` is enforced: past it the pod's processes are killed and it
+  fails with reason ``DeadlineExceeded`` (``pkg/kubelet/active_deadline.go``).
 * **Pod status** (``status/status_manager.go``, ``kubelet_pods.go`` ``generateAPIPodStatus``): ``Pending`` with the
   container ``waiting: ContainerCreating``, then ``Running`` (``startTime``, ``running.startedAt``, ``Ready``), then
   ``Succeeded``/``Failed`` for ``restartPolicy: Never`` with ``terminated`` {``exitCode``, ``reason``
@@ -35,7 +38,9 @@ Without a container runtime there are no namespaces or cgroups. So:
   path itself (not from its env or argv) would not see the mapping.
 * No cgroup: the gate's peer check (``--peer-check cgroup``: the pod UID in ``/proc/<pid>/cgroup`` of the socket
   peer, via SO_PEERCRED) cannot match, so the local cluster runs the agents with ``--peer-check off``.
-* No image: every container runs the local ``gnnsched`` (the harness' Python environment) whatever ``image`` says.
+* No image: every container runs the local ``gnnsched`` (the harness' Python environment) whatever ``image`` says;
+  ``images`` maps an image name to the directories of what that image adds (a user's own package), which go on the
+  container's ``PYTHONPATH``, as they would be on the image's path.
 """
 
 from __future__ import annotations
@@ -153,8 +158,9 @@ class KubeletStandIn:
 
     def __init__(self, api: Api, node_name: str, node_dir: Path, plugin_dir: Path, base_env: dict[str, str],
                  on_event: Callable[[str, dict[str, Any], str], None], poll: float = 0.2,
-                 host_ip: str = "127.0.0.1") -> None:
+                 host_ip: str = "127.0.0.1", images: dict[str, list[str]] | None = None) -> None:
         self.api = api
+        self.images = images or {}  # image -> directories its Python finds beyond the harness' (its own packages)
         self.node = node_name
         self.dir = node_dir
         self.plugin_dir = plugin_dir
@@ -300,76 +306,144 @@ class KubeletStandIn:
         return out
 
     # -- one pod ---------------------------------------------------------------------------------------------
-    def _run_pod(self, pod: dict[str, Any], container: _Container) -> None:
-        spec = pod.get("spec") or {}
-        c = (spec.get("containers") or [{}])[0]
-        cname = c.get("name", "main")
-        pod_dir = self.dir / "pods" / pod["metadata"]["uid"]
-        cdir = pod_dir / "containers" / cname
+    def _launch(self, pod: dict[str, Any], c: dict[str, Any], pod_dir: Path, mounts: dict[str, str],
+                allocated_env: dict[str, str]) -> tuple[list[str], dict[str, str], Path]:
+        """argv, env and termination-message file of one container (its volumes added to ``mounts``; the device
+        plugins' ``allocated_env`` under the container's own env, as kubelet orders them)."""
+        cdir = pod_dir / "containers" / c.get("name", "main")
         cdir.mkdir(parents=True, exist_ok=True)
-        start_time = now()
-        # name, image, imageID, ready and restartCount are required fields of a ContainerStatus
-        waiting = {"name": cname, "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
-                   "state": {"waiting": {"reason": "ContainerCreating"}}}
-        self._status(pod, {"phase": "Pending", "hostIP": self.host_ip, "startTime": start_time,
-                           "conditions": self._conditions(pod, False, "ContainersNotReady"),
-                           "containerStatuses": [waiting]})
-        try:
-            envs, mounts = self._allocate(pod, container)
-            mounts.update(self._volumes(pod, pod_dir, c))
-            term_path = c.get("terminationMessagePath", "/dev/termination-log")
-            term_file = cdir / "termination-log"
-            term_file.write_bytes(b"")
-            mounts[term_path] = str(term_file)
-            env = dict(self.base_env)
-            env["HOSTNAME"] = pod["metadata"]["name"]
-            env["HOME"] = str(pod_dir)
-            env.update(envs)
-            for item in c.get("env") or []:
-                if "value" in item:
-                    env[item["name"]] = str(item["value"])
-                elif (item.get("valueFrom") or {}).get("fieldRef"):
-                    env[item["name"]] = field_ref(pod, item["valueFrom"]["fieldRef"]["fieldPath"], self.host_ip)
-                elif (item.get("valueFrom") or {}).get("resourceFieldRef"):
-                    node = self.api.get(f"{NODES}/{self.node}")
-                    env[item["name"]] = resource_field_ref(pod, item["valueFrom"]["resourceFieldRef"],
-                                                           (node.get("status") or {}).get("allocatable") or {})
-                else:
-                    raise ValueError(f"env {item.get('name')}: only value, fieldRef and resourceFieldRef are "
-                                     "supported here")
-            argv = [*(c.get("command") or []), *(c.get("args") or [])]
-            if not argv:
-                raise ValueError("container has no command (no image entrypoint without a container runtime)")
-            argv = [_map(a, mounts) for a in argv]
-            env = {k: _map(v, mounts) for k, v in env.items()}
-        except (ApiError, ValueError, OSError, grpc.RpcError) as exc:
-            message = str(exc) if not isinstance(exc, grpc.RpcError) else f"{exc.code().name}: {exc.details()}"
-            self._release(container)
-            container.done = True
-            self._status(pod, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": message,
-                               "conditions": self._conditions(pod, False, "PodFailed"),
-                               "containerStatuses": [{**waiting, "state": {"terminated": {
-                                   "exitCode": 128, "reason": "StartError", "message": message[:MAX_MESSAGE],
-                                   "startedAt": start_time, "finishedAt": now()}}}]})
-            self.on_event("failed", pod, message)
-            return
-        log_file = cdir / "0.log"
+        mounts = {**mounts, **self._volumes(pod, pod_dir, c)}
+        term_path = c.get("terminationMessagePath", "/dev/termination-log")
+        term_file = cdir / "termination-log"
+        term_file.write_bytes(b"")
+        mounts[term_path] = str(term_file)
+        env = dict(self.base_env)
+        env["HOSTNAME"] = pod["metadata"]["name"]
+        env["HOME"] = str(pod_dir)
+        content = self.images.get(str(c.get("image", "")))
+        if content:  # what the image holds beyond the harness' environment (its own packages)
+            env["PYTHONPATH"] = os.pathsep.join([*content, *filter(None, [env.get("PYTHONPATH")])])
+        env.update(allocated_env)
+        for item in c.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+            elif (item.get("valueFrom") or {}).get("fieldRef"):
+                env[item["name"]] = field_ref(pod, item["valueFrom"]["fieldRef"]["fieldPath"], self.host_ip)
+            elif (item.get("valueFrom") or {}).get("resourceFieldRef"):
+                node = self.api.get(f"{NODES}/{self.node}")
+                env[item["name"]] = resource_field_ref(pod, item["valueFrom"]["resourceFieldRef"],
+                                                       (node.get("status") or {}).get("allocatable") or {})
+            else:
+                raise ValueError(f"env {item.get('name')}: only value, fieldRef and resourceFieldRef are "
+                                 "supported here")
+        argv = [*(c.get("command") or []), *(c.get("args") or [])]
+        if not argv:
+            raise ValueError("container has no command (no image entrypoint without a container runtime)")
+        return [_map(a, mounts) for a in argv], {k: _map(v, mounts) for k, v in env.items()}, term_file
+
+    def _exec(self, container: _Container, c: dict[str, Any], argv: list[str], env: dict[str, str],
+              pod_dir: Path) -> bool:
+        """Start one container's process; False when the pod was deleted before it started."""
+        log_file = pod_dir / "containers" / c.get("name", "main") / "0.log"
         with log_file.open("ab") as out:
             if container.terminating:  # deleted while being created
-                container.done = True
-                return
+                return False
             container.proc = subprocess.Popen(argv, env=env, cwd=str(pod_dir), stdout=out, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True)
         container.started_at = now()
-        waiting["containerID"] = f"local://{container.proc.pid}"
-        self._status(pod, {"phase": "Running", "conditions": self._conditions(pod, True),
-                           "containerStatuses": [{**waiting, "ready": True, "started": True,
-                                                  "state": {"running": {"startedAt": container.started_at}}}]})
-        self.on_event("running", pod, "")
-        code = container.proc.wait()
+        return True
+
+    def _wait(self, container: _Container, deadline: float | None) -> tuple[int, bool]:
+        """The container's exit code, killing its group at the pod's active deadline (the kubelet's
+        ``activeDeadlineSeconds`` check: the pod fails with reason ``DeadlineExceeded``)."""
+        assert container.proc is not None
+        expired = False
+        try:
+            code = container.proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            expired = True
+            _kill_group(container.proc.pid, signal.SIGKILL)
+            code = container.proc.wait()
         _kill_group(container.proc.pid, signal.SIGKILL)  # the container's PID namespace ends with its main process
+        return code, expired
+
+    def _run_pod(self, pod: dict[str, Any], container: _Container) -> None:
+        spec = pod.get("spec") or {}
+        c = (spec.get("containers") or [{}])[0]
+        inits = spec.get("initContainers") or []
+        cname = c.get("name", "main")
+        pod_dir = self.dir / "pods" / pod["metadata"]["uid"]
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        start_time = now()
+        active = spec.get("activeDeadlineSeconds")
+        deadline = time.monotonic() + float(active) if isinstance(active, (int, float)) else None
+        # name, image, imageID, ready and restartCount are required fields of a ContainerStatus
+        waiting = {"name": cname, "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
+                   "state": {"waiting": {"reason": "PodInitializing" if inits else "ContainerCreating"}}}
+        init_statuses = [{"name": ic.get("name", f"init-{i}"), "image": ic.get("image", ""), "imageID": "",
+                          "ready": False, "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}
+                         for i, ic in enumerate(inits)]
+        base = {"phase": "Pending", "hostIP": self.host_ip, "startTime": start_time,
+                "conditions": self._conditions(pod, False, "ContainersNotReady"), "containerStatuses": [waiting]}
+        if inits:
+            base["initContainerStatuses"] = init_statuses
+        self._status(pod, base)
+
+        def fail(reason: str, message: str, statuses: dict[str, Any]) -> None:
+            self._release(container)
+            container.done = True
+            self._status(pod, {"phase": "Failed", "reason": reason, "message": message,
+                               "conditions": self._conditions(pod, False, "PodFailed"), **statuses})
+            self.on_event("failed", pod, message)
+
+        try:
+            # init containers run one after another, each to success, before the app container is created
+            # (kuberuntime_manager.go computePodActions: the next init container only after the previous succeeded)
+            for i, ic in enumerate(inits):
+                argv, env, term_file = self._launch(pod, ic, pod_dir, {}, {})
+                if not self._exec(container, ic, argv, env, pod_dir):
+                    container.done = True
+                    return
+                started = container.started_at
+                init_statuses[i]["state"] = {"running": {"startedAt": started}}
+                self._status(pod, {"initContainerStatuses": init_statuses})
+                code, expired = self._wait(container, deadline)
+                message = term_file.read_bytes()[:MAX_MESSAGE].decode(errors="replace")
+                done = {"exitCode": code if code >= 0 else 128 - code, "startedAt": started, "finishedAt": now(),
+                        "reason": "Completed" if code == 0 else "Error", **({"message": message} if message else {})}
+                init_statuses[i]["state"] = {"terminated": done}
+                if expired:
+                    fail("DeadlineExceeded", "Pod was active on the node longer than the specified deadline",
+                         {"initContainerStatuses": init_statuses})
+                    return
+                if code != 0:
+                    fail("", f"init container {init_statuses[i]['name']} failed",
+                         {"initContainerStatuses": init_statuses})
+                    return
+            envs, mounts = self._allocate(pod, container)
+            argv, env, term_file = self._launch(pod, c, pod_dir, mounts, envs)
+        except (ApiError, ValueError, OSError, grpc.RpcError) as exc:
+            message = str(exc) if not isinstance(exc, grpc.RpcError) else f"{exc.code().name}: {exc.details()}"
+            fail("UnexpectedAdmissionError", message, {"containerStatuses": [{**waiting, "state": {"terminated": {
+                "exitCode": 128, "reason": "StartError", "message": message[:MAX_MESSAGE],
+                "startedAt": start_time, "finishedAt": now()}}}]})
+            return
+        if not self._exec(container, c, argv, env, pod_dir):
+            container.done = True
+            return
+        assert container.proc is not None
+        waiting["containerID"] = f"local://{container.proc.pid}"
+        ready = {"phase": "Running", "conditions": self._conditions(pod, True),
+                 "containerStatuses": [{**waiting, "ready": True, "started": True,
+                                        "state": {"running": {"startedAt": container.started_at}}}]}
+        if inits:
+            ready["initContainerStatuses"] = init_statuses
+        self._status(pod, ready)
+        self.on_event("running", pod, "")
+        code, expired = self._wait(container, deadline)
         finished = now()
         message = term_file.read_bytes()[:MAX_MESSAGE].decode(errors="replace")
+        log_file = pod_dir / "containers" / cname / "0.log"
         if not message.strip() and code != 0 and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             message = _log_tail(log_file)
         if code < 0:
@@ -384,10 +458,14 @@ class KubeletStandIn:
                       "finishedAt": finished}
         if message:
             terminated["message"] = message
-        phase = "Succeeded" if exit_code == 0 else "Failed"
-        self._status(pod, {"phase": phase, "conditions": self._conditions(pod, False, "PodCompleted"),
-                           "containerStatuses": [{**waiting, "ready": False, "started": False,
-                                                  "state": {"terminated": terminated}}]})
+        phase = "Succeeded" if exit_code == 0 and not expired else "Failed"
+        final: dict[str, Any] = {"phase": phase, "conditions": self._conditions(pod, False, "PodCompleted"),
+                                 "containerStatuses": [{**waiting, "ready": False, "started": False,
+                                                        "state": {"terminated": terminated}}]}
+        if expired:
+            final.update(reason="DeadlineExceeded",
+                         message="Pod was active on the node longer than the specified deadline")
+        self._status(pod, final)
         self.on_event("finished", pod, f"{phase} exit {exit_code}")
         if container.terminating:
             self._finish_delete(pod)

@@ -188,6 +188,8 @@ class ClusterOptions:
     fake_gpu_memory: str | None = None  # the agents' --fake-gpu-memory (enforce[:FACTOR]): workers enforce MPS limits
     fake_gpu_faults: bool = False  # the agents' --fake-gpu-faults: inject_fault() makes a fake GPU fail
     extra_env: dict[str, str] = field(default_factory=dict)
+    # image -> directories of what it adds (its own packages); the kubelet stand-ins put them on PYTHONPATH
+    images: dict[str, list[str]] = field(default_factory=lambda: example_images())
 
     def validate(self) -> tuple[int, int, str]:
         if not 1 <= self.nodes <= 64:
@@ -241,6 +243,28 @@ def parse_xid_injection(text: str, nodes: int, gpus: int) -> XidInjection:
     if not 0 <= at < float("inf"):
         raise InputError(f"{flag}: SECONDS must be a number >= 0, got {when!r}")
     return XidInjection(node, int(gpu), int(xid), at)
+
+
+def example_images() -> dict[str, list[str]]:
+    """The images of ``examples/``' own packages: a directory with a Dockerfile and a ``gnnjob.yaml`` stands for the
+    image that GNNJob names (built from that Dockerfile, which adds the directory's packages to a PyTorch image)."""
+    images: dict[str, list[str]] = {}
+    for job in sorted((REPO / "examples").glob("*/gnnjob.yaml")):
+        if (job.parent / "Dockerfile").is_file():
+            image = (yaml.safe_load(job.read_text()).get("spec") or {}).get("image")
+            if isinstance(image, str):
+                images.setdefault(image, []).append(str(job.parent))
+    return images
+
+
+def parse_image(text: str) -> tuple[str, str]:
+    """``--image NAME=DIR``: the image NAME holds the Python packages under DIR."""
+    name, sep, directory = text.partition("=")
+    if not sep or not name or not directory:
+        raise InputError(f"--image: expected NAME=DIR, got {text!r}")
+    if not Path(directory).is_dir():
+        raise InputError(f"--image {name}: {directory} is not a directory")
+    return name, str(Path(directory).resolve())
 
 
 def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
@@ -557,7 +581,7 @@ class LocalCluster:
 
         assert self.api is not None
         node.kubelet = KubeletStandIn(self.api, node.name, node.dir, node.plugin_dir, self.env(), self._on_event,
-                                      poll=self.opts.poll)
+                                      poll=self.opts.poll, images=self.opts.images)
         node.kubelet.start()
         node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node), node=node.name)
         node.plugin = self._proc(f"device-plugin-{node.name}", [
@@ -838,6 +862,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="make GPU index GPU of NODE report Xid XID, SECONDS after the jobs are submitted, through "
                              "the fake GPUs' fault files (docs/faults.md); repeatable")
     parser.add_argument("--verbose", action="store_true", help="log the stand-ins' debug messages")
+    parser.add_argument("--image", action="append", default=[], metavar="NAME=DIR",
+                        help="containers of image NAME find the Python packages under DIR (no container runtime "
+                        "here: every container runs this Python); examples/custom-entrypoint's image is preset")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -847,8 +874,12 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"--json: directory {args.json_out.parent} does not exist")
         if not 1 <= args.slots_per_gpu <= 48:
             raise InputError(f"--slots-per-gpu: must be 1..48, got {args.slots_per_gpu}")
+        images = example_images()
+        for name, directory in map(parse_image, args.image):
+            images.setdefault(name, []).append(directory)
         opts = ClusterOptions(nodes=args.nodes, gpus=args.gpus, policy=args.policy, timeout=args.timeout,
-                              keep=args.keep, slots_per_gpu=args.slots_per_gpu, fake_gpu_faults=bool(args.inject_xid))
+                              keep=args.keep, slots_per_gpu=args.slots_per_gpu, images=images,
+                              fake_gpu_faults=bool(args.inject_xid))
         gpus, _, _ = opts.validate()
         injections = [parse_xid_injection(text, args.nodes, gpus) for text in args.inject_xid]
         cluster = LocalCluster(opts)

@@ -25,7 +25,14 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from jobs import EXAMPLES, generated_small_jobs, small_job, tiny_example, too_big_job  # noqa: E402
+from jobs import (  # noqa: E402
+    EXAMPLES,
+    generated_small_jobs,
+    small_job,
+    tiny_entrypoint_example,
+    tiny_example,
+    too_big_job,
+)
 from local_cluster import (  # noqa: E402
     ClusterOptions,
     InputError,
@@ -73,7 +80,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
-    docs = [tiny_example(p) for p in EXAMPLES] + [small_job(f"small-{i}") for i in range(6)]
+    # the examples: built-in archs, PyG model classes, a layer stack and the user's own model (a probe pod first)
+    docs = [tiny_example(p) for p in EXAMPLES] + [tiny_entrypoint_example()] + [small_job(f"small-{i}")
+                                                                               for i in range(6)]
     names = {d["metadata"]["name"] for d in docs}
     seen: dict[str, Any] = {"groups": set(), "scraped": False, "queued_at_gate": 0, "uuids": {}}
 
@@ -115,6 +124,12 @@ def test_examples_and_queued_jobs_all_succeed(cluster: LocalCluster) -> None:
     result = cluster.report(jobs)
     assert result["violations"] == []
     assert 0 < result["max_committed_fraction"] <= 1.0
+    # the entrypoint job was sized by its probe pod (CPU only: it never reached a gate) before its GPU pod existed
+    mine = next(j for j in jobs if j["spec"]["model"].get("entrypoint"))
+    assert mine["status"]["probe"]["state"] == "Succeeded", mine["status"]
+    assert mine["status"]["pmcBytes"] == mine["status"]["probe"]["result"]["pmc"] > 0
+    probe = next(p for p in cluster.pods() if p["metadata"]["name"] == f"{mine['metadata']['name']}-probe")
+    assert probe["status"]["phase"] == "Succeeded" and ANN_GPU not in probe["metadata"].get("annotations", {})
     # groups were visible in GPUNode status while jobs ran, and some job waited at a gate
     assert seen["groups"], "no GPUNode ever showed a running group"
     # two nodes' fake GPUs have distinct UUIDs, as real GPUs do (a job's status names its GPU by UUID alone)

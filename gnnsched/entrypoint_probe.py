@@ -31,7 +31,12 @@ LAUNCHER = f"{PORTABLE_NAME}/launch.py"
 
 
 class ProbeError(Exception):
-    """The probe did not give a usable result: its error lines, or why its output could not be read."""
+    """The probe did not give a usable result: its error lines, or why its output could not be read. ``field``: the
+    spec field that is wrong when the probe says so (``spec.model.entrypoint``), else None."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ProbeResult(BaseModel):
@@ -98,7 +103,8 @@ def parse_probe_result(text: str) -> ProbeResult:
     except ValueError:
         raise ProbeError(f"the probe's message is not JSON: {text[-400:]!r}") from None
     if isinstance(raw, dict) and "error" in raw:
-        raise ProbeError(str(raw["error"]))
+        field = raw.get("field")
+        raise ProbeError(str(raw["error"]), field=field if isinstance(field, str) else None)
     try:
         return ProbeResult.model_validate(raw)
     except ValidationError as exc:
@@ -150,7 +156,7 @@ class ProbeRecord(BaseModel):
     state: Literal["Running", "Succeeded", "Failed"]
     result: ProbeResult | None = None
     error: str | None = None
-    reason: str | None = None  # ProbeError, DeadlineExceeded, OOMKilled, PodDeleted, ...
+    reason: str | None = None  # ProbeError, InvalidEntrypoint, DeadlineExceeded, OOMKilled, PodDeleted, ...
     image_id: str | None = Field(default=None, alias="imageID")  # the digest the kubelet ran
     source: Literal["pod", "cache"] = "pod"
     cacheable: bool = True

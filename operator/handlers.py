@@ -52,7 +52,7 @@ from gnnsched.contract import (
     VERSION,
 )
 from gnnsched.entrypoint_probe import ProbeRecord, ProbeResult, cache_key, probe_request
-from gnnsched.fault_classes import fault_step
+from gnnsched.fault_classes import counted_class, fault_step
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
@@ -80,7 +80,15 @@ from .podspec import (
     job_label,
     pod_name,
 )
-from .probe import ANN_PROBE_KEY, ProbeCache, ProbeSettings, build_probe_pod, is_probe_pod, read_probe_pod
+from .probe import (
+    ANN_PROBE_KEY,
+    INVALID_ENTRYPOINT,
+    ProbeCache,
+    ProbeSettings,
+    build_probe_pod,
+    is_probe_pod,
+    read_probe_pod,
+)
 from .resize import (
     AGENT_VERDICT_SECONDS,
     AttemptFacts,
@@ -551,7 +559,7 @@ class Operator:
         if cached is not None:
             record = cached.model_copy(update={"source": "cache"})
             self._record_probe(body, status, conditions, record, generation)
-            return record
+            return None if record.reason == INVALID_ENTRYPOINT else record
         obj = build_probe_pod(body, spec, request, key, self.config.image, self.config.pods, self.config.probe,
                               self.config.scheduler_name)
         pod = self._create_pod(ref, body, status, obj)
@@ -564,7 +572,7 @@ class Operator:
         record = read_probe_pod(pod, key)
         if record.state != "Running":
             self._record_probe(body, status, conditions, record, generation)
-            return record
+            return None if record.reason == INVALID_ENTRYPOINT else record
         if stored is None or stored.key != key or stored.pod != record.pod:
             new = dict(status, probe=record.status(), phase=status.get("phase") or "Pending")
             new["conditions"] = set_condition(
@@ -578,9 +586,20 @@ class Operator:
     def _record_probe(self, body: dict[str, Any], status: dict[str, Any], conditions: list[dict[str, Any]],
                       record: ProbeRecord, generation: int | None) -> None:
         """Write a finished probe into the status (``probe``, conditions ``Probed`` and ``ProbeFailed``), post its
-        event, count it and cache it."""
+        event, count it and cache it. An entrypoint the probe could not even load (``InvalidEntrypoint``) is a wrong
+        spec, as for any other field: the job fails with ``Validated=False`` and gets no GPU pod."""
         now = now_rfc3339()
         new = dict(status, probe=record.status())
+        if record.reason == INVALID_ENTRYPOINT:
+            self.metrics.probes.labels(record.state if record.source == "pod" else "Cached").inc()
+            if record.source == "pod":
+                self.probes.put(record)
+            new["conditions"] = set_condition(conditions, "Probed", "False", INVALID_ENTRYPOINT,
+                                              f"the probe of pod {record.pod} could not load the entrypoint", now,
+                                              generation)
+            self._write(body, status, new)  # ``status`` follows both writes: a caller going on sees the failure
+            self._fail(body, status, "Failed", "Validated", "InvalidSpec", f"spec.model.entrypoint: {record.error}")
+            return
         if record.state == "Succeeded" and record.result is not None:
             where = "the cache (same image, entrypoint and spec)" if record.source == "cache" else \
                 f"pod {record.pod}" + (f" ({record.image_id})" if record.image_id else "")
@@ -873,6 +892,8 @@ class Operator:
         detail = f"pod {view.name} failed: {view.failure_reason}{exit_part}" + (
             f": {view.failure_message}" if view.failure_message else "")
         self._event(job, "Warning", "PodFailed", detail)
+        if facts.fault is not None or facts.outcome == "fault":
+            self.metrics.faults.labels(counted_class(facts.fault.xid if facts.fault else None)).inc()
         # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
         plan = self._stored_plan(status, None, any_generation=True)
         priority_class = _dict(_dict(pod).get("spec")).get("priorityClassName")
@@ -891,7 +912,8 @@ class Operator:
                 requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
                 assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
                 step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
-                                  _count(status, "undecidedFaults"), _count(status, "suspected"))
+                                  _count(status, "undecidedFaults"), _count(status, "suspected"),
+                                  _count(status, "requeues"))
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told

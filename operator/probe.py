@@ -43,6 +43,7 @@ PROBE_CONTAINER = "probe"
 INSTALL_CONTAINER = "install-probe"
 PROBE_DIR = "/gnnsched-probe"
 PROBE_VOLUME = "gnnsched-probe"
+INVALID_ENTRYPOINT = "InvalidEntrypoint"
 
 
 class ProbeSettings(BaseModel):
@@ -185,6 +186,9 @@ def read_probe_pod(pod: dict[str, Any], key: str) -> ProbeRecord:
         parse_probe_result(message)
         error, cacheable = f"the probe exited {terminated.get('exitCode')} after writing a result", False
     except ProbeError as exc:
+        if exc.field is not None:  # the spec is wrong (no such module or function, no module returned)
+            return ProbeRecord(key=key, pod=name, state="Failed", reason=INVALID_ENTRYPOINT, error=str(exc),
+                               image_id=image_id)
         error = str(exc)
         # the probe's own error report (its JSON) is the user's code failing on data-less tensors: deterministic
         cacheable = message.lstrip().startswith("{")

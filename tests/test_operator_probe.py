@@ -9,6 +9,7 @@ its output into the pod's termination message as the kubelet does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -139,6 +140,31 @@ async def test_probe_pod_then_gpu_pod_with_its_admit_bytes_and_a_resubmission_hi
     assert condition(again_job, "Probed")["reason"] == "ProbeCached"
     assert again_job["status"]["probe"]["source"] == "cache"
     assert hits == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(240)
+async def test_an_entrypoint_that_does_not_import_fails_the_job_naming_the_field(tmp_path: Path) -> None:
+    """Not a failure to trace but a wrong spec: Validated=False, no GPU pod, and a re-submission fails at once."""
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100(0)])
+        async with running_operator(cluster):
+            await cluster.create_job(entrypoint_job("typo", "my_gnn.modle:build"))
+            probe = await probe_pod(cluster, "typo")
+            code, message = run_probe_container(probe, tmp_path)
+            assert code == 1
+            await cluster.patch_pod("typo-probe", terminated("Failed", 1, message, reason="Error"), status_sub=True)
+            failed = await job_in_phase(cluster, "typo", "Failed")
+            await cluster.create_job(entrypoint_job("typo-again", "my_gnn.modle:build"))
+            again = await job_in_phase(cluster, "typo-again", "Failed")
+            await asyncio.sleep(0.5)
+            names = sorted(p["metadata"]["name"] for p in await cluster.pods())
+    assert names == ["typo-probe"]  # no GPU pod, and no second probe
+    for job in (failed, again):
+        validated = condition(job, "Validated")
+        assert validated["status"] == "False" and validated["reason"] == "InvalidSpec"
+        assert validated["message"].startswith("spec.model.entrypoint: cannot import 'my_gnn.modle'"), validated
+    assert condition(again, "Probed")["reason"] == "InvalidEntrypoint"
 
 
 @pytest.mark.asyncio

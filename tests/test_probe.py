@@ -118,6 +118,7 @@ def test_a_failing_entrypoint_reports_its_last_error_lines(image, tmp_path):
         parse_probe_result(message)
     text = str(caught.value)
     assert "item" in text and "broken_gnn.py" in text
+    assert caught.value.field is None  # a failure to trace: the job still runs
     assert len(text.splitlines()) <= 12
 
 
@@ -125,8 +126,9 @@ def test_an_entrypoint_that_does_not_import_is_named(image, tmp_path):
     request = probe_request(_spec("infer"), [get_gpu_model("H100-80GB")]) | {"entrypoint": "no_such_pkg.mod:build"}
     run, message = _run_probe(image, request, tmp_path)
     assert run.returncode == 1
-    with pytest.raises(ProbeError, match="cannot import 'no_such_pkg.mod'"):
+    with pytest.raises(ProbeError, match="cannot import 'no_such_pkg.mod'") as caught:
         parse_probe_result(message)
+    assert caught.value.field == "spec.model.entrypoint"  # the spec is wrong, not the trace impossible
 
 
 def test_a_result_not_asked_for_a_gpu_model_is_refused():

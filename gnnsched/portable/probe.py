@@ -15,7 +15,9 @@ result equals ``gnnsched.estimator.estimate(spec, device="cuda")`` for the same 
 GPU model's context, MPS client and allocator allowance (``gnnsched.estimator.device_overhead``).
 
 The result must fit a container's termination message (4096 bytes, ``terminationMessagePath``): a few numbers per
-GPU model. On failure the result is ``{"error": <the last lines of the error>}`` and the exit status 1.
+GPU model. On failure the result is ``{"error": <the last lines of the error>}`` and the exit status 1, with ``"field":
+"spec.model.entrypoint"`` when the spec itself is wrong (the entrypoint does not import, names no function, or the
+function returns no module) rather than the trace impossible.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from typing import Any
 
 import torch
 
-from .step import GraphDims, attach_optimizer, build_entrypoint_model, make_optimizer, run_step
+from .step import (
+    EntrypointBuildFailed,
+    EntrypointError,
+    GraphDims,
+    attach_optimizer,
+    build_entrypoint_model,
+    make_optimizer,
+    run_step,
+)
 from .tracer import (
     _META,
     Trace,
@@ -124,12 +134,16 @@ def error_result(exc: BaseException) -> dict[str, Any]:
     inside = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(inside)]
     lines = [f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" for f in frames]
-    lines = [*lines[-(ERROR_LINES - 1):], f"{type(exc).__name__}: {exc}"]
+    wrong_spec = isinstance(exc, EntrypointError) and not isinstance(exc, EntrypointBuildFailed)
+    lines = [*lines[-(ERROR_LINES - 1):], str(exc) if wrong_spec else f"{type(exc).__name__}: {exc}"]
     text = "\n".join(lines)
-    budget = RESULT_LIMIT - 64
+    budget = RESULT_LIMIT - 96
     if len(text.encode()) > budget:
         text = text.encode()[-budget:].decode(errors="ignore")
-    return {"v": VERSION, "error": text}
+    result: dict[str, Any] = {"v": VERSION, "error": text}
+    if wrong_spec:  # the same wherever it runs (no import, no such function, no module returned): the spec is wrong
+        result["field"] = "spec.model.entrypoint"
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,12 @@ class EntrypointError(Exception):
     ``torch.nn.Module``. The message says which, in words a user can act on."""
 
 
+class EntrypointBuildFailed(EntrypointError):
+    """The user's function raised while building the model. Unlike the other entrypoint errors this one may be the
+    trace's alone (the function ran on the meta device, with no data), so the probe reports it as a failure to trace,
+    not as a wrong spec."""
+
+
 @dataclass(frozen=True)
 class GraphDims:
     """What an entrypoint is told about the job's graph (the argument of the user's function)."""
@@ -73,7 +79,7 @@ def build_entrypoint_model(ref: str, dims: GraphDims) -> torch.nn.Module:
     try:
         model = factory(dims)
     except Exception as exc:
-        raise EntrypointError(f"{ref}(dims) raised {type(exc).__name__}: {exc}") from None
+        raise EntrypointBuildFailed(f"{ref}(dims) raised {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
         raise EntrypointError(f"{ref}(dims) returned {type(model).__name__}, not a torch.nn.Module")
     return model

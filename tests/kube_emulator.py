@@ -341,7 +341,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)
         if isinstance(result, dict):
-            result["items"] = [item for item in result["items"] if _selection(request)(item)]
+            selects = _selection(request)
+            result["items"] = [item for item in result["items"] if selects(item)]
         if isinstance(result, dict) and request.resource is not None:
             info = self._info(request.resource)
             res = request.resource
@@ -404,7 +405,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                 and (request.namespace is None or ns == request.namespace)
                 and (request.name is None or name == request.name)
             ]
-        objs = [o for o in objs if _selection(request)(o)]
+        selects = _selection(request)
+        objs = [o for o in objs if selects(o)]
         if request.name is not None and not objs:
             return await self._render_error(kmock.KubernetesObjectNotFoundError())
         result = kube_kubectl.table(plural, objs, columns)

@@ -52,7 +52,7 @@ from gnnsched.contract import (
     VERSION,
 )
 from gnnsched.entrypoint_probe import ProbeRecord, ProbeResult, cache_key, probe_request
-from gnnsched.fault_classes import fault_step
+from gnnsched.fault_classes import counted_class, fault_step
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
@@ -896,6 +896,8 @@ class Operator:
         detail = f"pod {view.name} failed: {view.failure_reason}{exit_part}" + (
             f": {view.failure_message}" if view.failure_message else "")
         self._event(job, "Warning", "PodFailed", detail)
+        if facts.fault is not None or facts.outcome == "fault":
+            self.metrics.faults.labels(counted_class(facts.fault.xid if facts.fault else None)).inc()
         # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
         plan = self._stored_plan(status, None, any_generation=True)
         priority_class = _dict(_dict(pod).get("spec")).get("priorityClassName")
@@ -914,7 +916,8 @@ class Operator:
                 requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
                 assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
                 step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
-                                  _count(status, "undecidedFaults"), _count(status, "suspected"))
+                                  _count(status, "undecidedFaults"), _count(status, "suspected"),
+                                  _count(status, "requeues"))
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told

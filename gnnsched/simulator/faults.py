@@ -401,6 +401,7 @@ class LoopBooks:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
                 "fault_victims": self.fault_victims, "faults": self.faults, "hw_faults": self.hw_faults,
                 "app_faults": self.app_faults, "innocent_jobs_requeued": len(self.requeued_innocent),
+                "innocent_jobs_alone": len(self.alone - self.buggy.keys()),
                 "fault_log": list(self.fault_log),
                 "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
                                 for k in self.table.classes()}}

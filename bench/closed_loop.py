@@ -4,8 +4,8 @@ For each workload and seed it runs the same jobs three times: without errors or 
 ``--estimate-error lognormal:0.2 --hw-fault-rate 1 --buggy-jobs 0.05`` (issue 27's fault model), and with
 ``lognormal:0.05:1.3`` for calibration against ``-calib``; it prints per policy the mean JCT with and without errors
 and their ratio (over the jobs both runs completed: ``common_ratio``), OOM kills, memory-exceeded attempts, faults
-(hardware / application), fault victims, innocent jobs requeued, buggy jobs failed and innocent jobs lost, then the
-resize retries with and without calibration.
+(hardware / application), fault victims, innocent jobs requeued (and of them sent to run alone), buggy jobs failed
+and innocent jobs lost, then the resize retries with and without calibration.
 
     python bench/closed_loop.py [--workloads "cognn-mix;gnnsched-mix-high;BURST"] [--seeds 0,...,9]
         [--hw-fault-rate 1] [--hw-repair-seconds 600] [--buggy-jobs 0.05] [--backoff-limit N]
@@ -73,7 +73,7 @@ def main() -> None:
           f"{faults.hw_repair_s:g} --buggy-jobs {faults.buggy_fraction:g}; calibration with lognormal:0.05:1.3; "
           f"backoffLimit {limit}")
     print(f"{'workload':18s} {'seed':>4s} {'policy':10s} {'JCT s':>7s} {'errors':>7s} {'ratio':>6s} {'OOM':>4s} "
-          f"{'mem-exc':>7s} {'hw/app':>7s} {'victims':>7s} {'requeued':>8s} {'buggy':>5s} {'lost':>4s}")
+          f"{'mem-exc':>7s} {'hw/app':>7s} {'victims':>7s} {'requeued':>8s} {'alone':>5s} {'buggy':>5s} {'lost':>4s}")
     calib_rows = []
     worst = worst_own = (0.0, "")
     lost = 0
@@ -98,7 +98,8 @@ def main() -> None:
                 short = name if len(name) <= 18 else "burst"
                 print(f"{short:18s} {seed:4d} {policy:10s} {base:7.1f} {m['jct_mean_s']:7.1f} {ratio:6.2f} "
                       f"{m['oom_kills']:4d} {m['memory_exceeded']:7d} {m['hw_faults']:3d}/{m['app_faults']:<3d} "
-                      f"{m['fault_victims']:7d} {m['innocent_jobs_requeued']:8d} {m['buggy_jobs_failed']:5d} "
+                      f"{m['fault_victims']:7d} {m['innocent_jobs_requeued']:8d} {m['innocent_jobs_alone']:5d} "
+                      f"{m['buggy_jobs_failed']:5d} "
                       f"{m['jobs_lost']:4d}")
             cal = run(wl, cl, parse_policies(CALIB), seed, ix, jobs=jobs, estimate_error=biased,
                       backoff_limit=args.backoff_limit)

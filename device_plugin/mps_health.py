@@ -24,7 +24,12 @@ def assume_mps_healthy() -> MPSHealth:
 
 
 class StatusFileMPSHealth:
-    """Reads ``mps.healthy``, ``gpus[].mpsHealthy`` and ``updatedAt`` from the agent's status file on every call."""
+    """Reads ``mps.healthy``, ``gpus[].mpsHealthy``, ``gpus[].healthy`` and ``updatedAt`` from the agent's status file
+    on every call.
+
+    A GPU the agent reports unhealthy (a hardware Xid keeps it so until an admin acts, docs/faults.md) is unhealthy
+    here too, whatever this plugin's own driver view says: the agent's Xid mark lives in the agent, and a plugin
+    that restarted, or missed the event, would otherwise offer the GPU's slots to kubelet again."""
 
     def __init__(self, path: str | Path, max_age_s: float = 60.0) -> None:
         self.path = Path(path)
@@ -38,5 +43,5 @@ class StatusFileMPSHealth:
         age = status_age_seconds(status)
         if age is not None and age > self.max_age_s:
             return MPSHealth(False, f"node agent status is {age:.0f} s old (limit {self.max_age_s:g} s)")
-        per_gpu = {g.uuid: g.mps_healthy for g in status.gpus}
+        per_gpu = {g.uuid: g.mps_healthy and g.healthy for g in status.gpus}
         return MPSHealth(status.mps.healthy, status.mps.message, per_gpu)

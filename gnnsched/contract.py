@@ -225,6 +225,11 @@ class GPUStatus(_CamelModel):
     draining_reason: str | None = None  # "Xid", "MpsClientTerminated", "MpsServerFault" or "ClientFault"
     draining_xid: int | None = None
     draining_since: datetime | None = None
+    unhealthy_reason: str | None = None
+    """Why the driver side calls the GPU unhealthy (``Xid 79``, an NVML error); None while healthy."""
+    unhealthy_xid: int | None = None
+    """The hardware Xid that took the GPU out of service (docs/faults.md: it stays out until an admin acts)."""
+    unhealthy_since: datetime | None = None
     running: list[GPUJob] = Field(default_factory=list)
     queued: list[GPUJob] = Field(default_factory=list)
 
@@ -282,3 +287,10 @@ class GPUNodeStatus(_CamelModel):
     def gpu_count(self) -> int:
         """Written for the ``kubectl get gpunodes`` column; derived, so it cannot disagree with ``gpus``."""
         return len(self.gpus)
+
+    @computed_field(alias="unhealthyGpus")  # type: ignore[prop-decorator]
+    @property
+    def unhealthy_gpus(self) -> int:
+        """GPUs out of service (``healthy: false``), for the ``kubectl get gpunodes`` column; derived like
+        ``gpuCount``."""
+        return sum(1 for g in self.gpus if not g.healthy)

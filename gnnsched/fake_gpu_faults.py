@@ -10,10 +10,10 @@ GPU's UUID whose content is an Xid number (``79``, or ``31`` for an application-
 * The node agent's fake backend (``gnnsched.gpu_backend.FakeGPUBackend``, ``node-agent --fake-gpu-faults DIR``)
   reports each new file as the driver's Xid event for that GPU, once.
 * Every gated worker on that GPU (the agent hands ``GNNSCHED_FAKE_GPU_FAULTS=DIR`` to admitted workloads; the worker
-  knows its GPU from ``CUDA_VISIBLE_DEVICES``) fails its next step with the text a CUDA client of a terminated MPS
-  server prints, which ``gnnsched worker`` reports as a ``fault`` outcome. A worker admitted after the fault (the GPU
-  released by the agent) runs normally: only a fault written after its admission (``GNNSCHED_ADMITTED_AT``, set by
-  the gate) terminates it.
+  knows its GPU from ``CUDA_VISIBLE_DEVICES``) fails its next step with the error a CUDA client gets from that Xid
+  (:func:`client_error_message`), which ``gnnsched worker`` reports as a ``fault`` outcome. A worker admitted after
+  the fault (the GPU released by the agent) runs normally: only a fault written after its admission
+  (``GNNSCHED_ADMITTED_AT``, set by the gate) terminates it.
 
 Never a production code path: only a node agent with ``--gpus fake:...`` sets the variable.
 """
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gnnsched.contract import ENV_ADMITTED_AT, ENV_FAKE_GPU_FAULTS
 from gnnsched.errors import FieldError
+from gnnsched.fault_classes import is_hardware_xid
 
 CHECK_INTERVAL_S = 0.05
 """How often a worker looks at its fault file at most (a stat per step is cheap; this bounds it for tiny steps)."""
@@ -52,16 +53,25 @@ def read_xid(path: Path) -> int | None:
         raise FieldError(str(path), f"a fake GPU fault file holds an Xid number, got {text[:40]!r}") from None
 
 
-def client_terminated_message(uuid: str, xid: int) -> str:
-    """What a CUDA client of a terminated MPS server prints (``gnnsched.closed_loop`` classifies it as a victim)."""
-    return (f"CUDA error: cudaErrorMpsClientTerminated: the MPS client has been terminated by the server "
-            f"(fake GPU {uuid}: Xid {xid})")
+def client_error_message(uuid: str, xid: int) -> str:
+    """What every CUDA client on the GPU prints after Xid ``xid``.
+
+    An application Xid (``gnnsched.fault_classes.APPLICATION_XIDS``) gives every client its own fatal error,
+    ``cudaErrorIllegalAddress`` (700): on the H100 every client of an MPS fault got 700 and none got 810
+    (docs/gpu-measurements.md), so a lone client is the suspect and several cannot be told apart. A hardware Xid
+    terminates the clients as MPS does (``cudaErrorMpsClientTerminated``, 810); the rule charges none of them either
+    way."""
+    if is_hardware_xid(xid):
+        return (f"CUDA error: cudaErrorMpsClientTerminated: the MPS client has been terminated by the server "
+                f"(fake GPU {uuid}: Xid {xid})")
+    return f"CUDA error: an illegal memory access was encountered (fake GPU {uuid}: Xid {xid})"
 
 
 @dataclass
 class FakeGPUFaultWatch:
-    """The worker's side: raises the MPS client-terminated error once a fault is written for its GPU after the gate
-    admitted it there (``since``, from ``GNNSCHED_ADMITTED_AT``; the watch's creation when unknown).
+    """The worker's side: raises the client's CUDA error (:func:`client_error_message`) once a fault is written for
+    its GPU after the gate admitted it there (``since``, from ``GNNSCHED_ADMITTED_AT``; the watch's creation when
+    unknown).
 
     A fault written before belongs to an earlier fault the agent has drained (it admits nothing to a draining GPU);
     comparing with the admission, not with the worker's start, keeps a fault that lands while the worker is still
@@ -95,7 +105,7 @@ class FakeGPUFaultWatch:
         xid = read_xid(fault_path(self.directory, self.uuid))
         if xid is None:  # being written: look again next step
             return
-        raise RuntimeError(client_terminated_message(self.uuid, xid))
+        raise RuntimeError(client_error_message(self.uuid, xid))
 
 
 def watch_from_env(environ: dict[str, str] | os._Environ[str]) -> FakeGPUFaultWatch | None:

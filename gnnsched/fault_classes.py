@@ -39,12 +39,23 @@ REASON_CLIENT_TERMINATED = "MpsClientTerminated"
 
 ALONE_AFTER = 2
 """A job suspected, or undecided, this many times in application faults runs its later attempts alone on a GPU."""
+MAX_REQUEUES = 10
+"""Uncharged fault requeues a job may take; a fault that would requeue it again is charged to its ``backoffLimit``
+instead, so a cluster (or a job) that keeps faulting cannot loop a job forever."""
+REASON_REQUEUE_LIMIT = "RequeueLimit"
 
 
 def fault_class(xid: int | None) -> FaultClass:
     """``hardware`` for an Xid that is not an application Xid; ``application`` for an application Xid or none (a
     client's own fatal error, or MPS reporting a fault, without a hardware Xid)."""
     return "hardware" if xid is not None and xid not in APPLICATION_XIDS else "application"
+
+
+def counted_class(xid: int | None) -> Literal["hardware", "application", "unknown"]:
+    """The class the agent's and the operator's fault metrics count a fault under: its Xid's, or ``unknown`` when no
+    Xid reached the agent (a client's own error or MPS told; the charge rule treats such a fault as an
+    application's)."""
+    return "unknown" if xid is None else fault_class(xid)
 
 
 def is_hardware_xid(xid: int) -> bool:
@@ -106,9 +117,17 @@ class FaultStep:
     alone_reason: str | None = None
 
 
-def fault_step(charge: Charge, own_fault: bool, undecided: int, suspected: int) -> FaultStep:
+def may_requeue(requeues: int) -> bool:
+    """Whether a job already requeued ``requeues`` times without charge may be requeued so once more."""
+    return requeues < MAX_REQUEUES
+
+
+def fault_step(charge: Charge, own_fault: bool, undecided: int, suspected: int, requeues: int = 0) -> FaultStep:
     """The operator's step for a faulted attempt with ``charge`` (its own error a fatal fault other than 810 when
-    ``own_fault``), given the job's ``undecided`` and ``suspected`` counts so far."""
+    ``own_fault``), given the job's ``undecided`` and ``suspected`` counts and its uncharged ``requeues`` so far.
+    A victim past :data:`MAX_REQUEUES` is charged like any failure (``RequeueLimit``), its counters unchanged."""
+    if charge.role == "victim" and not may_requeue(requeues):
+        return FaultStep(False, REASON_REQUEUE_LIMIT, undecided, suspected, False)
     if charge.fault_class == "hardware":
         return FaultStep(True, REASON_GPU_FAULT, undecided, suspected, False)
     if charge.role == "suspect":

@@ -91,6 +91,9 @@ class GPUInfo:
     healthy: bool = True
     #: Why the GPU is unhealthy ("" when healthy).
     health_reason: str = ""
+    #: The critical Xid that made the GPU unhealthy, and when (Unix time); None when healthy or another cause.
+    unhealthy_xid: int | None = None
+    unhealthy_since: float | None = None
     #: Percent of time a kernel ran over the last sample period; None when the driver does not say.
     utilization_gpu_percent: int | None = None
     #: Percent of time device memory was read or written; None when the driver does not say.
@@ -325,7 +328,8 @@ class FakeGPUBackend:
         with self._cond:
             g = self._gpu(index)
             g.sticky_unhealthy = False
-            g.info = replace(g.info, healthy=healthy, health_reason="" if healthy else (reason or "marked unhealthy"))
+            g.info = replace(g.info, healthy=healthy, health_reason="" if healthy else (reason or "marked unhealthy"),
+                             unhealthy_xid=None, unhealthy_since=None if healthy else time.time())
             self._changed()
 
     def set_used_bytes(self, index: int, used_bytes: int) -> None:
@@ -371,10 +375,11 @@ class FakeGPUBackend:
             g = self._gpu(index)
             critical = xid not in APPLICATION_XIDS
             ev = HealthEvent(index=index, uuid=g.info.uuid, xid=xid, critical=critical, message=message)
-            if critical:
+            if critical and not g.sticky_unhealthy:  # the first critical Xid is what took the GPU out
                 g.sticky_unhealthy = True
                 g.info = replace(
-                    g.info, healthy=False, health_reason=f"Xid {xid}" + (f": {message}" if message else "")
+                    g.info, healthy=False, health_reason=f"Xid {xid}" + (f": {message}" if message else ""),
+                    unhealthy_xid=xid, unhealthy_since=time.time(),
                 )
             self._events.append(ev)
             self._changed()
@@ -428,6 +433,7 @@ class NVMLBackend:
         self._lock = threading.Lock()
         self._closed = False
         self._sticky: dict[str, str] = {}  # uuid -> reason, for GPUs with a critical Xid
+        self._sticky_xid: dict[str, tuple[int, float]] = {}  # uuid -> (the first critical Xid, when it came)
         try:
             count = pynvml.nvmlDeviceGetCount()
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
@@ -472,8 +478,10 @@ class NVMLBackend:
                 except nv.NVMLError:
                     pass  # not supported on this GPU / driver: leave None
                 reason = self._sticky.get(uuid, "")
+                xid, since = self._sticky_xid.get(uuid, (None, None))
                 out.append(
                     GPUInfo(i, uuid, name, total, used, healthy=not reason, health_reason=reason,
+                            unhealthy_xid=xid, unhealthy_since=since,
                             utilization_gpu_percent=util_gpu, utilization_memory_percent=util_mem)
                 )
         return out
@@ -516,8 +524,9 @@ class NVMLBackend:
                 uuid = _s(nv.nvmlDeviceGetUUID(data.device))
                 index = self._uuids.index(uuid) if uuid in self._uuids else -1
                 critical = xid not in APPLICATION_XIDS
-                if critical:
+                if critical and uuid not in self._sticky_xid:
                     self._sticky[uuid] = f"Xid {xid}"
+                    self._sticky_xid[uuid] = (xid, time.time())
             events.append(HealthEvent(index=index, uuid=uuid, xid=xid, critical=critical))
             wait_ms = 0  # drain what is already queued, then return
 

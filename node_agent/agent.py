@@ -31,7 +31,7 @@ from gnnsched.contract import (
     MPS_MAX_CLIENTS_PER_GPU,
     MPSStatus,
 )
-from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED
+from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED, counted_class
 from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
 from gnnsched.gpus import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot
@@ -430,6 +430,7 @@ class NodeAgent:
             self.quarantine.release(uuid)
             waited = max(0.0, time.time() - drain.since)
             self.metrics.drain_seconds.observe(waited)
+            self.metrics.faults_by_class.labels(counted_class(drain.xid)).inc()  # the Xid is final now
             self.gate.event("drained", gpu=gpu.index, uuid=uuid, reason=drain.reason, seconds=round(waited, 3))
             log.warning("GPU %d (%s): every client of the fault has exited and MPS answers: admitting again after "
                         "%.1f s", gpu.index, uuid, waited)

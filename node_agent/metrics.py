@@ -54,6 +54,14 @@ class AgentMetrics:
         )
         self.faults = Counter("gnnsched_gpu_faults", "Fatal MPS faults that put a GPU into quarantine, by what told",
                               ("gpu", "reason"), registry=r)
+        self.faults_by_class = Counter(
+            "gnnsched_gpu_faults_by_class",
+            "Fatal MPS faults by class (hardware, application, unknown: no Xid), counted when the GPU's drain ends",
+            ("class",), registry=r)
+        self.unhealthy = Gauge(
+            "gnnsched_gpu_unhealthy",
+            "1 while the GPU is out of service (a hardware Xid keeps it out until an admin acts); xid: the Xid that "
+            "took it out, empty when healthy or another cause", ("gpu", "uuid", "xid"), registry=r)
         self.fault_pods = Counter("gnnsched_fault_pods", "Pods annotated after a fatal MPS fault, by role",
                                   ("role",), registry=r)
         self.drain_seconds = Histogram(
@@ -72,6 +80,7 @@ class AgentMetrics:
         self._lock = threading.Lock()
         self._peaks: dict[str, int] = {}
         self._labels: dict[str, tuple[str, str]] = {}
+        self._unhealthy_labels: dict[str, tuple[str, str, str]] = {}  # uuid -> its gnnsched_gpu_unhealthy series
 
     # --- fed by the gate ----------------------------------------------------------------------------------------
 
@@ -121,6 +130,12 @@ class AgentMetrics:
             lab = (str(d.index), d.uuid)
             self.used.labels(*lab).set(d.used_bytes)
             self.healthy.labels(*lab).set(1 if d.healthy else 0)
+            unhealthy = (*lab, "" if d.healthy or d.unhealthy_xid is None else str(d.unhealthy_xid))
+            old = self._unhealthy_labels.get(d.uuid)
+            if old is not None and old != unhealthy:
+                self.unhealthy.remove(*old)  # one series per GPU: the Xid label changed
+            self._unhealthy_labels[d.uuid] = unhealthy
+            self.unhealthy.labels(*unhealthy).set(0 if d.healthy else 1)
             self.draining.labels(*lab).set(1 if draining and d.uuid in draining else 0)
         with self._lock:
             for key, used in usage.items():

@@ -51,7 +51,8 @@ def build_status(
 
     A draining GPU (``drains``, after a fatal MPS fault) shows ``draining`` with its reason and ``mpsHealthy: false``:
     MPS refuses new clients there until every client has exited, so the device plugin and the extender must not
-    count on it; and a restarted agent reads the fields back from the node status file to keep draining it."""
+    count on it; and a restarted agent reads the fields back from the node status file to keep draining it. An
+    unhealthy GPU (a hardware Xid: out of service until an admin acts) shows why, its Xid and since when."""
     drains = drains or {}
     by_index = {d.index: d for d in devices}
     queue = books.queue_order()
@@ -71,6 +72,10 @@ def build_status(
             draining_xid=drains[g.uuid].xid if g.uuid in drains else None,
             draining_since=(datetime.fromtimestamp(drains[g.uuid].since, tz=timezone.utc) if g.uuid in drains
                             else None),
+            unhealthy_reason=(d.health_reason or None) if d and not d.healthy else None,
+            unhealthy_xid=d.unhealthy_xid if d and not d.healthy else None,
+            unhealthy_since=(datetime.fromtimestamp(d.unhealthy_since, tz=timezone.utc)
+                             if d and not d.healthy and d.unhealthy_since is not None else None),
             queued=[_job(e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
     return GPUNodeStatus(

@@ -17,6 +17,12 @@ Reset: delete the object (``kubectl delete gnncalibration default``; every class
 until it or its pool has ``min_samples`` again), or drop one class with a merge patch setting
 ``status.ratios.<class>`` and ``status.exceeded.<class>`` (its memory-exceeded lower bounds) to null.
 The factors and the summary are recomputed from the ratios on every read, so a hand edit cannot leave them stale.
+
+Runtime (issue 28): ``status.runtimeRatios`` holds observed ÷ predicted *runtime* ratios per runtime class
+(``gnnsched.closed_loop.runtime_class``: GPU model, model class and size bucket, mode, container), kept and read by
+the same table and quantile rule under ``RuntimeCalibrationPolicy`` (the median); ``status.runtimeFactors`` and
+``status.runtimeSummary`` are derived from them as ``factors`` and ``summary`` are from ``ratios``. Reset a runtime
+class with a merge patch setting ``status.runtimeRatios.<class>`` to null.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pydantic import ValidationError
 
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
+    DEFAULT_RUNTIME_CALIBRATION,
     CalibrationClass,
     CalibrationPolicy,
     CalibrationTable,
@@ -89,32 +96,41 @@ class CalibrationStore:
 
     def __init__(self, kube: Kube, metrics: OperatorMetrics,
                  policy: Callable[[], CalibrationPolicy] = lambda: DEFAULT_CALIBRATION,
-                 name: str = GNNCALIBRATION_NAME) -> None:
+                 name: str = GNNCALIBRATION_NAME,
+                 runtime_policy: Callable[[], CalibrationPolicy] = lambda: DEFAULT_RUNTIME_CALIBRATION) -> None:
         self.kube = kube
         self.metrics = metrics
         self._policy = policy  # read at each use: the planner that applies the factors owns the policy
+        self._runtime_policy = runtime_policy
         self.name = name
         self._lock = threading.Lock()
 
-    def _parse(self, obj: dict[str, Any] | None) -> tuple[CalibrationTable, list[str]]:
+    def _parse(self, obj: dict[str, Any] | None) -> tuple[CalibrationTable, CalibrationTable, list[str]]:
+        """(memory table, runtime table, recorded attempt keys)."""
         status = obj.get("status") if isinstance(obj, dict) else None
         if not isinstance(status, dict):
-            return CalibrationTable(), []
-        ratios, exceeded = ({k: v for k, v in (status.get(name) or {}).items() if v is not None}
-                            if isinstance(status.get(name), dict) else {} for name in ("ratios", "exceeded"))
+            return CalibrationTable(), CalibrationTable(), []
+        ratios, exceeded, runtime = ({k: v for k, v in (status.get(name) or {}).items() if v is not None}
+                                     if isinstance(status.get(name), dict) else {}
+                                     for name in ("ratios", "exceeded", "runtimeRatios"))
         try:
             table = CalibrationTable(ratios=ratios, exceeded=exceeded)
+            runtime_table = CalibrationTable(ratios=runtime)
         except ValidationError as exc:
             # A hand edit that broke the object must not stop jobs: the static factor applies until it is fixed.
             log.warning("GNNCalibration %s is malformed (%s); using the static factor", self.name,
                         exc.errors()[0].get("msg"))
-            return CalibrationTable(), []
+            return CalibrationTable(), CalibrationTable(), []
         recorded = [str(k) for k in status.get("recorded") or [] if isinstance(k, str)]
-        return table, recorded
+        return table, runtime_table, recorded
 
     @property
     def policy(self) -> CalibrationPolicy:
         return self._policy()
+
+    @property
+    def runtime_policy(self) -> CalibrationPolicy:
+        return self._runtime_policy()
 
     def _publish(self, table: CalibrationTable) -> None:
         for key in table.classes():
@@ -123,14 +139,21 @@ class CalibrationStore:
             )
 
     def table(self) -> CalibrationTable:
-        """The current table (empty when the object does not exist or cannot be read as one)."""
-        table, _ = self._parse(self.kube.read_calibration(self.name))
-        self._publish(table)
-        return table
+        """The current memory table (empty when the object does not exist or cannot be read as one)."""
+        return self.tables()[0]
 
-    def record(self, cls: CalibrationClass, ratio: float, attempt_key: str, exceeded: bool = False) -> bool:
+    def tables(self) -> tuple[CalibrationTable, CalibrationTable]:
+        """The current memory and runtime tables, from one read."""
+        table, runtime, _ = self._parse(self.kube.read_calibration(self.name))
+        self._publish(table)
+        return table, runtime
+
+    def record(self, cls: CalibrationClass, ratio: float, attempt_key: str, exceeded: bool = False,
+               runtime: bool = False) -> bool:
         """Add one finished attempt's ratio (``exceeded``: a memory-exceeded attempt's lower bound, kept apart in
-        ``status.exceeded``). Returns whether any class's factor changed: ``False`` also when this attempt was
+        ``status.exceeded``; ``runtime``: an observed ÷ predicted runtime ratio of a runtime class, in
+        ``status.runtimeRatios``, its ``attempt_key`` distinct from the memory sample's). Returns whether any
+        class's factor of that kind changed: ``False`` also when this attempt was
         recorded before (a restart re-ran it). Why the caller needs it: a change re-plans every pod still waiting
         for a node, which lists the operator's pods; a sample that moves no factor (most of them, once a class is
         calibrated) must not cost a list per finished job.
@@ -139,14 +162,19 @@ class CalibrationStore:
         with self._lock:
             for _ in range(WRITE_TRIES):
                 obj = self.kube.read_calibration(self.name)
-                table, recorded = self._parse(obj)
+                memory, times, recorded = self._parse(obj)
                 if attempt_key in recorded:
                     return False
-                old = table
-                table = table.record(cls, ratio, self.policy, exceeded=exceeded)
+                policy = self.runtime_policy if runtime else self.policy
+                old = times if runtime else memory
+                table = old.record(cls, ratio, policy, exceeded=exceeded)
+                memory, times = (memory, table) if runtime else (table, times)
                 recorded = [*recorded, attempt_key][-RECORDED_KEEP:]
-                status = {"ratios": table.ratios, "exceeded": table.exceeded, "recorded": recorded,
-                          "updatedAt": now_rfc3339(), **derived_fields(table, self.policy)}
+                derived_times = derived_fields(times, self.runtime_policy)
+                status = {"ratios": memory.ratios, "exceeded": memory.exceeded, "recorded": recorded,
+                          "updatedAt": now_rfc3339(), **derived_fields(memory, self.policy),
+                          "runtimeRatios": times.ratios, "runtimeFactors": derived_times["factors"],
+                          "runtimeSummary": derived_times["summary"]}
                 try:
                     if obj is None:
                         self.kube.create_calibration({
@@ -163,8 +191,9 @@ class CalibrationStore:
                     if exc.status == 409:
                         continue  # someone wrote in between (or created it first): read again
                     raise
-                self._publish(table)
-                self.metrics.calibration_samples.labels(cls.key()).inc()
+                self._publish(memory)
+                if not runtime:
+                    self.metrics.calibration_samples.labels(cls.key()).inc()
                 keys = table.classes()
-                return _planning_factors(old, keys, self.policy) != _planning_factors(table, keys, self.policy)
+                return _planning_factors(old, keys, policy) != _planning_factors(table, keys, policy)
         raise KubeError(409, f"GNNCalibration {self.name}: still conflicting after {WRITE_TRIES} tries")

@@ -33,7 +33,7 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
-from gnnsched.closed_loop import MEASURED_OVERPREDICTION, CalibrationClass, CalibrationTable
+from gnnsched.closed_loop import MEASURED_OVERPREDICTION, CalibrationClass, CalibrationTable, runtime_class
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
@@ -52,7 +52,7 @@ from gnnsched.contract import (
     VERSION,
 )
 from gnnsched.entrypoint_probe import ProbeRecord, ProbeResult, cache_key, probe_request
-from gnnsched.fault_classes import fault_step
+from gnnsched.fault_classes import counted_class, fault_step
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
@@ -239,7 +239,8 @@ class Operator:
         self.kube = kube
         self.planner = planner
         self.metrics = metrics or OperatorMetrics()
-        self.calibration = CalibrationStore(kube, self.metrics, lambda: self.planner.calibration_policy)
+        self.calibration = CalibrationStore(kube, self.metrics, lambda: self.planner.calibration_policy,
+                                            runtime_policy=lambda: self.planner.runtime_policy)
         self.metrics_port: int | None = None  # the bound port once ``main.run_async`` serves the metrics
         self.pod_watcher: Any = None  # the running podwatch.PodWatcher once ``main.run_async`` started it
         self._job_locks: dict[str, threading.Lock] = {}
@@ -489,9 +490,10 @@ class Operator:
             conditions = list(status.get("conditions") or [])
         if plan is None:
             try:
-                table = self._calibration_table()
+                table, runtime = self._calibration_tables() or (None, None)
                 with self.metrics.plan_seconds.time():
-                    plan = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(status))
+                    plan = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(status),
+                                             runtime_calibration=runtime)
             except PlanError as exc:
                 new = dict(status, conditions=conditions)
                 self._fail(body, new, exc.phase, "Schedulable" if exc.phase == "Unschedulable" else "Estimated",
@@ -860,6 +862,8 @@ class Operator:
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None and view.observed_peak_bytes is not None:
                 self._calibrate(job, pod, plan, view.observed_peak_bytes, attempt)
+            if plan is not None and view.observed_runtime_seconds is not None:
+                self._calibrate_runtime(job, pod, plan, view.observed_runtime_seconds, attempt)
         self._write(job, status, new, message=message)
 
     def _pod_failed(self, job: dict[str, Any], status: dict[str, Any], new: dict[str, Any], view: PodView,
@@ -892,6 +896,8 @@ class Operator:
         detail = f"pod {view.name} failed: {view.failure_reason}{exit_part}" + (
             f": {view.failure_message}" if view.failure_message else "")
         self._event(job, "Warning", "PodFailed", detail)
+        if facts.fault is not None or facts.outcome == "fault":
+            self.metrics.faults.labels(counted_class(facts.fault.xid if facts.fault else None)).inc()
         # A retry runs what the job was planned as (a later spec edit is not applied to a running job).
         plan = self._stored_plan(status, None, any_generation=True)
         priority_class = _dict(_dict(pod).get("spec")).get("priorityClassName")
@@ -910,7 +916,8 @@ class Operator:
                 requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
                 assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
                 step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
-                                  _count(status, "undecidedFaults"), _count(status, "suspected"))
+                                  _count(status, "undecidedFaults"), _count(status, "suspected"),
+                                  _count(status, "requeues"))
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told
@@ -1032,10 +1039,11 @@ class Operator:
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)
 
-    def _calibration_table(self) -> CalibrationTable | None:
-        """The cluster's calibration table; ``None`` (static factor) when it cannot be read for a lasting reason."""
+    def _calibration_tables(self) -> tuple[CalibrationTable, CalibrationTable] | None:
+        """The cluster's memory and runtime calibration tables; ``None`` (static factors) when they cannot be read
+        for a lasting reason."""
         try:
-            return self.calibration.table()
+            return self.calibration.tables()
         except KubeError as exc:
             if exc.transient:
                 raise
@@ -1050,14 +1058,7 @@ class Operator:
         Only attempts whose reservation came from the estimate count (a ``gpuMemory`` job's estimate is still the
         prediction, so it counts too); the class is the GPU the attempt ran on. A failure to record is logged, never
         fatal: one lost sample only slows calibration, and the key makes a repeated record a no-op."""
-        gpu_uuid = _dict(_dict(pod.get("metadata")).get("annotations")).get(ANN_GPU)
-        model = None
-        if isinstance(gpu_uuid, str) and gpu_uuid:
-            try:
-                model = next((g.model for g in self.cluster_gpus() if g.uuid == gpu_uuid), None)
-            except KubeError:
-                model = None
-        model = model or plan.admit_gpu_model or plan.runtime_gpu_model
+        model = self._attempt_gpu_model(pod) or plan.admit_gpu_model or plan.runtime_gpu_model
         need = _need(plan, model)
         if not need or observed <= 0:
             return
@@ -1074,6 +1075,39 @@ class Operator:
             return
         if recorded:
             self._replan_waiting_pods()
+
+    def _attempt_gpu_model(self, pod: dict[str, Any]) -> str | None:
+        """The model of the GPU the node agent says the pod ran on, ``None`` when unknown."""
+        gpu_uuid = _dict(_dict(pod.get("metadata")).get("annotations")).get(ANN_GPU)
+        if not isinstance(gpu_uuid, str) or not gpu_uuid:
+            return None
+        try:
+            return next((g.model for g in self.cluster_gpus() if g.uuid == gpu_uuid), None)
+        except KubeError:
+            return None
+
+    def _calibrate_runtime(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: float,
+                           attempt: int) -> None:
+        """Record a succeeded attempt's observed ÷ predicted runtime in its runtime class
+        (``closed_loop.runtime_class``), against the predictor's figure without any runtime factor the plan applied.
+        Skipped when the attempt ran on another GPU model than the prediction was for (the ratio would mix the two
+        GPUs' speeds into one class). New plans use the factor at once; pods already waiting keep their predicted
+        runtime and PriorityClass (a pod's priority is immutable). Failures are logged, as for memory."""
+        predicted = plan.predicted_runtime_seconds
+        ran_on = self._attempt_gpu_model(pod)
+        if not predicted or observed <= 0 or (ran_on is not None and ran_on != plan.runtime_gpu_model):
+            return
+        try:
+            spec = parse_spec(job.get("spec"))
+        except SpecError:
+            return
+        cls = runtime_class(spec, plan.runtime_gpu_model, plan.container)
+        uid = _dict(job.get("metadata")).get("uid")
+        try:
+            self.calibration.record(cls, observed / (predicted / (plan.runtime_factor or 1.0)),
+                                    f"{uid}/{attempt}/runtime", runtime=True)
+        except KubeError as exc:
+            log.warning("could not record runtime calibration sample for %s: %s", cls.key(), exc)
 
     def _replan_waiting_pods(self) -> None:
         """The calibration changed: bring every gnnsched pod that still waits for a node up to the new factor now
@@ -1106,9 +1140,10 @@ class Operator:
         whole GPU) is the user's or the loop's own and is kept. Returns the plan now in force."""
         if plan.reservation_source not in ("estimate", "calibrated") or plan.exclusive:
             return plan
-        table = self._calibration_table()
-        if table is None:
+        tables = self._calibration_tables()
+        if tables is None:
             return plan
+        table, runtime = tables
         try:
             spec = parse_spec(job.get("spec"))
         except SpecError:
@@ -1121,7 +1156,8 @@ class Operator:
                 and (not now.calibrated or now.factor == plan.safety_factor):
             return plan
         try:
-            fresh = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(new))
+            fresh = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(new),
+                                      runtime_calibration=runtime)
         except PlanError:
             return plan
         if fresh.exclusive or fresh.reservation_source not in ("estimate", "calibrated") \

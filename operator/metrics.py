@@ -50,8 +50,11 @@ class OperatorMetrics:
                                "Attempts that ran out of their GPU memory reservation and were retried larger",
                                registry=r)
         self.requeues = Counter("gnnsched_operator_requeues",
-                                "Attempts requeued without using backoffLimit, by reason (CoLocatedFault)",
+                                "Attempts requeued without using backoffLimit, by reason (GPUFault, CoLocatedFault)",
                                 ("reason",), registry=r)
+        self.faults = Counter("gnnsched_operator_faults",
+                              "Failed attempts that a fatal GPU fault ended, by class of the agent's fault record "
+                              "(hardware, application; unknown: no Xid, or no record)", ("class",), registry=r)
         self.exclusive = Counter("gnnsched_operator_exclusive_pods",
                                  "Pods created to run alone on a whole GPU, by reason (ExceedsShareableCapacity, "
                                  "PredictedPeakAboveGPU, RepeatSuspect, RepeatFault, ProbeFailed)", ("reason",),

@@ -27,10 +27,12 @@ from pydantic import BaseModel, ConfigDict
 
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
+    DEFAULT_RUNTIME_CALIBRATION,
     MEASURED_OVERPREDICTION,
     CalibrationClass,
     CalibrationPolicy,
     CalibrationTable,
+    runtime_class,
 )
 from gnnsched.contract import PREDICTED_RUNTIME_RESOLUTION_S
 from gnnsched.entrypoint_probe import ProbeResult
@@ -86,7 +88,10 @@ class Plan(BaseModel):
     # Optional fields default to None: the plan round-trips through a JSON merge patch, which drops null keys.
     admit_gpu_model: str | None = None  # the GPU model whose overheads admit_bytes includes (None: the default)
     predicted_runtime_seconds: float | None = None  # None: no predictor could answer (runtime_source says why)
-    runtime_source: str  # which predictor produced it
+    runtime_source: str  # which predictor produced it, and the runtime factor when one applied
+    # The calibrated runtime factor predicted_runtime_seconds includes (None: the predictor's own figure); an
+    # attempt's observed ÷ predicted runtime ratio is taken against the prediction without it.
+    runtime_factor: float | None = None
     runtime_gpu_model: str
     intensity: Literal["memory", "compute"] | None = None
     requested_cpu: str | None = None
@@ -138,9 +143,11 @@ class Planner:
     """Runs the core models for one job. ``default_gpu_model`` is used for the runtime when no GPU has reported."""
 
     def __init__(self, default_gpu_model: str = "A100-40GB", estimate_device: Literal["cpu", "cuda"] = "cuda",
-                 calibration_policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> None:
+                 calibration_policy: CalibrationPolicy = DEFAULT_CALIBRATION,
+                 runtime_policy: CalibrationPolicy = DEFAULT_RUNTIME_CALIBRATION) -> None:
         self.default_gpu_model = default_gpu_model
         self.calibration_policy = calibration_policy
+        self.runtime_policy = runtime_policy
         self.estimate_device = estimate_device
         self.cache = EstimateCache()
         self._runtime_predictor: Any = None
@@ -253,7 +260,7 @@ class Planner:
     # --- the plan ---
 
     def plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU], calibration: CalibrationTable | None = None,
-             probe: ProbeResult | None = None) -> Plan:
+             probe: ProbeResult | None = None, runtime_calibration: CalibrationTable | None = None) -> Plan:
         """Estimate, check against the cluster's GPUs, predict and scale. Raises ``PlanError`` with the reason.
 
         The reservation (admit bytes) is, in order: ``spec.resources.gpuMemory`` when set; else the estimate with the
@@ -262,13 +269,16 @@ class Planner:
         fits a whole one runs alone (``exclusive``), reserving that GPU's capacity.
 
         An entrypoint job's estimate is its probe's trace (``probe``). Without one (the probe failed) and without
-        ``gpuMemory`` nothing predicts it: it runs alone on a whole GPU (``wholeGPU``)."""
+        ``gpuMemory`` nothing predicts it: it runs alone on a whole GPU (``wholeGPU``).
+
+        The predicted runtime is the predictor's times its runtime class's calibrated factor when
+        ``runtime_calibration`` has enough samples for it (``runtime_factor``; ``runtime_source`` says so)."""
         from gnnsched.gpus import get_gpu_model
 
         container: Literal["builtin", "custom"] = "custom" if (spec.command or spec.image) else "builtin"
         override = spec.resources.gpu_memory_bytes()
         if spec.model.entrypoint is not None and probe is None and override is None:
-            return self._whole_gpu_plan(spec, gpus, container)
+            return self._whole_gpu_plan(spec, gpus, container, runtime_calibration)
         try:
             base_admit, base_need, base_static, base_factor, base_cal = self._admit_on(spec, None, calibration,
                                                                                       container, probe)
@@ -346,7 +356,8 @@ class Planner:
             runtime_gpu = None
         needs = [ModelNeed(model=r[0].model, bytes=r[3]) for r in rows] or \
             [ModelNeed(model=self.default_gpu_model, bytes=base_need)]
-        return self._finish(spec, runtime_gpu, pmc_bytes=int(base.pmc_bytes), admit_bytes=admit_bytes,
+        return self._finish(spec, runtime_gpu, runtime_calibration, pmc_bytes=int(base.pmc_bytes),
+                            admit_bytes=admit_bytes,
                             estimate_admit_bytes=static_admit,
                             reservation_source="gpuMemory" if override is not None
                             else "calibrated" if calibrated else "estimate",
@@ -354,9 +365,11 @@ class Planner:
                             exclusive_reason=exclusive_reason if exclusive else None, container=container,
                             needs=needs, admit_gpu_model=admit_model)
 
-    def _finish(self, spec: GNNJobSpec, runtime_gpu: Any, **memory: Any) -> Plan:
-        """The plan from its memory decision (``memory``: Plan's memory fields) plus the runtime prediction and the
-        scaled resources on ``runtime_gpu`` (None: the default GPU model)."""
+    def _finish(self, spec: GNNJobSpec, runtime_gpu: Any, runtime_calibration: CalibrationTable | None,
+                **memory: Any) -> Plan:
+        """The plan from its memory decision (``memory``: Plan's memory fields) plus the runtime prediction (with
+        the runtime class's calibrated factor from ``runtime_calibration``) and the scaled resources on
+        ``runtime_gpu`` (None: the default GPU model)."""
         from gnnsched.gpus import get_gpu_model
 
         if runtime_gpu is None:
@@ -372,11 +385,20 @@ class Planner:
             seconds, source = scaled_runtime, "gnn-predictor"
         else:
             seconds, source = self._predict_runtime(spec, runtime_gpu, cpu, memory_bytes)
+        factor: float | None = None
+        if seconds is not None and runtime_calibration is not None:
+            cls = runtime_class(spec, runtime_gpu.name, memory["container"])
+            result = runtime_calibration.factor(cls, self.runtime_policy)
+            if result.calibrated:
+                factor = result.factor
+                seconds *= factor
+                source += f", calibrated x{factor:g} ({cls.key()}, {result.source} samples)"
         return Plan(
             **memory,
             predicted_runtime_seconds=None if seconds is None else max(round(seconds, 3),
                                                                        PREDICTED_RUNTIME_RESOLUTION_S),
             runtime_source=source,
+            runtime_factor=factor,
             runtime_gpu_model=runtime_gpu.name,
             intensity=self._intensity(spec, runtime_gpu),
             requested_cpu=spec.resources.cpu or format_cpu(req_cpu),
@@ -386,8 +408,8 @@ class Planner:
             scaling_note=note,
         )
 
-    def _whole_gpu_plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU], container: Literal["builtin", "custom"]
-                        ) -> Plan:
+    def _whole_gpu_plan(self, spec: GNNJobSpec, gpus: list[ClusterGPU], container: Literal["builtin", "custom"],
+                        runtime_calibration: CalibrationTable | None = None) -> Plan:
         """Alone on a whole GPU, with no prediction: the reservation is the capacity of the largest healthy GPU (the
         gate admits an exclusive pod only into an empty GPU; the extender places it where that capacity exists).
         With no GPU reported yet, the default model's capacity stands until the pod is placed."""
@@ -401,7 +423,8 @@ class Planner:
             runtime_gpu = None
         capacity = largest.capacity_bytes if largest is not None else \
             get_gpu_model(self.default_gpu_model).memory_bytes
-        return self._finish(spec, runtime_gpu, pmc_bytes=0, admit_bytes=capacity, estimate_admit_bytes=None,
+        return self._finish(spec, runtime_gpu, runtime_calibration, pmc_bytes=0, admit_bytes=capacity,
+                            estimate_admit_bytes=None,
                             reservation_source="wholeGPU", safety_factor=None, exclusive=True,
                             exclusive_reason="ProbeFailed", container=container, needs=[],
                             admit_gpu_model=largest.model if largest is not None else None)

@@ -8,7 +8,8 @@ Order of the rules, first match wins:
 
 1. The node agent marked the pod a **victim** of a co-located fatal MPS fault (``gnnsched.io/fault``, role
    ``victim``): requeue with the same reservation, not charged to ``backoffLimit`` (condition ``Requeued``, reason
-   ``CoLocatedFault``). Bounded by ``MAX_REQUEUES`` so a GPU that keeps faulting cannot loop a job forever.
+   ``CoLocatedFault``). Bounded by ``MAX_REQUEUES`` (``gnnsched.fault_classes.may_requeue``, the rule the simulator
+   runs too) so a GPU that keeps faulting cannot loop a job forever.
 2. The attempt ran out of its GPU memory reservation (``memory-exceeded``: the worker's result line, else the node
    agent's ``gnnsched.io/attempt-result`` annotation, else PyTorch's or CUDA's out-of-memory text in the termination
    message): retry with ``next_reservation``, capped at the largest
@@ -55,12 +56,10 @@ from gnnsched.contract import (
     ANN_OBSERVED_PEAK_BYTES,
     JOB_CONTAINER_NAME,
 )
-from gnnsched.fault_classes import ALONE_AFTER
+from gnnsched.fault_classes import ALONE_AFTER, may_requeue
 
 from .status import last_json_object, parse_time
 
-MAX_REQUEUES = 10
-"""Fault requeues a job may take without being charged; beyond it a victim is charged to ``backoffLimit``."""
 UNKNOWN_CAP = 2**62
 """The cap a resize uses while no GPUNode reports a healthy GPU."""
 SUSPECT_EXCLUSIVE_AFTER = ALONE_AFTER
@@ -208,7 +207,7 @@ def decide(facts: AttemptFacts, *, admit_bytes: int, resizes: int, max_resizes: 
            largest_gpu_bytes: int | None, policy: ResizePolicy | None = None) -> Decision:
     """The next step for a failed attempt (rules in the module docstring)."""
     policy = policy or ResizePolicy()
-    if facts.fault is not None and facts.fault.role == "victim" and requeues < MAX_REQUEUES:
+    if facts.fault is not None and facts.fault.role == "victim" and may_requeue(requeues):
         if facts.fault.klass() == "hardware":
             return Decision(kind="requeue", message=f"GPU {facts.fault.gpu} failed (hardware fault, Xid "
                                                     f"{facts.fault.xid}): no job is charged for it")

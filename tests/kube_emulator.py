@@ -10,7 +10,9 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * writes are serialised so that the ``test`` check and the write are atomic;
 * ``/api/v1/namespaces[/NAME]`` is routed to the namespaces resource (kmock reads it as a namespace prefix);
 * core discovery reports ``groupVersion: v1`` (kmock says ``/v1``, which hides core resources from kubectl);
-* list and watch honour equality ``labelSelector`` terms; watch streams end after ``timeoutSeconds``;
+* list and watch honour equality ``labelSelector`` terms and the ``fieldSelector`` fields the real server supports
+  for the kind (``kubectl describe`` lists an object's events with ``involvedObject.*``; another field is refused
+  with 400, as kube-apiserver does); watch streams end after ``timeoutSeconds``;
 * matching a request to kmock's reactions looks at that request only (kmock rescans every request so far: quadratic),
   and only recent requests are remembered;
 * ``POST pods/<name>/binding`` binds as kube-apiserver's binding subresource does (``BindingREST`` in
@@ -25,8 +27,12 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
   otherwise reports ``short name "gj" could also match lower priority resource gnnjobs/status``);
 * ``/openapi/v2``, ``/openapi/v3`` and ``/openapi/v3/<group-version>`` are built from the installed CRDs' schemas
   (``kubectl explain``, client-side validation and ``apply``'s patch type read them); a create or patch of a custom
-  resource with ``fieldValidation=Strict`` (kubectl's default) and an undeclared field is refused with the real
-  server's 400 ``strict decoding error``; ``dryRun=All`` validates and answers without storing;
+  resource with ``fieldValidation=Strict`` (kubectl's default) and an undeclared field is refused as the real
+  server refuses it (a create or update: 400 ``strict decoding error``; a patch: 422 Invalid on the field
+  ``patch``); ``dryRun=All`` validates and answers without storing;
+* ``kube-apiserver``'s own namespaces exist from the start (``default``, ``kube-system``, ``kube-public``,
+  ``kube-node-lease``), namespaces have their short name ``ns``, and nothing is created in a namespace that does
+  not exist (404 ``namespaces "x" not found``, as the NamespaceLifecycle admission plugin answers);
 * ``SelfSubjectAccessReview`` (``kubectl auth can-i``) answers allowed: there is no RBAC here.
 
 It is test infrastructure (imported by ``tests/`` and ``bench/``), not part of the package.
@@ -51,6 +57,7 @@ import yaml
 from kmock._internal import enums, parsing, rendering
 
 REPO = Path(__file__).resolve().parent.parent
+NAMESPACES = kmock.resource(group="", version="v1", plural="namespaces")
 
 
 def _parse_path(path: str, _original: Any = parsing.parse_path) -> Any:
@@ -117,8 +124,19 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         special = self._serve_kubectl(request)
         if special is not None:
             return special
+        if request.action in (enums.action.LIST, enums.action.WATCH) and request.resource is not None:
+            try:
+                kube_kubectl.field_selector(str(request.resource.plural), request.params.get("fieldSelector"))
+            except ValueError as exc:
+                return aiohttp.web.json_response(_status(400, "BadRequest", str(exc)), status=400)
+        if request.action == enums.action.CREATE and not self._namespace_exists(request.namespace):
+            return await self._render_error(kmock.KubernetesError(
+                status=404, reason="NotFound", message=f'namespaces "{request.namespace}" not found',
+                details={"name": request.namespace, "kind": "namespaces"}))
         if request.action in (enums.action.CREATE, enums.action.UPDATE) and request.resource is not None:
             refused = self._strict_fields(request)
+            if isinstance(refused, dict):
+                return aiohttp.web.json_response(refused, status=refused["code"])
             if refused is not None:
                 return await self._render_error(refused)
             if request.params.get("dryRun") == "All":
@@ -300,12 +318,11 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                 await close()
 
     async def _selected(self, request: rendering.Request, stream: Any) -> Any:
-        """Watch events of the objects the request's ``labelSelector`` selects (kmock sends every object)."""
-        terms = _selector_terms(request.params.get("labelSelector"))
+        """Watch events of the objects the request's selectors select (kmock sends every object)."""
+        selects = _selection(request)
         since = _version_number(request.params.get("resourceVersion"))
         async for item in stream:
-            if terms and isinstance(item, dict) and isinstance(item.get("object"), dict) \
-                    and not _matches(item["object"], terms):
+            if isinstance(item, dict) and isinstance(item.get("object"), dict) and not selects(item["object"]):
                 continue
             if since is not None and isinstance(item, dict) and isinstance(item.get("object"), dict):
                 seen = _version_number((item["object"].get("metadata") or {}).get("resourceVersion"))
@@ -323,9 +340,9 @@ class StrictKubernetes(kmock.KubernetesEmulator):
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)
-        terms = _selector_terms(request.params.get("labelSelector"))
-        if terms and isinstance(result, dict):
-            result["items"] = [item for item in result["items"] if _matches(item, terms)]
+        if isinstance(result, dict):
+            selects = _selection(request)
+            result["items"] = [item for item in result["items"] if selects(item)]
         if isinstance(result, dict) and request.resource is not None:
             info = self._info(request.resource)
             res = request.resource
@@ -358,6 +375,15 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             result.update(gitVersion=self.server_version, major=major, minor=minor)
         return result
 
+    def _namespace_exists(self, namespace: str | None) -> bool:
+        """The NamespaceLifecycle admission plugin's check (``apiserver/pkg/admission/plugin/namespace/lifecycle``):
+        nothing is created in a namespace that does not exist. Only where namespaces are declared
+        (``declare_resources``); an emulator without them has no namespaces to check against."""
+        if namespace is None or "v1/namespaces" not in self.resources:
+            return True
+        key = (NAMESPACES, None, namespace)
+        return key in self._objects and not self._objects[key].deleted
+
     def _info(self, resource: Any) -> Any:
         """The declared ResourceInfo, or None (kmock's ``resources[...]`` would declare it)."""
         return self.resources[resource] if resource is not None and resource in self.resources else None
@@ -370,7 +396,6 @@ class StrictKubernetes(kmock.KubernetesEmulator):
 
     async def _serve_table(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         plural, columns = self._table_columns(request)
-        terms = _selector_terms(request.params.get("labelSelector"))
         async with self._lock:
             objs = [
                 o.raw
@@ -380,7 +405,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                 and (request.namespace is None or ns == request.namespace)
                 and (request.name is None or name == request.name)
             ]
-        objs = [o for o in objs if not terms or _matches(o, terms)]
+        selects = _selection(request)
+        objs = [o for o in objs if selects(o)]
         if request.name is not None and not objs:
             return await self._render_error(kmock.KubernetesObjectNotFoundError())
         result = kube_kubectl.table(plural, objs, columns)
@@ -429,8 +455,9 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
         return schema
 
-    def _strict_fields(self, request: rendering.Request) -> kmock.KubernetesError | None:
-        """kube-apiserver's strict field validation of a custom resource: 400 naming each undeclared field."""
+    def _strict_fields(self, request: rendering.Request) -> kmock.KubernetesError | dict[str, Any] | None:
+        """kube-apiserver's strict field validation of a custom resource, naming each undeclared field: 400 for a
+        create or update, a 422 Status (returned as is) for a patch of a stored object."""
         if request.params.get("fieldValidation") != "Strict" or not isinstance(request.data, dict):
             return None
         schema = self._schema_of(request)
@@ -442,11 +469,15 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         fields = kube_kubectl.unknown_fields(body, schema)
         if not fields:
             return None
+        if request.method == "PATCH":
+            key = (request.resource, request.namespace, request.name)
+            stored = self._objects[key] if key in self._objects else None  # noqa: SIM401 - ObjectsArray has no get()
+            if stored is not None and not stored.deleted:
+                return kube_kubectl.strict_patch_error(_merge(stored.raw, request.data), fields)
         message = kube_kubectl.strict_decoding_message(fields)
-        if request.action == enums.action.CREATE:
-            info = self._info(request.resource)
-            kind = str(info.kind) if info is not None and info.kind else str(body.get("kind", ""))
-            message = f'{kind} in version "{request.resource.version}" cannot be handled as a {kind}: {message}'
+        info = self._info(request.resource)
+        kind = str(info.kind) if info is not None and info.kind else str(body.get("kind", ""))
+        message = f'{kind} in version "{request.resource.version}" cannot be handled as a {kind}: {message}'
         return kmock.KubernetesError(status=400, reason="BadRequest", message=message)
 
     async def _dry_run(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -522,6 +553,15 @@ def _matches(obj: dict[str, Any], terms: list[list[str]]) -> bool:
     return all(labels.get(k) == v for k, v in terms)
 
 
+def _selection(request: rendering.Request) -> Any:
+    """Whether an object is selected by the request's ``labelSelector`` and ``fieldSelector`` (checked in
+    ``_handle``: an unsupported field was answered 400 before)."""
+    labels = _selector_terms(request.params.get("labelSelector"))
+    plural = str(request.resource.plural) if request.resource is not None else ""
+    fields = kube_kubectl.field_selector(plural, request.params.get("fieldSelector"))
+    return lambda obj: _matches(obj, labels) and kube_kubectl.fields_match(obj, fields)
+
+
 def _pointer(obj: Any, path: str) -> Any:
     """Resolve an RFC 6901 JSON pointer; ``None`` when absent."""
     for part in [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]:
@@ -535,9 +575,17 @@ def _pointer(obj: Any, path: str) -> Any:
 
 
 def declare_resources(k8s: StrictKubernetes) -> None:
-    """Declare what the operator and kubectl discover: core namespaces/pods/events, GNNJob and GPUNode from the CRDs."""
+    """Declare what the operator and kubectl discover: core namespaces/pods/events, GNNJob and GPUNode from the CRDs;
+    store the namespaces a new cluster has."""
     k8s.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", singular="namespace", namespaced=False,
-                                                        verbs={"list", "watch", "get"})
+                                                        shortnames={"ns"},
+                                                        verbs={"list", "watch", "get", "create", "patch", "delete"})
+    for name in ("default", "kube-system", "kube-public", "kube-node-lease"):  # kube-apiserver makes these at start
+        k8s.objects["v1/namespaces", None, name] = {
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "uid": f"ns-{name}", "creationTimestamp": _now(), "resourceVersion": "1",
+                         "labels": {"kubernetes.io/metadata.name": name}},
+            "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
     k8s.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", singular="pod", namespaced=True, shortnames={"po"},
                                                   verbs={"list", "watch", "get", "create", "patch", "delete"},
                                                   subresources={"status", "binding", "log"})

@@ -12,8 +12,14 @@ the stored objects to those answers, each written to the upstream code it imitat
   ``x-kubernetes-group-version-kind`` and one path per verb, whose parameters kubectl's ``QueryParamVerifierV3``
   (``kubectl/pkg/.../query_param_verifier_v3.go``) looks for (``fieldValidation``, ``dryRun``) and whose PATCH
   request body lists no strategic merge patch for custom resources (so ``kubectl apply`` sends a merge patch);
-* strict field validation: ``apiserver/pkg/endpoints/handlers`` answers an unknown field under
-  ``fieldValidation=Strict`` with 400 BadRequest ``strict decoding error: unknown field "spec.foo"``.
+* strict field validation: ``apiextensions-apiserver/pkg/apiserver/customresource_handler.go``
+  (``schemaCoercingDecoder``) names each field the schema prunes, sorted (``unknown field "spec.foo"``); a create or
+  update is answered by ``apiserver/pkg/endpoints/handlers`` (``transformDecodeError``) with 400 BadRequest
+  ``GNNJob in version "v1alpha1" cannot be handled as a GNNJob: strict decoding error: ...``, a patch
+  (``patch.go``, ``jsonPatcher.applyPatchToCurrentObject``) with 422 Invalid on the field ``patch``;
+* field selectors: the fields each kind can be selected by (``generic.ObjectMetaFieldsSet`` plus the kind's own:
+  ``pkg/registry/core/event/strategy.go`` ``EventToSelectableFields``, the pod, node and namespace strategies),
+  anything else refused with 400 ``field label not supported: X``.
 
 It is test infrastructure (imported by ``tests/`` and ``bench/``), not part of the package.
 """
@@ -76,6 +82,18 @@ def age(stamp: Any, now: datetime.datetime | None = None) -> str:
         when = when.replace(tzinfo=datetime.timezone.utc)
     now = now or datetime.datetime.now(tz=datetime.timezone.utc)
     return human_duration((now - when).total_seconds())
+
+
+def date_cell(stamp: str) -> str:
+    """A ``date`` printer column's cell: the age, ``<unknown>`` for an empty (zero) time, ``<invalid>`` for a string
+    that is not RFC 3339."""
+    if not stamp:
+        return "<unknown>"
+    try:
+        datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return "<invalid>"
+    return age(stamp)
 
 
 # -- tables ----------------------------------------------------------------------------------------------------
@@ -175,7 +193,9 @@ def table(plural: str, objs: list[dict[str, Any]], printer_columns: list[dict[st
             out = []
             for c in crd_columns:
                 value = jsonpath(obj, c["jsonPath"])
-                out.append(age(value) if c.get("type") == "date" and value is not None else value)
+                if c.get("type") == "date":  # tableconvertor's cellForJSONValue
+                    value = (date_cell(value) if isinstance(value, str) else None)
+                out.append(value)
             return out
     # Every printer starts with the name except the events' (its Name column is last, shown with -o wide only).
     named = plural != "events" or printer_columns is not None
@@ -329,9 +349,67 @@ def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[s
 
 
 def strict_decoding_message(fields: list[str]) -> str:
-    """The real server's wording: one field ``strict decoding error: unknown field "spec.foo"``, several joined by
-    ``, ``."""
-    return "strict decoding error: " + ", ".join(f'unknown field "{f.lstrip(".")}"' for f in fields)
+    """The real server's wording: one field ``strict decoding error: unknown field "spec.foo"``, several sorted and
+    joined by ``, `` (the pruning sorts the paths it returns)."""
+    return "strict decoding error: " + ", ".join(f'unknown field "{f}"' for f in sorted(f.lstrip(".") for f in fields))
+
+
+def strict_patch_error(patched: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """The Status of a patch whose result has unknown fields: 422 Invalid, one cause on the field ``patch`` whose
+    value is the patched object as JSON (``errors.NewInvalid(schema.GroupKind{}, "", ...)``: no kind, no name, so
+    kubectl prints ``The request is invalid: patch: Invalid value: "{...}": strict decoding error: ...``)."""
+    # Go's encoding/json: keys sorted, no spaces, <, > and & escaped; the value is then quoted with %q.
+    js = json.dumps(patched, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    js = js.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    body = f"Invalid value: {json.dumps(js, ensure_ascii=False)}: {strict_decoding_message(fields)}"
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Invalid",
+            "code": 422, "message": f' "" is invalid: patch: {body}',
+            "details": {"causes": [{"reason": "FieldValueInvalid", "message": body, "field": "patch"}]}}
+
+
+# -- field selectors -------------------------------------------------------------------------------------------
+SELECTABLE_FIELDS: dict[str, dict[str, str]] = {
+    # selector label -> the object's dotted path, per plural (besides metadata.name and metadata.namespace)
+    "pods": {f: f for f in ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+                            "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName")},
+    "events": {**{f"involvedObject.{f}": f"involvedObject.{f}" for f in (
+        "kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")},
+        "reason": "reason", "reportingComponent": "reportingComponent", "source": "source.component", "type": "type"},
+    "nodes": {"spec.unschedulable": "spec.unschedulable"},
+    "namespaces": {"status.phase": "status.phase"},
+}
+
+
+def field_selector(plural: str, selector: Any) -> list[tuple[str, bool, str]]:
+    """``(path, equal, value)`` terms of a ``fieldSelector`` (``a=b``, ``a==b``, ``a!=b``, comma-separated).
+
+    Raises ``ValueError("field label not supported: X")`` for a field the kind cannot be selected by, as the real
+    server's field label conversion does (answered 400 BadRequest)."""
+    if not isinstance(selector, str) or not selector:
+        return []
+    fields = {"metadata.name": "metadata.name", "metadata.namespace": "metadata.namespace",
+              **SELECTABLE_FIELDS.get(plural, {})}
+    terms = []
+    for term in selector.split(","):
+        label, op, value = term.partition("!=") if "!=" in term else term.replace("==", "=", 1).partition("=")
+        if not op:
+            raise ValueError(f"invalid selector: '{selector}'; can't understand '{term}'")
+        if label.strip() not in fields:
+            raise ValueError(f"field label not supported: {label.strip()}")
+        terms.append((fields[label.strip()], op == "=", value.strip()))
+    return terms
+
+
+def field_value(obj: dict[str, Any], path: str) -> str:
+    """A selectable field as the server compares it: a string, booleans as ``true``/``false``, absent as empty."""
+    value = jsonpath(obj, path)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def fields_match(obj: dict[str, Any], terms: list[tuple[str, bool, str]]) -> bool:
+    return all((field_value(obj, path) == value) == equal for path, equal, value in terms)
 
 
 # -- access reviews --------------------------------------------------------------------------------------------

@@ -131,8 +131,6 @@ class Cluster:
 async def emulated_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     async with StrictKubernetes() as k8s, kmock.Server(k8s) as server:
         declare_resources(k8s)
-        k8s.objects["v1/namespaces", None, "default"] = {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "uid": "ns-default"}}
         url = str(server.url).rstrip("/")
         yield Cluster(k8s, url, write_kubeconfig(tmp_path / "kubeconfig", url))
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gnnsched import estimator
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
+    DEFAULT_RUNTIME_CALIBRATION,
     AttemptResult,
     CalibrationClass,
     CalibrationPolicy,
@@ -29,6 +30,8 @@ from gnnsched.closed_loop import (
     load_calibration_file,
     next_reservation,
     padded_quantile,
+    runtime_class,
+    size_bucket,
 )
 from gnnsched.errors import FieldError
 
@@ -330,3 +333,43 @@ def test_parse_mps_memory_limit_reads_what_the_gate_writes_and_the_mps_forms() -
     assert parse_mps_memory_limit("0=1048576") == 2**20
     with pytest.raises(ValueError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: cannot read '0=lots'"):
         parse_mps_memory_limit("0=lots")
+
+
+def test_runtime_class_is_model_class_size_bucket_mode_gpu_and_container() -> None:
+    from gnnsched.spec import parse_spec
+
+    assert [size_bucket(e) for e in (0, 1, 2, 3, 1023, 1024, 10_556)] == [0, 0, 1, 1, 9, 10, 13]
+    spec = parse_spec({"mode": "train", "model": {"arch": "gcn", "layers": 2, "hidden": 16}, "graph": {
+        "nodes": 1000, "edges": 10_556, "features": 8, "classes": 2}})
+    cls = runtime_class(spec, "A100-40GB", "builtin")
+    assert cls.key() == "A100-40GB.gcn-e13.train.builtin"
+    assert CalibrationClass.parse(cls.key()) == cls  # a valid table key
+    twice = parse_spec({**spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+                        "graph": {"nodes": 1000, "edges": 2 * 10_556, "features": 8, "classes": 2}})
+    assert runtime_class(twice, "A100-40GB", "builtin").key() == "A100-40GB.gcn-e14.train.builtin"
+    assert runtime_class(spec, "V100-32GB", "custom").key() == "V100-32GB.gcn-e13.train.custom"
+
+
+def test_runtime_factor_is_the_median_of_the_class_in_both_directions() -> None:
+    """The runtime policy is the memory rule with the median and bounds 0.1..10: it corrects a prediction that is
+    too low or too high (the memory policy would floor 0.5 at 1.0), and stays 1.0 until the class has min_samples."""
+    policy = DEFAULT_RUNTIME_CALIBRATION
+    slow = CalibrationClass(gpu_model="A100-40GB", arch="gat-e13", mode="train")
+    fast = CalibrationClass(gpu_model="A100-40GB", arch="sage-e13", mode="train")
+    table = CalibrationTable()
+    for ratio in (1.9, 2.2, 1.7, 2.0, 30.0):  # one runaway attempt does not move the median
+        table = table.record(slow, ratio, policy)
+    assert table.factor(slow, policy).factor == 2.0 and table.factor(slow, policy).source == "class"
+    for ratio in (0.5, 0.6, 0.4, 0.5):
+        table = table.record(fast, ratio, policy)
+    # four of its own: the pool's median (every model class on that GPU and mode) stands in
+    pooled = table.factor(fast, policy)
+    assert pooled.source == "pool" and pooled.factor == sorted([1.9, 2.2, 1.7, 2.0, 30.0, 0.5, 0.6, 0.4, 0.5])[4]
+    table = table.record(fast, 0.45, policy)
+    assert table.factor(fast, policy).factor == 0.5  # below 1: a runtime factor corrects downwards too
+    assert table.factor(fast, DEFAULT_CALIBRATION).factor == 1.0  # the memory policy floors it at the prediction
+    other = CalibrationClass(gpu_model="V100-32GB", arch="gat-e13", mode="train")
+    assert table.factor(other, policy).factor == 1.0 and not table.factor(other, policy).calibrated
+    huge = CalibrationTable().record(slow, 500.0, policy).record(slow, 400.0, policy)
+    assert table.factor(slow, policy.model_copy(update={"min_samples": 1})).factor == 2.0
+    assert huge.factor(slow, policy.model_copy(update={"min_samples": 1})).factor == policy.cap == 10.0

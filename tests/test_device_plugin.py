@@ -258,10 +258,10 @@ def test_mps_health_from_agent_status_file(tmp_path):
     plugin = DevicePlugin(backend, _config(tmp_path, mps_pipe_dir=str(pipe)), StatusFileMPSHealth(path, max_age_s=30))
     plugin.start()
 
-    def write(mps_ok=True, gpu_ok=(True, True), age_s=0.0):
+    def write(mps_ok=True, gpu_ok=(True, True), age_s=0.0, agent_gpu_ok=(True, True)):
         at = datetime.now(timezone.utc) - timedelta(seconds=age_s)
-        gpus = [GPUStatus(index=i, uuid=u, model="A100-80GB", total_bytes=80 * GI, mps_healthy=ok)
-                for i, (u, ok) in enumerate(zip((u0, u1), gpu_ok, strict=True))]
+        gpus = [GPUStatus(index=i, uuid=u, model="A100-80GB", total_bytes=80 * GI, mps_healthy=ok, healthy=hw)
+                for i, (u, ok, hw) in enumerate(zip((u0, u1), gpu_ok, agent_gpu_ok, strict=True))]
         write_status_file(path, GPUNodeStatus(node_name="n1", updated_at=at, mps=MPSStatus(healthy=mps_ok), gpus=gpus))
 
     def health():
@@ -274,6 +274,8 @@ def test_mps_health_from_agent_status_file(tmp_path):
         assert kubelet.wait_for(lambda: health() == (["Healthy"], ["Healthy"]))
         write(gpu_ok=(True, False))
         assert kubelet.wait_for(lambda: health() == (["Healthy"], ["Unhealthy"]))
+        write(agent_gpu_ok=(False, True))  # a hardware Xid the agent saw (this plugin's own backend did not)
+        assert kubelet.wait_for(lambda: health() == (["Unhealthy"], ["Healthy"]))
         write(mps_ok=False)
         assert kubelet.wait_for(lambda: health() == (["Unhealthy"], ["Unhealthy"]))
         write()

@@ -53,7 +53,7 @@ def test_fault_dir_is_for_fake_gpus_only(tmp_path: Path) -> None:
         open_backend("nvml", fault_dir=tmp_path)
 
 
-def test_worker_watch_fails_with_mps_client_terminated_after_its_admission(tmp_path: Path) -> None:
+def test_worker_watch_fails_with_the_xids_client_error_after_its_admission(tmp_path: Path) -> None:
     admitted = time.time()
     watch = FakeGPUFaultWatch(tmp_path, UUID0, since=admitted)
     watch.check()  # no fault yet
@@ -67,7 +67,14 @@ def test_worker_watch_fails_with_mps_client_terminated_after_its_admission(tmp_p
     with pytest.raises(RuntimeError) as err:
         watch.check()
     text = str(err.value)
-    assert classify_log(text) == "fault" and is_mps_victim_text(text) and UUID0 in text and "Xid 31" in text
+    # an application Xid: every client gets its own fatal error (700, as on the H100), not MPS's 810
+    assert classify_log(text) == "fault" and not is_mps_victim_text(text) and UUID0 in text and "Xid 31" in text
+    assert "illegal memory access" in text
+    _write(tmp_path, UUID0, 79, mtime=admitted + 2)  # a hardware Xid: MPS terminates its clients (810)
+    time.sleep(0.06)
+    with pytest.raises(RuntimeError) as err:
+        watch.check()
+    assert classify_log(str(err.value)) == "fault" and is_mps_victim_text(str(err.value)) and "Xid 79" in str(err.value)
 
 
 def test_watch_from_env(tmp_path: Path) -> None:
@@ -99,5 +106,5 @@ def test_a_fault_mid_run_is_a_fault_outcome(tmp_path: Path) -> None:
             _write(tmp_path, UUID0, 31)
 
     result = run_attempt(spec, progress=progress, fault_watch=watch)
-    assert result.outcome == "fault" and "cudaErrorMpsClientTerminated" in (result.message or "")
+    assert result.outcome == "fault" and "illegal memory access" in (result.message or "")
     assert steps < 100000

@@ -16,10 +16,12 @@ from gnnsched.contract import ANN_FAULT, JOB_CONTAINER_NAME
 from gnnsched.fault_classes import (
     ALONE_AFTER,
     APPLICATION_XIDS,
+    MAX_REQUEUES,
     REASON_CLIENT_FAULT,
     REASON_CLIENT_TERMINATED,
     REASON_COLOCATED,
     REASON_GPU_FAULT,
+    REASON_REQUEUE_LIMIT,
     ClientError,
     fault_charges,
     fault_class,
@@ -174,6 +176,33 @@ def test_simulator_and_agent_agree_on_every_charge(xid: int, clients: int) -> No
             assert (decision.kind == "requeue") == op.requeue == ours.requeue == (not sim[job.id].charged)
             assert (op.reason, op.undecided, op.suspected, op.alone) == \
                 (ours.reason, ours.undecided, ours.suspected, ours.alone)
+
+
+@pytest.mark.parametrize("xid", [79, 43])
+def test_the_requeue_cap_is_the_same_in_the_operator_and_the_simulator(xid: int) -> None:
+    """A job requeued uncharged MAX_REQUEUES times (by hardware faults, or undecided application faults with a
+    neighbour) is charged at the next one, by ``may_requeue`` in the operator's decide and in the simulator's step."""
+    jobs = [_job(0), _job(1)]
+    books = LoopBooks(error=NO_ERROR, fault_model=NO_FAULTS, seed=0, mode="gnnsched", largest_bytes=2**35,
+                      capacity={"V100-32GB": 2**35})
+    requeues, undecided, suspected = 0, 0, 0
+    verdicts = []
+    for _ in range(MAX_REQUEUES + 2):
+        record = _agent_records(xid, {str(j.id): ClientEnd(1, OWN_700) for j in jobs})["0"]
+        facts = attempt_facts(_pod(record, OWN_700))
+        assert facts.fault is not None
+        decision = decide(facts, admit_bytes=2**30, resizes=0, max_resizes=3, requeues=requeues,
+                          largest_gpu_bytes=2**35)
+        op = fault_step(facts.fault.charge(), True, undecided, suspected, requeues)
+        ours = books.step(jobs[0], books.fault_charges(xid, jobs, culprit=None)[0])
+        assert (decision.kind == "requeue") == op.requeue == ours.requeue
+        assert (op.reason, op.undecided, op.suspected) == (ours.reason, ours.undecided, ours.suspected)
+        requeues += op.requeue
+        undecided, suspected = op.undecided, op.suspected
+        verdicts.append(op.reason)
+    first = REASON_GPU_FAULT if xid == 79 else REASON_COLOCATED
+    assert verdicts == [first] * MAX_REQUEUES + [REASON_REQUEUE_LIMIT] * 2
+    assert books.requeues[0] == MAX_REQUEUES
 
 
 def test_an_application_fault_with_an_810_neighbour_agrees_too() -> None:

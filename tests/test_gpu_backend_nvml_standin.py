@@ -13,10 +13,20 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from dp_test_kubelet import TestKubelet
+from kubernetes.client.rest import ApiException
+from test_extender_cache import make_pod
+from test_extender_cluster import _clients, _wait
+from test_extender_cluster import api as emulated_api  # noqa: F401 - a fixture: the emulated API server
+from test_fault_domain_processes import _free_port
+
+from gnnsched.contract import GROUP, VERSION
 
 SOURCE = Path(__file__).parent / "fake_nvml" / "fake_nvml.c"
 U0 = "GPU-11111111-2222-3333-4444-555555555555"
@@ -113,4 +123,103 @@ def test_device_plugin_on_nvml_standin(libdir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        kubelet.stop()
+
+
+def test_one_xid_is_seen_alike_by_the_agent_the_device_plugin_and_the_extender(libdir, tmp_path,
+                                                                             emulated_api):  # noqa: F811
+    """The same Xid on the stand-in driver, read by each component through its own ``pynvml``: the node agent (its
+    GPUNode status through the emulated API server, its metrics over HTTP), the device plugin (ListAndWatch to a
+    kubelet over gRPC) and the extender (watching GPUNodes, asked over HTTP). An application Xid (13) leaves the GPU in
+    service once drained; a hardware Xid (79, then 48) takes it out of all three and keeps it out."""
+    from gnnsched.extender.server import ExtenderOptions, build_app
+    from gnnsched.extender.testing import LoopbackServer
+
+    url, kubeconfig, _, _ = emulated_api
+    core, custom = _clients(url)
+    node: Any = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+                 "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}}
+    core.create_node(node)
+    state = tmp_path / "nvml"
+    state.write_text("".join(line + "\n" for line in STATE.splitlines() if line.startswith("gpu ")))  # idle GPUs
+    env = {**_env(libdir, state), "KUBECONFIG": str(kubeconfig)}
+    node_state, plugin_dir, pods = tmp_path / "node-state", tmp_path / "dp", tmp_path / "pods.json"
+    plugin_dir.mkdir()
+    pods.write_text(json.dumps({"pods": [], "gnnjobs": []}))
+    port = _free_port()
+    kubelet = TestKubelet(plugin_dir)
+    kubelet.start()
+    gnnsched = [sys.executable, "-m", "gnnsched.cli"]
+    logs = [(tmp_path / "agent.log").open("w"), (tmp_path / "plugin.log").open("w")]
+    procs = [
+        subprocess.Popen([*gnnsched, "node-agent", "--gpus=nvml", "--node-name=n1",
+                          f"--gate-socket={tmp_path / 'g.sock'}", f"--pods-file={pods}", f"--state-dir={node_state}",
+                          "--mps=off", "--peer-check=off", "--no-node-check", f"--jobs-uid={os.getuid()}",
+                          "--status-interval=0.3", f"--metrics-port={port}", "--metrics-addr=127.0.0.1",
+                          "--log-level=warning"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=logs[0]),
+        subprocess.Popen([*gnnsched, "device-plugin", f"--plugin-dir={plugin_dir}", "--gpus=nvml", "--slots-per-gpu=2",
+                          f"--state-dir={node_state}", "--poll-interval=0.1", "--log-level=warning"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=logs[1]),
+    ]
+
+    def gpus() -> list[dict]:
+        try:
+            obj: Any = custom.get_cluster_custom_object(GROUP, VERSION, "gpunodes", "n1")
+        except ApiException as exc:  # the agent has not created its GPUNode yet
+            assert exc.status == 404, exc
+            return []
+        return obj.get("status", {}).get("gpus") or []
+
+    def slots(uuid: str) -> set[str]:
+        return {h for sid, h in kubelet.latest().items() if sid.startswith(uuid)}
+
+    def metric(text: str) -> float | None:
+        for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text.splitlines():
+            if line.startswith(text + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def xid(index: int, number: int) -> None:
+        with state.open("a") as f:
+            f.write(f"xid {index} {number}\n")
+
+    pod = {"Pod": make_pod("p", 30, intensity="memory", uid="u-p"), "NodeNames": ["n1"]}
+    try:
+        with LoopbackServer(build_app(ExtenderOptions(kubeconfig=str(kubeconfig)))) as srv, \
+                httpx.Client(base_url=srv.url, timeout=10) as ext:
+            offered = lambda: ext.post("/filter", json=pod).json()["NodeNames"] == ["n1"]  # noqa: E731
+            _wait(lambda: len(gpus()) == 2 and slots(U0) == slots(U1) == {"Healthy"} and offered(), "start", 60)
+
+            xid(0, 13)  # an application Xid: the GPU drains (no client here), then is back everywhere
+            _wait(lambda: metric('gnnsched_gpu_faults_by_class_total{class="application"}') == 1, "the drain", 30)
+            _wait(lambda: gpus()[0]["healthy"] and gpus()[0]["mpsHealthy"] and slots(U0) == {"Healthy"} and offered(),
+                  "GPU 0 back")
+
+            xid(1, 79)  # a hardware Xid: GPU 1 out in the agent, the plugin and the extender; GPU 0 still offered
+            _wait(lambda: not gpus()[1]["healthy"] and slots(U1) == {"Unhealthy"}, "GPU 1 out", 30)
+            assert (gpus()[1]["unhealthyXid"], gpus()[1]["unhealthyReason"]) == (79, "Xid 79")
+            assert custom.get_cluster_custom_object(GROUP, VERSION, "gpunodes", "n1")["status"]["unhealthyGpus"] == 1
+            _wait(lambda: metric(f'gnnsched_gpu_unhealthy{{gpu="1",uuid="{U1}",xid="79"}}') == 1, "the metric", 10)
+            assert slots(U0) == {"Healthy"} and offered()
+
+            xid(0, 48)  # and GPU 0: no GPU of the node is offered any more
+            _wait(lambda: not gpus()[0]["healthy"] and slots(U0) == {"Unhealthy"}, "GPU 0 out", 30)
+            _wait(lambda: not offered(), "the extender to filter n1 out", 30)
+            failed = ext.post("/filter", json=pod).json()["FailedNodes"]["n1"]
+            assert "none of the node's 2 GPUs is healthy" in failed, failed
+            time.sleep(1.5)  # several samples and publishes later, nothing came back by itself
+            assert not any(g["healthy"] for g in gpus()) and slots(U0) == slots(U1) == {"Unhealthy"}
+            assert metric('gnnsched_gpu_faults_by_class_total{class="hardware"}') == 2
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for handle in logs:
+            handle.close()
         kubelet.stop()

@@ -7,12 +7,17 @@ as kube-apiserver does; Tables carry the CRD's printer columns. The whole kubect
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import re
+from pathlib import Path
+from typing import Any
 
 import kube_kubectl
 import pytest
 import yaml
 from kube_emulator import REPO
+from operator_harness import JOBS, emulated_cluster, manifest
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
@@ -43,6 +48,54 @@ def test_unknown_fields_are_named_by_path() -> None:
     fields = kube_kubectl.unknown_fields(job, _schema())
     assert sorted(fields) == [".spec.graph.datset", ".spec.modle"]
     assert kube_kubectl.strict_decoding_message([".spec.modle"]) == 'strict decoding error: unknown field "spec.modle"'
+    assert kube_kubectl.strict_decoding_message([".spec.modle", ".spec.graph.datset"]) == (  # sorted, as pruning
+        'strict decoding error: unknown field "spec.graph.datset", unknown field "spec.modle"')
+
+
+def test_a_patch_with_an_unknown_field_is_invalid_as_the_patch_handler_says() -> None:
+    """``jsonPatcher.applyPatchToCurrentObject``: 422 Invalid, no kind or name, one cause on the field ``patch``
+    whose value is the patched object as Go's encoding/json writes it, quoted."""
+    status = kube_kubectl.strict_patch_error({"spec": {"modle": {"a": "<b>"}}, "kind": "GNNJob"}, [".spec.modle"])
+    assert status["code"] == 422 and status["reason"] == "Invalid" and status["status"] == "Failure"
+    body = ('Invalid value: "{\\"kind\\":\\"GNNJob\\",\\"spec\\":{\\"modle\\":{\\"a\\":'
+            '\\"\\\\u003cb\\\\u003e\\"}}}": strict decoding error: unknown field "spec.modle"')
+    assert status["details"] == {"causes": [{"reason": "FieldValueInvalid", "message": body, "field": "patch"}]}
+    assert status["message"] == f' "" is invalid: patch: {body}'
+
+
+@pytest.mark.parametrize(("plural", "selector", "terms"), [
+    ("events", "involvedObject.name=a,involvedObject.kind==GNNJob",
+     [("involvedObject.name", True, "a"), ("involvedObject.kind", True, "GNNJob")]),
+    ("events", "source=kopf", [("source.component", True, "kopf")]),
+    ("pods", "spec.nodeName!=n1", [("spec.nodeName", False, "n1")]),
+    ("gnnjobs", "metadata.name=a", [("metadata.name", True, "a")]),
+    ("pods", "", []),
+])
+def test_field_selectors_take_the_fields_the_kind_supports(plural: str, selector: str, terms: list) -> None:
+    assert kube_kubectl.field_selector(plural, selector) == terms
+
+
+@pytest.mark.parametrize(("plural", "selector", "error"), [
+    ("gnnjobs", "spec.mode=train", "field label not supported: spec.mode"),
+    ("pods", "spec.nodeName", "invalid selector: 'spec.nodeName'; can't understand 'spec.nodeName'"),
+])
+def test_other_field_selectors_are_refused(plural: str, selector: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        kube_kubectl.field_selector(plural, selector)
+
+
+def test_field_selectors_compare_strings_booleans_and_absent_fields() -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "hostNetwork": False}}
+    assert kube_kubectl.fields_match(pod, kube_kubectl.field_selector("pods", "spec.hostNetwork=false"))
+    assert kube_kubectl.fields_match(pod, kube_kubectl.field_selector("pods", "status.phase="))
+    assert not kube_kubectl.fields_match(pod, kube_kubectl.field_selector("pods", "spec.nodeName=n2"))
+    assert kube_kubectl.fields_match(pod, kube_kubectl.field_selector("pods", "spec.nodeName!=n2,metadata.name=p"))
+
+
+def test_date_columns_as_the_crd_table_convertor_writes_them() -> None:
+    assert kube_kubectl.date_cell("") == "<unknown>"
+    assert kube_kubectl.date_cell("yesterday") == "<invalid>"
+    assert re.fullmatch(r"\d+y\d*d?", kube_kubectl.date_cell("2000-01-01T00:00:00Z"))
 
 
 def test_crd_table_uses_printer_columns_and_ages() -> None:
@@ -85,3 +138,35 @@ def test_openapi_v3_offers_kubectl_what_it_checks() -> None:
     assert "spec" in schemas["io.gnnsched.v1alpha1.GNNJob"]["properties"]
     root = kube_kubectl.v3_root({gv: kube_kubectl.v3_document(paths, schemas)})
     assert root["paths"][gv]["serverRelativeURL"].startswith(f"/openapi/v3/{gv}?hash=")
+
+
+def test_the_emulator_selects_fields_checks_namespaces_and_refuses_unknown_fields(tmp_path: Path) -> None:
+    """The same answers over HTTP (what kubectl and the components get)."""
+
+    async def scenario() -> dict[str, Any]:
+        async with emulated_cluster(tmp_path) as cluster:
+            out: dict[str, Any] = {"missing": await cluster.request("POST", JOBS.format(ns="nosuch"), json=manifest())}
+            await cluster.create_job(manifest("a"))
+            for name, kind in (("a", "GNNJob"), ("a-0", "Pod")):
+                await cluster.request("POST", "/api/v1/namespaces/default/events", json={
+                    "metadata": {"name": f"{name}.1"}, "involvedObject": {"kind": kind, "name": name},
+                    "reason": "Made", "type": "Normal"})
+            out["selected"] = await cluster.request(
+                "GET", "/api/v1/namespaces/default/events?fieldSelector=involvedObject.kind%3DGNNJob")
+            out["unsupported"] = await cluster.request(
+                "GET", JOBS.format(ns="default") + "?fieldSelector=spec.mode%3Dx")
+            out["patch"] = await cluster.request(
+                "PATCH", JOBS.format(ns="default") + "/a?fieldValidation=Strict", json={"spec": {"modle": {}}},
+                headers={"Content-Type": "application/merge-patch+json"})
+            out["namespaces"] = await cluster.request("GET", "/api/v1/namespaces")
+            return out
+
+    got = asyncio.run(scenario())
+    assert got["missing"][0] == 404 and got["missing"][1]["message"] == 'namespaces "nosuch" not found'
+    assert [e["metadata"]["name"] for e in got["selected"][1]["items"]] == ["a.1"]
+    assert got["unsupported"][0] == 400 and got["unsupported"][1]["message"] == "field label not supported: spec.mode"
+    status, body = got["patch"]
+    assert status == 422 and body["details"]["causes"][0]["field"] == "patch"
+    assert body["message"].endswith('strict decoding error: unknown field "spec.modle"')
+    assert {n["metadata"]["name"] for n in got["namespaces"][1]["items"]} == {
+        "default", "kube-system", "kube-public", "kube-node-lease"}

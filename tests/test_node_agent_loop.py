@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -314,11 +315,43 @@ async def test_a_fatal_fault_drains_the_gpu_marks_victims_and_the_suspect_and_su
         (node.tmp / "mps" / "fail-commands").unlink()
         await agent._sample()
         assert not agent.quarantine.drains
+        assert agent.metrics.registry.get_sample_value("gnnsched_gpu_faults_by_class_total",
+                                                       {"class": "application"}) == 1  # Xid 43
+        assert node.backend.devices()[0].healthy  # an application Xid leaves the GPU in service
         msg = await _reply(r_late)
         assert msg["status"] == "admitted" and msg["gpuIndex"] == 0
         w_late.close()
         events = [json.loads(line)["event"] for line in (node.tmp / "events.jsonl").read_text().splitlines()]
         assert "fault" in events and "fault-role" in events and "drained" in events
+    finally:
+        await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_hardware_xid_takes_the_gpu_out_with_its_xid_and_since_when(node: Node) -> None:
+    """Xid 79 on an idle GPU: the drain ends at once (no client), but the GPU stays unhealthy (until an admin acts):
+    the status shows the Xid and since when, ``gnnsched_gpu_unhealthy`` names it, the fault counts as hardware."""
+    agent = await node.start()
+    try:
+        uuid = node.backend.devices()[0].uuid
+        labels = {"gpu": "0", "uuid": uuid}
+        await agent._sample()
+        assert agent.metrics.registry.get_sample_value("gnnsched_gpu_unhealthy", {**labels, "xid": ""}) == 0
+        before = time.time()
+        agent.on_health_event(node.backend.inject_xid(0, 79, "GPU has fallen off the bus"))
+        await agent._sample()
+        assert not agent.quarantine.drains  # no client to wait for
+        assert agent.metrics.registry.get_sample_value("gnnsched_gpu_faults_by_class_total",
+                                                       {"class": "hardware"}) == 1
+        assert agent.metrics.registry.get_sample_value("gnnsched_gpu_unhealthy", {**labels, "xid": "79"}) == 1
+        assert agent.metrics.registry.get_sample_value("gnnsched_gpu_unhealthy", {**labels, "xid": ""}) is None
+        assert not agent.gate.books.gpus[0].healthy  # type: ignore[union-attr]
+        await _until(lambda: not read_status_file(status_file_path(node.tmp / "state")).gpus[0].healthy)
+        status = read_status_file(status_file_path(node.tmp / "state"))
+        gpu = status.gpus[0]
+        assert (gpu.unhealthy_xid, gpu.unhealthy_reason) == (79, "Xid 79: GPU has fallen off the bus")
+        assert gpu.unhealthy_since is not None and before <= gpu.unhealthy_since.timestamp() <= time.time()
+        assert status.unhealthy_gpus == 1 and not gpu.draining
     finally:
         await node.stop()
 

@@ -229,12 +229,14 @@ async def test_two_undecided_faults_run_the_next_attempt_exclusive(tmp_path: Pat
     uncharged until then; an 810 victim never counts."""
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])
-        async with running_operator(cluster):
+        async with running_operator(cluster) as op:
             await cluster.create_job(manifest())  # backoffLimit 0: requeues must not be charged
             await _fail_twice_in_faults(cluster, "victim")
             second = await pod(cluster, "gcn-cora-1")
             third = await pod(cluster, "gcn-cora-2")
             job = await cluster.get_job("gcn-cora")
+            # records without an Xid: the fault's class is unknown (the charge rule treats it as an application's)
+            assert op.metrics.registry.get_sample_value("gnnsched_operator_faults_total", {"class": "unknown"}) == 2
     assert job is not None
     assert ANN_EXCLUSIVE not in second["metadata"]["annotations"]
     assert third["metadata"]["annotations"][ANN_EXCLUSIVE] == "true"
@@ -269,7 +271,8 @@ async def test_calibration_survives_an_operator_restart(tmp_path: Path) -> None:
     assert stored["status"]["ratios"][key] == [1.3, 1.3] or all(abs(r - 1.3) < 1e-3 for r in
                                                                  stored["status"]["ratios"][key])
     assert stored["status"]["factors"][key]["calibrated"] is True and key in stored["status"]["summary"]
-    assert len(stored["status"]["recorded"]) == 2
+    # each attempt once for its peak and once for its runtime (issue 28), keyed apart
+    assert sorted(k.endswith("/runtime") for k in stored["status"]["recorded"]) == [False, False, True, True]
     if columns is not None:  # what an SRE sees: the class and its factor as printer columns
         header, row = columns.splitlines()[:2]
         assert header.split()[:4] == ["NAME", "CLASSES", "CALIBRATED", "FACTORS"]

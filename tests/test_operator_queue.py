@@ -8,6 +8,8 @@ against what a real API server would do with its pods.
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import kmock
 import pytest
 from operator_harness import Cluster, a100, ago, emulated_cluster, ended, manifest, oom_line, running_operator, wait_for
 
-from gnnsched.contract import ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME
+from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU, ANN_PREDICTED_RUNTIME, GNNCALIBRATION_PLURAL, GROUP, VERSION
 from gnnsched.queue_order import QueueOrder
 
 CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
@@ -108,6 +110,52 @@ async def pod_named(cluster: Cluster, name: str) -> dict[str, Any]:
     async def find() -> Any:
         return next((p for p in await cluster.pods() if p["metadata"]["name"] == name), None)
     return await wait_for(find, 40, what=f"pod {name}")
+
+
+async def test_a_finished_jobs_runtime_moves_its_class_factor_and_the_next_jobs_class(tmp_path: Path) -> None:
+    """Runtime in the closed loop (issue 28): a job that ran 4x its predicted runtime records ratio 4 in its runtime
+    class (``status.runtimeRatios`` of the GNNCalibration), and the next job of that class is predicted 4x longer,
+    says it is calibrated, and gets the PriorityClass of the longer runtime."""
+    from gnnsched.closed_loop import RuntimeCalibrationPolicy
+    from gnnsched.operator.planning import Planner
+
+    order = QueueOrder()
+    planner = Planner(default_gpu_model="A100-40GB", runtime_policy=RuntimeCalibrationPolicy(min_samples=1))
+    calibration = f"/apis/{GROUP}/{VERSION}/{GNNCALIBRATION_PLURAL}/default"
+    async with emulated_cluster(tmp_path) as cluster:
+        await queue_cluster(cluster, order)
+        async with running_operator(cluster, planner=planner, queue_priority=True):
+            await cluster.create_job(manifest("rt-a", epochs=200_000))
+            first = await pod_of(cluster, "rt-a")
+            predicted = float(first["metadata"]["annotations"][ANN_PREDICTED_RUNTIME])
+            observed = round(4 * predicted)
+            end = datetime(2026, 1, 1, 10, tzinfo=timezone.utc) + timedelta(seconds=observed)  # ended() starts 10:00
+            await cluster.patch_pod("rt-a-0", {"metadata": {"annotations": {ANN_GPU: "GPU-a100-0"}}})
+            await cluster.patch_pod("rt-a-0", ended("Succeeded", json.dumps({"outcome": "succeeded"}), "Completed",
+                                                    0, finished_at=end.strftime("%Y-%m-%dT%H:%M:%SZ")))
+            done = await job_status(cluster, "rt-a", "Succeeded")
+
+            async def recorded() -> Any:
+                code, obj = await cluster.request("GET", calibration)
+                return obj if code == 200 and (obj.get("status") or {}).get("runtimeRatios") else None
+            stored = (await wait_for(recorded, 30, what="a runtime ratio in the GNNCalibration"))["status"]
+            await cluster.create_job(manifest("rt-b", epochs=200_000))
+            second = await pod_of(cluster, "rt-b")
+            job = await cluster.get_job("rt-b")
+    assert done["observedRuntimeSeconds"] == observed
+    ratio = round(observed / predicted, 4)
+    key = "A100-40GB.gcn-e13.train.builtin"  # Cora: 10,556 edges, log2 bucket 13
+    assert stored["runtimeRatios"] == {key: [ratio]}
+    assert stored["runtimeFactors"][key]["factor"] == ratio and stored["runtimeFactors"][key]["calibrated"]
+    assert key in stored["runtimeSummary"] and not stored.get("ratios")  # no peak reported: no memory sample
+    again = float(second["metadata"]["annotations"][ANN_PREDICTED_RUNTIME])
+    assert again == pytest.approx(predicted * ratio, rel=1e-3)
+    assert job is not None and job["status"]["predictedRuntimeSeconds"] == again
+    plan = job["status"]["plan"]
+    assert plan["runtime_factor"] == ratio and f"calibrated x{ratio:g} ({key}" in plan["runtime_source"]
+    assert first["spec"]["priorityClassName"] == order.class_for(predicted).name
+    assert second["spec"]["priorityClassName"] == order.class_for(again).name != first["spec"]["priorityClassName"]
+    assert second["spec"]["priority"] < first["spec"]["priority"]  # predicted longer: queued behind
 
 
 async def test_a_resized_attempt_goes_ahead_and_a_charged_retry_keeps_its_class(tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ from gnnsched.closed_loop import (
     CalibrationTable,
 )
 from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_GPU, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.fault_classes import MAX_REQUEUES
 from gnnsched.operator.calibration import derived_fields
 from gnnsched.operator.resize import (
     AGENT_VERDICT_SECONDS,
-    MAX_REQUEUES,
     attempt_facts,
     decide,
     settle_without_verdict,

@@ -279,3 +279,33 @@ def test_a_sub_millisecond_runtime_prediction_stays_positive() -> None:
                        "graph": {"nodes": 100, "edges": 300, "features": 4, "classes": 2}})
     plan = Tiny().plan(spec, [])
     assert plan.predicted_runtime_seconds == PREDICTED_RUNTIME_RESOLUTION_S > 0
+
+
+def test_a_calibrated_runtime_class_scales_the_prediction_and_says_so() -> None:
+    """The planner multiplies the predictor's runtime by its runtime class's factor once the class has min_samples
+    (``closed_loop.runtime_class``), records the factor so the next sample is taken against the bare prediction,
+    and leaves other classes as they were."""
+    from gnnsched.closed_loop import DEFAULT_RUNTIME_CALIBRATION, CalibrationTable, runtime_class
+    from gnnsched.operator.planning import Planner
+    from gnnsched.spec import parse_spec
+
+    class Fixed(Planner):
+        def _predict_runtime(self, spec: Any, gpu_model: Any, cpu: float, memory: int) -> tuple[float | None, str]:
+            return 100.0, "test"
+
+    spec = parse_spec({"mode": "infer", "model": {"arch": "gcn", "layers": 1, "hidden": 8}, "requests": 1,
+                       "graph": {"nodes": 100, "edges": 300, "features": 4, "classes": 2},
+                       "scaling": {"enabled": False}})
+    planner = Fixed(default_gpu_model="A100-40GB")
+    table = CalibrationTable()
+    cls = runtime_class(spec, "A100-40GB", "builtin")
+    for ratio in (3.0, 2.5, 3.5, 3.0, 2.9):
+        table = table.record(cls, ratio, DEFAULT_RUNTIME_CALIBRATION)
+    bare = planner.plan(spec, [])
+    calibrated = planner.plan(spec, [], runtime_calibration=table)
+    assert bare.predicted_runtime_seconds == 100.0 and bare.runtime_factor is None and bare.runtime_source == "test"
+    assert calibrated.predicted_runtime_seconds == 300.0 and calibrated.runtime_factor == 3.0
+    assert calibrated.runtime_source == "test, calibrated x3 (A100-40GB.gcn-e8.infer.builtin, class samples)"
+    other = parse_spec({**spec.model_dump(mode="json", by_alias=True, exclude_none=True), "mode": "train",
+                        "requests": None})
+    assert planner.plan(other, [], runtime_calibration=table).predicted_runtime_seconds == 100.0

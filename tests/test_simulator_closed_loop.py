@@ -316,6 +316,7 @@ def test_buggy_jobs_fail_everywhere_and_gnnsched_loses_no_innocent_job(ix: Integ
         assert m["hw_faults"] == 0 and m["app_faults"] >= 1, name
     ours = rep.policies["lmcf"]
     assert ours["jobs_lost"] == 0 and ours["innocent_jobs_requeued"] > 0
+    assert ours["innocent_jobs_alone"] <= ours["innocent_jobs_requeued"]
     assert rep.policies["exclusive"]["jobs_lost"] == 0  # alone, a buggy job harms nobody
     assert rep.policies["mps-naive"]["jobs_lost"] > 0
     # gnnsched charged each buggy job only once it ran alone: its last attempts had the GPU to itself
@@ -443,7 +444,7 @@ def test_cli_json_keys_and_columns(tmp_path) -> None:
                                   "hw_repair_seconds": 600.0, "buggy_jobs": 0.25}
     for m in doc["policies"].values():
         for key in ("memory_exceeded", "resize_retries", "fault_victims", "jobs_lost", "wasted_gpu_seconds",
-                    "buggy_jobs_failed", "innocent_jobs_requeued", "hw_faults", "app_faults"):
+                    "buggy_jobs_failed", "innocent_jobs_requeued", "innocent_jobs_alone", "hw_faults", "app_faults"):
             assert key in m
     assert doc["policies"]["lmcf"]["oom_kills"] == 0
     plain = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf", "--no-progress"])

@@ -166,11 +166,17 @@ def test_gpunode_status_model_validates_against_its_crd():
                 draining_reason="Xid", draining_xid=43,
                 draining_since=datetime(2026, 1, 1, tzinfo=timezone.utc),
             ),
+            GPUStatus(  # out of service after a hardware Xid
+                index=2, uuid="GPU-3", model="A100-80GB", total_bytes=80 << 30, healthy=False,
+                unhealthy_reason="Xid 79", unhealthy_xid=79, unhealthy_since=datetime(2026, 1, 1, tzinfo=timezone.utc),
+            ),
         ],
     )
     obj = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "n1"}, "status": status.wire()}
     assert validate(GPUNODE_CRD, obj) == []
-    assert obj["status"]["gpuCount"] == 2 and obj["status"]["gpus"][1]["drainingXid"] == 43
+    assert obj["status"]["gpuCount"] == 3 and obj["status"]["gpus"][1]["drainingXid"] == 43
+    assert obj["status"]["unhealthyGpus"] == 1 and obj["status"]["gpus"][2]["unhealthyXid"] == 79
+    assert obj["status"]["gpus"][2]["unhealthySince"] == "2026-01-01T00:00:00Z"
     assert GPUNodeStatus.model_validate(obj["status"]) == status
 
 
@@ -278,3 +284,9 @@ def test_gpu_memory_and_max_resizes_parse():
     assert spec.resources.gpu_memory_bytes() == 20 * 2**30 and spec.memory.max_resizes == 0
     assert parse_spec(_mutated("spec.epochs", 3)["spec"]).memory.max_resizes == 3  # the default
     assert validate(GNNJOB_CRD, obj) == []
+
+
+def test_gpunode_printer_columns_show_unhealthy_gpus():
+    columns = {c["name"]: c["jsonPath"] for c in GPUNODE_CRD["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns == {"GPUs": ".status.gpuCount", "Unhealthy": ".status.unhealthyGpus", "MPS": ".status.mps.healthy",
+                       "Updated": ".status.updatedAt"}

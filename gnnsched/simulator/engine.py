@@ -935,10 +935,10 @@ class Simulation:
                 self._next_attempt(job, ahead=True)  # requeued, its backoffLimit untouched
                 continue
             charged = loop.charged[job.id] = loop.charged.get(job.id, 0) + 1
-            if charged > job.backoff_limit:
-                self._give_up(job, "ClientFault: suspect, backoffLimit used")
+            if charged > job.backoff_limit:  # the suspect (ClientFault), or a victim past MAX_REQUEUES (RequeueLimit)
+                self._give_up(job, f"{step.reason}: charged, backoffLimit used")
             else:
-                self._next_attempt(job, ahead=False)  # the suspect: charged, and back in its usual place
+                self._next_attempt(job, ahead=False)  # charged, and back in its usual place
 
     def _loop_figures(self, end: float) -> dict:
         """The closed loop's figures for :func:`gnnsched.simulator.metrics.summarise`."""

@@ -21,8 +21,9 @@ What each policy does is decided here, with the operator's own rules from :mod:`
   exceeds the limit fails alone with CUDA out of memory when its first step reaches the peak, and the next attempt
   reserves :func:`~gnnsched.closed_loop.next_reservation` (capped at the largest GPU); after ``max_resizes`` resizes
   the job is lost. Faults are charged by ``fault_classes.fault_step``: hardware faults and undecided application
-  faults requeue uncharged; a lone suspect is charged against its ``backoffLimit``; a job suspected or undecided
-  twice runs later attempts alone on a GPU. Completed attempts record observed ÷
+  faults requeue uncharged, at most ``MAX_REQUEUES`` times per job as in the operator (``may_requeue``); a lone
+  suspect is charged against its ``backoffLimit``; a job suspected or undecided twice runs later attempts alone on a
+  GPU. Completed attempts record observed ÷
   predicted in a :class:`~gnnsched.closed_loop.CalibrationTable` per :class:`~gnnsched.closed_loop.CalibrationClass`,
   and new estimates use its factor (``-calib``: the static factor always).
 * Baselines behave as Kubernetes does: a failed pod fails the job (:data:`BASELINE_BACKOFF_LIMIT`; with
@@ -224,6 +225,7 @@ class LoopBooks:
     alone: set[int] = field(default_factory=set)  # jobs whose later attempts run alone (fault_step's ``alone``)
     buggy: dict[int, float] = field(default_factory=dict)  # job id -> the point of its run where it faults
     requeued_innocent: set[int] = field(default_factory=set)  # innocent jobs requeued uncharged by a fault
+    requeues: dict[int, int] = field(default_factory=dict)  # job id -> uncharged fault requeues (the operator's)
     hw_faults: int = 0
     app_faults: int = 0
     memory_exceeded: int = 0
@@ -384,18 +386,22 @@ class LoopBooks:
 
     def step(self, job: SimJob, charge: Charge) -> FaultStep:
         """The operator's step for one faulted client (``gnnsched.fault_classes.fault_step``), kept in the books."""
-        step = fault_step(charge, True, self.undecided.get(job.id, 0), self.suspected.get(job.id, 0))
+        step = fault_step(charge, True, self.undecided.get(job.id, 0), self.suspected.get(job.id, 0),
+                          self.requeues.get(job.id, 0))
         self.undecided[job.id], self.suspected[job.id] = step.undecided, step.suspected
         if step.alone:
             self.alone.add(job.id)
-        if step.requeue and job.id not in self.buggy:
-            self.requeued_innocent.add(job.id)
+        if step.requeue:
+            self.requeues[job.id] = self.requeues.get(job.id, 0) + 1
+            if job.id not in self.buggy:
+                self.requeued_innocent.add(job.id)
         return step
 
     def summary(self) -> dict[str, Any]:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
                 "fault_victims": self.fault_victims, "faults": self.faults, "hw_faults": self.hw_faults,
                 "app_faults": self.app_faults, "innocent_jobs_requeued": len(self.requeued_innocent),
+                "innocent_jobs_alone": len(self.alone - self.buggy.keys()),
                 "fault_log": list(self.fault_log),
                 "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
                                 for k in self.table.classes()}}

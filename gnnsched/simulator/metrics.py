@@ -19,7 +19,9 @@ Definitions (the README repeats them):
   (``--buggy-jobs``); ``fault_victims``: clients killed by a fault they did not cause.
 * ``jobs_lost``: innocent jobs (not buggy) that arrived, whose true peak fits a GPU alone, and that failed or were
   found unschedulable. ``buggy_jobs_failed``: buggy jobs that failed (under every policy they should);
-  ``innocent_jobs_requeued``: innocent jobs requeued uncharged by a fault at least once (gnnsched's policies).
+  ``innocent_jobs_requeued``: innocent jobs requeued uncharged by a fault at least once (gnnsched's policies);
+  ``innocent_jobs_alone``: of those, the ones the undecided rule sent to run alone (two undecided faults, usually
+  beside the same buggy job, since the victims and the culprit of a fault are requeued together).
 * ``wasted_gpu_seconds``: seconds held on a GPU by attempts that did not complete (each co-located attempt counts its
   own; an attempt OOM-killed at its first allocation counts its start-up).
 """
@@ -79,6 +81,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "jobs_lost": int(res.extra.get("jobs_lost", 0)),
         "buggy_jobs_failed": int(res.extra.get("buggy_jobs_failed", 0)),
         "innocent_jobs_requeued": int(res.extra.get("innocent_jobs_requeued", 0)),
+        "innocent_jobs_alone": int(res.extra.get("innocent_jobs_alone", 0)),
         "hw_faults": int(res.extra.get("hw_faults", 0)),
         "app_faults": int(res.extra.get("app_faults", 0)),
         "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),

@@ -231,8 +231,6 @@ async def serve(url_file: Path, host: str = "127.0.0.1", node_root: Path | None 
     """Serve until SIGTERM/SIGINT; the URL goes to ``url_file`` once requests are answered."""
     async with ClusterAPI(node_root=node_root) as k8s, kmock.Server(k8s, host=host) as server:
         declare_cluster_resources(k8s)
-        k8s.objects["v1/namespaces", None, "default"] = {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "uid": "ns-default"}}
         tmp = url_file.with_suffix(".tmp")
         tmp.write_text(str(server.url).rstrip("/"))
         tmp.replace(url_file)

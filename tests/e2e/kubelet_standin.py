@@ -579,6 +579,12 @@ class KubeletStandIn:
             self._server = None
         (self.plugin_dir / "kubelet.sock").unlink(missing_ok=True)
 
+    def device_health(self, resource: str) -> dict[str, str]:
+        """Device ID -> health, as the plugin of ``resource`` last sent it in ListAndWatch (empty: none registered)."""
+        with self._lock:
+            plugin = self._plugins.get(resource)
+            return dict(plugin.devices) if plugin is not None else {}
+
     def all_pids(self) -> list[int]:
         """The process-group ids of every container this kubelet started (for the orphan check)."""
         with self._lock:

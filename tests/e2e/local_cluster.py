@@ -2,7 +2,7 @@
 """The whole gnnsched system on one machine: GNNJob YAML to ``Succeeded`` through every real component.
 
     python tests/e2e/local_cluster.py JOB.yaml... [--nodes N] [--gpus fake:GxSIZE] [--policy P] [--json OUT]
-                                      [--timeout S] [--keep DIR]
+                                      [--timeout S] [--keep DIR] [--inject-xid NODE:GPU:XID@SECONDS ...]
     python tests/e2e/local_cluster.py --serve [JOB.yaml...] [--nodes N] [--gpus fake:GxSIZE] ...
 
 Each of these runs as its own process: the emulated API server (``tests/e2e/apiserver.py``: the project's
@@ -22,6 +22,12 @@ event logs) and ``violations`` (instants where committed exceeded capacity). Exi
 ``Succeeded``; 1 otherwise; 2 on bad input (one line). ``--serve`` keeps the cluster up after the jobs (none
 needed) until Ctrl-C or SIGTERM, then exits 0. Every process, socket and temporary file is gone afterwards, on
 success, failure or Ctrl-C.
+
+``--inject-xid NODE:GPU:XID@SECONDS`` (repeatable) makes a fake GPU fail at the hardware boundary: the node's fake
+GPUs get a fault directory, and SECONDS after the jobs are submitted the Xid is written there
+(``gnnsched.fake_gpu_faults``). The agent sees it as the driver's Xid event; every worker on that GPU fails as a CUDA
+client does after that Xid. A hardware Xid (79, 48, ...) leaves the GPU unhealthy and its jobs requeued uncharged; an
+application Xid (13, 31, ...) is charged to a lone client's job (docs/faults.md).
 
 Used as a library by ``tests/e2e/`` (``LocalCluster``).
 """
@@ -202,6 +208,41 @@ class ClusterOptions:
             raise InputError(f"--gpus: {self.gpus} leaves no usable memory: each node reserves {self.reserve} of "
                              f"every GPU, so a GPU needs more than {self.reserve}")
         return count, size, model
+
+
+@dataclass(frozen=True)
+class XidInjection:
+    """``--inject-xid NODE:GPU:XID@SECONDS``: Xid ``xid`` on GPU ``gpu`` (index) of ``node``, ``at`` seconds after the
+    jobs were submitted (after the cluster is up, with ``--serve`` and no job)."""
+
+    node: str
+    gpu: int
+    xid: int
+    at: float
+
+
+def parse_xid_injection(text: str, nodes: int, gpus: int) -> XidInjection:
+    """One ``--inject-xid`` value; :class:`InputError` naming the flag and what is wrong with it."""
+    flag = f"--inject-xid {text!r}"
+    where, _, when = text.partition("@")
+    parts = where.split(":")
+    if not when or len(parts) != 3:
+        raise InputError(f"{flag}: expected NODE:GPU:XID@SECONDS, e.g. node-1:0:79@30")
+    node, gpu, xid = parts
+    names = [f"node-{i}" for i in range(1, nodes + 1)]
+    if node not in names:
+        raise InputError(f"{flag}: no node {node!r} (the nodes are node-1..node-{nodes})")
+    if not gpu.isdigit() or int(gpu) >= gpus:
+        raise InputError(f"{flag}: GPU must be an index 0..{gpus - 1}, got {gpu!r}")
+    if not xid.isdigit() or int(xid) == 0:
+        raise InputError(f"{flag}: XID must be a positive integer (NVIDIA's Xid number), got {xid!r}")
+    try:
+        at = float(when)
+    except ValueError:
+        at = -1.0
+    if not 0 <= at < float("inf"):
+        raise InputError(f"{flag}: SECONDS must be a number >= 0, got {when!r}")
+    return XidInjection(node, int(gpu), int(xid), at)
 
 
 def example_images() -> dict[str, list[str]]:
@@ -514,6 +555,27 @@ class LocalCluster:
         tmp.replace(node.fault_dir / gpu_uuid)
         self.say(f"fault    Xid {xid} on {node_name} GPU {gpu_uuid}")
 
+    def gpu_uuid(self, node_name: str, index: int) -> str:
+        """The UUID of GPU ``index`` of ``node_name``, as its agent published it in the node's GPUNode status."""
+        assert self.api is not None
+        for g in self.api.items(GPUNODES):
+            if g["metadata"]["name"] == node_name:
+                for gpu in (g.get("status") or {}).get("gpus") or []:
+                    if int(gpu["index"]) == index:
+                        return str(gpu["uuid"])
+        raise RuntimeError(f"{node_name} has published no GPU {index}")
+
+    def injector(self, injections: list[XidInjection]) -> Callable[[LocalCluster], None]:
+        """A ``wait_jobs`` tick that makes each Xid of ``injections`` happen once its time (from now) has come."""
+        start = time.monotonic()
+        due = sorted(injections, key=lambda i: i.at)
+
+        def tick(c: LocalCluster) -> None:
+            while due and time.monotonic() - start >= due[0].at:
+                i = due.pop(0)
+                c.inject_fault(i.node, c.gpu_uuid(i.node, i.gpu), i.xid)
+        return tick
+
     def _start_node(self, node: NodeSetup) -> None:
         from kubelet_standin import KubeletStandIn
 
@@ -771,12 +833,14 @@ class _ServeEnded(Exception):
     """``--serve`` was ended by Ctrl-C or SIGTERM: its normal end (exit 0 after the cleanup)."""
 
 
-def serve_forever() -> None:
-    """Keep the cluster up for kubectl until Ctrl-C/SIGTERM/SIGHUP; then raise :class:`_ServeEnded`."""
+def serve_forever(cluster: LocalCluster, tick: Callable[[LocalCluster], None]) -> None:
+    """Keep the cluster up for kubectl until Ctrl-C/SIGTERM/SIGHUP, still injecting the Xids that are due (``tick``);
+    then raise :class:`_ServeEnded`."""
     print("serving: use kubectl with the KUBECONFIG above; Ctrl-C stops every process", file=sys.stderr)
     try:
         while True:
-            time.sleep(3600)
+            tick(cluster)
+            time.sleep(0.5)
     except KeyboardInterrupt:
         raise _ServeEnded() from None
 
@@ -794,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for every job (default 900)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep logs, event logs and pod files under DIR")
     parser.add_argument("--slots-per-gpu", type=int, default=8, help="gnnsched.io/gpu-share slots per GPU")
+    parser.add_argument("--inject-xid", action="append", default=[], metavar="NODE:GPU:XID@SECONDS",
+                        help="make GPU index GPU of NODE report Xid XID, SECONDS after the jobs are submitted, through "
+                             "the fake GPUs' fault files (docs/faults.md); repeatable")
     parser.add_argument("--verbose", action="store_true", help="log the stand-ins' debug messages")
     parser.add_argument("--image", action="append", default=[], metavar="NAME=DIR",
                         help="containers of image NAME find the Python packages under DIR (no container runtime "
@@ -811,7 +878,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, directory in map(parse_image, args.image):
             images.setdefault(name, []).append(directory)
         opts = ClusterOptions(nodes=args.nodes, gpus=args.gpus, policy=args.policy, timeout=args.timeout,
-                              keep=args.keep, slots_per_gpu=args.slots_per_gpu, images=images)
+                              keep=args.keep, slots_per_gpu=args.slots_per_gpu, images=images,
+                              fake_gpu_faults=bool(args.inject_xid))
+        gpus, _, _ = opts.validate()
+        injections = [parse_xid_injection(text, args.nodes, gpus) for text in args.inject_xid]
         cluster = LocalCluster(opts)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -821,11 +891,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cluster.start()
             print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+            inject = cluster.injector(injections)
             if args.serve and not manifests:
-                serve_forever()
+                serve_forever(cluster, inject)
             cluster.submit(manifests)
             names = {m["metadata"]["name"] for m in manifests}
-            jobs = cluster.wait_jobs(names)
+            jobs = cluster.wait_jobs(names, tick=inject)
             result = cluster.report(jobs)
             print(gnnjob_table(jobs), flush=True)
             print(f"max committed fraction {result['max_committed_fraction']:.3f}, "
@@ -835,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = len(jobs) == len(names) and all(j["phase"] == "Succeeded" for j in result["jobs"])
             code = 0 if ok and not result["violations"] else 1
             if args.serve:
-                serve_forever()
+                serve_forever(cluster, inject)
         except KeyboardInterrupt as exc:
             print("interrupted: stopping the cluster", file=sys.stderr)
             code = 128 + exc.signum if isinstance(exc, _Terminated) else 130

@@ -23,19 +23,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from jobs import small_job  # noqa: E402
+from kubeapi import GPUNODES  # noqa: E402
 from local_cluster import ClusterOptions, LocalCluster, gnnjob_table  # noqa: E402
 
 from gnnsched.closed_loop import FaultRecord  # noqa: E402
-from gnnsched.contract import ANN_FAULT, ANN_GPU  # noqa: E402
+from gnnsched.contract import ANN_FAULT, ANN_GPU, GPU_SHARE_RESOURCE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 XID = 31  # a GPU memory page fault: fatal to every MPS client on the GPU, but the GPU itself stays in service
+HW_XID = 79  # the GPU fell off the bus: a hardware fault, the GPU leaves service and no job is charged
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # Two 1.5 GiB GPUs with 256 MiB reserved: two small jobs (~490 MiB admit each) share a GPU.
-    opts = ClusterOptions(nodes=1, gpus="fake:2x1536Mi", reserve="256Mi", policy="lmcf", timeout=360,
+    # Two 2 GiB GPUs with 256 MiB reserved: up to three small jobs (~490 MiB admit each) share a GPU.
+    opts = ClusterOptions(nodes=1, gpus="fake:2x2Gi", reserve="256Mi", policy="lmcf", timeout=360,
                           fake_gpu_faults=True, keep=tmp_path_factory.mktemp("fault"))
     with LocalCluster(opts) as c:
         c.start()
@@ -53,22 +55,26 @@ def _running_by_gpu(c: LocalCluster, prefix: str) -> dict[str, list[str]]:
     return out
 
 
+def _inject_once(prefix: str, clients: int, xid: int, hit: dict[str, Any]) -> Any:
+    """A ``wait_jobs`` tick: the first time a GPU runs ``clients`` of the jobs named ``prefix*``, Xid ``xid`` on it
+    (``hit`` gets the GPU and those pods)."""
+    def tick(c: LocalCluster) -> None:
+        if hit:
+            return
+        for gpu, pods in _running_by_gpu(c, prefix).items():
+            if len(pods) >= clients:
+                hit.update(gpu=gpu, pods=sorted(pods))
+                c.inject_fault("node-1", gpu, xid)
+                return
+    return tick
+
+
 def test_a_faults_victims_are_requeued_and_succeed(cluster: LocalCluster) -> None:
     docs = [small_job(f"fault-{i}", epochs=4000) for i in range(4)]
     names = {d["metadata"]["name"] for d in docs}
     hit: dict[str, Any] = {}
-
-    def tick(c: LocalCluster) -> None:
-        if hit:
-            return
-        for gpu, pods in _running_by_gpu(c, "fault-").items():
-            if len(pods) >= 2:
-                hit.update(gpu=gpu, pods=sorted(pods))
-                c.inject_fault("node-1", gpu, XID)
-                return
-
     cluster.submit(docs)
-    jobs = cluster.wait_jobs(names, tick=tick)
+    jobs = cluster.wait_jobs(names, tick=_inject_once("fault-", 2, XID, hit))
     assert hit, "no GPU ever ran two of the jobs at once"
     timeline = "\n".join(e["text"] for e in cluster.timeline)
     phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs}
@@ -79,11 +85,13 @@ def test_a_faults_victims_are_requeued_and_succeed(cluster: LocalCluster) -> Non
     for name in victims:
         pod = pods[name]
         record = FaultRecord.model_validate_json(pod["metadata"]["annotations"][ANN_FAULT])
-        # the driver's Xid is named whichever reached the agent first, the Xid or a victim's error 810
+        # An application Xid gives every client its own error 700 (as on the H100): several cannot be told apart,
+        # so none is the suspect and all are requeued uncharged (undecided).
         assert (record.role, record.gpu, record.xid) == ("victim", hit["gpu"], XID), (name, record)
+        assert record.klass() == "application" and not record.charge().charged, record
         assert pod["status"]["phase"] == "Failed", (name, pod["status"])
         message = pod["status"]["containerStatuses"][0]["state"]["terminated"].get("message", "")
-        assert '"outcome":"fault"' in message and "cudaErrorMpsClientTerminated" in message, message
+        assert '"outcome":"fault"' in message and "illegal memory access" in message, message
     victim_jobs = {n.rsplit("-", 1)[0] for n in victims}
     for j in jobs:
         name, st = j["metadata"]["name"], j["status"]
@@ -99,3 +107,58 @@ def test_a_faults_victims_are_requeued_and_succeed(cluster: LocalCluster) -> Non
     roles = sorted(e["key"] for e in events if e["event"] == "fault-role" and e.get("role") == "victim")
     assert len(roles) == len(victims), roles
     assert cluster.report(jobs)["violations"] == []
+
+
+def _gpu_status(c: LocalCluster, uuid: str) -> dict[str, Any]:
+    return next(g for g in c.api.items(GPUNODES)[0]["status"]["gpus"] if g["uuid"] == uuid)  # type: ignore[union-attr]
+
+
+def test_b_a_hardware_xid_requeues_its_group_uncharged_and_takes_the_gpu_out(cluster: LocalCluster) -> None:
+    """Xid 79 under a group of three: all three requeued with reason GPUFault, backoffLimit untouched, the GPU
+    unhealthy for the agent, kubelet (the device plugin's slots) and the extender, all three Succeeded on the other
+    GPU."""
+    docs = [small_job(f"hw-{i}", epochs=4000) for i in range(5)]  # arrivals alternate GPUs: one gets three
+    names = {d["metadata"]["name"] for d in docs}
+    hit: dict[str, Any] = {}
+    cluster.submit(docs)
+    jobs = cluster.wait_jobs(names, tick=_inject_once("hw-", 3, HW_XID, hit))
+    assert hit, "no GPU ever ran three of the jobs at once"
+    assert {(j.get("status") or {}).get("phase") for j in jobs} == {"Succeeded"}, gnnjob_table(jobs)
+    pods = {p["metadata"]["name"]: p for p in cluster.pods() if p["metadata"]["name"].startswith("hw-")}
+    victim_jobs = {n.rsplit("-", 1)[0] for n in hit["pods"]}
+    for name in hit["pods"]:
+        record = FaultRecord.model_validate_json(pods[name]["metadata"]["annotations"][ANN_FAULT])
+        assert (record.role, record.reason, record.xid, record.klass()) == ("victim", "GPUFault", HW_XID, "hardware")
+    for j in jobs:
+        st = j["status"]
+        if j["metadata"]["name"] not in victim_jobs:
+            continue
+        requeued = next(c for c in st["conditions"] if c["type"] == "Requeued")
+        assert requeued["reason"] == "GPUFault" and not st.get("retriesUsed"), st  # backoffLimit untouched
+        assert st["attempts"] == 2 and st["gpu"] != hit["gpu"], st
+    # The GPU stays out: the agent's status, kubelet's healthy slots (the device plugin's ListAndWatch) and the
+    # extender's filter all leave it out; the other GPU still takes pods.
+    status = _gpu_status(cluster, hit["gpu"])
+    assert status["healthy"] is False, status
+    kubelet = cluster.nodes[0].kubelet
+    slots = kubelet.device_health(GPU_SHARE_RESOURCE)
+    assert {h for sid, h in slots.items() if sid.startswith(hit["gpu"])} == {"Unhealthy"}, slots
+    assert {h for sid, h in slots.items() if not sid.startswith(hit["gpu"])} == {"Healthy"}, slots
+    assert cluster.report(jobs)["violations"] == []
+
+
+def test_c_an_application_xid_on_a_lone_client_is_charged(cluster: LocalCluster) -> None:
+    """Xid 13 on a GPU where one job runs alone: its own error, so it is the suspect, charged to backoffLimit
+    (0 here): the job fails with the reason. The hardware fault above left one GPU; this one stays healthy."""
+    doc = small_job("app-0", epochs=4000)
+    hit: dict[str, Any] = {}
+    cluster.submit([doc])
+    (job,) = cluster.wait_jobs({"app-0"}, tick=_inject_once("app-", 1, 13, hit))
+    st = job["status"]
+    assert hit and st["phase"] == "Failed", gnnjob_table([job])
+    pod = next(p for p in cluster.pods() if p["metadata"]["name"] == "app-0-0")
+    record = FaultRecord.model_validate_json(pod["metadata"]["annotations"][ANN_FAULT])
+    assert (record.role, record.reason, record.xid, record.klass()) == ("suspect", "ClientFault", 13, "application")
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert "illegal memory access" in failed["message"] and st.get("suspected") == 1, st
+    assert _gpu_status(cluster, hit["gpu"])["healthy"] is True

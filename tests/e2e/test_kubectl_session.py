@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-from jobs import EXAMPLES, tiny_example  # noqa: E402
+from jobs import tiny_example  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed (.ci/run does)")]
@@ -103,6 +103,7 @@ def test_apply_wait_describe_logs_explain_delete(session: Session, tmp_path: Pat
     events = described.split("Events:", 1)[1]
     assert re.search(r"Normal\s+Estimated\s+\S+\s+kopf\s+PMC", events), events
     assert "Succeeded" in events
+    assert "gnnsched-scheduler" not in events  # the pod's events (Scheduled) are the pod's: involvedObject selects
 
     pod = yaml.safe_load(session.kubectl("get", "gj", name, "-o", "yaml").stdout)["status"]["podName"]
     log = session.kubectl("logs", pod).stdout
@@ -118,15 +119,25 @@ def test_apply_wait_describe_logs_explain_delete(session: Session, tmp_path: Pat
     assert session.kubectl("auth", "can-i", "create", "gnnjobs").stdout.strip() == "yes"
 
     typo = yaml.safe_load(manifest.read_text())
-    typo["metadata"]["name"] = "typo"
     typo["spec"]["modle"] = typo["spec"].pop("model")
     manifest.write_text(yaml.safe_dump(typo))
-    refused = session.kubectl("apply", "-f", str(manifest), ok=False)
+    refused = session.kubectl("apply", "-f", str(manifest), ok=False)  # the stored job: a merge patch
+    assert refused.returncode == 1
+    said = refused.stderr.rstrip()
+    assert said.startswith('The request is invalid: patch: Invalid value: "{'), said
+    assert said.endswith('": strict decoding error: unknown field "spec.modle"'), said
+    typo["metadata"]["name"] = "typo"
+    manifest.write_text(yaml.safe_dump(typo))
+    refused = session.kubectl("apply", "-f", str(manifest), ok=False)  # a new job: a create
     assert refused.returncode == 1
     assert ('Error from server (BadRequest): error when creating "' in refused.stderr
             and 'GNNJob in version "v1alpha1" cannot be handled as a GNNJob: strict decoding error: '
                 'unknown field "spec.modle"' in refused.stderr), refused.stderr
     assert session.kubectl("get", "gj", "typo", ok=False).returncode == 1  # nothing stored
+    nowhere = session.kubectl("apply", "-n", "nosuch", "-f", str(REPO / "examples" / "gcn-train-cora.yaml"), ok=False)
+    assert nowhere.returncode == 1 and 'namespaces "nosuch" not found' in nowhere.stderr, nowhere.stderr
+    namespaces = session.kubectl("get", "ns").stdout.split()
+    assert {"default", "kube-system", "kube-public", "kube-node-lease"} <= set(namespaces), namespaces
 
     out = session.kubectl("delete", "gj", name, timeout=120).stdout
     assert out.strip() == f'gnnjob.gnnsched.io "{name}" deleted'
@@ -134,7 +145,8 @@ def test_apply_wait_describe_logs_explain_delete(session: Session, tmp_path: Pat
     assert gone.returncode == 1 and "NotFound" in gone.stderr
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", sorted((REPO / "examples").rglob("*.yaml")),
+                         ids=lambda p: str(p.relative_to(REPO / "examples")))
 def test_server_dry_run_of_each_example(session: Session, example: Path) -> None:
     name = yaml.safe_load(example.read_text())["metadata"]["name"]
     out = session.kubectl("apply", "--dry-run=server", "-f", str(example)).stdout

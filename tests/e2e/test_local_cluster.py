@@ -33,7 +33,15 @@ from jobs import (  # noqa: E402
     tiny_example,
     too_big_job,
 )
-from local_cluster import ClusterOptions, LocalCluster, committed_series, gnnjob_table  # noqa: E402
+from local_cluster import (  # noqa: E402
+    ClusterOptions,
+    InputError,
+    LocalCluster,
+    XidInjection,
+    committed_series,
+    gnnjob_table,
+    parse_xid_injection,
+)
 
 from gnnsched.contract import ANN_GPU  # noqa: E402
 
@@ -292,6 +300,7 @@ def _run_script(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     (["{example}", "--gpus", "fake:2x1Gi"], "each node reserves 1Gi"),  # no memory left after the reserve
     (["{example}", "--nodes", "0"], "--nodes"),
     (["{example}", "--json", "/nonexistent/dir/out.json"], "--json"),
+    (["{example}", "--inject-xid", "node-1:0:79"], "--inject-xid 'node-1:0:79': expected NODE:GPU:XID@SECONDS"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     args = [a.replace("{example}", str(EXAMPLES[0])) for a in args]
@@ -299,6 +308,28 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("node-1:0:79", "expected NODE:GPU:XID@SECONDS"),
+    ("node-1:79@3", "expected NODE:GPU:XID@SECONDS"),
+    ("node-3:0:79@3", "no node 'node-3' (the nodes are node-1..node-2)"),
+    ("node-1:2:79@3", "GPU must be an index 0..1, got '2'"),
+    ("node-1:x:79@3", "GPU must be an index 0..1"),
+    ("node-1:0:0@3", "XID must be a positive integer"),
+    ("node-1:0:-4@3", "XID must be a positive integer"),
+    ("node-1:0:79@soon", "SECONDS must be a number >= 0, got 'soon'"),
+    ("node-1:0:79@-1", "SECONDS must be a number >= 0"),
+    ("node-1:0:79@nan", "SECONDS must be a number >= 0"),
+])
+def test_inject_xid_bad_values_name_the_flag(text: str, needle: str) -> None:
+    with pytest.raises(InputError) as err:
+        parse_xid_injection(text, nodes=2, gpus=2)
+    assert str(err.value).startswith(f"--inject-xid {text!r}: ") and needle in str(err.value)
+
+
+def test_inject_xid_parses() -> None:
+    assert parse_xid_injection("node-2:1:48@2.5", nodes=2, gpus=2) == XidInjection("node-2", 1, 48, 2.5)
 
 
 def _ours(marker: str) -> list[int]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 # gRPC's fork handlers, off before any test module imports grpc. Tests that serve or call gRPC in-process (the test
@@ -13,6 +15,25 @@ from collections.abc import Iterator
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest
+
+BASETEMP_PREFIX = "pt-"
+_OWN_BASETEMP = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A short temporary root when none is given: the local cluster's unix sockets live under a test's temporary
+    directory, and a socket path has at most 107 bytes. pytest's default root (``/tmp/pytest-of-USER/pytest-N``) plus
+    the ``popen-gwN`` directory pytest-xdist adds per worker leaves too little of them. Only the controller picks it
+    (each worker gets ``<root>/popen-gwN``); a run without failures removes it at the end."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix=BASETEMP_PREFIX)
+        config.stash[_OWN_BASETEMP] = config.option.basetemp
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    own = session.config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and exitstatus == 0:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture

@@ -312,6 +312,7 @@ async def test_failed_pod_is_retried_per_backoff_limit_then_fails_with_container
     assert failed["reason"] == "Error" and "exit code 1" in failed["message"] and "backoffLimit 1" in failed["message"]
 
 
+@pytest.mark.timeout(240)  # a real operator process: its start-up (kopf, the kubernetes client) waits for CPU in CI
 async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one_pod(tmp_path: Path) -> None:
     """SIGKILL a real ``gnnsched operator`` process while two pod-create requests are in flight, then restart.
 
@@ -355,7 +356,7 @@ async def test_operator_killed_between_create_and_pod_creation_makes_exactly_one
             await cluster.create_job(manifest("lost-request"))
             await cluster.create_job(manifest("lost-response"))
             try:
-                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in held.values())), 60)
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in held.values())), 120)
             except asyncio.TimeoutError:
                 proc.kill()
                 _, err = await proc.communicate()

@@ -72,13 +72,13 @@ def terminated(phase: str, code: int, message: str, reason: str = "Completed") -
 async def probe_pod(cluster: Any, job: str) -> dict[str, Any]:
     async def found() -> Any:
         return next((p for p in await own_pods(cluster, job) if p["metadata"]["name"] == f"{job}-probe"), None)
-    return await wait_for(found, 30, what=f"{job}'s probe pod")
+    return await wait_for(found, 90, what=f"{job}'s probe pod")
 
 
 async def gpu_pod(cluster: Any, job: str) -> dict[str, Any]:
     async def found() -> Any:
         return next((p for p in await own_pods(cluster, job) if p["metadata"]["name"] == f"{job}-0"), None)
-    return await wait_for(found, 30, what=f"{job}'s GPU pod")
+    return await wait_for(found, 90, what=f"{job}'s GPU pod")
 
 
 @pytest.mark.asyncio

@@ -139,7 +139,7 @@ def test_apply_wait_describe_logs_explain_delete(session: Session, tmp_path: Pat
     namespaces = session.kubectl("get", "ns").stdout.split()
     assert {"default", "kube-system", "kube-public", "kube-node-lease"} <= set(namespaces), namespaces
 
-    out = session.kubectl("delete", "gj", name, timeout=120).stdout
+    out = session.kubectl("delete", "gj", name, timeout=240).stdout
     assert out.strip() == f'gnnjob.gnnsched.io "{name}" deleted'
     gone = session.kubectl("get", "gj", name, ok=False)
     assert gone.returncode == 1 and "NotFound" in gone.stderr

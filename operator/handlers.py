@@ -564,25 +564,29 @@ class Operator:
             return None if record.reason == INVALID_ENTRYPOINT else record
         obj = build_probe_pod(body, spec, request, key, self.config.image, self.config.pods, self.config.probe,
                               self.config.scheduler_name)
+        name = str(obj["metadata"]["name"])
+        if stored is None or stored.key != key or stored.pod != name:
+            # the status says what is running before the pod exists (as the plan precedes a job's pod)
+            running = ProbeRecord(key=key, pod=name, state="Running")
+            new = dict(status, probe=running.status(), phase=status.get("phase") or "Pending")
+            new["conditions"] = set_condition(
+                conditions, "Probed", "Unknown", "ProbeRunning",
+                f"tracing spec.model.entrypoint in pod {name} (image {spec.image}, no GPU) before any GPU pod",
+                now_rfc3339(), generation)
+            new["message"] = f"probing the entrypoint in pod {name}"
+            self._write(body, status, new)
+            conditions = list(status.get("conditions") or [])
         pod = self._create_pod(ref, body, status, obj)
         if pod is None:
             return None  # never admissible: the job failed with PodSpecInvalid
         if _dict(_dict(pod.get("metadata")).get("annotations")).get(ANN_PROBE_KEY) != key:
             # a probe of an earlier spec of this job (edited before its pod existed): replaced, never reused
-            self.kube.delete_pod(ref.namespace, str(obj["metadata"]["name"]))
+            self.kube.delete_pod(ref.namespace, name)
             return None
         record = read_probe_pod(pod, key)
         if record.state != "Running":
             self._record_probe(body, status, conditions, record, generation)
             return None if record.reason == INVALID_ENTRYPOINT else record
-        if stored is None or stored.key != key or stored.pod != record.pod:
-            new = dict(status, probe=record.status(), phase=status.get("phase") or "Pending")
-            new["conditions"] = set_condition(
-                conditions, "Probed", "Unknown", "ProbeRunning",
-                f"tracing spec.model.entrypoint in pod {record.pod} (image {spec.image}, no GPU) before any GPU pod",
-                now_rfc3339(), generation)
-            new["message"] = f"probing the entrypoint in pod {record.pod}"
-            self._write(body, status, new)
         return None
 
     def _record_probe(self, body: dict[str, Any], status: dict[str, Any], conditions: list[dict[str, Any]],

@@ -56,13 +56,13 @@ async def job_in_phase(cluster: Cluster, name: str, *phases: str) -> Any:
     async def check() -> Any:
         job = await cluster.get_job(name)
         return job if job and (job.get("status") or {}).get("phase") in phases else None
-    return await wait_for(check, 40, what=f"{name} in phase {phases}")
+    return await wait_for(check, 90, what=f"{name} in phase {phases}")
 
 
 async def pod(cluster: Cluster, name: str) -> dict[str, Any]:
     async def find() -> Any:
         return next((p for p in await cluster.pods() if p["metadata"]["name"] == name), None)
-    return await wait_for(find, 40, what=f"pod {name}")
+    return await wait_for(find, 90, what=f"pod {name}")
 
 
 def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -70,6 +70,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _text(path: Path) -> str:
+    """A file another process writes: empty until it exists (it may exist before its content is written)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def _until(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -226,7 +234,7 @@ def test_fatal_fault_two_victims_one_suspect_nothing_admitted_until_clients_gone
         assert json.loads((tmp_path / "status.json").read_text())["status"]["gpus"][0].get("draining")
 
         (pipe / "fail-commands").unlink()  # MPS answers again: the drain ends and the waiting pod starts
-        _until(lambda: (tmp_path / "late.started").exists(), 60, "the late pod's admission")
+        _until(lambda: len(_text(tmp_path / "late.started").split()) > 1, 60, "the late pod's admission")
         assert (tmp_path / "late.started").read_text().split()[1] == UUID
         kinds = [json.loads(line)["event"] for line in events.read_text().splitlines()]
         assert kinds.count("fault") == 1 and kinds.count("fault-role") == 3 and "drained" in kinds

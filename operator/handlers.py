@@ -596,10 +596,10 @@ class Operator:
         spec, as for any other field: the job fails with ``Validated=False`` and gets no GPU pod."""
         now = now_rfc3339()
         new = dict(status, probe=record.status())
+        self.metrics.probes.labels(record.state if record.source == "pod" else "Cached").inc()
+        if record.source == "pod":
+            self.probes.put(record)
         if record.reason == INVALID_ENTRYPOINT:
-            self.metrics.probes.labels(record.state if record.source == "pod" else "Cached").inc()
-            if record.source == "pod":
-                self.probes.put(record)
             new["conditions"] = set_condition(conditions, "Probed", "False", INVALID_ENTRYPOINT,
                                               f"the probe of pod {record.pod} could not load the entrypoint", now,
                                               generation)
@@ -623,10 +623,7 @@ class Operator:
                                               f"the probe of pod {record.pod} failed: {plan}", now, generation)
             new["conditions"] = set_condition(new["conditions"], "ProbeFailed", "True", why, error, now, generation)
             self._event(body, "Warning", "ProbeFailed", f"{why}: {error}")
-        self.metrics.probes.labels(record.state if record.source == "pod" else "Cached").inc()
         self._write(body, status, new)
-        if record.source == "pod":
-            self.probes.put(record)
 
     def _apply_probe(self, job: dict[str, Any], status: dict[str, Any], pod: dict[str, Any], deleted: bool) -> None:
         """A probe pod changed: once it ends, record its result and go on to plan the job and create its pod."""

@@ -213,6 +213,20 @@ def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def owned_metadata(job: dict[str, Any], name: str, labels: dict[str, str] | None = None,
+                   annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """The metadata of an object the job owns: its namespace, the labels the operator's pod watch and cleanup select
+    by, the job's key annotation and the owner reference (garbage-collected with the job)."""
+    meta = job["metadata"]
+    return {
+        "name": name,
+        "namespace": meta["namespace"],
+        "labels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_JOB_NAME: job_label(meta["name"]), **(labels or {})},
+        "annotations": {ANN_JOB: f"{meta['namespace']}/{meta['name']}", **(annotations or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
 def build_config_map(job: dict[str, Any]) -> dict[str, Any]:
     meta = job["metadata"]
     manifest = {
@@ -224,13 +238,7 @@ def build_config_map(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": config_map_name(meta["name"]),
-            "namespace": meta["namespace"],
-            "labels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_JOB_NAME: job_label(meta["name"])},
-            "annotations": {ANN_JOB: f"{meta['namespace']}/{meta['name']}"},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": owned_metadata(job, config_map_name(meta["name"])),
         "data": {SPEC_FILE: yaml.safe_dump(manifest, sort_keys=False)},
     }
 

@@ -30,11 +30,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gnnsched.contract import ANN_JOB, LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY_VALUE
 from gnnsched.entrypoint_probe import LAUNCHER, ProbeError, ProbeRecord, parse_probe_result
 from gnnsched.spec import GNNJobSpec
 
-from .podspec import MAX_NAME, TERMINATION_LOG, JobPodSettings, _shorten, job_label, owner_reference
+from .podspec import MAX_NAME, TERMINATION_LOG, JobPodSettings, _shorten, owned_metadata
 
 LABEL_ROLE = "gnnsched.io/role"
 ROLE_PROBE = "probe"
@@ -102,14 +101,8 @@ def build_probe_pod(job: dict[str, Any], spec: GNNJobSpec, request: dict[str, An
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": probe_pod_name(meta["name"]),
-            "namespace": meta["namespace"],
-            "labels": {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_JOB_NAME: job_label(meta["name"]),
-                       LABEL_ROLE: ROLE_PROBE},
-            "annotations": {ANN_JOB: f"{meta['namespace']}/{meta['name']}", ANN_PROBE_KEY: key},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": owned_metadata(job, probe_pod_name(meta["name"]), labels={LABEL_ROLE: ROLE_PROBE},
+                                   annotations={ANN_PROBE_KEY: key}),
         "spec": {
             # Any node will do (it uses no GPU); the profile that calls the extender schedules it like any pod that
             # requests no GPU share (kube-scheduler asks an extender only about pods with a resource it manages).

@@ -11,8 +11,10 @@ Mini-batch jobs add host work — neighbour sampling and the feature gather on C
 data-loader workers pipeline with the GPU, so a batch costs ``max(host, device)``. This is the only place CPU cores
 enter, which is what makes adaptive scaling of CPU meaningful for GNN jobs: full-batch jobs need about one core.
 
-Constants below are engineering assumptions (orders of magnitude from vendor specs and PyG's sampler), NOT measured
-on a GPU here; the residual model exists to correct them. Units: bytes, FLOPs, seconds, fp32 (4-byte) features.
+The GPU constants below are engineering assumptions (orders of magnitude from vendor specs and PyG's sampler), NOT
+measured on a GPU here; the residual model exists to correct them. ``CPU_RATES`` is the exception: the same cost model
+refit to the CPU worker's measured steps (``bench/runtime_truth.py``). Units: bytes, FLOPs, seconds, fp32 (4-byte)
+features.
 """
 
 from __future__ import annotations

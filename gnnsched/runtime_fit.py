@@ -70,7 +70,7 @@ def fit_rates(rows: Sequence[Mapping[str, Any]]) -> CpuRates:
     xs = x[:, live] / scale[live]
 
     def log_error(theta: np.ndarray) -> np.ndarray:
-        return np.log(xs @ np.exp(theta) / t)  # type: ignore[no-any-return]
+        return np.asarray(np.log(xs @ np.exp(theta) / t))
 
     refined = least_squares(log_error, np.log(first[live]), method="lm", xtol=1e-12, ftol=1e-12)
     coef = np.zeros(x.shape[1])

@@ -107,7 +107,7 @@ def test_the_measured_rows_counts_are_still_the_priors(table: dict[str, Any]) ->
 def test_fit_rates_recovers_the_rates_that_made_the_rows() -> None:
     truth = CpuRates(launch_seconds=2e-5, bytes_per_s={"gcn": 1e9, "sage": 3e9, "gin": 2e9, "gat": 5e8},
                      flops_per_s=4e10, sampled_edges_per_s=5e5, gather_bytes_per_s=6e9)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i in range(60):
         counts = (float(10 + 7 * i), 1e7 * (1 + i % 5), 1e8 * (1 + (i * 3) % 7), 1e4 * (i % 4), 1e6 * ((i * 5) % 3))
         family = FAMILIES[i % 4]

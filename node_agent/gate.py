@@ -392,6 +392,7 @@ class GateServer:
                 key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
                 exclusive=demand.exclusive, qos_seconds=demand.qos_seconds, prestarted=demand.prestarted,
+                apart=demand.apart,
             )
         except Rejected as exc:
             self._reject(exc.reason)
@@ -459,6 +460,7 @@ class GateServer:
                     key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
                     name=pod.name, job=demand.job, group=req.group, admitted_at=parse_rfc3339(req.admitted_at),
                     qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive,
+                    apart=demand.apart,
                 )
             except Rejected as exc:
                 self._reject(exc.reason)
@@ -503,7 +505,7 @@ class GateServer:
                     pod.uid, pod_uid=pod.uid, bytes=demand.bytes, gpu_uuid=gpu, namespace=pod.namespace,
                     name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
                     admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
-                    intensity=demand.intensity, exclusive=demand.exclusive,
+                    intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
                 )
                 self._event("adopted", key=pod.uid, bytes=demand.bytes)
             except (Rejected, IdentityError) as exc:

@@ -19,6 +19,7 @@ from gate_helpers import GiB, add_pods, gnnsched_command, job_pod, pod_object
 from gnnsched.contract import (
     ANN_ADMITTED_AT,
     ANN_EXCLUSIVE,
+    ANN_FAULT_PEERS,
     ANN_FINISHED_AT,
     ANN_GPU,
     ANN_GROUP,
@@ -277,6 +278,38 @@ async def test_exclusive_pod_runs_alone_with_the_whole_gpu_as_its_limit(gate: Ha
     r4, _ = await gate.request(bad)
     reply = await gate.reply(r4)
     assert reply["reason"] == "bad-annotation" and "exclusive='yes'" in reply["message"]
+
+
+@pytest.mark.asyncio
+async def test_fault_peers_are_admitted_on_different_gpus_or_wait(gate: Harness) -> None:
+    """Three requeued attempts of one undecided fault (each annotated with the others' jobs by the operator) on two
+    GPUs: the first two go to different GPUs, the third waits until a peer's GPU empties, although its bytes fit.
+    An unowned pod's annotation is not trusted (it could only hold others back)."""
+    names = ("pa", "pb", "pc")
+    pods = []
+    for name in names:
+        pod, job = job_pod(name, GiB)
+        others = ",".join(f"default/job-{o}" for o in names if o != name)
+        pod["metadata"]["annotations"][ANN_FAULT_PEERS] = others
+        gate.add(pod, job)
+        pods.append(pod)
+    r1, w1 = await gate.request(pods[0])
+    first = await gate.reply(r1, "admitted")
+    r2, _w2 = await gate.request(pods[1])
+    second = await gate.reply(r2, "admitted")
+    assert first["gpuUuid"] != second["gpuUuid"]
+    r3, _w3 = await gate.request(pods[2])
+    await gate.settle(lambda: len(gate.books.queued) == 1)
+    await asyncio.sleep(0.2)
+    assert len(gate.books.queued) == 1  # still waiting: both GPUs run one of its peers
+    w1.close()  # the first peer exits: its GPU is free of peers
+    third = await gate.reply(r3, "admitted")
+    assert third["gpuUuid"] == first["gpuUuid"]
+    stranger = pod_object("stranger", gpu_memory="1Gi")
+    stranger["metadata"]["annotations"][ANN_FAULT_PEERS] = "default/job-pb,default/job-pc"  # trusted: it would wait
+    gate.add(stranger)
+    r4, _w4 = await gate.request(stranger)
+    assert (await gate.reply(r4, "admitted"))["status"] == "admitted"
 
 
 @pytest.mark.asyncio

@@ -235,7 +235,8 @@ class Integrations:
                 gpus.append(last)
             if not fits:
                 return []
-            if sim.policy.share or (sim.policy.spread and len(gpus) > 1):
+            apart = sim.loop.apart if sim.loop is not None else None  # job id -> jobs kept apart from it
+            if sim.policy.share or (sim.policy.spread and len(gpus) > 1) or apart:
                 # the load-aware rules read each GPU's running clients: intensity and predicted seconds left, from
                 # what the gate knows (admission time and predicted solo runtime), not from the simulated truth.
                 # Each run's predicted end is fixed for its life (policies.predicted_end): kept on the run, so a
@@ -257,7 +258,9 @@ class Integrations:
                                 start = None if r.out.start is None else r.out.start + r.startup_s
                                 c = r.gate_client = (r.intensity, pol.predicted_end(
                                     r.job.profile(g.model).predicted_s, start))
-                            running.append(client(c[0], seconds_left(c[1], now, progress_of(r))))
+                            jid = r.job.id
+                            running.append(client(c[0], seconds_left(c[1], now, progress_of(r)), str(jid),
+                                                  apart.get(jid, frozenset()) if apart else frozenset()))
                         f = pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
                                         capacity_bytes=f.capacity_bytes, running=tuple(running))
                     with_clients.append(f)
@@ -282,6 +285,7 @@ class Integrations:
             fresh = queue
             sim.queue_tasks[node.idx] = (queue, tasks)
         append, get, bind_seq = tasks.append, cache.get, sim.bind_seq
+        loop_apart = sim.loop.apart if sim.loop is not None else {}  # the apart rule's peers, fixed per attempt
         for job in fresh:
             jid = job.id
             hit = get(jid)
@@ -290,7 +294,8 @@ class Integrations:
                 hit = cache[jid] = (pol.Task(key=str(jid), bytes=prof.admit_bytes, seq=bind_seq[jid],
                                              qt_seconds=prof.predicted_s, intensity=prof.intensity,
                                              bypassed=sim.bypassed.get(jid, 0),
-                                             qos_seconds=job.qos_target_s if job.mode == "infer" else None), job)
+                                             qos_seconds=job.qos_target_s if job.mode == "infer" else None,
+                                             job=str(jid), apart=loop_apart.get(jid, frozenset())), job)
             append(hit[0])
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
@@ -318,7 +323,8 @@ class Integrations:
                 task, job = cache[jid]
                 # replace(task, bypassed=count), built directly (replace() re-reads the fields at every call)
                 cache[jid] = (pol.Task(key=task.key, bytes=task.bytes, seq=task.seq, qt_seconds=task.qt_seconds,
-                                       intensity=task.intensity, bypassed=count, qos_seconds=task.qos_seconds), job)
+                                       intensity=task.intensity, bypassed=count, qos_seconds=task.qos_seconds,
+                                       job=task.job, apart=task.apart), job)
             if sim.bypassed:
                 for a in plan:
                     for t in a.tasks:

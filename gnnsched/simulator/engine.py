@@ -908,6 +908,8 @@ class Simulation:
         out.status = "failed"
         out.reason = reason
         out.finish = self.now
+        if self.loop is not None:
+            self.loop.apart.pop(job.id, None)
         self._resolve(job)
 
     def _next_attempt(self, job: SimJob, ahead: bool) -> None:
@@ -978,12 +980,13 @@ class Simulation:
             self._push(until, QUARANTINE_END, gpu)
             self.changed_gpus.add((gpu.node.idx, gpu.index))  # unhealthy in its GPUNode: the extender skips it
         charges = loop.fault_charges(xid, [r.job for r in runs], culprit)
+        peers = loop.fault_peers([r.job for r in runs], charges)
         for run in runs:
             job, charge = run.job, charges[run.job.id]
             if not self.loop_ours:
                 self._charge(job, "GPUFault" if charge.fault_class == "hardware" else "Error")
                 continue
-            step = loop.step(job, charge)
+            step = loop.step(job, charge, peers[job.id])
             if step.requeue:
                 self._next_attempt(job, ahead=True)  # requeued, its backoffLimit untouched
                 continue

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from gnnsched.progress import seconds_left as progress_seconds_left
 from gnnsched.scheduler_config import DEFAULT_WEIGHT
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.model import JobProfile, SimJob
@@ -244,9 +245,10 @@ class Integrations:
                 # the load-aware rules read each GPU's running clients: intensity and predicted seconds left, from
                 # what the gate knows (admission time and predicted solo runtime), not from the simulated truth.
                 # Each run's predicted end is fixed for its life (policies.predicted_end): kept on the run, so a
-                # decision only subtracts the clock (policies.seconds_left) for each client.
+                # decision only subtracts the clock (policies.seconds_left) for each client. With +progress the
+                # client's last step report decides instead, once it measures its pace (gnnsched.progress).
                 now = sim.now
-                client, seconds_left = pol.Client, pol.seconds_left
+                client, seconds_left, progress_of = pol.Client, pol.seconds_left, sim.progress_of
                 with_clients = []
                 for f, g in zip(gpus, node.gpus, strict=True):
                     if g.running:
@@ -262,7 +264,7 @@ class Integrations:
                                 c = r.gate_client = (r.intensity, pol.predicted_end(
                                     r.job.profile(g.model).predicted_s, start))
                             jid = r.job.id
-                            running.append(client(c[0], seconds_left(c[1], now), str(jid),
+                            running.append(client(c[0], seconds_left(c[1], now, progress_of(r)), str(jid),
                                                   apart.get(jid, frozenset()) if apart else frozenset()))
                         f = pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
                                         capacity_bytes=f.capacity_bytes, running=tuple(running))
@@ -443,6 +445,11 @@ class PlacementView:
                 start = sim.outcomes[run.job.id].start or 0.0
                 entry = run.placement_entry = (start + run.startup_s + prof.predicted_s, prof.admit_bytes,
                                                prof.sm_util, prof.mem_util)
+            report = sim.progress_of(run) if sim.rt is not None else None
+            if report is not None and report.usable():
+                # +progress: the agent publishes the seconds left its last report measures (gnnsched.progress), so
+                # the GPUNode the extender reads moves with it (as often as the GPU's books change here)
+                entry = (sim.now + progress_seconds_left(entry[0], sim.now, report), *entry[1:])
             running.append(entry)
         cap_clients = sim.per_gpu_cap
         capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued

@@ -173,3 +173,17 @@ def test_the_bench_measures_and_refits(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["heldout_residuals"] == evaluate(doc["rows"]).heldout_residuals
     with pytest.raises(SystemExit):
         bench.main(["--cores", "1,x", "--out", str(out)])
+
+
+def test_gpu_rows_are_scored_against_the_gpu_prior_and_kept_out_of_the_cpu_fit(table: dict[str, Any]) -> None:
+    """A lent GPU's rows (``--device cuda --append``) are reported against the GPU prior per GPU model and class; the
+    CPU fit, and so ``CPU_RATES``, does not see them."""
+    bench = _bench()
+    cpu_rows = [r for r in table["rows"] if r["device"] == "cpu"]
+    gpu_rows = [{**r, "device": "cuda", "gpu_model": "H100-80GB", "prior_seconds_per_step": r["seconds_per_step"] / 2}
+                for r in cpu_rows[:6]]
+    got = bench.summarise(cpu_rows + gpu_rows)
+    assert got["fit"] == bench.summarise(cpu_rows)["fit"]
+    keys = {f"H100-80GB.{r['model_class'].lower()}" for r in gpu_rows}
+    assert set(got["gpu_prior_wmape"]) == keys
+    assert all(v == pytest.approx(0.5) for v in got["gpu_prior_wmape"].values())  # predicted half of measured

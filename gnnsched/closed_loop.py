@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gnnsched.errors import FieldError
-from gnnsched.fault_classes import Charge, fault_class
+from gnnsched.fault_classes import MAX_FAULT_PEERS, Charge, fault_class
 
 if TYPE_CHECKING:
     from gnnsched.spec import GNNJobSpec
@@ -166,6 +166,10 @@ class FaultRecord(BaseModel):
     fault_class: Literal["hardware", "application"] | None = None
     """``gnnsched.fault_classes.fault_class`` of the fault; a record without it (an older agent's) is classified from
     its Xid by :meth:`klass`."""
+    peers: list[str] = Field(default_factory=list, max_length=MAX_FAULT_PEERS)
+    """An undecided client's peers: the jobs (``<namespace>/<name>``) of the other clients of the same fault whose own
+    error was fatal too, any of which may be the culprit (``gnnsched.fault_classes.undecided_peers``). The operator
+    keeps its next attempt apart from them (``gnnsched.io/fault-peers``). Empty for every other record."""
 
     def klass(self) -> Literal["hardware", "application"]:
         return self.fault_class if self.fault_class is not None else fault_class(self.xid)

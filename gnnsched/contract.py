@@ -55,6 +55,13 @@ it; the extender and the simulator count it as holding the GPU's whole capacity.
 admit bytes exceed a GPU's shareable capacity but whose predicted peak plus overhead fits the whole GPU, and for a
 job suspected twice of a fatal MPS fault, or failed with its own fatal error in two faults whose cause could not be
 told apart (``undecidedFaults``)."""
+ANN_FAULT_PEERS = f"{GROUP}/fault-peers"
+"""Comma-separated ``<namespace>/<name>`` of the GNNJobs this attempt may not share a GPU with while it runs: the
+other clients of the undecided MPS fault that ended its last attempt (``gnnsched.fault_classes.undecided_peers``).
+Set by the operator on a requeued attempt; the gate refuses a group or a GPU that would put it beside one of them
+(``gnnsched.policies.apart_allows``), so the culprit's next fault names it alone. Trusted only on pods a GNNJob owns;
+it only ever keeps pods apart, never books memory. Written and read by ``gnnsched.fault_classes.format_fault_peers``
+and ``parse_fault_peers``."""
 # Written by a user for a pod the operator did not create:
 ANN_GPU_MEMORY = f"{GROUP}/gpu-memory"  # Kubernetes quantity of GPU memory the pod needs on one GPU
 # Written by the extender at bind:
@@ -113,6 +120,13 @@ ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
 """Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
 descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has
 answered (admitted, with the environment to apply; or rejected). Only the built-in worker reads it."""
+ENV_PROGRESS_FD = "GNNSCHED_PROGRESS_FD"
+"""Set by ``gnnsched gate`` (plain and ``--prestart``) on the workload: the number of an inherited pipe descriptor on
+which the workload may write its progress, one JSON line ``{"steps": N, "total": M, "seconds": S}`` at a time (steps
+done of ``total``, in ``S`` seconds since its first step began). The gate's keeper forwards the newest line on the
+gate connection at a bounded rate (``node_agent.protocol.ProgressReport``), and the node agent's seconds left for the
+pod become its measured pace × steps left (``gnnsched.progress``). The built-in worker writes it
+(``gnnsched.progress.StepReporter``); a workload that writes nothing keeps its predicted runtime."""
 ENV_PRESTART_FALLBACK = "GNNSCHED_PRESTART_FALLBACK"
 """Set by a prestarted ``gnnsched worker`` on itself when it re-executes as a plain, already-admitted worker: why (its
 start-up tried to initialise CUDA before admission, or torch saw no CUDA device once admitted, the driver having
@@ -165,6 +179,11 @@ NODE_STATUS_FILE_NAME = "gnnsched-node-status.json"
 """The node agent's ``GPUNodeStatus`` as JSON (``wire()``), rewritten atomically on every publish into the node state
 directory (``gnnsched.node_status_file``). The device plugin turns ``mps.healthy``, ``gpus[].mpsHealthy`` and a
 stale ``updatedAt`` into Unhealthy slots."""
+RETURN_TO_SERVICE_DIR_NAME = "return-to-service"
+"""A directory in the node state directory where an admin asks the node agent to put a repaired GPU back into service:
+an empty file named after the GPU's UUID. A hardware Xid keeps its GPU out of service across agent restarts (the agent
+keeps the mark in its status file); the next agent that starts reads the request, drops the mark and deletes the file
+(docs/faults.md, "Returning a repaired GPU")."""
 MPS_DAEMON_HEALTH_FILE_NAME = "mps-daemon.json"
 """``gnnsched mps-daemon``'s health (``MPSDaemonHealth``) in the node state directory; the agent reads it."""
 DEFAULT_JOBS_UID = 65532

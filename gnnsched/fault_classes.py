@@ -14,11 +14,19 @@ should still be healthy"; any other critical Xid marks the device unhealthy). So
   got error 700 and none 810, docs/gpu-measurements.md), so all are requeued uncharged as *undecided*, and a job
   undecided (or suspected) :data:`ALONE_AFTER` times runs its later attempts alone on a GPU, where a fault of its own
   is charged.
+
+Why undecided clients are kept apart (:func:`undecided_peers`, :func:`must_stay_apart`): the clients of one undecided
+fault are requeued together, ahead of every other pod, and a gate that groups them again puts the culprit beside the
+same neighbours, so its next fault makes every one of them undecided a second time and sends innocent jobs to run
+alone (measured in the simulator, docs/simulator.md). Their next attempts must not share a GPU with one another while
+they run: the culprit's next fault then happens beside none of them, and only it is undecided twice. The operator
+writes each requeued attempt's peers on its pod (``gnnsched.io/fault-peers``), the gate and the simulator refuse a
+group or a GPU that would put a job beside one of its peers (``gnnsched.policies``, through :func:`must_stay_apart`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -115,6 +123,55 @@ class FaultStep:
     alone: bool
     """Later attempts run alone on a GPU (the counter that reached :data:`ALONE_AFTER` names why)."""
     alone_reason: str | None = None
+    apart: frozenset[str] = frozenset()
+    """The jobs the next attempt must not share a GPU with while it runs (its peers in an undecided fault, when it is
+    requeued undecided and does not run alone); empty otherwise."""
+
+
+def undecided_peers(clients: Sequence[ClientError], charges: Mapping[str, Charge]) -> dict[str, frozenset[str]]:
+    """For one fault's :func:`fault_charges`, every *undecided* client (an application fault's victim whose own error
+    was fatal, so it may be the culprit) and the other undecided clients of the same fault: the keys its next attempt
+    must be kept apart from. Empty when the fault names a suspect, is a hardware fault, or has fewer than two such
+    clients (nobody else could be the culprit)."""
+    undecided = [c.key for c in clients if c.failed and c.own_fault and c.key in charges
+                 and charges[c.key].role == "victim" and charges[c.key].fault_class == "application"]
+    if len(undecided) < 2:
+        return {}
+    everyone = frozenset(undecided)
+    return {key: everyone - {key} for key in undecided}
+
+
+def must_stay_apart(job: str | None, apart: Collection[str], other_job: str | None,
+                    other_apart: Collection[str]) -> bool:
+    """Whether two attempts (each its job's identity and the jobs it is kept apart from) may not run on one GPU at
+    the same time. Symmetric: either side's list is enough, so an attempt whose own list was lost (a pod recreated
+    by hand) is still kept from its peers by theirs."""
+    return (other_job is not None and other_job in apart) or (job is not None and job in other_apart)
+
+
+MAX_FAULT_PEERS = 64
+"""At most this many peers are written on a pod and read from it: more clients than that never share one GPU."""
+
+
+def format_fault_peers(peers: Collection[str]) -> str:
+    """The pod annotation ``gnnsched.io/fault-peers`` for ``peers`` (jobs as ``<namespace>/<name>``), sorted so the
+    same peers always read the same."""
+    return ",".join(sorted(peers)[:MAX_FAULT_PEERS])
+
+
+def parse_fault_peers(raw: str | None) -> frozenset[str]:
+    """``gnnsched.io/fault-peers`` as a set of ``<namespace>/<name>`` (at most :data:`MAX_FAULT_PEERS`). A malformed
+    entry is skipped rather than refused, like the predicted runtime: the list only keeps pods apart and books no
+    memory, so a wrong one can cost a wait but never break the gate's bound."""
+    if not raw:
+        return frozenset()
+    out = []
+    for part in raw.split(","):
+        name = part.strip()
+        ns, sep, job = name.partition("/")
+        if sep and ns and job and "/" not in job and len(name) <= 317:
+            out.append(name)
+    return frozenset(out[:MAX_FAULT_PEERS])
 
 
 def may_requeue(requeues: int) -> bool:
@@ -122,10 +179,13 @@ def may_requeue(requeues: int) -> bool:
     return requeues < MAX_REQUEUES
 
 
-def fault_step(charge: Charge, own_fault: bool, undecided: int, suspected: int, requeues: int = 0) -> FaultStep:
+def fault_step(charge: Charge, own_fault: bool, undecided: int, suspected: int, requeues: int = 0,
+               peers: Collection[str] = ()) -> FaultStep:
     """The operator's step for a faulted attempt with ``charge`` (its own error a fatal fault other than 810 when
     ``own_fault``), given the job's ``undecided`` and ``suspected`` counts and its uncharged ``requeues`` so far.
-    A victim past :data:`MAX_REQUEUES` is charged like any failure (``RequeueLimit``), its counters unchanged."""
+    A victim past :data:`MAX_REQUEUES` is charged like any failure (``RequeueLimit``), its counters unchanged.
+    ``peers``: the other undecided clients' jobs in this fault (:func:`undecided_peers`); an undecided attempt that
+    does not run alone next is kept apart from them (``FaultStep.apart``)."""
     if charge.role == "victim" and not may_requeue(requeues):
         return FaultStep(False, REASON_REQUEUE_LIMIT, undecided, suspected, False)
     if charge.fault_class == "hardware":
@@ -138,5 +198,6 @@ def fault_step(charge: Charge, own_fault: bool, undecided: int, suspected: int, 
     if own_fault:
         undecided += 1
         alone = undecided >= ALONE_AFTER
-        return FaultStep(True, REASON_COLOCATED, undecided, suspected, alone, "RepeatFault" if alone else None)
+        return FaultStep(True, REASON_COLOCATED, undecided, suspected, alone, "RepeatFault" if alone else None,
+                         frozenset() if alone else frozenset(peers))
     return FaultStep(True, REASON_COLOCATED, undecided, suspected, False)

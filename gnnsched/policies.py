@@ -48,7 +48,9 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache, partial
 
+from gnnsched.fault_classes import must_stay_apart
 from gnnsched.interference import load_default
+from gnnsched.progress import StepProgress, seconds_left
 
 #: The gate's backfill rule when none is given (``node-agent --bypass-limit``, the simulator without ``+bypassN``).
 DEFAULT_BYPASS_LIMIT = 4
@@ -81,16 +83,21 @@ class Task:
     intensity: str | None = None
     bypassed: int = 0  # tasks behind this one in the order that started before it (bounded-bypass backfill)
     qos_seconds: float | None = None  # inference: the latency target (GNNJob qosTargetSeconds); None = none
+    job: str | None = None  # the job this attempt belongs to (the apart rule's identity)
+    apart: frozenset[str] = frozenset()  # jobs it may not share a GPU with (its undecided fault's peers)
 
 
 @dataclass(frozen=True, slots=True)
 class Client:
     """A client running on a GPU, as the load-aware rules see it (``spread``'s GPU order, :func:`share_pays`):
     its intensity class (the interference model's profile) and its predicted remaining seconds
-    (:func:`remaining_seconds`; 0 when it is due or has no prediction)."""
+    (:func:`remaining_seconds`; 0 when it is due or has no prediction); and, for the apart rule
+    (:func:`apart_allows`), its job and the jobs it may not share the GPU with."""
 
     intensity: str | None
     remaining_seconds: float
+    job: str | None = None
+    apart: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,14 +307,45 @@ def plan_decision(
     if not items:
         return Plan([], {})
     gpus = list(gpus)
+    apart = _any_apart(items, gpus)
     if spread and sum(1 for g in gpus if g.free_slots > 0) > 1:
-        return _plan_spread(p, items, gpus, bypass_limit, share_when_pays)
-    allows = _share_rule(p, items, gpus) if share_when_pays else None
+        return _plan_spread(p, items, gpus, bypass_limit, share_when_pays, apart)
+    allows = _with_apart(_share_rule(p, items, gpus) if share_when_pays else None, apart)
     return _plan_ordered(p, items, gpus, bypass_limit, ordered=False, allows=allows)
 
 
 #: ``allows(task, gpu, members)``: may ``task`` join ``gpu`` beside ``members`` (this decision's group there so far)?
 Allows = Callable[[Task, GPUFree, Sequence[Task]], bool]
+
+
+def apart_allows(task: Task, gpu: GPUFree, members: Sequence[Task]) -> bool:
+    """The apart rule (``gnnsched.fault_classes.must_stay_apart``): ``task`` may join ``gpu`` only when neither a
+    client running there nor a member of this decision's group there is one of its undecided fault's peers. A task
+    refused here is treated as one that does not fit the GPU: it stays queued (or goes to another GPU), and the
+    backfill rule counts the tasks that overtake it. It needs ``GPUFree.running`` with the clients' jobs."""
+    for c in gpu.running:
+        if must_stay_apart(task.job, task.apart, c.job, c.apart):
+            return False
+    return not any(must_stay_apart(task.job, task.apart, m.job, m.apart) for m in members)
+
+
+def _any_apart(items: Sequence[Task], gpus: Sequence[GPUFree]) -> bool:
+    """Whether the apart rule can refuse anything in this decision (a queued task or a running client has peers)."""
+    return any(t.apart for t in items) or any(c.apart for g in gpus for c in g.running)
+
+
+def _with_apart(allows: Allows | None, apart: bool) -> Allows | None:
+    """``allows`` with the apart rule checked first (``apart``: the decision has peers to keep apart)."""
+    if not apart:
+        return allows
+    if allows is None:
+        return apart_allows
+    inner = allows
+
+    def both(t: Task, g: GPUFree, members: Sequence[Task]) -> bool:
+        return apart_allows(t, g, members) and inner(t, g, members)
+
+    return both
 
 
 def _plan_ordered(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, *, ordered: bool,
@@ -355,17 +393,19 @@ def load_key(g: GPUFree) -> tuple[float, int, int, int]:
     return (g.work_left, len(g.running), -g.free_bytes, g.index)
 
 
-def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool) -> Plan:
+def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool,
+                 apart: bool = False) -> Plan:
     """``plan_decision(..., spread=True)``: rounds of one free slot per GPU, GPUs least loaded first
     (:func:`load_key`), the GPUs' free bytes, slots and running clients and the tasks' bypass counts carried from
     round to round (a task admitted in an earlier round counts as a client with its predicted runtime left); a GPU's
     admissions over the rounds are one group (one :class:`Admission` per GPU, tasks in the order they joined)."""
     if len(items) == 1:
-        return _spread_one(p, items[0], gpus, share)
-    return _plan_rounds(p, items, gpus, bypass_limit, share)
+        return _spread_one(p, items[0], gpus, share, apart)
+    return _plan_rounds(p, items, gpus, bypass_limit, share, apart)
 
 
-def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool) -> Plan:
+def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool,
+                 apart: bool = False) -> Plan:
     """``_plan_spread``'s rounds, for any queue (``_spread_one`` answers a queue of one task the same, faster).
 
     Every round takes the tasks left in the decision's order, the policy's traversal of the whole queue, not a
@@ -381,7 +421,7 @@ def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     counts: dict[str, int] = {}
     while left:
         round_gpus = sorted((replace(g, free_slots=min(g.free_slots, 1)) for g in free.values()), key=load_key)
-        allows = _share_rule(p, left, round_gpus) if share else None
+        allows = _with_apart(_share_rule(p, left, round_gpus) if share else None, apart)
         keys = {t.key for t in left}
         plan = _plan_ordered(p, left, round_gpus, bypass_limit, ordered=True, allows=allows,
                              order=[by_key[t.key] for t in full if t.key in keys])
@@ -404,13 +444,14 @@ def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     return Plan(out, {k: c for k, c in counts.items() if k not in admitted})
 
 
-def _spread_one(p: Policy, task: Task, gpus: list[GPUFree], share: bool) -> Plan:
+def _spread_one(p: Policy, task: Task, gpus: list[GPUFree], share: bool, apart: bool = False) -> Plan:
     """``_plan_spread`` for a queue of one task (the common decision on a busy node): the task goes to the least
     loaded GPU (:func:`load_key`) with a free slot, room for its bytes and, under ``share``, the share rule's
     consent; no task is overtaken. That is what the rounds compute for one task (their first round admits it there
     or nothing, and a one-task round is not re-paired), without copying every GPU for the round and sorting them
     all: the gate and the simulator make this decision once per arrival and per exit."""
-    fits = [g for g in gpus if g.free_slots > 0 and g.free_bytes >= task.bytes]
+    fits = [g for g in gpus if g.free_slots > 0 and g.free_bytes >= task.bytes
+            and (not apart or apart_allows(task, g, ()))]
     if not fits:
         return Plan([], {})
     if not share:
@@ -480,16 +521,12 @@ def predicted_end(qt_seconds: float | None, admitted_at: float | None) -> float 
     return admitted_at + qt_seconds
 
 
-def remaining_seconds(qt_seconds: float | None, admitted_at: float | None, now: float) -> float:
-    """A running client's predicted seconds left: its predicted solo runtime from its admission, at least 0 (0 also
-    without a prediction). What the gate knows (it sees neither the client's start-up nor its slowdown); the
-    simulator computes it the same way, not from its true work."""
-    return seconds_left(predicted_end(qt_seconds, admitted_at), now)
-
-
-def seconds_left(end: float | None, now: float) -> float:
-    """:func:`remaining_seconds` from a :func:`predicted_end`: at least 0, and 0 without a prediction."""
-    return 0.0 if end is None else max(0.0, end - now)
+def remaining_seconds(qt_seconds: float | None, admitted_at: float | None, now: float,
+                      progress: StepProgress | None = None) -> float:
+    """A running client's seconds left: what the gate knows. From its reported ``progress`` once that measures its
+    pace (:func:`gnnsched.progress.seconds_left`), else its predicted solo runtime from its admission, at least 0 (0
+    also without a prediction). The simulator computes it the same way, not from its true work."""
+    return seconds_left(predicted_end(qt_seconds, admitted_at), now, progress)
 
 
 def _solo(t: Task) -> float:
@@ -498,7 +535,7 @@ def _solo(t: Task) -> float:
 
 
 def _as_client(t: Task) -> Client:
-    return Client(t.intensity, _solo(t))
+    return Client(t.intensity, _solo(t), t.job, t.apart)
 
 
 _CLASSES = ("memory", "compute")

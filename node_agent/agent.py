@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,11 @@ from gnnsched.contract import (
     ANN_ATTEMPT_RESULT,
     ANN_FAULT,
     MPS_MAX_CLIENTS_PER_GPU,
+    RETURN_TO_SERVICE_DIR_NAME,
     MPSStatus,
 )
-from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED, counted_class
-from gnnsched.gpu_backend import GPUBackend, GPUProcess, HealthEvent
+from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED, counted_class, is_hardware_xid
+from gnnsched.gpu_backend import GPUBackend, GPUInfo, GPUProcess, HealthEvent
 from gnnsched.gpus import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
@@ -135,6 +136,11 @@ class NodeAgent:
     quarantine: Quarantine = field(default_factory=Quarantine)
     # Entries that ended lately, per key: (monotonic end, namespace, name, gpu index, how it ended or None yet).
     _recent: dict[str, tuple[float, str, str, int, ClientEnd | None]] = field(default_factory=dict)
+    _recent_jobs: dict[str, str] = field(default_factory=dict)  # a recently exited client's GNNJob (fault peers)
+    _xid_waits: set[str] = field(default_factory=set)  # GPUs whose roles wait for an Xid, a re-check scheduled
+    # GPUs a hardware Xid took out of service before this agent started (its last status file): uuid -> (reason,
+    # Xid, since). NVML's own mark is per process, so without these a restart would put a failed GPU back in service.
+    _held: dict[str, tuple[str, int, float]] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _bg: set[asyncio.Task[Any]] = field(default_factory=set)
     _adopted: bool = False  # the gate has booked what the last agent left running (drains may end only after)
@@ -187,7 +193,8 @@ class NodeAgent:
         for uuid in restored:  # the clients still booked there (adopted or reconnecting) are the ones it waits for
             gpu = books.gpu_by_uuid(uuid)
             clients = [(e.key, e.namespace, e.name) for e in books.running.values() if gpu and e.gpu_index == gpu.index]
-            self.quarantine.trigger(uuid, self.quarantine.drains[uuid].reason, time.time(), clients)
+            jobs = {e.key: e.job for e in books.running.values() if gpu and e.gpu_index == gpu.index and e.job}
+            self.quarantine.trigger(uuid, self.quarantine.drains[uuid].reason, time.time(), clients, jobs=jobs)
         self._adopted = True
         if self.opts.metrics_port is not None:
             self.metrics_server = self.metrics.serve(self.opts.metrics_port, self.opts.metrics_addr, self.alive,
@@ -197,7 +204,7 @@ class NodeAgent:
 
     async def _publish(self) -> None:
         assert self.gate is not None
-        devices = await asyncio.to_thread(self.backend.devices)
+        devices = await asyncio.to_thread(self._devices)
         status = build_status(self.opts.node_name, self.gate.books, devices, self._mps_status(), time.time(),
                               self.quarantine.drains)
         if self.other_plugin is not None and self.other_plugin.condition is not None:
@@ -219,7 +226,7 @@ class NodeAgent:
 
     async def _sample(self) -> None:
         """Driver + MPS health into the books (an unhealthy GPU or MPS admits nothing new) and into the metrics."""
-        devices = await asyncio.to_thread(self.backend.devices)
+        devices = await asyncio.to_thread(self._devices)
         procs = {}
         for d in devices:
             try:
@@ -301,6 +308,9 @@ class NodeAgent:
         now = time.monotonic()
         self._recent = {k: v for k, v in self._recent.items() if now - v[0] <= self.opts.fault_window}
         self._recent[e.key] = (now, e.namespace, e.name, gpu.index, None)
+        self._recent_jobs = {k: j for k, j in self._recent_jobs.items() if k in self._recent}
+        if e.job:
+            self._recent_jobs[e.key] = e.job
         self.quarantine.client_gone(gpu.uuid, e.key)
         if e.namespace and e.name:
             if peak is not None and peak > written:
@@ -348,14 +358,64 @@ class NodeAgent:
 
     # --- the MPS fault domain -------------------------------------------------------------------------------------
 
+    def _devices(self) -> list[GPUInfo]:
+        """The backend's GPUs, with those a hardware Xid took out of service before this agent started still out
+        (``_held``), whatever the driver's fresh view says."""
+        devices = self.backend.devices()
+        if not self._held:
+            return devices
+        out = []
+        for d in devices:
+            held = self._held.get(d.uuid)
+            if held is not None and d.healthy:
+                reason, xid, since = held
+                d = replace(d, healthy=False, health_reason=reason, unhealthy_xid=xid, unhealthy_since=since)
+            out.append(d)
+        return out
+
+    def _return_requests(self) -> set[str]:
+        """UUIDs an admin asked to return to service (``<state dir>/return-to-service/<uuid>``)."""
+        assert self.opts.state_dir is not None
+        folder = Path(self.opts.state_dir) / RETURN_TO_SERVICE_DIR_NAME
+        try:
+            return {p.name for p in folder.iterdir() if p.is_file()}
+        except OSError:
+            return set()
+
+    def _restore_held(self, books: Books, gpus: list[Any]) -> None:
+        """Keep out of service the GPUs the last agent showed unhealthy by a hardware Xid, unless an admin asked to
+        return one (then the request file is consumed)."""
+        assert self.opts.state_dir is not None
+        requests = self._return_requests()
+        folder = Path(self.opts.state_dir) / RETURN_TO_SERVICE_DIR_NAME
+        for g in gpus:
+            gpu = books.gpu_by_uuid(g.uuid)
+            if gpu is None or g.healthy or g.unhealthy_xid is None or not is_hardware_xid(g.unhealthy_xid):
+                continue
+            if g.uuid in requests:
+                log.warning("GPU %d (%s): returned to service at an admin's request (it was out since %s, Xid %d)",
+                            gpu.index, g.uuid, g.unhealthy_since, g.unhealthy_xid)
+                continue
+            since = g.unhealthy_since.timestamp() if g.unhealthy_since else time.time()
+            self._held[g.uuid] = (g.unhealthy_reason or f"Xid {g.unhealthy_xid}", g.unhealthy_xid, since)
+            books.set_health(gpu.index, False)
+            log.warning("GPU %d (%s) is still out of service after Xid %d (since %s); to return it once repaired, "
+                        "create %s/%s and restart the agent", gpu.index, g.uuid, g.unhealthy_xid,
+                        g.unhealthy_since, folder, g.uuid)
+        for uuid in requests:
+            with contextlib.suppress(OSError):
+                (folder / uuid).unlink()
+
     def _restore_drains(self, books: Books) -> list[str]:
-        """GPUs the previous agent left draining (its last node status file in ``state_dir``): they stay draining."""
+        """GPUs the previous agent left draining (its last node status file in ``state_dir``): they stay draining;
+        and GPUs it showed out of service by a hardware Xid stay out (:meth:`_restore_held`)."""
         if self.opts.state_dir is None:
             return []
         try:
             previous = read_status_file(status_file_path(self.opts.state_dir))
         except StatusFileError:
             return []
+        self._restore_held(books, previous.gpus)
         out = []
         for g in previous.gpus:
             gpu = books.gpu_by_uuid(g.uuid)
@@ -383,13 +443,16 @@ class NodeAgent:
         clients = [(e.key, e.namespace, e.name) for e in books.running.values() if e.gpu_index == index]
         recent = [(k, v[1], v[2]) for k, v in self._recent.items()
                   if v[3] == index and now - v[0] <= self.opts.fault_window]
-        drain = self.quarantine.trigger(uuid, reason, time.time(), clients + recent, xid)
+        jobs = {e.key: e.job for e in books.running.values() if e.gpu_index == index and e.job}
+        jobs.update((k, self._recent_jobs[k]) for k, _, _ in recent if k in self._recent_jobs)
+        drain = self.quarantine.trigger(uuid, reason, time.time(), clients + recent, xid, jobs)
         for key, v in self._recent.items():
             if key in dict.fromkeys(k for k, _, _ in recent):
                 self.quarantine.client_gone(uuid, key)
                 if v[4] is not None:
                     self.quarantine.client_ended(uuid, key, v[4])
         if drain is None:
+            self._record_roles(uuid)  # the same fault: its Xid may be what the roles were waiting for
             return
         books.set_health(index, False)
         self.metrics.faults.labels(str(index), reason).inc()
@@ -402,8 +465,22 @@ class NodeAgent:
         self._record_roles(uuid)
 
     def _record_roles(self, uuid: str) -> None:
+        """Write the fault records once every affected client has ended and the Xid is known, or once
+        ``quarantine.XID_GRACE_S`` has passed without one: then this runs again by itself."""
         assert self.gate is not None
-        for affected, record in self.quarantine.decide_roles(uuid, datetime.now(tz=timezone.utc)):
+        now = time.time()
+        records = self.quarantine.decide_roles(uuid, datetime.now(tz=timezone.utc), now)
+        left = self.quarantine.xid_wait_left(uuid, now)
+        if not records and left and not self.quarantine.pending(uuid) and self._loop is not None \
+                and uuid not in self._xid_waits:
+            self._xid_waits.add(uuid)
+
+            def again() -> None:
+                self._xid_waits.discard(uuid)
+                self._record_roles(uuid)
+
+            self._loop.call_later(left, again)
+        for affected, record in records:
             self.gate.annotate_pod(affected.namespace, affected.name, {ANN_FAULT: record.model_dump_json()})
             self.metrics.fault_pods.labels(record.role).inc()
             self.gate.event("fault-role", key=affected.key, gpu=uuid, role=record.role, reason=record.reason)
@@ -425,8 +502,9 @@ class NodeAgent:
             if left:
                 continue
             answers = await asyncio.to_thread(self.mps.check) if self.mps is not None else True
-            if not self.quarantine.may_release(uuid, left, answers):
+            if not self.quarantine.may_release(uuid, left, answers, time.time()):
                 continue
+            self._record_roles(uuid)  # the wait for an Xid is over: roles not written yet are written now
             self.quarantine.release(uuid)
             waited = max(0.0, time.time() - drain.since)
             self.metrics.drain_seconds.observe(waited)

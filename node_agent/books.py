@@ -28,6 +28,7 @@ from gnnsched.policies import (
     remaining_seconds,
     startup_left,
 )
+from gnnsched.progress import StepProgress
 
 
 class Rejected(Exception):
@@ -78,10 +79,12 @@ class Entry:
     exclusive: bool = False  # runs alone on a whole GPU (ANN_EXCLUSIVE): booked at the GPU's whole capacity
     qos_seconds: float | None = None  # inference: the latency target (ANN_QOS_TARGET), kept by the share rule
     prestarted: bool = False  # behind gate --prestart (ANN_PRESTART): its start-up began at queued_at
+    progress: StepProgress | None = None  # its workload's last step report (gate connection; gnnsched.progress)
+    apart: frozenset[str] = frozenset()  # jobs it may not share a GPU with (ANN_FAULT_PEERS: an undecided fault's)
 
     def task(self) -> Task:
         return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
-                    bypassed=self.bypassed, qos_seconds=self.qos_seconds)
+                    bypassed=self.bypassed, qos_seconds=self.qos_seconds, job=self.job, apart=self.apart)
 
 
 @dataclass(slots=True)
@@ -193,10 +196,12 @@ class Books:
         exclusive: bool = False,
         qos_seconds: float | None = None,
         prestarted: bool = False,
+        apart: frozenset[str] = frozenset(),
     ) -> Entry:
         """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it.
         ``qos_seconds``: an inference pod's latency target, which the share rule (``share_when_pays``) keeps.
         ``prestarted``: the pod runs behind ``gate --prestart`` (its start-up began now, not at its admission).
+        ``apart``: the jobs it may not share a GPU with while it runs (``policies.apart_allows``).
 
         ``exclusive``: the pod runs alone on a whole GPU; it is booked at :meth:`whole_gpu_bytes` whatever ``bytes``
         says (its own estimate may exceed the shareable capacity: that is why it runs alone)."""
@@ -215,7 +220,7 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive, qos_seconds=qos_seconds,
-            prestarted=prestarted,
+            prestarted=prestarted, apart=apart,
         )
         self.queued[key] = e
         self._tasks[key] = e.task()
@@ -244,11 +249,19 @@ class Books:
             return None
         return e.admitted_at + startup_left(self.startup_seconds, e.queued_at, e.admitted_at, e.prestarted)
 
+    def seconds_left(self, e: Entry, now: float) -> float:
+        """A running entry's seconds left, as every load-aware rule and the published status see it: measured from
+        its step reports once they show its pace, else its predicted runtime from when its GPU work was predicted to
+        start (:func:`gnnsched.policies.remaining_seconds`, the one estimator the simulator calls too)."""
+        return remaining_seconds(e.qt_seconds, self._work_from(e), now, e.progress)
+
     def decide(self, now: float = 0.0) -> list[Decision]:
         """Apply the policy once: move every group it admits from the queue to the running set."""
         if not self.queued:
             return []
         free = []
+        # the apart rule reads the running clients' jobs whenever a queued or running entry has peers to keep apart
+        apart = any(e.apart for e in self.queued.values()) or any(e.apart for e in self.running.values())
         for g in self.gpus.values():
             slots = g.max_clients - self.clients(g.index) if g.healthy else 0
             room = g.capacity_bytes - self.committed_bytes(g.index)
@@ -257,8 +270,8 @@ class Books:
                 # outside the gate, or memory a finished job has not given back yet, shrinks it).
                 room = min(room, g.total_bytes - g.used_bytes)
             running: tuple[Client, ...] = ()
-            if self.spread or self.share_when_pays:  # the load-aware rules read the running clients
-                running = tuple(Client(e.intensity, remaining_seconds(e.qt_seconds, self._work_from(e), now))
+            if self.spread or self.share_when_pays or apart:  # the load-aware and apart rules read the clients
+                running = tuple(Client(e.intensity, self.seconds_left(e, now), e.job, e.apart)
                                 for e in self.running.values() if e.gpu_index == g.index)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes, running))
         result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread,
@@ -297,6 +310,7 @@ class Books:
         qt_seconds: float | None = None,
         intensity: str | None = None,
         exclusive: bool = False,
+        apart: frozenset[str] = frozenset(),
     ) -> Entry:
         """Book a pod that was admitted before an agent restart (a reconnecting client or an annotated pod).
 
@@ -320,7 +334,7 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, gpu_index=gpu.index, group=group, admitted_at=admitted_at,
-            exclusive=exclusive,
+            exclusive=exclusive, apart=apart,
         )
         self.running[key] = e
         self.check()

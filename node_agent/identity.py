@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
+    ANN_FAULT_PEERS,
     ANN_GPU_MEMORY,
     ANN_INTENSITY,
     ANN_JOB,
@@ -39,6 +40,7 @@ from gnnsched.contract import (
     GROUP,
     VERSION,
 )
+from gnnsched.fault_classes import parse_fault_peers
 from gnnsched.quantity import QuantityError, parse_bytes
 
 
@@ -398,6 +400,7 @@ class Demand:
     exclusive: bool = False
     qos_seconds: float | None = None  # ANN_QOS_TARGET: an inference pod's latency target (the share rule keeps it)
     prestarted: bool = False  # ANN_PRESTART: behind gate --prestart, its start-up runs while it waits at the gate
+    apart: frozenset[str] = frozenset()  # ANN_FAULT_PEERS: the jobs it may not share a GPU with (GNNJob pods only)
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
@@ -407,7 +410,12 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
     demand = _demand(pod, whole_gpu_bytes)
     if pod.annotations.get(ANN_PRESTART) == "true":
         demand = replace(demand, prestarted=True)
+    if pod.owner_job is not None:
+        peers = parse_fault_peers(pod.annotations.get(ANN_FAULT_PEERS))
+        if peers:
+            demand = replace(demand, apart=peers)
     return demand
+
 
 
 def _demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:

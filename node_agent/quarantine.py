@@ -34,12 +34,18 @@ from gnnsched.closed_loop import (
     classify_log,
     is_mps_victim_text,
 )
-from gnnsched.fault_classes import ClientError, fault_charges, is_hardware_xid
+from gnnsched.fault_classes import ClientError, fault_charges, is_hardware_xid, undecided_peers
 
 Role = Literal["victim", "suspect"]
 
 REASON_XID = "Xid"
 REASON_SERVER_FAULT = "MpsServerFault"
+XID_GRACE_S = 5.0
+"""How long the roles of a fault that no Xid has named yet wait for one. A client's error (its exit, read from its
+pod) and the driver's Xid (NVML's event stream, polled once a second) reach the agent by different paths in either
+order; roles decided before the Xid would be decided as an application fault's (no Xid), which charges a lone client
+of a hardware fault and writes a record without its Xid (seen in ``tests/e2e/test_fault_e2e.py``). Past this wait the
+roles are decided without one: MPS can report a fault that no Xid names."""
 
 
 def is_critical_xid(xid: int) -> bool:
@@ -77,6 +83,7 @@ class Affected:
     name: str
     end: ClientEnd | None = None  # None while it runs (or until its pod shows how it ended)
     gone: bool = False  # its gate connection ended (the process exited)
+    job: str | None = None  # its GNNJob (``<namespace>/<name>``), what an undecided record's peers name
 
 
 @dataclass(slots=True)
@@ -104,21 +111,23 @@ class Quarantine:
         return uuid in self.drains
 
     def trigger(self, uuid: str, reason: str, now: float, clients: list[tuple[str, str, str]],
-                xid: int | None = None) -> Drain | None:
+                xid: int | None = None, jobs: dict[str, str] | None = None) -> Drain | None:
         """Mark ``uuid`` draining; ``clients`` are ``(key, namespace, name)`` of the gated clients that ran there at the
         fault (running now, or exited moments ago). Returns the new drain, or ``None`` when it was already draining
         (then the clients are added to the affected set: they share the same fault). The driver's Xid is the cause
         of its clients' error 810, and either can reach the agent first: a drain started by a client's 810 takes the
-        Xid that arrives during it, so the fault records name the Xid whatever the order."""
+        Xid that arrives during it, so the fault records name the Xid whatever the order. ``jobs``: client key ->
+        its GNNJob, for the peers of an undecided fault's records."""
+        jobs = jobs or {}
         existing = self.drains.get(uuid)
         if existing is not None:
             for key, ns, name in clients:
-                existing.affected.setdefault(key, Affected(key, ns, name))
+                existing.affected.setdefault(key, Affected(key, ns, name, job=jobs.get(key)))
             if xid is not None and existing.xid is None:
                 existing.xid, existing.reason = xid, reason
             return None
         drain = Drain(uuid=uuid, reason=reason, since=now, xid=xid,
-                      affected={key: Affected(key, ns, name) for key, ns, name in clients})
+                      affected={key: Affected(key, ns, name, job=jobs.get(key)) for key, ns, name in clients})
         self.drains[uuid] = drain
         return drain
 
@@ -146,11 +155,16 @@ class Quarantine:
         drain = self.drains.get(uuid)
         return [a for a in drain.affected.values() if a.end is None] if drain is not None else []
 
-    def decide_roles(self, uuid: str, at: datetime | None = None) -> list[tuple[Affected, FaultRecord]]:
+    def decide_roles(self, uuid: str, at: datetime | None = None, now: float | None = None
+                     ) -> list[tuple[Affected, FaultRecord]]:
         """The fault records for every affected client that failed, once all of them have ended (each end known, or
-        given up on by the caller with ``ClientEnd(None, None)``). Decided once per drain; ``[]`` otherwise."""
+        given up on by the caller with ``ClientEnd(None, None)``) and, when ``now`` is given (the agent's clock, as
+        ``since``), once the Xid is known or :data:`XID_GRACE_S` has passed without one (:meth:`xid_wait_left`).
+        Decided once per drain; ``[]`` otherwise."""
         drain = self.drains.get(uuid)
         if drain is None or drain.recorded or any(a.end is None for a in drain.affected.values()):
+            return []
+        if now is not None and (self.xid_wait_left(uuid, now) or 0.0) > 0:
             return []
         drain.recorded = True
         stamp = at or datetime.now(tz=timezone.utc)
@@ -158,14 +172,29 @@ class Quarantine:
         errors = [ClientError(a.key, own_fault=bool(a.end and a.end.own_fault),
                               terminated_810=bool(a.end and a.end.victim_of_810)) for a in failed]
         charges = fault_charges(drain.xid, errors, drain.label())
+        peers = undecided_peers(errors, charges)
+        job_of = {a.key: a.job for a in failed}
         return [(a, FaultRecord(gpu=uuid, role=charges[a.key].role, reason=charges[a.key].reason, at=stamp,
-                                xid=drain.xid, fault_class=charges[a.key].fault_class)) for a in failed]
+                                xid=drain.xid, fault_class=charges[a.key].fault_class,
+                                peers=sorted({j for k in peers.get(a.key, ()) if (j := job_of[k]) is not None}
+                                             - {a.job}))) for a in failed]
 
-    def may_release(self, uuid: str, clients_on_gpu: int, mps_answers: bool) -> bool:
+    def xid_wait_left(self, uuid: str, now: float) -> float | None:
+        """Seconds the roles of ``uuid``'s drain still wait for an Xid (0 when the wait is over); None when they do
+        not wait for one (the Xid is known, the roles are decided, or nothing drains)."""
+        drain = self.drains.get(uuid)
+        if drain is None or drain.recorded or drain.xid is not None:
+            return None
+        return max(0.0, drain.since + XID_GRACE_S - now)
+
+    def may_release(self, uuid: str, clients_on_gpu: int, mps_answers: bool, now: float | None = None) -> bool:
         """Whether the drain of ``uuid`` can end: no client left on the GPU (neither booked by the gate nor seen by
-        the driver), every affected client's end handled, and the MPS control daemon answering its probe."""
+        the driver), every affected client's end handled, and the MPS control daemon answering its probe; with
+        ``now``, also not while its roles still wait for an Xid (the records would be lost with the drain)."""
         drain = self.drains.get(uuid)
         if drain is None:
+            return False
+        if now is not None and not drain.recorded and (self.xid_wait_left(uuid, now) or 0.0) > 0:
             return False
         all_gone = all(a.gone for a in drain.affected.values())
         return clients_on_gpu == 0 and all_gone and mps_answers

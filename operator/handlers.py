@@ -545,11 +545,14 @@ class Operator:
         self._write(body, status, new, message=_estimated_message(plan))
 
         self._ensure(ref, body, build_config_map(body), kind="ConfigMap")
+        peers = status.get("faultPeers")
         pod = self._create_pod(ref, body, status, build_pod(body, spec, plan, attempt, self.config.image,
                                                             self.config.scheduler_name, priority_class,
                                                             settings=self.config.pods,
                                                             worker_device=self.config.worker_device,
-                                                            worker_prestart=self.config.worker_prestart))
+                                                            worker_prestart=self.config.worker_prestart,
+                                                            fault_peers=[p for p in peers if isinstance(p, str)]
+                                                            if isinstance(peers, list) else ()))
         if pod is not None:
             self._apply_pod(body, status, pod, deleted=False)
 
@@ -928,7 +931,11 @@ class Operator:
                 assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
                 step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
                                   _count(status, "undecidedFaults"), _count(status, "suspected"),
-                                  _count(status, "requeues"))
+                                  _count(status, "requeues"), peers=facts.fault.peers)
+                if step.apart:
+                    # its peers in an undecided fault: the next attempt shares no GPU with them while it runs
+                    # (gnnsched.fault_classes.undecided_peers), so the culprit's next fault names it alone
+                    requeue_extra["faultPeers"] = sorted(step.apart)
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told
@@ -1029,6 +1036,8 @@ class Operator:
         ctype, reason, message = condition
         new.update(phase="Estimated", attempts=next_attempt + 1, podName=pod_name(ref.name, next_attempt),
                    attemptReason=ctype, message=f"{ctype.lower()} after attempt {attempt + 1}: {reason}", **updates)
+        if "faultPeers" not in updates and status.get("faultPeers"):
+            new["faultPeers"] = None  # merge patch: the peers kept the last attempt apart, not this one
         if ctype in RETRY_FIRST_REASONS and spec.priority_class_name is None:
             priority_class = self.priority_class(job, spec, plan, ref.namespace, pod_name(ref.name, next_attempt),
                                                  ctype) or priority_class
@@ -1046,7 +1055,8 @@ class Operator:
                                                                self.config.scheduler_name, priority_class,
                                                                settings=self.config.pods,
                                                                worker_device=self.config.worker_device,
-                                                               worker_prestart=self.config.worker_prestart))
+                                                               worker_prestart=self.config.worker_prestart,
+                                                               fault_peers=updates.get("faultPeers") or ()))
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)
 

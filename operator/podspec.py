@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Collection
 from typing import Any
 
 import yaml
@@ -42,6 +43,7 @@ from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_ATTEMPT,
     ANN_EXCLUSIVE,
+    ANN_FAULT_PEERS,
     ANN_INTENSITY,
     ANN_JOB,
     ANN_PMC_BYTES,
@@ -66,6 +68,7 @@ from gnnsched.contract import (
     SCHEDULER_NAME,
 )
 from gnnsched.errors import FieldError
+from gnnsched.fault_classes import format_fault_peers
 from gnnsched.spec import DNS_SUBDOMAIN, GNNJobSpec, NodeSelector, SpecError, Toleration
 
 from .planning import Plan
@@ -266,11 +269,12 @@ def container_command(spec: GNNJobSpec, worker_device: str = "cuda", prestart: b
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
               scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
               settings: JobPodSettings | None = None, worker_device: str = "cuda",
-              worker_prestart: bool = False) -> dict[str, Any]:
+              worker_prestart: bool = False, fault_peers: Collection[str] = ()) -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
     ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
     ``settings``: UID, RuntimeClass, tolerations and nodeSelector (``JobPodSettings()`` defaults when None).
     ``worker_device``, ``worker_prestart``: see ``container_command``.
+    ``fault_peers``: the jobs this attempt may not share a GPU with (``ANN_FAULT_PEERS``, the gate's apart rule).
     Raises ``SpecError`` when the job's nodeSelector contradicts the operator's."""
     settings = settings if settings is not None else JobPodSettings()
     node_selector = settings.node_selector_for(spec)
@@ -289,6 +293,8 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
     annotations[ANN_ATTEMPT] = str(attempt + 1)  # 1-based: resizes and requeues count as attempts too
     if plan.exclusive:
         annotations[ANN_EXCLUSIVE] = "true"
+    if fault_peers:
+        annotations[ANN_FAULT_PEERS] = format_fault_peers(fault_peers)
     if plan.predicted_runtime_seconds is not None:
         annotations[ANN_PREDICTED_RUNTIME] = f"{plan.predicted_runtime_seconds:.3f}"
     if plan.intensity is not None:

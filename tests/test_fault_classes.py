@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 
 from gnnsched.closed_loop import FaultRecord
-from gnnsched.contract import ANN_FAULT, JOB_CONTAINER_NAME
+from gnnsched.contract import ANN_FAULT, ANN_FAULT_PEERS, JOB_CONTAINER_NAME
 from gnnsched.fault_classes import (
     ALONE_AFTER,
     APPLICATION_XIDS,
@@ -22,12 +22,18 @@ from gnnsched.fault_classes import (
     REASON_COLOCATED,
     REASON_GPU_FAULT,
     REASON_REQUEUE_LIMIT,
+    Charge,
     ClientError,
     fault_charges,
     fault_class,
     fault_step,
+    format_fault_peers,
+    must_stay_apart,
+    parse_fault_peers,
+    undecided_peers,
 )
 from gnnsched.gpu_backend import FakeGPUBackend
+from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.quarantine import REASON_XID, ClientEnd, Quarantine, is_critical_xid
 from gnnsched.operator.resize import attempt_facts, decide
 from gnnsched.simulator.faults import NO_ERROR, NO_FAULTS, LoopBooks
@@ -103,10 +109,11 @@ def test_the_fake_backend_marks_the_gpu_unhealthy_for_hardware_xids_only() -> No
 # ---------------------------------------------------------------------------------- the agent's state machine
 
 
-def _agent_records(xid: int | None, ends: dict[str, ClientEnd]) -> dict[str, FaultRecord]:
+def _agent_records(xid: int | None, ends: dict[str, ClientEnd], jobs: dict[str, str] | None = None
+                   ) -> dict[str, FaultRecord]:
     q = Quarantine()
     q.trigger("GPU-0", REASON_XID if xid is not None else "MpsServerFault", 0.0,
-              [(k, "ns", k) for k in ends], xid=xid)
+              [(k, "ns", k) for k in ends], xid=xid, jobs=jobs)
     for key, end in ends.items():
         q.client_ended("GPU-0", key, end)
     return {a.key: r for a, r in q.decide_roles("GPU-0", datetime(2026, 1, 1, tzinfo=timezone.utc))}
@@ -212,3 +219,87 @@ def test_an_application_fault_with_an_810_neighbour_agrees_too() -> None:
     core = fault_charges(13, [ClientError("a", own_fault=True), ClientError("b", terminated_810=True)], "Xid 13")
     assert {k: (r.role, r.reason) for k, r in records.items()} == {k: (c.role, c.reason) for k, c in core.items()}
     assert json.loads(records["a"].model_dump_json())["fault_class"] == "application"
+
+
+# ---------------------------------------------------------------------------------- undecided peers kept apart
+
+
+def test_undecided_peers_are_the_other_clients_whose_own_error_was_fatal() -> None:
+    own = [ClientError("a", own_fault=True), ClientError("b", own_fault=True), ClientError("c", own_fault=True),
+           ClientError("d", terminated_810=True), ClientError("e", failed=False, own_fault=True)]
+    peers = undecided_peers(own, fault_charges(43, own, "Xid 43"))
+    # d reported 810 (a plain victim, never the culprit) and e did not fail: neither is anyone's peer
+    assert peers == {"a": frozenset("bc"), "b": frozenset("ac"), "c": frozenset("ab")}
+    lone = [ClientError("a", own_fault=True), ClientError("b", terminated_810=True)]
+    assert undecided_peers(lone, fault_charges(43, lone, "Xid 43")) == {}  # a is the suspect: nothing undecided
+    assert undecided_peers(own, fault_charges(79, own, "Xid 79")) == {}  # a hardware fault is nobody's
+
+
+def test_fault_step_keeps_an_undecided_attempt_apart_unless_it_runs_alone() -> None:
+    undecided = Charge("victim", REASON_COLOCATED, False, "application")
+    first = fault_step(undecided, True, 0, 0, peers={"ns/b"})
+    assert first.requeue and first.undecided == 1 and not first.alone and first.apart == {"ns/b"}
+    second = fault_step(undecided, True, ALONE_AFTER - 1, 0, peers={"ns/b"})
+    assert second.alone and second.apart == frozenset()  # alone on a GPU: nobody to keep apart
+    assert fault_step(undecided, False, 0, 0, peers={"ns/b"}).apart == frozenset()  # an 810 victim is no culprit
+    hardware = Charge("victim", REASON_GPU_FAULT, False, "hardware")
+    assert fault_step(hardware, True, 0, 0, peers={"ns/b"}).apart == frozenset()
+
+
+def test_must_stay_apart_is_symmetric_and_the_annotation_round_trips() -> None:
+    assert must_stay_apart("ns/a", {"ns/b"}, "ns/b", ())
+    assert must_stay_apart("ns/b", (), "ns/a", {"ns/b"})  # either side's list is enough
+    assert not must_stay_apart("ns/a", {"ns/b"}, "ns/c", {"ns/d"})
+    assert not must_stay_apart(None, (), None, ())
+    text = format_fault_peers({"ns/c", "other/b"})
+    assert text == "ns/c,other/b" and parse_fault_peers(text) == {"ns/c", "other/b"}
+    assert parse_fault_peers(" ns/a , bad, /x, y/, a/b/c,ns/z") == {"ns/a", "ns/z"}  # malformed entries skipped
+    assert parse_fault_peers(None) == frozenset() and parse_fault_peers("") == frozenset()
+
+
+def _gate(gpus: int) -> Books:
+    return Books([GPUSlot(index=i, uuid=f"GPU-{i}", model="V100-32GB", total_bytes=2**34, reserve_bytes=0,
+                          max_clients=8)
+                  for i in range(gpus)], "lmcf")
+
+
+@pytest.mark.parametrize("xid", [13, 43, None])
+@pytest.mark.parametrize("clients", [2, 3, 4])
+def test_simulator_and_agent_keep_the_same_peers_apart(xid: int | None, clients: int) -> None:
+    """The same recorded faults fed to both sides: the agent's records (their peers) judged by the operator's step,
+    written on the next pod and read back by the gate, and the simulator's books, keep every undecided job apart from
+    the same jobs; the gate then puts no two of them on one GPU. Then the culprit (job 0) faults again beside a new
+    job: only it and the newcomer are undecided, and only the newcomer is kept apart (the culprit runs alone)."""
+    jobs = [_job(i) for i in range(clients + 1)]
+    name = {j.id: f"ns/j{j.id}" for j in jobs}
+    books = LoopBooks(error=NO_ERROR, fault_model=NO_FAULTS, seed=0, mode="gnnsched", largest_bytes=2**35,
+                      capacity={"V100-32GB": 2**35})
+    counters = {j.id: (0, 0) for j in jobs}
+    for faulted in (jobs[:clients], [jobs[0], jobs[clients]]):
+        records = _agent_records(xid, {str(j.id): ClientEnd(1, OWN_700) for j in faulted},
+                                 {str(j.id): name[j.id] for j in faulted})
+        charges = books.fault_charges(xid if xid is not None else 13, faulted, culprit=jobs[0].id)
+        peers = books.fault_peers(faulted, charges)
+        gate = _gate(clients)
+        for job in faulted:
+            record = records[str(job.id)]
+            op = fault_step(record.charge(), True, *counters[job.id], peers=record.peers)
+            counters[job.id] = (op.undecided, op.suspected)
+            ours = books.step(job, charges[job.id], peers[job.id])
+            sim_apart = {name[int(k)] for k in books.apart.get(job.id, frozenset())}
+            assert set(op.apart) == sim_apart, job.id
+            annotation = {ANN_FAULT_PEERS: format_fault_peers(op.apart)} if op.apart else {}
+            assert parse_fault_peers(annotation.get(ANN_FAULT_PEERS)) == op.apart
+            assert op.alone == ours.alone
+            if not op.alone:
+                gate.enqueue(str(job.id), pod_uid=str(job.id), bytes=2**30, job=name[job.id], apart=op.apart)
+        decisions = gate.decide()
+        assert sum(len(d.entries) for d in decisions) == len(gate.running)  # one GPU each: nobody waits
+        for d in decisions:
+            for i, x in enumerate(d.entries):
+                assert not any(must_stay_apart(x.job, x.apart, y.job, y.apart) for y in d.entries[i + 1:])
+    # the second fault: the culprit, undecided twice, runs alone; the first fault's innocents were undecided once, and
+    # the newcomer is kept apart from the culprit only
+    assert books.alone == {0} and 0 not in books.apart
+    assert all(counters[j.id][0] == 1 for j in jobs[1:])
+    assert books.apart[jobs[clients].id] == {"0"}

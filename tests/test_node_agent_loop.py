@@ -21,7 +21,7 @@ from fake_mps import kill_fake_mps
 from gate_helpers import GiB, add_pods, job_pod, write_pods
 
 from gnnsched.closed_loop import AttemptResult, FaultRecord
-from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_OBSERVED_PEAK_BYTES
+from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_OBSERVED_PEAK_BYTES, RETURN_TO_SERVICE_DIR_NAME
 from gnnsched.gpu_backend import FakeGPUBackend, GPUProcess
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import ContainerEnd, FilePodLookup, PeerVerifier
@@ -32,7 +32,7 @@ from gnnsched.node_agent.observe import (
     attribute,
     gate_attempt_result,
 )
-from gnnsched.node_agent.quarantine import ClientEnd, Quarantine
+from gnnsched.node_agent.quarantine import XID_GRACE_S, ClientEnd, Quarantine
 from gnnsched.node_agent.status import FileStatusSink
 from gnnsched.node_status_file import read_status_file, status_file_path
 
@@ -346,7 +346,12 @@ async def test_a_hardware_xid_takes_the_gpu_out_with_its_xid_and_since_when(node
         assert agent.metrics.registry.get_sample_value("gnnsched_gpu_unhealthy", {**labels, "xid": "79"}) == 1
         assert agent.metrics.registry.get_sample_value("gnnsched_gpu_unhealthy", {**labels, "xid": ""}) is None
         assert not agent.gate.books.gpus[0].healthy  # type: ignore[union-attr]
-        await _until(lambda: not read_status_file(status_file_path(node.tmp / "state")).gpus[0].healthy)
+
+        def out_and_drained() -> bool:  # a publish from before the drain ended shows it still draining
+            gpu = read_status_file(status_file_path(node.tmp / "state")).gpus[0]
+            return not gpu.healthy and not gpu.draining
+
+        await _until(out_and_drained)
         status = read_status_file(status_file_path(node.tmp / "state"))
         gpu = status.gpus[0]
         assert (gpu.unhealthy_xid, gpu.unhealthy_reason) == (79, "Xid 79: GPU has fallen off the bus")
@@ -354,6 +359,93 @@ async def test_a_hardware_xid_takes_the_gpu_out_with_its_xid_and_since_when(node
         assert status.unhealthy_gpus == 1 and not gpu.draining
     finally:
         await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_hardware_xid_keeps_the_gpu_out_across_restarts_until_an_admin_returns_it(node: Node) -> None:
+    """NVML's Xid mark lives in the process that saw it, so a restarted agent's driver view says the GPU is healthy.
+    The agent keeps it out from its status file (same Xid, same since), restart after restart, until an admin
+    creates ``<state dir>/return-to-service/<uuid>``: the next agent returns it and consumes the request."""
+    agent = await node.start()
+    uuid = node.backend.devices()[0].uuid
+    state = node.tmp / "state"
+    try:
+        agent.on_health_event(node.backend.inject_xid(0, 79, "GPU has fallen off the bus"))
+        await agent._sample()
+        await _until(lambda: not read_status_file(status_file_path(state)).gpus[0].healthy)
+        since = read_status_file(status_file_path(state)).gpus[0].unhealthy_since
+    finally:
+        await node.stop()
+    for _ in range(2):  # restart after restart: the fresh backend sees a healthy GPU, the agent keeps it out
+        agent = await node.start()
+        try:
+            assert node.backend.devices()[0].healthy
+            assert not agent.gate.books.gpus[0].healthy  # type: ignore[union-attr]  # out before the first sample
+            await agent._sample()
+            assert not agent.gate.books.gpus[0].healthy  # type: ignore[union-attr]
+            await agent._publish()
+            gpu = read_status_file(status_file_path(state)).gpus[0]
+            assert (gpu.healthy, gpu.unhealthy_xid, gpu.unhealthy_since) == (False, 79, since)
+            assert gpu.unhealthy_reason == "Xid 79: GPU has fallen off the bus"
+            assert agent.metrics.registry.get_sample_value(
+                "gnnsched_gpu_unhealthy", {"gpu": "0", "uuid": uuid, "xid": "79"}) == 1
+        finally:
+            await node.stop()
+    request = state / RETURN_TO_SERVICE_DIR_NAME / uuid
+    request.parent.mkdir()
+    request.touch()
+    agent = await node.start()
+    try:
+        assert agent.gate.books.gpus[0].healthy  # type: ignore[union-attr]
+        await agent._publish()
+        gpu = read_status_file(status_file_path(state)).gpus[0]
+        assert gpu.healthy and gpu.unhealthy_xid is None
+        assert not request.exists()  # consumed: a later Xid takes the GPU out again
+    finally:
+        await node.stop()
+
+
+async def _lone_client_then_xid(node: Node, name: str, xid: int) -> FaultRecord:
+    """A lone client ends with its own fatal error, then (0.5 s later) the driver's Xid reaches the agent: the record
+    the agent writes once both are in."""
+    pod, job = job_pod(name, 10 * GiB)
+    add_pods(node.pods, [pod], [job])
+    agent = await node.start()
+    try:
+        uuid = node.backend.devices()[0].uuid
+        r, w = await _request(agent, pod)
+        assert (await _reply(r))["status"] == "admitted"
+        w.close()
+        node.terminate(name, 1, "RuntimeError: CUDA error: an illegal memory access was encountered")
+        await _until(lambda: agent.quarantine.draining(uuid))
+        await asyncio.sleep(0.5)
+        assert ANN_FAULT not in node.annotations(name)  # waiting for the Xid
+        agent.on_health_event(node.backend.inject_xid(0, xid, "late"))
+        await _until(lambda: ANN_FAULT in node.annotations(name))
+        await agent._sample()  # the drain ends (no client left): the next start finds nothing draining
+        assert not agent.quarantine.drains
+        await agent._publish()
+        return FaultRecord.model_validate_json(node.annotations(name)[ANN_FAULT])
+    finally:
+        await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_roles_wait_for_an_xid_that_arrives_after_the_clients_error(node: Node) -> None:
+    """A lone client ends with its own fatal error before the driver's Xid reaches the agent (two paths, either
+    order). The roles wait for the Xid (``XID_GRACE_S``), so the record names it: Xid 13, an application fault whose
+    lone client is the suspect; the same client under a hardware Xid that came late is a victim, not charged."""
+    for xid, role in ((13, "suspect"), (79, "victim")):
+        record = await _lone_client_then_xid(node, f"lone{xid}", xid)
+        assert (record.role, record.xid) == (role, xid), record
+    # no Xid at all: after the grace the roles are decided without one
+    q = Quarantine()
+    q.trigger("GPU-0", "ClientFault", 100.0, [("a", "ns", "a")])
+    q.client_ended("GPU-0", "a", ClientEnd(1, "CUDA error: an illegal memory access was encountered"))
+    assert q.decide_roles("GPU-0", now=100.0 + XID_GRACE_S - 0.1) == []
+    assert not q.may_release("GPU-0", 0, True, now=100.0 + XID_GRACE_S - 0.1)
+    (record,) = [r for _, r in q.decide_roles("GPU-0", now=100.0 + XID_GRACE_S)]
+    assert record.role == "suspect" and record.xid is None
 
 
 @pytest.mark.asyncio

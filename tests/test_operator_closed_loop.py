@@ -38,6 +38,7 @@ from gnnsched.contract import (
     ANN_ATTEMPT_RESULT,
     ANN_EXCLUSIVE,
     ANN_FAULT,
+    ANN_FAULT_PEERS,
     ANN_GPU,
     ANN_OBSERVED_PEAK_BYTES,
     GNNCALIBRATION_PLURAL,
@@ -71,9 +72,9 @@ def condition(job: dict[str, Any], type_: str) -> dict[str, Any]:
     return found[0]
 
 
-def fault(role: str) -> str:
+def fault(role: str, peers: list[str] | None = None) -> str:
     return json.dumps({"gpu": "GPU-a100-0", "role": role, "reason": "Xid 43" if role == "suspect" else
-                       "MpsClientTerminated", "at": "2026-01-01T10:00:08Z"})
+                       "MpsClientTerminated", "at": "2026-01-01T10:00:08Z", **({"peers": peers} if peers else {})})
 
 
 async def succeed(cluster: Cluster, name: str, peak: int, gpu: str = "GPU-a100-0") -> None:
@@ -197,11 +198,13 @@ async def test_fault_victim_is_requeued_without_using_backoff_limit(tmp_path: Pa
     assert ANN_EXCLUSIVE not in second["metadata"]["annotations"]
 
 
-async def _fail_twice_in_faults(cluster: Any, role: str) -> None:
-    """Attempts 0 and 1 of gcn-cora each end with their own illegal-address error and the agent's ``role`` record."""
+async def _fail_twice_in_faults(cluster: Any, role: str, peers: list[str] | None = None) -> None:
+    """Attempts 0 and 1 of gcn-cora each end with their own illegal-address error and the agent's ``role`` record
+    (naming ``peers``, the other undecided clients' jobs, as the agent does for an undecided fault)."""
     for attempt in (0, 1):
         await pod(cluster, f"gcn-cora-{attempt}")
-        await cluster.patch_pod(f"gcn-cora-{attempt}", {"metadata": {"annotations": {ANN_FAULT: fault(role)}}})
+        await cluster.patch_pod(f"gcn-cora-{attempt}",
+                                {"metadata": {"annotations": {ANN_FAULT: fault(role, peers)}}})
         await cluster.patch_pod(f"gcn-cora-{attempt}",
                                 ended("Failed", "CUDA error: an illegal memory access was encountered"))
 
@@ -226,12 +229,13 @@ async def test_suspected_twice_runs_the_next_attempt_exclusive(tmp_path: Path) -
 async def test_two_undecided_faults_run_the_next_attempt_exclusive(tmp_path: Path) -> None:
     """Measured on an H100 (docs/gpu-measurements.md): every client of an MPS fault sees the same illegal-address
     error, so the agent records them all as victims. A job whose own error was a fault in two of them runs alone next,
-    uncharged until then; an 810 victim never counts."""
+    uncharged until then; an 810 victim never counts. After the first, its next attempt is kept apart from the
+    fault's other undecided jobs (the record's peers, ``gnnsched.io/fault-peers``); alone, it needs no peers."""
     async with emulated_cluster(tmp_path) as cluster:
         await cluster.add_gpunode("node-a", [a100(0)])
         async with running_operator(cluster) as op:
             await cluster.create_job(manifest())  # backoffLimit 0: requeues must not be charged
-            await _fail_twice_in_faults(cluster, "victim")
+            await _fail_twice_in_faults(cluster, "victim", ["default/other", "team/b"])
             second = await pod(cluster, "gcn-cora-1")
             third = await pod(cluster, "gcn-cora-2")
             job = await cluster.get_job("gcn-cora")
@@ -239,9 +243,12 @@ async def test_two_undecided_faults_run_the_next_attempt_exclusive(tmp_path: Pat
             assert op.metrics.registry.get_sample_value("gnnsched_operator_faults_total", {"class": "unknown"}) == 2
     assert job is not None
     assert ANN_EXCLUSIVE not in second["metadata"]["annotations"]
+    assert second["metadata"]["annotations"][ANN_FAULT_PEERS] == "default/other,team/b"
     assert third["metadata"]["annotations"][ANN_EXCLUSIVE] == "true"
+    assert ANN_FAULT_PEERS not in third["metadata"]["annotations"]
     status = job["status"]
     assert status["undecidedFaults"] == 2 and status["requeues"] == 2 and status.get("retriesUsed", 0) == 0
+    assert not status.get("faultPeers")  # cleared: the peers kept the second attempt apart, not the third
     assert condition(job, "Exclusive")["reason"] == "RepeatFault"
 
 

@@ -444,3 +444,43 @@ def test_predicted_end_gives_the_seconds_left(qt: float | None, at: float | None
     want = max(0.0, at + qt - now) if usable else 0.0  # type: ignore[operator]
     assert seconds_left(predicted_end(qt, at), now) == want
     assert remaining_seconds(qt, at, now) == want
+
+
+# --- the apart rule (an undecided fault's peers) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+@pytest.mark.parametrize("spread", [False, True])
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("limit", [0, 4])
+def test_peers_never_share_a_gpu_on_any_planning_path(policy: Policy, spread: bool, share: bool, limit: int) -> None:
+    """Three peers of one undecided fault queued beside an unrelated task, on two idle GPUs and one that runs a
+    fourth peer: no GPU gets two peers (queued with queued, or queued with running), and a peer refused everywhere
+    stays queued. Every path the gate can take (prefix, backfill, spread rounds, share rule) applies it."""
+    peers = {f"ns/p{i}" for i in range(4)}
+    tasks = [Task(key=f"p{i}", bytes=GiB, seq=i, qt_seconds=60.0, job=f"ns/p{i}", apart=frozenset(peers - {f"ns/p{i}"}))
+             for i in range(3)] + [Task(key="x", bytes=GiB, seq=3, qt_seconds=60.0, job="ns/x")]
+    running = (Client(None, 30.0, "ns/p3", frozenset(peers - {"ns/p3"})),)
+    gpus = [GPUFree(0, 10 * GiB, 4, 16 * GiB), GPUFree(1, 10 * GiB, 4, 16 * GiB),
+            GPUFree(2, 10 * GiB, 4, 16 * GiB, running)]
+    plan = plan_decision(policy, tasks, gpus, limit, spread=spread, share_when_pays=share)
+    on: dict[int, list[str]] = {g.index: [c.job or "" for c in g.running] for g in gpus}
+    for a in plan.admissions:
+        on[a.gpu_index] += [t.job or "" for t in a.tasks]
+    for jobs in on.values():
+        assert len([j for j in jobs if j in peers]) <= 1, on
+    admitted = [t.key for a in plan.admissions for t in a.tasks]
+    assert len([k for k in admitted if k.startswith("p")]) == 2  # two idle GPUs: two of the three peers start
+
+
+@pytest.mark.parametrize("spread", [False, True])
+def test_a_lone_peer_waits_for_its_peers_gpu_rather_than_join_it(spread: bool) -> None:
+    task = Task(key="a", bytes=GiB, seq=0, qt_seconds=10.0, job="ns/a", apart=frozenset({"ns/b"}))
+    busy = GPUFree(0, 10 * GiB, 4, 16 * GiB, (Client(None, 30.0, "ns/b"),))
+    assert plan_decision("lmcf", [task], [busy], 0, spread=spread).admissions == []
+    # the peer's own list alone keeps them apart too (symmetric)
+    plain = Task(key="b", bytes=GiB, seq=0, job="ns/b")
+    holder = GPUFree(0, 10 * GiB, 4, 16 * GiB, (Client(None, 30.0, "ns/a", frozenset({"ns/b"})),))
+    assert plan_decision("lmcf", [plain], [holder], 0, spread=spread).admissions == []
+    idle = GPUFree(1, 10 * GiB, 4, 16 * GiB)
+    assert [a.gpu_index for a in plan_decision("lmcf", [task], [busy, idle], 0, spread=spread).admissions] == [1]

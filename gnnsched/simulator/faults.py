@@ -52,7 +52,7 @@ from gnnsched.closed_loop import (
     next_reservation,
 )
 from gnnsched.errors import FieldError
-from gnnsched.fault_classes import Charge, ClientError, FaultStep, fault_charges, fault_step
+from gnnsched.fault_classes import Charge, ClientError, FaultStep, fault_charges, fault_step, undecided_peers
 from gnnsched.simulator.model import JobProfile, SimJob
 
 BASELINE_BACKOFF_LIMIT = 0
@@ -226,6 +226,9 @@ class LoopBooks:
     buggy: dict[int, float] = field(default_factory=dict)  # job id -> the point of its run where it faults
     requeued_innocent: set[int] = field(default_factory=set)  # innocent jobs requeued uncharged by a fault
     requeues: dict[int, int] = field(default_factory=dict)  # job id -> uncharged fault requeues (the operator's)
+    # job id -> the jobs (str ids) its current attempt may not share a GPU with (fault_step's ``apart``); only
+    # non-empty sets are kept, so an empty dict tells the gate's view that no decision needs the apart rule
+    apart: dict[int, frozenset[str]] = field(default_factory=dict)
     hw_faults: int = 0
     app_faults: int = 0
     memory_exceeded: int = 0
@@ -323,6 +326,7 @@ class LoopBooks:
         reservation fits any GPU, or ``max_resizes`` is used up)."""
         self.memory_exceeded += 1
         jid = attempt.id
+        self.apart.pop(jid, None)  # the operator clears faultPeers on any next attempt but an undecided requeue
         # The operator records a memory-exceeded attempt too (operator/handlers.py: the larger of its observed peak
         # and the bytes it needed, held + the failed request), as a lower bound of the job's ratio, when the OOM is
         # reported (here: at the OOM itself, the attempt's end). Without it only the attempts that fitted would be
@@ -348,6 +352,7 @@ class LoopBooks:
 
     def completed(self, attempt: SimJob, model: str) -> None:
         """A completed attempt: its observed ÷ predicted ratio goes into the calibration table."""
+        self.apart.pop(attempt.id, None)  # done: nothing is kept apart from it any more
         if not self.gnnsched:
             return
         # observed (the attempt reached its true peak: it completed under its limit) over the job's prediction
@@ -380,14 +385,28 @@ class LoopBooks:
         own errors. What each client reports is what the H100 measured (docs/gpu-measurements.md): every client of
         a faulted MPS server gets a fatal error of its own (700), none gets 810, so the culprit cannot be told apart
         from its neighbours; alone, its fault is its own."""
-        errors = [ClientError(str(j.id), own_fault=True, terminated_810=False) for j in runs]
-        charges = fault_charges(xid, errors, f"Xid {xid}")
+        charges = fault_charges(xid, self._client_errors(runs), f"Xid {xid}")
         return {j.id: charges[str(j.id)] for j in runs}
 
-    def step(self, job: SimJob, charge: Charge) -> FaultStep:
-        """The operator's step for one faulted client (``gnnsched.fault_classes.fault_step``), kept in the books."""
+    @staticmethod
+    def _client_errors(runs: list[SimJob]) -> list[ClientError]:
+        return [ClientError(str(j.id), own_fault=True, terminated_810=False) for j in runs]
+
+    def fault_peers(self, runs: list[SimJob], charges: dict[int, Charge]) -> dict[int, frozenset[str]]:
+        """Each undecided client's peers in the same fault (``gnnsched.fault_classes.undecided_peers``, on the same
+        client errors as :meth:`fault_charges`), as the agent writes them in its records: job ids as strings."""
+        peers = undecided_peers(self._client_errors(runs), {str(k): c for k, c in charges.items()})
+        return {j.id: peers.get(str(j.id), frozenset()) for j in runs}
+
+    def step(self, job: SimJob, charge: Charge, peers: frozenset[str] = frozenset()) -> FaultStep:
+        """The operator's step for one faulted client (``gnnsched.fault_classes.fault_step``), kept in the books;
+        ``peers``: its undecided fault's peers (:meth:`fault_peers`), which its next attempt is kept apart from."""
         step = fault_step(charge, True, self.undecided.get(job.id, 0), self.suspected.get(job.id, 0),
-                          self.requeues.get(job.id, 0))
+                          self.requeues.get(job.id, 0), peers)
+        if step.apart:
+            self.apart[job.id] = step.apart
+        else:
+            self.apart.pop(job.id, None)
         self.undecided[job.id], self.suspected[job.id] = step.undecided, step.suspected
         if step.alone:
             self.alone.add(job.id)

@@ -120,6 +120,13 @@ ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
 """Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
 descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has
 answered (admitted, with the environment to apply; or rejected). Only the built-in worker reads it."""
+ENV_PROGRESS_FD = "GNNSCHED_PROGRESS_FD"
+"""Set by ``gnnsched gate`` (plain and ``--prestart``) on the workload: the number of an inherited pipe descriptor on
+which the workload may write its progress, one JSON line ``{"steps": N, "total": M, "seconds": S}`` at a time (steps
+done of ``total``, in ``S`` seconds since its first step began). The gate's keeper forwards the newest line on the
+gate connection at a bounded rate (``node_agent.protocol.ProgressReport``), and the node agent's seconds left for the
+pod become its measured pace × steps left (``gnnsched.progress``). The built-in worker writes it
+(``gnnsched.progress.StepReporter``); a workload that writes nothing keeps its predicted runtime."""
 ENV_PRESTART_FALLBACK = "GNNSCHED_PRESTART_FALLBACK"
 """Set by a prestarted ``gnnsched worker`` on itself when it re-executes as a plain, already-admitted worker: why (its
 start-up tried to initialise CUDA before admission, or torch saw no CUDA device once admitted, the driver having

@@ -50,6 +50,7 @@ from functools import lru_cache, partial
 
 from gnnsched.fault_classes import must_stay_apart
 from gnnsched.interference import load_default
+from gnnsched.progress import StepProgress, seconds_left
 
 #: The gate's backfill rule when none is given (``node-agent --bypass-limit``, the simulator without ``+bypassN``).
 DEFAULT_BYPASS_LIMIT = 4
@@ -520,16 +521,12 @@ def predicted_end(qt_seconds: float | None, admitted_at: float | None) -> float 
     return admitted_at + qt_seconds
 
 
-def remaining_seconds(qt_seconds: float | None, admitted_at: float | None, now: float) -> float:
-    """A running client's predicted seconds left: its predicted solo runtime from its admission, at least 0 (0 also
-    without a prediction). What the gate knows (it sees neither the client's start-up nor its slowdown); the
-    simulator computes it the same way, not from its true work."""
-    return seconds_left(predicted_end(qt_seconds, admitted_at), now)
-
-
-def seconds_left(end: float | None, now: float) -> float:
-    """:func:`remaining_seconds` from a :func:`predicted_end`: at least 0, and 0 without a prediction."""
-    return 0.0 if end is None else max(0.0, end - now)
+def remaining_seconds(qt_seconds: float | None, admitted_at: float | None, now: float,
+                      progress: StepProgress | None = None) -> float:
+    """A running client's seconds left: what the gate knows. From its reported ``progress`` once that measures its
+    pace (:func:`gnnsched.progress.seconds_left`), else its predicted solo runtime from its admission, at least 0 (0
+    also without a prediction). The simulator computes it the same way, not from its true work."""
+    return seconds_left(predicted_end(qt_seconds, admitted_at), now, progress)
 
 
 def _solo(t: Task) -> float:

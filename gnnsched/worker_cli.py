@@ -1,7 +1,9 @@
 """``gnnsched worker JOB.yaml``: run a GNNJob for real (what a job's pod runs) and report its observed peak.
 
-Torch-free at import; the worker module loads when the command runs. Progress goes to stderr, the result is one
-JSON line on stdout (and in ``$GNNSCHED_RESULT_FILE``): a ``gnnsched.closed_loop.AttemptResult``, e.g.
+Torch-free at import; the worker module loads when the command runs. Progress goes to stderr, and behind
+``gnnsched gate`` to the node agent too (``$GNNSCHED_PROGRESS_FD``, :class:`gnnsched.progress.StepReporter`: steps done,
+total and step time, at most every five seconds); the result is one JSON line on stdout (and in
+``$GNNSCHED_RESULT_FILE``): a ``gnnsched.closed_loop.AttemptResult``, e.g.
 ``{"outcome": "succeeded", "observed_peak_bytes": ..., "seconds": ..., "steps": ..., "limit_bytes": ...}``.
 
 Exit status: 0 when the attempt succeeded; 1 when it ended ``memory-exceeded`` (CUDA out of memory inside its MPS
@@ -24,7 +26,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -39,6 +41,7 @@ from gnnsched.contract import (
 )
 
 if TYPE_CHECKING:
+    from gnnsched.progress import StepReporter
     from gnnsched.spec import GNNJobSpec
     from gnnsched.worker import Prepared
 
@@ -103,6 +106,13 @@ def worker_command(
             if epochs < 1:
                 raise UserError(f"--epochs: must be at least 1, got {epochs}")
         threads = intra_op_threads(os.environ, len(os.sched_getaffinity(0)))
+        from gnnsched.progress import StepReporter
+
+        try:
+            # the gate's progress pipe: the node agent's seconds left for this pod come from these reports
+            reporter = StepReporter.from_env(os.environ)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     if fallback is not None:
         typer.echo(f"gnnsched worker: prestart fallback: re-executed after admission ({fallback}); the start-up runs "
                    "again with the admitted GPU visible", err=True)
@@ -180,8 +190,8 @@ def worker_command(
             device=device,
             epochs=epochs,
             seed=seed,
-            progress=lambda n: bar.advance(task, n),
-            on_start=lambda total: bar.update(task, total=total),
+            progress=lambda n: _advance(bar, task, reporter, n),
+            on_start=lambda total: _start(bar, task, reporter, total),
             limit_bytes=limit_bytes,
             fake_memory=fake,
             fault_watch=fault_watch,
@@ -204,6 +214,18 @@ def worker_command(
         detail = (result.message or "").splitlines()[0] if result.message else ""
         typer.echo(f"gnnsched worker: {result.outcome}: {detail}", err=True)
         raise typer.Exit(EXIT_ATTEMPT_FAILED)
+
+
+def _advance(bar: Any, task: Any, reporter: StepReporter | None, n: int) -> None:
+    bar.advance(task, n)
+    if reporter is not None:
+        reporter.advance(n)
+
+
+def _start(bar: Any, task: Any, reporter: StepReporter | None, total: int) -> None:
+    bar.update(task, total=total)
+    if reporter is not None:
+        reporter.start(total)
 
 
 def _prestarted(gate_fd: int, spec: GNNJobSpec, seed: int, threads: int | None, device: str,

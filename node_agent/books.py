@@ -28,6 +28,7 @@ from gnnsched.policies import (
     remaining_seconds,
     startup_left,
 )
+from gnnsched.progress import StepProgress
 
 
 class Rejected(Exception):
@@ -78,6 +79,7 @@ class Entry:
     exclusive: bool = False  # runs alone on a whole GPU (ANN_EXCLUSIVE): booked at the GPU's whole capacity
     qos_seconds: float | None = None  # inference: the latency target (ANN_QOS_TARGET), kept by the share rule
     prestarted: bool = False  # behind gate --prestart (ANN_PRESTART): its start-up began at queued_at
+    progress: StepProgress | None = None  # its workload's last step report (gate connection; gnnsched.progress)
     apart: frozenset[str] = frozenset()  # jobs it may not share a GPU with (ANN_FAULT_PEERS: an undecided fault's)
 
     def task(self) -> Task:
@@ -247,6 +249,12 @@ class Books:
             return None
         return e.admitted_at + startup_left(self.startup_seconds, e.queued_at, e.admitted_at, e.prestarted)
 
+    def seconds_left(self, e: Entry, now: float) -> float:
+        """A running entry's seconds left, as every load-aware rule and the published status see it: measured from
+        its step reports once they show its pace, else its predicted runtime from when its GPU work was predicted to
+        start (:func:`gnnsched.policies.remaining_seconds`, the one estimator the simulator calls too)."""
+        return remaining_seconds(e.qt_seconds, self._work_from(e), now, e.progress)
+
     def decide(self, now: float = 0.0) -> list[Decision]:
         """Apply the policy once: move every group it admits from the queue to the running set."""
         if not self.queued:
@@ -263,8 +271,7 @@ class Books:
                 room = min(room, g.total_bytes - g.used_bytes)
             running: tuple[Client, ...] = ()
             if self.spread or self.share_when_pays or apart:  # the load-aware and apart rules read the clients
-                running = tuple(Client(e.intensity, remaining_seconds(e.qt_seconds, self._work_from(e), now), e.job,
-                                       e.apart)
+                running = tuple(Client(e.intensity, self.seconds_left(e, now), e.job, e.apart)
                                 for e in self.running.values() if e.gpu_index == g.index)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes, running))
         result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread,

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP
+from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP, ANN_STARTED_AT
 from gnnsched.node_agent.books import Books, Decision, Entry, Rejected
 from gnnsched.node_agent.identity import (
     Demand,
@@ -44,11 +44,13 @@ from gnnsched.node_agent.protocol import (
     Resumed,
     ResumeRequest,
     mem_limit_value,
+    parse_progress,
     parse_request,
 )
 from gnnsched.node_agent.protocol import (
     Rejected as RejectedReply,
 )
+from gnnsched.progress import REPORT_INTERVAL_S, StepProgress
 
 log = logging.getLogger("gnnsched.node_agent.gate")
 
@@ -224,7 +226,7 @@ class GateServer:
                 if self.metrics is not None:
                     self.metrics.admitted(now - e.queued_at)
                 self._annotate(e, {ANN_GPU: d.gpu.uuid, ANN_GROUP: d.group, ANN_ADMITTED_AT: rfc3339(now),
-                                   ANN_FINISHED_AT: None})
+                                   ANN_FINISHED_AT: None, ANN_STARTED_AT: None})
                 conn = self._conns.get(e.key)
                 if conn is not None and not conn.admitted.done():
                     conn.admitted.set_result(d)
@@ -329,6 +331,48 @@ class GateServer:
             if not chunk:
                 return
 
+    async def _follow(self, key: str, reader: asyncio.StreamReader) -> None:
+        """Until the connection ends (the release signal): take the workload's progress reports
+        (:meth:`progress`). A line longer than ``MAX_LINE`` ends the reports from this client, not its booking."""
+        while True:
+            try:
+                line = await reader.readline()
+            except (asyncio.LimitOverrunError, ValueError):
+                log.warning("%s: a progress line longer than %d bytes; its reports are ignored from now on", key,
+                            MAX_LINE)
+                self._event("progress-rejected", key=key, reason=f"line longer than {MAX_LINE} bytes")
+                await self._wait_eof(reader)
+                return
+            if not line.endswith(b"\n"):  # EOF (a partial last line is not a report)
+                return
+            self.progress(key, line)
+
+    def progress(self, key: str, line: bytes) -> StepProgress | None:
+        """Record one progress line of ``key``'s workload; returns the report kept, None when it was dropped.
+
+        Only a running entry reports. Reports closer together than half ``REPORT_INTERVAL_S`` are dropped (the keeper
+        sends at most one per interval; this bounds a client that does not). The first report that counts a step
+        sets the pod's ``started-at`` annotation to when its first step began, so the operator's observed runtime
+        is the workload's own, without its start-up."""
+        e = self.books.running.get(key)
+        if e is None:
+            return None
+        try:
+            report = parse_progress(line)
+        except ValueError as exc:
+            log.warning("%s: progress report dropped: %s", key, exc)
+            self._event("progress-rejected", key=key, reason=str(exc))
+            return None
+        now = self._wall()
+        last = e.progress
+        if last is not None and now - last.at < REPORT_INTERVAL_S / 2:
+            return None
+        e.progress = StepProgress(steps=report.steps, total=report.total, seconds=report.seconds, at=now)
+        if (last is None or last.steps == 0) and report.steps > 0:
+            self._annotate(e, {ANN_STARTED_AT: rfc3339(e.progress.work_started_at)})
+        self._changed()
+        return e.progress
+
     async def _admit(
         self, key: str, req: AdmitRequest, pod: PodInfo, demand: Demand, pid: int | None,
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -362,7 +406,7 @@ class GateServer:
         self._event("queued", key=key, bytes=e.bytes, seq=e.seq, qt=e.qt_seconds, source=demand.source)
         self._changed()
         admitted = False
-        eof = asyncio.ensure_future(self._wait_eof(reader))
+        eof = asyncio.ensure_future(self._follow(key, reader))
         try:
             self.decide()
             if not conn.admitted.done():
@@ -433,7 +477,7 @@ class GateServer:
         self._changed()
         try:
             await self._send(writer, Resumed())
-            await self._wait_eof(reader)
+            await self._follow(key, reader)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

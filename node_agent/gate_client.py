@@ -41,6 +41,7 @@ from gnnsched.contract import (
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_POD_UID,
+    ENV_PROGRESS_FD,
 )
 
 EXIT_USAGE = 2
@@ -51,6 +52,8 @@ EXIT_EXEC_FAILED = 127
 _FIRST_DELAY = 0.05  # seconds between reconnect attempts: doubling from this ...
 _MAX_DELAY = 1.0  # ... up to this
 _MAX_REPLY = 64 * 1024  # bytes: no agent reply is anywhere near this
+_PROGRESS_INTERVAL = 5.0  # seconds: the most often progress is forwarded (gnnsched.progress.REPORT_INTERVAL_S)
+_MAX_PROGRESS_LINE = 1024  # bytes: a progress line is ~60; a longer one is dropped unread
 
 
 class GateUsageError(Exception):
@@ -302,11 +305,94 @@ def _parent_exited(pidfd: int | None, ppid: int, timeout: float) -> bool:
     return os.getppid() != ppid
 
 
-def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, path: str) -> None:
-    """Hold the gate connection while the workload (our parent, by pid) lives; re-book after agent restarts."""
+class _ProgressRelay:
+    """The keeper's side of the workload's progress pipe (``$GNNSCHED_PROGRESS_FD``): keeps the newest complete line
+    the workload wrote and forwards it on the gate connection at most every ``_PROGRESS_INTERVAL`` seconds, re-written
+    from its three numbers (``steps``, ``total``, ``seconds``) so that nothing else the workload writes reaches the
+    agent. The agent validates it (``node_agent.protocol.ProgressReport``)."""
+
+    def __init__(self, fd: int | None, interval: float = _PROGRESS_INTERVAL) -> None:
+        self.fd = fd
+        self.interval = interval
+        self.buf = b""
+        self.pending: bytes | None = None
+        self.sent_at: float | None = None
+
+    def read(self) -> None:
+        """The pipe is readable: take what is there (EOF: the workload closed it; stop watching)."""
+        assert self.fd is not None
+        try:
+            chunk = os.read(self.fd, 4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            os.close(self.fd)
+            self.fd = None
+            return
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        if len(self.buf) > _MAX_PROGRESS_LINE:
+            self.buf = b""
+        for line in reversed(lines):
+            msg = _progress_line(line)
+            if msg is not None:
+                self.pending = msg
+                return
+
+    def timeout(self) -> float | None:
+        """Seconds until the pending line may go out; None when nothing is pending."""
+        if self.pending is None:
+            return None
+        if self.sent_at is None:
+            return 0.0
+        return max(0.0, self.sent_at + self.interval - time.monotonic())
+
+    def flush(self, sock: socket.socket) -> None:
+        """Send the pending line if it is due (a failed send is left to the connection's own EOF handling)."""
+        if self.pending is None or (self.timeout() or 0.0) > 0:
+            return
+        try:
+            sock.sendall(self.pending)
+        except OSError:
+            return
+        self.pending = None
+        self.sent_at = time.monotonic()
+
+
+def _progress_line(line: bytes) -> bytes | None:
+    """A workload's progress line as the gate's ``progress`` request, or None when it is not one."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(msg, dict):
+        return None
+    steps, total, seconds = msg.get("steps"), msg.get("total"), msg.get("seconds")
+    if not (isinstance(steps, int) and isinstance(total, int) and isinstance(seconds, (int, float))):
+        return None
+    if isinstance(steps, bool) or isinstance(total, bool):
+        return None
+    return json.dumps({"op": "progress", "steps": steps, "total": total, "seconds": seconds}).encode() + b"\n"
+
+
+def progress_pipe() -> tuple[int, int]:
+    """The workload's progress pipe: (read end for the keeper, write end the workload inherits). The read end is
+    non-blocking so a select that wakes spuriously cannot stall the keeper."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    return read_end, write_end
+
+
+def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, path: str,
+           progress_fd: int | None = None) -> None:
+    """Hold the gate connection while the workload (our parent, by pid) lives; re-book after agent restarts; forward
+    the workload's progress (``progress_fd``, :class:`_ProgressRelay`)."""
     pidfd, gone = _parent_gone_waiter(ppid)
     if gone:
         return
+    relay = _ProgressRelay(progress_fd)
 
     def parent_alive(timeout: float) -> bool:
         return not _parent_exited(pidfd, ppid, timeout)
@@ -316,8 +402,14 @@ def keeper(sock: socket.socket, ppid: int, ident: PodIdentity, admitted: dict, p
         admittedAt=admitted.get("admittedAt"),
     )
     while True:
-        watch = [sock] + ([pidfd] if pidfd is not None else [])
-        r, _, _ = select.select(watch, [], [], None if pidfd is not None else 0.5)
+        watch = [sock] + ([pidfd] if pidfd is not None else []) + ([relay.fd] if relay.fd is not None else [])
+        wait = relay.timeout()
+        if pidfd is None:
+            wait = 0.5 if wait is None else min(wait, 0.5)
+        r, _, _ = select.select(watch, [], [], wait)
+        if relay.fd is not None and relay.fd in r:  # before the exit check: a short job's only report goes out
+            relay.read()
+        relay.flush(sock)
         if pidfd is not None and pidfd in r:
             return
         if pidfd is None and os.getppid() != ppid:
@@ -363,20 +455,24 @@ def run(cmd: list[str], socket_path: str | None, wait_seconds: float, container:
     if prestart:
         _run_prestart(cmd, env, ident, path, wait_seconds)
     sock, admitted = wait_admission(ident, path, wait_seconds)
+    progress_read, progress_write = progress_pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     me = os.getpid()
     child = os.fork()
     if child == 0:
         try:
+            os.close(progress_write)
             devnull = os.open(os.devnull, os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(devnull, 1)
-            keeper(sock, me, ident, admitted, path)
+            keeper(sock, me, ident, admitted, path, progress_read)
         finally:
             os._exit(0)
     sock.close()  # the keeper's copy keeps the connection open
-    _exec(cmd, workload_env(env, admitted))
+    os.close(progress_read)
+    os.set_inheritable(progress_write, True)
+    _exec(cmd, {**workload_env(env, admitted), ENV_PROGRESS_FD: str(progress_write)})
 
 
 def _exec(cmd: list[str], env: dict[str, str]) -> NoReturn:
@@ -412,7 +508,9 @@ def _run_prestart(cmd: list[str], env: dict[str, str], ident: PodIdentity, path:
         _log(f"no node agent at {path} after {wait_seconds:.0f} s")
         sys.exit(EXIT_NO_AGENT)
     read_end, write_end = os.pipe()
+    progress_read, progress_write = progress_pipe()
     before, restore, unset = prestart_env(env, read_end)
+    before[ENV_PROGRESS_FD] = str(progress_write)
     sys.stdout.flush()
     sys.stderr.flush()
     me = os.getpid()
@@ -420,20 +518,24 @@ def _run_prestart(cmd: list[str], env: dict[str, str], ident: PodIdentity, path:
     if child == 0:
         try:
             os.close(read_end)
+            os.close(progress_write)
             devnull = os.open(os.devnull, os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(devnull, 1)
-            _prestart_keeper(sock, write_end, me, ident, path, wait_seconds, restore, unset)
+            _prestart_keeper(sock, write_end, me, ident, path, wait_seconds, restore, unset, progress_read)
         finally:
             os._exit(0)
     os.close(write_end)
+    os.close(progress_read)
     sock.close()  # the keeper's copy keeps the connection (and the queue place) open
     os.set_inheritable(read_end, True)
+    os.set_inheritable(progress_write, True)
     _exec(cmd, before)
 
 
 def _prestart_keeper(sock: socket.socket, handoff: int, ppid: int, ident: PodIdentity, path: str,
-                     wait_seconds: float, restore: dict[str, str], unset: list[str]) -> None:
+                     wait_seconds: float, restore: dict[str, str], unset: list[str],
+                     progress_fd: int | None = None) -> None:
     """Wait at the gate for the workload (our parent), hand the admission over on ``handoff``, then keep it."""
     from gnnsched.gate_handoff import Handoff
 
@@ -459,7 +561,7 @@ def _prestart_keeper(sock: socket.socket, handoff: int, ppid: int, ident: PodIde
     os.close(handoff)
     if pidfd is not None:
         os.close(pidfd)
-    keeper(sock, ppid, ident, admitted, path)
+    keeper(sock, ppid, ident, admitted, path, progress_fd)
 
 
 def _write_all(fd: int, data: bytes) -> bool:

@@ -12,13 +12,22 @@ The connection then stays open for as long as the admitted workload runs (the cl
 its end is the release. After an agent restart the keeper reconnects and sends
 ``{"op": "resume", ..., "gpuUuid": ..., "bytes": ..., "group": ..., "admittedAt": ...}`` and gets
 ``{"status": "resumed"}`` or a rejection. Lines are capped at ``MAX_LINE`` bytes.
+
+While an admitted (or resumed) workload runs, the keeper may send its progress on the same connection, at most every
+``gnnsched.progress.REPORT_INTERVAL_S``::
+
+    client → {"op": "progress", "steps": 40, "total": 200, "seconds": 12.5}
+
+(steps done of ``total``, in ``seconds`` since the first step began). The agent answers nothing: a report it cannot
+parse is logged and dropped, and the connection, whose end is the release, stays open.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 PROTOCOL_VERSION = 1
@@ -62,6 +71,26 @@ Request = Annotated[AdmitRequest | ResumeRequest, Field(discriminator="op")]
 REQUEST = TypeAdapter(Request)
 
 
+class ProgressReport(_Wire):
+    """A running workload's progress (the keeper forwards what the workload wrote on ``$GNNSCHED_PROGRESS_FD``)."""
+
+    op: Literal["progress"]
+    steps: Annotated[int, Field(ge=0)]
+    total: Annotated[int, Field(ge=1)]
+    seconds: Annotated[float, Field(ge=0)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProgressReport:
+        if self.steps > self.total:
+            raise ValueError(f"steps {self.steps} exceeds total {self.total}")
+        if not math.isfinite(self.seconds):
+            raise ValueError("seconds must be finite")
+        return self
+
+
+PROGRESS = TypeAdapter(ProgressReport)
+
+
 class Queued(_Wire):
     status: Literal["queued"] = "queued"
     position: int
@@ -96,11 +125,20 @@ REPLY = TypeAdapter(Reply)
 
 def parse_request(line: bytes) -> AdmitRequest | ResumeRequest:
     """Parse one request line; raises ``ValueError`` whose message names the bad field."""
+    return _parse(REQUEST, line, "request")
+
+
+def parse_progress(line: bytes) -> ProgressReport:
+    """Parse one progress line; raises ``ValueError`` whose message names the bad field."""
+    return _parse(PROGRESS, line, "progress")
+
+
+def _parse(adapter: TypeAdapter[Any], line: bytes, what: str) -> Any:
     try:
-        return REQUEST.validate_json(line)
+        return adapter.validate_json(line)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "request"
+        where = ".".join(str(p) for p in err.get("loc", ())) or what
         raise ValueError(f"{where}: {err.get('msg', 'invalid')}") from None
 
 

@@ -33,11 +33,14 @@ from gnnsched.node_agent.quarantine import Drain
 log = logging.getLogger("gnnsched.node_agent.status")
 
 
-def _job(e: Entry, now: float) -> GPUJob:
+def _job(books: Books, e: Entry, now: float) -> GPUJob:
+    """One pod as the extender sees it. A running pod's seconds left are the gate's own (``Books.seconds_left``: its
+    measured pace once it reports steps, else its prediction); a queued pod's, its whole predicted runtime."""
     remaining = None
-    if e.qt_seconds is not None:
-        started = e.admitted_at if e.admitted_at is not None else now
-        remaining = max(0.0, e.qt_seconds - max(0.0, now - started))
+    if e.key in books.running and (e.qt_seconds is not None or e.progress is not None):
+        remaining = books.seconds_left(e, now)
+    elif e.qt_seconds is not None:
+        remaining = max(0.0, e.qt_seconds)
     intensity = e.intensity if e.intensity in ("memory", "compute") else None
     return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
                   predicted_remaining_seconds=remaining, intensity=intensity)
@@ -66,7 +69,7 @@ def build_status(
             total_bytes=g.total_bytes, reserve_bytes=g.reserve_bytes, committed_bytes=books.committed_bytes(g.index),
             used_bytes=d.used_bytes if d else 0, healthy=bool(d.healthy) if d else False,
             mps_healthy=mps.healthy and g.uuid not in drains,
-            max_clients=g.max_clients, running=[_job(e, now) for e in running],
+            max_clients=g.max_clients, running=[_job(books, e, now) for e in running],
             draining=g.uuid in drains,
             draining_reason=drains[g.uuid].reason if g.uuid in drains else None,
             draining_xid=drains[g.uuid].xid if g.uuid in drains else None,
@@ -76,7 +79,7 @@ def build_status(
             unhealthy_xid=d.unhealthy_xid if d and not d.healthy else None,
             unhealthy_since=(datetime.fromtimestamp(d.unhealthy_since, tz=timezone.utc)
                              if d and not d.healthy and d.unhealthy_since is not None else None),
-            queued=[_job(e, now) for e in queue] if g.index == min(books.gpus) else [],
+            queued=[_job(books, e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
     return GPUNodeStatus(
         node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus

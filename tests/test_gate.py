@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from gate_helpers import GiB, add_pods, job_pod, pod_object
+from gate_helpers import GiB, add_pods, gnnsched_command, job_pod, pod_object
 
 from gnnsched.contract import (
     ANN_ADMITTED_AT,
@@ -23,12 +24,18 @@ from gnnsched.contract import (
     ANN_GPU,
     ANN_GROUP,
     ANN_QOS_TARGET,
+    ANN_STARTED_AT,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    MPSStatus,
 )
 from gnnsched.node_agent.books import Books, GPUSlot
-from gnnsched.node_agent.gate import GateConfig, GateServer
+from gnnsched.node_agent.gate import GateConfig, GateServer, parse_rfc3339
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier, pod_uids_in_cgroup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.protocol import MAX_LINE
+from gnnsched.node_agent.status import build_status
 
 pytestmark = [pytest.mark.timeout(30)]
 
@@ -38,12 +45,13 @@ def _gpus() -> list[GPUSlot]:
 
 
 class Harness:
-    def __init__(self, tmp: Path, verifier: PeerVerifier | None = None, policy: str = "base") -> None:
+    def __init__(self, tmp: Path, verifier: PeerVerifier | None = None, policy: str = "base",
+                 spread: bool = False) -> None:
         self.tmp = tmp
         self.pods_file = tmp / "pods.json"
         self.sock = tmp / "gate.sock"
         self.metrics = AgentMetrics()
-        self.books = Books(_gpus(), policy)
+        self.books = Books(_gpus(), policy, spread=spread)
         self.server = GateServer(
             self.books, GateConfig(node_name="node-a", pipe_directory="/run/mps", recovery_grace=0,
                                    reconcile_seconds=0),
@@ -382,3 +390,145 @@ async def test_pod_gone_releases_and_closes(gate: Harness) -> None:
     msg = await gate.reply(conns[2][0], "admitted")  # its memory went to the waiting one
     assert msg["status"] == "admitted"
     assert sorted(e.name for e in gate.books.running.values()) == ["g1", "g2"]
+
+
+def _annotations(h: Harness, name: str) -> dict[str, str]:
+    pods = json.loads(h.pods_file.read_text())["pods"]
+    return next(p for p in pods if p["metadata"]["name"] == name)["metadata"]["annotations"]
+
+
+@pytest.mark.asyncio
+async def test_progress_reports_become_the_seconds_left_that_spread_and_the_status_use(tmp_path) -> None:
+    """Over the gate connection: a running pod's step reports replace its prediction once they measure its pace, in
+    the spread rule's GPU order and in the published status; a bad report is dropped and loses nothing."""
+    h = Harness(tmp_path, spread=True)
+    await h.server.start(h.sock)
+    try:
+        a = h.add(*job_pod("a", 10 * GiB, runtime=60))  # predicted 60 s ...
+        b = h.add(*job_pod("b", 10 * GiB, runtime=200))
+        ra, wa = await h.request(a)
+        assert (await h.reply(ra, "admitted"))["gpuIndex"] == 0
+        rb, wb = await h.request(b)
+        assert (await h.reply(rb, "admitted"))["gpuIndex"] == 1  # spread: the idle GPU
+        key_a = a["metadata"]["uid"]
+        entry = h.books.running[key_a]
+
+        # Without reports GPU 0 has the least work left (a's 60 s against b's 200 s): a newcomer joins a.
+        c = h.add(*job_pod("c", 10 * GiB, runtime=30))
+        rc, wc = await h.request(c)
+        assert (await h.reply(rc, "admitted"))["gpuIndex"] == 0
+        wc.close()
+        await h.settle(lambda: c["metadata"]["uid"] not in h.books.running)
+
+        # A report that does not add up is dropped, named, and the booking stays.
+        wa.write(json.dumps({"op": "progress", "steps": 5, "total": 3, "seconds": 1.0}).encode() + b"\n")
+        await wa.drain()
+        await h.settle(lambda: "progress-rejected" in (tmp_path / "events.jsonl").read_text())
+        assert "exceeds total" in (tmp_path / "events.jsonl").read_text()
+        assert entry.progress is None and key_a in h.books.running
+
+        # ... but a really needs 3 s per step: 3 of 100 steps in 9 s, 291 s left.
+        wa.write(json.dumps({"op": "progress", "steps": 3, "total": 100, "seconds": 9.0}).encode() + b"\n")
+        await wa.drain()
+        await h.settle(lambda: entry.progress is not None)
+        assert entry.progress is not None
+        now = h.server._wall()
+        assert h.books.seconds_left(entry, now) == pytest.approx(291.0 - (now - entry.progress.at))
+        # the status the extender reads says the same (b, unreported, keeps its prediction)
+        status = build_status("node-a", h.books, [], MPSStatus(), now)
+        published = {j.name: j.predicted_remaining_seconds for g in status.gpus for j in g.running}
+        assert published["a"] == pytest.approx(h.books.seconds_left(entry, now))
+        assert published["b"] == pytest.approx(h.books.seconds_left(h.books.running[b["metadata"]["uid"]], now))
+        assert 190 < (published["b"] or 0) <= 204.4
+        # the pod's started-at is when its first step began (the operator's observed runtime counts from it)
+        await h.settle(lambda: ANN_STARTED_AT in _annotations(h, "a"))
+        started = parse_rfc3339(_annotations(h, "a")[ANN_STARTED_AT])
+        assert started == pytest.approx(entry.progress.at - 9.0, abs=0.002)
+
+        # Now GPU 1 (b: about 200 s left) has less work left than GPU 0 (a: about 291 s): the next pod goes there.
+        d = h.add(*job_pod("d", 10 * GiB, runtime=30))
+        rd, wd = await h.request(d)
+        assert (await h.reply(rd, "admitted"))["gpuIndex"] == 1
+        for w in (wa, wb, wd):
+            w.close()
+        await h.settle(lambda: not h.books.running)
+    finally:
+        await h.server.close()
+    h.books.check()
+
+
+CUSTOM_WORKLOAD = r"""
+import json, os, sys, time
+fd = int(os.environ["GNNSCHED_PROGRESS_FD"])
+os.write(fd, b"not json\n")
+os.write(fd, json.dumps({"op": "admit", "steps": 4, "total": 40, "seconds": 2.0, "podUid": "x"}).encode() + b"\n")
+open(sys.argv[1], "w").write("reported")
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.02)
+"""
+
+
+def _gated(h: Harness, pod: dict, *cmd: str) -> list[str]:
+    return [*gnnsched_command(), "gate", "--socket", str(h.sock), "--", *cmd]
+
+
+def _pod_env(pod: dict) -> dict[str, str]:
+    m = pod["metadata"]
+    return dict(os.environ, **{ENV_POD_UID: m["uid"], ENV_POD_NAME: m["name"], ENV_POD_NAMESPACE: m["namespace"]})
+
+
+@pytest.mark.asyncio
+async def test_the_gate_client_forwards_a_workloads_progress_and_only_its_numbers(gate: Harness) -> None:
+    """``gnnsched gate -- CMD`` as a real process: the workload writes on ``$GNNSCHED_PROGRESS_FD``, the keeper
+    forwards its newest valid line on the gate connection, re-written as a ``progress`` request (another op or field
+    the workload put in it never reaches the agent)."""
+    pod = gate.add(*job_pod("w", 10 * GiB, runtime=600))
+    reported, go = gate.tmp / "reported", gate.tmp / "go"
+    proc = await asyncio.create_subprocess_exec(
+        *_gated(gate, pod, sys.executable, "-S", "-c", CUSTOM_WORKLOAD, str(reported), str(go)),
+        env=_pod_env(pod), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        key = pod["metadata"]["uid"]
+        await gate.settle(lambda: key in gate.books.running and gate.books.running[key].progress is not None, 20)
+        report = gate.books.running[key].progress
+        assert report is not None and (report.steps, report.total, report.seconds) == (4, 40, 2.0)
+        # 0.5 s per step measured, 36 steps left: about 18 s, not the predicted 600
+        assert gate.books.seconds_left(gate.books.running[key], report.at) == pytest.approx(18.0)
+        assert "progress-rejected" not in (gate.tmp / "events.jsonl").read_text()
+    finally:
+        go.write_text("")
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    await gate.settle(lambda: not gate.books.running)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_the_built_in_worker_reports_its_steps_through_the_gate(gate: Harness) -> None:
+    """``gnnsched gate -- gnnsched worker JOB``: the real worker's step reports reach the agent, whose first one sets
+    the pod's started-at between its admission and its end."""
+    pod = gate.add(*job_pod("real", 1 * GiB, runtime=5))
+    job = gate.tmp / "job.yaml"
+    job.write_text(WORKER_JOB)
+    proc = await asyncio.create_subprocess_exec(
+        *_gated(gate, pod, *gnnsched_command(), "worker", str(job), "--no-progress"),
+        env=_pod_env(pod), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 150)
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(out.decode().splitlines()[-1])["steps"] == 30
+    await gate.settle(lambda: ANN_FINISHED_AT in _annotations(gate, "real"))
+    ann = _annotations(gate, "real")
+    admitted, started, finished = (parse_rfc3339(ann[k]) for k in (ANN_ADMITTED_AT, ANN_STARTED_AT, ANN_FINISHED_AT))
+    assert admitted is not None and started is not None and finished is not None
+    assert admitted - 0.002 <= started <= finished  # the steps began after the admission (and the imports)
+
+
+WORKER_JOB = """apiVersion: gnnsched.io/v1alpha1
+kind: GNNJob
+metadata: {name: real}
+spec:
+  mode: train
+  model: {arch: gcn, layers: 2, hidden: 16}
+  graph: {nodes: 500, edges: 4000, features: 16, classes: 4}
+  epochs: 30
+"""

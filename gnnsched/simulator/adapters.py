@@ -28,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from gnnsched.progress import seconds_left as progress_seconds_left
 from gnnsched.scheduler_config import DEFAULT_WEIGHT
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.model import JobProfile, SimJob
+from gnnsched.simulator.runtime_error import sampler_core_exponent
 
 
 class IntegrationMissing(NotImplementedError):
@@ -145,8 +147,9 @@ class Integrations:
 
     def scale(self, spec: Any, cpu_milli: int, memory_bytes: int, gpu_model: str) -> tuple[int, int, float]:
         """``gnnsched.scaling.scale`` (seed 004's Algorithm 1 with floors): the right-sized CPU millicores and memory
-        bytes, and the factor by which the job's solo runtime changes with the scaled CPU (the runtime prior's
-        answer, which is the simulator's ground truth, not the predictor's)."""
+        bytes, and the factor by which the job's solo runtime changes with the scaled CPU: the runtime prior's
+        device and host split with the host work slowing down as ``bench/runtime_truth.py`` measured the worker's
+        sampler slow down (``sampler_core_exponent``), not as the prior that chose the scaling assumes."""
         scale = _import("gnnsched.scaling", "scale", "predictor")
         resources = _import("gnnsched.scaling", "Resources", "predictor")
         predictor = self.memo.get("predictor")
@@ -157,8 +160,11 @@ class Integrations:
                     gpu_model=gpu_model)
         cpu = int(round(got.scaled.cpu * 1000))
         solo = _import("gnnsched.runtime_prior", "solo_runtime_seconds", "predictor")
-        before = float(solo(spec, gpu_model, cpu_milli / 1000))
-        after = float(solo(spec, gpu_model, cpu / 1000))
+        exponent = self.memo.get("sampler_core_exponent")
+        if exponent is None:
+            exponent = self.memo["sampler_core_exponent"] = sampler_core_exponent()
+        before = float(solo(spec, gpu_model, cpu_milli / 1000, core_exponent=exponent))
+        after = float(solo(spec, gpu_model, cpu / 1000, core_exponent=exponent))
         return cpu, int(got.scaled.memory), (after / before if before > 0 else 1.0)
 
     def scaled_request(self, job: SimJob) -> tuple[int, int]:
@@ -239,9 +245,10 @@ class Integrations:
                 # the load-aware rules read each GPU's running clients: intensity and predicted seconds left, from
                 # what the gate knows (admission time and predicted solo runtime), not from the simulated truth.
                 # Each run's predicted end is fixed for its life (policies.predicted_end): kept on the run, so a
-                # decision only subtracts the clock (policies.seconds_left) for each client.
+                # decision only subtracts the clock (policies.seconds_left) for each client. With +progress the
+                # client's last step report decides instead, once it measures its pace (gnnsched.progress).
                 now = sim.now
-                client, seconds_left = pol.Client, pol.seconds_left
+                client, seconds_left, progress_of = pol.Client, pol.seconds_left, sim.progress_of
                 with_clients = []
                 for f, g in zip(gpus, node.gpus, strict=True):
                     if g.running:
@@ -257,7 +264,7 @@ class Integrations:
                                 c = r.gate_client = (r.intensity, pol.predicted_end(
                                     r.job.profile(g.model).predicted_s, start))
                             jid = r.job.id
-                            running.append(client(c[0], seconds_left(c[1], now), str(jid),
+                            running.append(client(c[0], seconds_left(c[1], now, progress_of(r)), str(jid),
                                                   apart.get(jid, frozenset()) if apart else frozenset()))
                         f = pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
                                         capacity_bytes=f.capacity_bytes, running=tuple(running))
@@ -438,6 +445,11 @@ class PlacementView:
                 start = sim.outcomes[run.job.id].start or 0.0
                 entry = run.placement_entry = (start + run.startup_s + prof.predicted_s, prof.admit_bytes,
                                                prof.sm_util, prof.mem_util)
+            report = sim.progress_of(run) if sim.rt is not None else None
+            if report is not None and report.usable():
+                # +progress: the agent publishes the seconds left its last report measures (gnnsched.progress), so
+                # the GPUNode the extender reads moves with it (as often as the GPU's books change here)
+                entry = (sim.now + progress_seconds_left(entry[0], sim.now, report), *entry[1:])
             running.append(entry)
         cap_clients = sim.per_gpu_cap
         capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued

@@ -26,12 +26,14 @@ import numpy as np
 
 from gnnsched import queue_order
 from gnnsched.gpus import get_gpu_model
+from gnnsched.progress import StepProgress
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
 from gnnsched.simulator.faults import APP_FAULT_XID, HW_FAULT_XID, QUARANTINE_S, HardwareFaultClock, LoopBooks
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
+from gnnsched.simulator.runtime_loop import RuntimeLoop
 
 if TYPE_CHECKING:  # adapters imports this module's state classes at run time
     from gnnsched.simulator.adapters import Integrations
@@ -100,7 +102,8 @@ class Run:
     """A job on a GPU: first its process start-up (host work: no GPU contention either way), then its GPU work."""
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
-                 "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s", "gate_client")
+                 "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s", "gate_client", "work",
+                 "report")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
                  out: JobOutcome) -> None:
@@ -122,6 +125,8 @@ class Run:
         self.startup_s = 0.0  # start-up this attempt still paid after its admission (Simulation._startup)
         # adapters.next_group: (intensity, predicted end) as the gate knows this client (policies.predicted_end)
         self.gate_client: tuple[str | None, float | None] | None = None
+        self.work = work  # solo-seconds of GPU work in all (``remaining`` counts down from it)
+        self.report: StepProgress | None = None  # +progress: the worker's last step report (Simulation.progress_of)
 
 
 @dataclass
@@ -292,6 +297,10 @@ class Simulation:
         if loop is not None and loop.fault_model.hw_rate > 0:
             for gs in self.gpus:
                 gs.fault_clock = HardwareFaultClock(loop.fault_model.hw_rate, loop.seed, gs.gid)
+        # The runtime loop (+rtcal, +progress; gnnsched.simulator.runtime_loop): None without either, and then the
+        # predictions the schedulers see are the workload's, never corrected.
+        self.rt = RuntimeLoop(calibrate=policy.runtime_calibration, progress=policy.progress) \
+            if policy.runtime_loop else None
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, payload: Any, token: int = 0) -> None:
@@ -406,11 +415,19 @@ class Simulation:
             cpu, mem = self.ix.scaled_request(job)
         out.cpu_milli, out.memory_bytes = cpu, mem
         out.status = "pending"
-        if self.loop is not None:
-            job = self.loop.attempt(job)
+        job = self._plan(job)
         self.pending[job.id] = job
         self.pending_dirty = True
         self.waiting += 1
+
+    def _plan(self, job: SimJob) -> SimJob:
+        """A new attempt of ``job`` as the operator plans it now: its reservation (the memory loop's books) and its
+        predicted runtime (the runtime loop's factor)."""
+        if self.loop is not None:
+            job = self.loop.attempt(job)
+        if self.rt is not None:
+            job = self.rt.attempt(job)
+        return job
 
     def _requeue(self, job: SimJob) -> None:
         out = self.outcomes[job.id]
@@ -781,6 +798,13 @@ class Simulation:
         if self.loop is not None:
             self.loop.completed(job, gpu.model)
             self._replan_pending()
+        if self.rt is not None:
+            # what the operator observes: from the agent's started-at (the first step, with progress reports) else
+            # from the admission, to the end; neighbours' slowdown included
+            began = (out.start or 0.0) + (run.startup_s if self.rt.progress else 0.0)
+            self.rt.completed(job, gpu.model, self.now - began,
+                              job.scaled_solo_factor if self.policy.scaling else 1.0)
+            self._replan_runtime()
         out.status = "completed"
         out.finish = self.now
         self._unbind(out, gpu.node)
@@ -846,9 +870,38 @@ class Simulation:
         for jid, waiting in self.pending.items():
             new = loop.replanned(waiting, self.outcomes[jid].job)
             if new is not None:
-                self.pending[jid] = new
+                self.pending[jid] = self.rt.attempt(new) if self.rt is not None else new
                 self.pending_dirty = True
         loop.changed.clear()
+
+    def _replan_runtime(self) -> None:
+        """A runtime factor moved: every attempt still waiting for the scheduler gets the predicted runtime the
+        operator would plan for it now (its annotation; its priority class, immutable, keeps its bucket)."""
+        rt = self.rt
+        if rt is None or not rt.changed:
+            return
+        rt.changed = False
+        rt.replans += 1
+        for jid, waiting in self.pending.items():
+            new = rt.attempt(waiting)
+            if any(new.profiles[m].predicted_s != p.predicted_s for m, p in waiting.profiles.items()):
+                self.pending[jid] = new
+                self.pending_dirty = True
+
+    def progress_of(self, run: Run) -> StepProgress | None:
+        """``+progress``: the step report the agent holds for ``run`` now (None before its first step, for a trace
+        pod, or without ``+progress``). Its steps are the true share of its work done, so its pace includes the
+        slowdown it has had; a report is renewed at most every ``RuntimeLoop.report_interval_s``."""
+        rt = self.rt
+        if rt is None or not rt.progress or run.starting or run.job.spec is None:
+            return None
+        now = self.now
+        remaining = run.remaining - run.rate * (now - run.last)
+        total = run.job.spec.steps
+        done = int(total * (1.0 - max(0.0, remaining) / run.work)) if run.work > 0 else total
+        began = (run.out.start or 0.0) + run.startup_s
+        run.report = rt.report(run.report, done, total, now - began, now)
+        return run.report
 
     def _give_up(self, job: SimJob, reason: str) -> None:
         out = self.outcomes[job.id]
@@ -865,7 +918,7 @@ class Simulation:
         assert self.loop is not None  # attempts exist only in a closed-loop run
         if ahead:
             self.ahead[job.id] = None
-        self._requeue(self.loop.attempt(self.outcomes[job.id].job))
+        self._requeue(self._plan(self.outcomes[job.id].job))
 
     def _charge(self, job: SimJob, reason: str) -> None:
         """Kubernetes (baselines): a failed pod is charged to the job's backoffLimit and retried after kubelet's
@@ -952,6 +1005,8 @@ class Simulation:
         figures["wasted_gpu_seconds"] = self.wasted_s
         out_s = sum(min(end, repaired) - t for t, repaired in loop.hw_out if t < end) if loop is not None else 0.0
         figures["hw_out_share"] = out_s / (len(self.gpus) * end) if end > 0 else 0.0
+        if self.rt is not None:
+            figures.update(self.rt.summary())
         cap: dict[str, int] = {}
         for g in self.gpus:
             cap[g.model] = max(cap.get(g.model, 0), g.total - g.reserve)

@@ -88,6 +88,10 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "app_faults": int(res.extra.get("app_faults", 0)),
         "hw_out_share": _r(res.extra.get("hw_out_share", 0.0), 4),
         "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),
+        # the runtime loop (+rtcal, +progress; gnnsched.simulator.runtime_loop): only in runs that keep it
+        **({"runtime_samples": int(res.extra["runtime_samples"]),
+            "runtime_replans": int(res.extra.get("runtime_replans", 0))}
+           if "runtime_samples" in res.extra else {}),
     }
 
 

@@ -30,6 +30,10 @@ finishes sooner than waiting for an idle GPU, :func:`gnnsched.policies.share_pay
 (gnnsched: a pod's start-up begins when it is bound to its node, not when it is admitted: the built-in worker imports,
 loads its graph and builds its model on the CPU while it waits at the gate, ``gnnsched gate --prestart``, so only what
 is left of ``STARTUP_S`` after the wait delays its first step),
+``+rtcal`` (gnnsched: the operator's runtime calibration; each completed attempt's observed ÷ predicted runtime
+updates its class's factor, which new and waiting attempts' predictions use, :mod:`gnnsched.simulator.runtime_loop`),
+``+progress`` (gnnsched: a running job's seconds left come from its step reports,
+:func:`gnnsched.progress.seconds_left`, as the node agent's do once the worker reports),
 ``-calib`` (gnnsched, with ``--estimate-error`` or faults: new estimates keep the static safety factor
 instead of the calibration table's, see :mod:`gnnsched.simulator.faults`),
 ``-interference`` (gnnsched: placement ignores the interference model; jobs still suffer it), ``-paper`` (sqtf/bqt:
@@ -55,7 +59,7 @@ from gnnsched.scheduler_config import DEFAULT_SCORING_STRATEGY, LEAST_ALLOCATED,
 
 # one suffix: a flag, or ``+sjf`` / ``+bypass`` with an optional count (``+bypass`` requires one, checked below)
 _SUFFIX = re.compile(
-    r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays|\+prestart)"
+    r"(?P<token>\+scaling|\+uvm|-interference|-paper|-calib|\+sjf|\+bypass|\+pack|\+spread|\+pays|\+prestart|\+progress|\+rtcal)"
     r"(?P<n>\d*)"
 )
 GNNSCHED_POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
@@ -90,6 +94,13 @@ class PolicySpec:
     spread: bool = False  # ``+spread``: the gate plans in rounds of one task per GPU (policies.plan_decision)
     share: bool = False  # ``+pays``: a task joins running clients only when that pays (policies.share_pays)
     prestart: bool = False  # ``+prestart``: the worker's CPU start-up runs while it waits at the gate
+    runtime_calibration: bool = False  # ``+rtcal``: the operator's per-class runtime factor (simulator.runtime_loop)
+    progress: bool = False  # ``+progress``: running jobs' seconds left from their step reports (gnnsched.progress)
+
+    @property
+    def runtime_loop(self) -> bool:
+        """Whether the run keeps runtime books (:class:`gnnsched.simulator.runtime_loop.RuntimeLoop`)."""
+        return self.runtime_calibration or self.progress
 
     @property
     def scoring_strategy(self) -> str:
@@ -146,12 +157,13 @@ def parse_policy(text: str) -> PolicySpec:
     spread = False
     share = False
     prestart = False
+    rtcal = progress = False
     while suffix:
         m = _SUFFIX.match(suffix)
         if m is None:
             raise PolicyError(f"{text!r}: unknown suffix {suffix!r} "
-                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, +prestart, "
-                              "-interference, -paper, -calib, @N)")
+                              "(known: +scaling, +uvm, +sjf, +bypassN, +pack, +spread, +pays, +prestart, +rtcal, "
+                              "+progress, -interference, -paper, -calib, @N)")
         token, digits = m.group("token"), m.group("n")
         suffix = suffix[m.end():]
         if digits and token not in ("+sjf", "+bypass"):
@@ -172,6 +184,10 @@ def parse_policy(text: str) -> PolicySpec:
             share = True
         elif token == "+prestart":
             prestart = True
+        elif token == "+rtcal":
+            rtcal = True
+        elif token == "+progress":
+            progress = True
         elif token == "-calib":
             calibration = False
         elif token == "+sjf":
@@ -198,11 +214,15 @@ def parse_policy(text: str) -> PolicySpec:
         raise PolicyError(f"{text!r}: +pays applies to gnnsched policies only (the gate's share rule)")
     if prestart and (base not in GNNSCHED_POLICIES or paper):
         raise PolicyError(f"{text!r}: +prestart applies to gnnsched policies only (the start-up before the gate)")
+    if (rtcal or progress) and (base not in GNNSCHED_POLICIES or paper):
+        raise PolicyError(f"{text!r}: +rtcal and +progress apply to gnnsched policies only (the operator's runtime "
+                          "calibration, the node agent's progress reports)")
     if sjf and base not in GNNSCHED_POLICIES:
         raise PolicyError(f"{text!r}: +sjf applies to gnnsched policies only (srtf is the baselines' runtime order)")
     return PolicySpec(text=text.strip(), base=base, scaling=scaling, uvm=uvm, interference=interference,
                       max_clients=max_clients, paper=paper, sjf=sjf, bypass_limit=bypass_limit,
-                      pack=pack, calibration=calibration, spread=spread, share=share, prestart=prestart)
+                      pack=pack, calibration=calibration, spread=spread, share=share, prestart=prestart,
+                      runtime_calibration=rtcal, progress=progress)
 
 
 def parse_policies(text: str) -> list[PolicySpec]:

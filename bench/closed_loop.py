@@ -5,7 +5,8 @@ For each workload and seed it runs the same jobs three times: without errors or 
 ``lognormal:0.05:1.3`` for calibration against ``-calib``; it prints per policy the mean JCT with and without errors
 and their ratio (over the jobs both runs completed: ``common_ratio``), OOM kills, memory-exceeded attempts, faults
 (hardware / application), fault victims, innocent jobs requeued (and of them sent to run alone), buggy jobs failed
-and innocent jobs lost, then the resize retries with and without calibration.
+and innocent jobs lost, and the share of the run's GPU capacity hardware faults kept out of the pool (``hw-out``),
+then the resize retries with and without calibration.
 
     python bench/closed_loop.py [--workloads "cognn-mix;gnnsched-mix-high;BURST"] [--seeds 0,...,9]
         [--hw-fault-rate 1] [--hw-repair-seconds 600] [--buggy-jobs 0.05] [--backoff-limit N]
@@ -73,7 +74,8 @@ def main() -> None:
           f"{faults.hw_repair_s:g} --buggy-jobs {faults.buggy_fraction:g}; calibration with lognormal:0.05:1.3; "
           f"backoffLimit {limit}")
     print(f"{'workload':18s} {'seed':>4s} {'policy':10s} {'JCT s':>7s} {'errors':>7s} {'ratio':>6s} {'OOM':>4s} "
-          f"{'mem-exc':>7s} {'hw/app':>7s} {'victims':>7s} {'requeued':>8s} {'alone':>5s} {'buggy':>5s} {'lost':>4s}")
+          f"{'mem-exc':>7s} {'hw/app':>7s} {'victims':>7s} {'requeued':>8s} {'alone':>5s} {'buggy':>5s} {'lost':>4s} "
+          f"{'hw-out':>6s}")
     calib_rows = []
     worst = worst_own = (0.0, "")
     lost = 0
@@ -100,7 +102,7 @@ def main() -> None:
                       f"{m['oom_kills']:4d} {m['memory_exceeded']:7d} {m['hw_faults']:3d}/{m['app_faults']:<3d} "
                       f"{m['fault_victims']:7d} {m['innocent_jobs_requeued']:8d} {m['innocent_jobs_alone']:5d} "
                       f"{m['buggy_jobs_failed']:5d} "
-                      f"{m['jobs_lost']:4d}")
+                      f"{m['jobs_lost']:4d} {m['hw_out_share']:6.1%}")
             cal = run(wl, cl, parse_policies(CALIB), seed, ix, jobs=jobs, estimate_error=biased,
                       backoff_limit=args.backoff_limit)
             calib_rows.append((name, seed, {p: m["resize_retries"] for p, m in cal.policies.items()}))

@@ -164,6 +164,15 @@ def _operator(
     resync_seconds: float = typer.Option(
         30.0, "--resync-seconds", min=0.1, help="How often unfinished jobs are re-derived from their pods."
     ),
+    predictor_model_configmap: str = typer.Option(
+        None, "--predictor-model-configmap",
+        help="NAMESPACE/NAME of the ConfigMap the retrain CronJob keeps the runtime model in; it is re-read every "
+             "--predictor-reload-seconds and a changed model is used without a restart (default: the shipped model "
+             "only; chart: always set).",
+    ),
+    predictor_reload_seconds: float = typer.Option(
+        60.0, "--predictor-reload-seconds", min=1.0, help="How often the runtime model's ConfigMap is re-read."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Run the GNNJob operator (watches GNNJobs and their pods until interrupted)."""
@@ -206,10 +215,19 @@ def _operator(
               "worker_prestart": worker_prestart, "health_port": health_port or None,
               "metrics_port": metrics_port or None, "queue_priority": queue_priority, "retry_priority": retry_priority,
               "queue_priority_base": queue_priority_base, "queue_priority_prefix": queue_priority_prefix,
-              "queue_priority_per_doubling": queue_priority_per_doubling}
+              "queue_priority_per_doubling": queue_priority_per_doubling,
+              "predictor_model_configmap": predictor_model_configmap,
+              "predictor_reload_seconds": predictor_reload_seconds}
     if image:
         fields["image"] = image
-    run(OperatorConfig(**fields), kubeconfig=kubeconfig, context=context)
+    if predictor_model_configmap is not None and predictor_model_configmap.count("/") != 1:
+        fail(f"--predictor-model-configmap: {predictor_model_configmap!r} must be NAMESPACE/NAME")
+    try:
+        config = OperatorConfig(**fields)
+    except ValueError as exc:  # pydantic's ValidationError: name the flag of the first bad field
+        err = exc.errors()[0] if hasattr(exc, "errors") else {"loc": ("?",), "msg": str(exc)}
+        fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}")
+    run(config, kubeconfig=kubeconfig, context=context)
 
 
 @operator_app.command("export-history")

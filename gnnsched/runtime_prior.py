@@ -11,8 +11,10 @@ Mini-batch jobs add host work — neighbour sampling and the feature gather on C
 data-loader workers pipeline with the GPU, so a batch costs ``max(host, device)``. This is the only place CPU cores
 enter, which is what makes adaptive scaling of CPU meaningful for GNN jobs: full-batch jobs need about one core.
 
-Constants below are engineering assumptions (orders of magnitude from vendor specs and PyG's sampler), NOT measured
-on a GPU here; the residual model exists to correct them. Units: bytes, FLOPs, seconds, fp32 (4-byte) features.
+The GPU constants below are engineering assumptions (orders of magnitude from vendor specs and PyG's sampler), NOT
+measured on a GPU here; the residual model exists to correct them. ``CPU_RATES`` is the exception: the same cost model
+refit to the CPU worker's measured steps (``bench/runtime_truth.py``). Units: bytes, FLOPs, seconds, fp32 (4-byte)
+features.
 """
 
 from __future__ import annotations
@@ -48,6 +50,48 @@ class StepCost:
     host_gather_bytes: float  # features gathered on the host and copied to the device (mini-batch only)
     batches: int  # device passes per step (1 for full-batch)
     params: int
+
+
+FAMILIES = ("gcn", "sage", "gin", "gat")
+"""The four layer costs (``cost_family``)."""
+
+
+@dataclass(frozen=True)
+class CpuRates:
+    """What one worker step costs on a number of CPU cores, per unit of each ``StepCost`` count: seconds per kernel
+    (PyTorch's per-operator dispatch), device bytes per second for each layer family (a GCN's scatter and a GAT's
+    edge softmax move bytes at different speeds on a CPU: measured, see ``gnnsched/data/runtime_truth.json``), FLOPs
+    per second, sampled edges and gathered feature bytes per second. Fitted to measured steps by
+    ``gnnsched.runtime_fit`` (``bench/runtime_truth.py``); infinite where the fit gave a term no weight."""
+
+    launch_seconds: float
+    bytes_per_s: dict[str, float]
+    flops_per_s: float
+    sampled_edges_per_s: float
+    gather_bytes_per_s: float
+
+    def seconds(self, counts: tuple[float, float, float, float, float], family: str) -> float:
+        """Seconds of one step of a ``family`` model from its ``step_counts``: on the CPU every term runs on the
+        same cores, so they add."""
+        kernels, byts, flops, edges, gather = counts
+        return (kernels * self.launch_seconds + byts / self.bytes_per_s[family] + flops / self.flops_per_s
+                + edges / self.sampled_edges_per_s + gather / self.gather_bytes_per_s)
+
+
+CPU_RATES: dict[int, CpuRates] = {
+    1: CpuRates(launch_seconds=1.96e-4, bytes_per_s={"gcn": 8.912e8, "sage": 1.859e9, "gin": 1.301e9, "gat": 5.32e8},
+                flops_per_s=6.396e10, sampled_edges_per_s=2.577e6, gather_bytes_per_s=math.inf),
+    2: CpuRates(launch_seconds=1.748e-4, bytes_per_s={"gcn": 1.199e9, "sage": 2.826e9, "gin": 1.855e9, "gat": 8.032e8},
+                flops_per_s=1.233e11, sampled_edges_per_s=2.97e6, gather_bytes_per_s=9.051e10),
+}
+"""The CPU worker's rates at 1 and 2 cores, fitted by ``gnnsched.runtime_fit`` on two jobs in three of
+``gnnsched/data/runtime_truth.json`` (80 jobs measured by ``python bench/runtime_truth.py --jobs 80
+--target-seconds 0.5`` on the 2-core build machine; held-out WMAPE 0.41, per model class in docs/predictor.md).
+Measured, unlike the GPU constants above: they predict ``gnnsched worker --device cpu`` (the local cluster's workers),
+and their held-out residuals are what ``gnnsched simulate --runtime-error measured`` draws. Refit with
+``python bench/runtime_truth.py --refit``; ``tests/test_runtime_truth.py`` fails while these and the table differ.
+A launch cost of ~0.2 ms per counted kernel is PyTorch's CPU dispatch of the several operators each counted kernel
+stands for, not a CUDA launch."""
 
 
 def _layer_cost(
@@ -153,16 +197,21 @@ def device_seconds_per_step(spec: GNNJobSpec, gpu_model: GPUModel | str, cost: S
     return cost.bytes / gpu.bandwidth_bytes_per_s + cost.flops / gpu.fp32_flops_per_s
 
 
-def host_seconds_per_step(spec: GNNJobSpec, cpu_cores: float, cost: StepCost | None = None) -> float:
+def host_seconds_per_step(spec: GNNJobSpec, cpu_cores: float, cost: StepCost | None = None,
+                          core_exponent: float = 1.0) -> float:
     """Sampling + gather on ``cpu_cores`` (capped at ``MAX_LOADER_CORES``) + PCIe copy; full-batch: launch overhead,
-    which runs on one thread and slows down only when the job gets less than one core."""
+    which runs on one thread and slows down only when the job gets less than one core.
+
+    ``core_exponent``: host work scales as ``cores ** -core_exponent``. The prior assumes 1 (loader workers split
+    the sampling perfectly); the simulator passes the exponent ``bench/runtime_truth.py`` measured, so a scaled job's
+    true slowdown is not the scaler's own assumption."""
     if cpu_cores <= 0:
         raise ValueError(f"cpu: {cpu_cores} must be positive")
     cost = cost or step_cost(spec)
     launch = cost.kernels * KERNEL_LAUNCH_SECONDS / min(cpu_cores, 1.0)
     if cost.host_sampled_edges == 0:
         return launch
-    cores = min(cpu_cores, MAX_LOADER_CORES)
+    cores = min(cpu_cores, MAX_LOADER_CORES) ** core_exponent
     sampling = cost.host_sampled_edges / (HOST_SAMPLED_EDGES_PER_CORE_S * cores)
     gather = cost.host_gather_bytes / (HOST_GATHER_BYTES_PER_CORE_S * cores)
     return launch + sampling + gather + cost.host_gather_bytes / PCIE_BYTES_PER_S
@@ -170,17 +219,19 @@ def host_seconds_per_step(spec: GNNJobSpec, cpu_cores: float, cost: StepCost | N
 
 def solo_runtime_seconds(
     spec: GNNJobSpec, gpu_model: GPUModel | str, cpu_cores: float | None = None, cost: StepCost | None = None,
+    core_exponent: float = 1.0,
 ) -> float:
     """Predicted runtime of the whole job alone on one GPU of ``gpu_model`` with ``cpu_cores`` cores.
 
     ``cpu_cores`` defaults to the spec's CPU request, else ``DEFAULT_CPU_CORES``. Host and device work of a step
     overlap (loader workers prefetch), so a step costs the larger of the two, plus launch latency.
+    ``core_exponent``: see :func:`host_seconds_per_step`.
     """
     if cpu_cores is None:
         cpu_cores = spec.resources.cpu_cores() or DEFAULT_CPU_CORES
     cost = cost or step_cost(spec)
     device = device_seconds_per_step(spec, gpu_model, cost)
-    host = host_seconds_per_step(spec, cpu_cores, cost)
+    host = host_seconds_per_step(spec, cpu_cores, cost, core_exponent)
     return spec.steps * max(device, host)
 
 
@@ -197,3 +248,32 @@ def intensity_class(spec: GNNJobSpec, gpu_model: GPUModel | str) -> Literal["mem
     gpu = _gpu(gpu_model)
     ridge = gpu.fp32_flops_per_s / gpu.bandwidth_bytes_per_s
     return "compute" if arithmetic_intensity(spec) >= ridge else "memory"
+
+
+def worker_step_cost(spec: GNNJobSpec) -> StepCost:
+    """The cost of one *worker* step: what ``gnnsched worker`` times between two progress calls. The prior counts a
+    training epoch of a mini-batch job as one step (all its batches); the worker's step is one batch, so the epoch's
+    counts are divided by its batches. Other jobs' steps are the same in both."""
+    cost = step_cost(spec)
+    if cost.batches <= 1:
+        return cost
+    n = float(cost.batches)
+    return StepCost(flops=cost.flops / n, bytes=cost.bytes / n, kernels=max(1, round(cost.kernels / n)),
+                    host_sampled_edges=cost.host_sampled_edges / n, host_gather_bytes=cost.host_gather_bytes / n,
+                    batches=1, params=cost.params)
+
+
+def step_counts(cost: StepCost) -> tuple[float, float, float, float, float]:
+    """The five counts ``CpuRates`` divide: kernels, device bytes, FLOPs, sampled edges, gathered bytes."""
+    return (float(cost.kernels), cost.bytes, cost.flops, cost.host_sampled_edges, cost.host_gather_bytes)
+
+
+def cpu_seconds_per_step(spec: GNNJobSpec, cpu_cores: float) -> float:
+    """Predicted seconds of one worker step of ``spec`` run on the CPU (``gnnsched worker --device cpu``) with
+    ``cpu_cores`` cores, from the measured ``CPU_RATES`` of the nearest measured core count (1 or 2: nothing above
+    2 cores was measured, so more cores are predicted as 2)."""
+    if cpu_cores <= 0:
+        raise ValueError(f"cpu: {cpu_cores} must be positive")
+    nearest = min(CPU_RATES, key=lambda c: (abs(c - cpu_cores), c))
+    return CPU_RATES[nearest].seconds(step_counts(worker_step_cost(spec)), cost_family(spec))
+

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
@@ -52,6 +52,11 @@ log = logging.getLogger("gnnsched.operator.calibration")
 RECORDED_KEEP = 1000
 """How many recorded attempt keys the object remembers for de-duplication (far more than can be in flight)."""
 WRITE_TRIES = 5
+RUNTIME_REPLAN_TOLERANCE = 0.05
+"""A runtime factor's move that re-plans the waiting pods at once. Why a tolerance, where memory has none: a median
+moves with nearly every sample once a class is calibrated, and each re-plan lists the operator's pods; a move
+under 5 % changes no PriorityClass bucket (a factor sqrt(2) each) and barely the gate's order, and the resync timer
+brings each waiting pod up to the exact factor anyway."""
 
 
 def _planning_factors(table: CalibrationTable, keys: list[str],
@@ -65,6 +70,15 @@ def _planning_factors(table: CalibrationTable, keys: list[str],
             result = table.factor(c, policy)
             out[c.key()] = (result.factor, result.calibrated)
     return out
+
+
+def _moved(old: dict[str, tuple[float, bool]], new: dict[str, tuple[float, bool]], tolerance: float) -> bool:
+    """Whether any class became (un)calibrated or its factor moved by more than ``tolerance`` (relative)."""
+    for key, (factor, calibrated) in new.items():
+        before = old.get(key)
+        if before is None or before[1] != calibrated or abs(factor - before[0]) > tolerance * before[0]:
+            return True
+    return False
 
 
 def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_CALIBRATION) -> dict[str, Any]:
@@ -89,6 +103,18 @@ def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_
         "calibratedClasses": sum(1 for f in factors.values() if f["calibrated"]),
         "summary": "; ".join(parts) if parts else "no samples",
     }
+
+
+class CalibrationSample(BaseModel):
+    """One ratio to record (``CalibrationStore.record_all``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cls: CalibrationClass
+    ratio: float = Field(gt=0)
+    attempt_key: str
+    exceeded: bool = False
+    runtime: bool = False
 
 
 class CalibrationStore:
@@ -132,10 +158,14 @@ class CalibrationStore:
     def runtime_policy(self) -> CalibrationPolicy:
         return self._runtime_policy()
 
-    def _publish(self, table: CalibrationTable) -> None:
+    def _publish(self, table: CalibrationTable, runtime: CalibrationTable) -> None:
         for key in table.classes():
             self.metrics.calibration_factor.labels(key).set(
                 table.factor(CalibrationClass.parse(key), self.policy).factor
+            )
+        for key in runtime.classes():
+            self.metrics.runtime_factor.labels(key).set(
+                runtime.factor(CalibrationClass.parse(key), self.runtime_policy).factor
             )
 
     def table(self) -> CalibrationTable:
@@ -145,31 +175,44 @@ class CalibrationStore:
     def tables(self) -> tuple[CalibrationTable, CalibrationTable]:
         """The current memory and runtime tables, from one read."""
         table, runtime, _ = self._parse(self.kube.read_calibration(self.name))
-        self._publish(table)
+        self._publish(table, runtime)
         return table, runtime
 
     def record(self, cls: CalibrationClass, ratio: float, attempt_key: str, exceeded: bool = False,
                runtime: bool = False) -> bool:
-        """Add one finished attempt's ratio (``exceeded``: a memory-exceeded attempt's lower bound, kept apart in
-        ``status.exceeded``; ``runtime``: an observed ÷ predicted runtime ratio of a runtime class, in
-        ``status.runtimeRatios``, its ``attempt_key`` distinct from the memory sample's). Returns whether any
-        class's factor of that kind changed: ``False`` also when this attempt was
-        recorded before (a restart re-ran it). Why the caller needs it: a change re-plans every pod still waiting
+        """Add one finished attempt's ratio (``record_all`` with one sample); whether its kind's factors changed."""
+        return bool(self.record_all([CalibrationSample(cls=cls, ratio=ratio, attempt_key=attempt_key,
+                                                       exceeded=exceeded, runtime=runtime)]))
+
+    def record_all(self, samples: list[CalibrationSample]) -> set[str]:
+        """Add a finished attempt's ratios in one conditional write: its peak (``exceeded``: a memory-exceeded
+        attempt's lower bound, kept apart in ``status.exceeded``) and its runtime (``runtime``: an observed ÷
+        predicted runtime ratio of a runtime class, in ``status.runtimeRatios``, its ``attempt_key`` distinct from
+        the memory sample's). Why one write: each write of the object is a read, a patch and, under contention, a
+        409 and another round, so a succeeded job with a peak and a runtime costs one round, not two.
+
+        Returns the kinds (``"memory"``, ``"runtime"``) of which some class's factor changed; a sample recorded
+        before (a restart re-ran it) is skipped. Why the caller needs it: a change re-plans every pod still waiting
         for a node, which lists the operator's pods; a sample that moves no factor (most of them, once a class is
         calibrated) must not cost a list per finished job.
 
         Raises ``KubeError`` when the API server keeps refusing (the caller retries on its next sync)."""
+        if not samples:
+            return set()
         with self._lock:
             for _ in range(WRITE_TRIES):
                 obj = self.kube.read_calibration(self.name)
-                memory, times, recorded = self._parse(obj)
-                if attempt_key in recorded:
-                    return False
-                policy = self.runtime_policy if runtime else self.policy
-                old = times if runtime else memory
-                table = old.record(cls, ratio, policy, exceeded=exceeded)
-                memory, times = (memory, table) if runtime else (table, times)
-                recorded = [*recorded, attempt_key][-RECORDED_KEEP:]
+                old_memory, old_times, recorded = self._parse(obj)
+                fresh = [s for s in samples if s.attempt_key not in recorded]
+                if not fresh:
+                    return set()
+                memory, times = old_memory, old_times
+                for sample in fresh:
+                    if sample.runtime:
+                        times = times.record(sample.cls, sample.ratio, self.runtime_policy)
+                    else:
+                        memory = memory.record(sample.cls, sample.ratio, self.policy, exceeded=sample.exceeded)
+                recorded = [*recorded, *(s.attempt_key for s in fresh)][-RECORDED_KEEP:]
                 derived_times = derived_fields(times, self.runtime_policy)
                 status = {"ratios": memory.ratios, "exceeded": memory.exceeded, "recorded": recorded,
                           "updatedAt": now_rfc3339(), **derived_fields(memory, self.policy),
@@ -191,9 +234,16 @@ class CalibrationStore:
                     if exc.status == 409:
                         continue  # someone wrote in between (or created it first): read again
                     raise
-                self._publish(memory)
-                if not runtime:
-                    self.metrics.calibration_samples.labels(cls.key()).inc()
-                keys = table.classes()
-                return _planning_factors(old, keys, policy) != _planning_factors(table, keys, policy)
+                self._publish(memory, times)
+                for sample in fresh:
+                    if not sample.runtime:
+                        self.metrics.calibration_samples.labels(sample.cls.key()).inc()
+                changed = set()
+                for kind, old, new, policy, tolerance in (
+                        ("memory", old_memory, memory, self.policy, 0.0),
+                        ("runtime", old_times, times, self.runtime_policy, RUNTIME_REPLAN_TOLERANCE)):
+                    keys = new.classes()
+                    if _moved(_planning_factors(old, keys, policy), _planning_factors(new, keys, policy), tolerance):
+                        changed.add(kind)
+                return changed
         raise KubeError(409, f"GNNCalibration {self.name}: still conflicting after {WRITE_TRIES} tries")

@@ -39,6 +39,7 @@ from gnnsched.contract import (
     ANN_EXCLUSIVE,
     ANN_GPU,
     ANN_JOB,
+    ANN_PREDICTED_RUNTIME,
     API_VERSION,
     GNNJOB_KIND,
     GNNJOB_PLURAL,
@@ -67,7 +68,7 @@ from .admission import (
     refusal_reason,
     rejected_fields,
 )
-from .calibration import CalibrationStore
+from .calibration import CalibrationSample, CalibrationStore
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
 from .planning import ClusterGPU, Plan, PlanError, Planner, gpus_from_gpunode
@@ -144,6 +145,11 @@ class OperatorConfig(BaseModel):
     pods: JobPodSettings = Field(default_factory=JobPodSettings)
     # Bounds of an entrypoint job's CPU-only probe pod (operator/probe.py; chart values operator.probe.*).
     probe: ProbeSettings = Field(default_factory=ProbeSettings)
+    # The ConfigMap ("NAMESPACE/NAME") the retrain CronJob keeps the runtime model in (gnnsched.predictor.store), read
+    # every predictor_reload_seconds and swapped in without a restart (operator/predictor_model.py); None: the shipped
+    # model only.
+    predictor_model_configmap: str | None = Field(default=None, pattern=r"^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$")
+    predictor_reload_seconds: float = Field(default=60.0, gt=0)
 
     @model_validator(mode="after")
     def _queue_order_valid(self) -> OperatorConfig:
@@ -243,6 +249,7 @@ class Operator:
                                             runtime_policy=lambda: self.planner.runtime_policy)
         self.metrics_port: int | None = None  # the bound port once ``main.run_async`` serves the metrics
         self.pod_watcher: Any = None  # the running podwatch.PodWatcher once ``main.run_async`` started it
+        self.predictor_reloader: Any = None  # predictor_model.PredictorModelReloader with --predictor-model-configmap
         self._job_locks: dict[str, threading.Lock] = {}
         self._job_locks_guard = threading.Lock()
         self.probes = ProbeCache()
@@ -864,10 +871,13 @@ class Operator:
                                               f"pod {view.name} succeeded; {detail}", now, generation)
             new.setdefault("finishedAt", now)
             message = f"pod {view.name} succeeded; {detail}"
-            if plan is not None and view.observed_peak_bytes is not None:
-                self._calibrate(job, pod, plan, view.observed_peak_bytes, attempt)
-            if plan is not None and view.observed_runtime_seconds is not None:
-                self._calibrate_runtime(job, pod, plan, view.observed_runtime_seconds, attempt)
+            if plan is not None:  # its peak and its runtime, in one write of the calibration object
+                self._record([
+                    self._peak_sample(job, pod, plan, view.observed_peak_bytes, attempt)
+                    if view.observed_peak_bytes is not None else None,
+                    self._runtime_sample(job, pod, plan, view.observed_runtime_seconds, attempt)
+                    if view.observed_runtime_seconds is not None else None,
+                ])
         self._write(job, status, new, message=message)
 
     def _pod_failed(self, job: dict[str, Any], status: dict[str, Any], new: dict[str, Any], view: PodView,
@@ -909,7 +919,7 @@ class Operator:
         if plan is not None and facts.outcome == "memory-exceeded":
             seen = max(facts.observed_peak_bytes or 0, facts.needed_bytes or 0)
             if seen:
-                self._calibrate(job, pod or {}, plan, seen, attempt, exceeded=True)
+                self._record([self._peak_sample(job, pod or {}, plan, seen, attempt, exceeded=True)])
         if spec is not None and plan is not None:
             largest = max((g.capacity_bytes for g in self.cluster_gpus() if g.healthy), default=None)
             decision = decide(facts, admit_bytes=plan.admit_bytes, resizes=_count(status, "resizes"),
@@ -1061,31 +1071,24 @@ class Operator:
             log.warning("cannot read the GNNCalibration object (%s); new estimates use the static factor", exc)
             return None
 
-    def _calibrate(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: int, attempt: int,
-                   exceeded: bool = False) -> None:
-        """Record one finished attempt's observed ÷ predicted ratio in the cluster's calibration object; with
-        ``exceeded`` (a memory-exceeded attempt) as a lower bound (``CalibrationTable``'s docstring says why apart).
+    def _peak_sample(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: int, attempt: int,
+                     exceeded: bool = False) -> CalibrationSample | None:
+        """One finished attempt's observed ÷ predicted peak for the cluster's calibration object; with ``exceeded``
+        (a memory-exceeded attempt) as a lower bound (``CalibrationTable``'s docstring says why apart).
 
         Only attempts whose reservation came from the estimate count (a ``gpuMemory`` job's estimate is still the
-        prediction, so it counts too); the class is the GPU the attempt ran on. A failure to record is logged, never
-        fatal: one lost sample only slows calibration, and the key makes a repeated record a no-op."""
+        prediction, so it counts too); the class is the GPU the attempt ran on. ``None``: nothing to record."""
         model = self._attempt_gpu_model(pod) or plan.admit_gpu_model or plan.runtime_gpu_model
         need = _need(plan, model)
         if not need or observed <= 0:
-            return
+            return None
         try:
             spec = parse_spec(job.get("spec"))
         except SpecError:
-            return
+            return None
         cls = CalibrationClass(gpu_model=model, arch=spec.model.model_class, mode=spec.mode, container=plan.container)
         uid = _dict(job.get("metadata")).get("uid")
-        try:
-            recorded = self.calibration.record(cls, observed / need, f"{uid}/{attempt}", exceeded=exceeded)
-        except KubeError as exc:
-            log.warning("could not record calibration sample for %s: %s", cls.key(), exc)
-            return
-        if recorded:
-            self._replan_waiting_pods()
+        return CalibrationSample(cls=cls, ratio=observed / need, attempt_key=f"{uid}/{attempt}", exceeded=exceeded)
 
     def _attempt_gpu_model(self, pod: dict[str, Any]) -> str | None:
         """The model of the GPU the node agent says the pod ran on, ``None`` when unknown."""
@@ -1097,28 +1100,41 @@ class Operator:
         except KubeError:
             return None
 
-    def _calibrate_runtime(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: float,
-                           attempt: int) -> None:
-        """Record a succeeded attempt's observed ÷ predicted runtime in its runtime class
-        (``closed_loop.runtime_class``), against the predictor's figure without any runtime factor the plan applied.
-        Skipped when the attempt ran on another GPU model than the prediction was for (the ratio would mix the two
-        GPUs' speeds into one class). New plans use the factor at once; pods already waiting keep their predicted
-        runtime and PriorityClass (a pod's priority is immutable). Failures are logged, as for memory."""
+    def _runtime_sample(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: float,
+                        attempt: int) -> CalibrationSample | None:
+        """A succeeded attempt's observed ÷ predicted runtime in its runtime class (``closed_loop.runtime_class``),
+        against the predictor's figure without any runtime factor the plan applied. ``None`` when the attempt ran
+        on another GPU model than the prediction was for (the ratio would mix the two GPUs' speeds into one class).
+        New plans use the factor at once; pods still waiting for a node get the new predicted runtime through
+        ``_replan_waiting`` (their PriorityClass stays: a pod's priority is immutable)."""
         predicted = plan.predicted_runtime_seconds
         ran_on = self._attempt_gpu_model(pod)
         if not predicted or observed <= 0 or (ran_on is not None and ran_on != plan.runtime_gpu_model):
-            return
+            return None
         try:
             spec = parse_spec(job.get("spec"))
         except SpecError:
-            return
+            return None
         cls = runtime_class(spec, plan.runtime_gpu_model, plan.container)
         uid = _dict(job.get("metadata")).get("uid")
+        return CalibrationSample(cls=cls, ratio=observed / (predicted / (plan.runtime_factor or 1.0)),
+                                 attempt_key=f"{uid}/{attempt}/runtime", runtime=True)
+
+    def _record(self, samples: list[CalibrationSample | None]) -> None:
+        """Record an attempt's samples in one write; a factor that moved re-plans the pods still waiting for a node.
+        A failure to record is logged, never fatal: one lost sample only slows calibration, and the attempt keys
+        make a repeated record a no-op."""
+        wanted = [s for s in samples if s is not None]
+        if not wanted:
+            return
         try:
-            self.calibration.record(cls, observed / (predicted / (plan.runtime_factor or 1.0)),
-                                    f"{uid}/{attempt}/runtime", runtime=True)
+            changed = self.calibration.record_all(wanted)
         except KubeError as exc:
-            log.warning("could not record runtime calibration sample for %s: %s", cls.key(), exc)
+            log.warning("could not record calibration samples for %s: %s",
+                        ", ".join(s.cls.key() for s in wanted), exc)
+            return
+        if changed:
+            self._replan_waiting_pods()
 
     def _replan_waiting_pods(self) -> None:
         """The calibration changed: bring every gnnsched pod that still waits for a node up to the new factor now
@@ -1139,18 +1155,19 @@ class Operator:
                     log.warning("re-plan of pod %s: %s", _dict(pod.get("metadata")).get("name"), exc)
 
     def _replan_waiting(self, job: dict[str, Any], new: dict[str, Any], pod: dict[str, Any], plan: Plan) -> Plan:
-        """A pod that no node has taken yet reserves what the operator would plan for the job now.
+        """A pod that no node has taken yet reserves, and is ordered by, what the operator would plan for the job now.
 
-        Only the safety factor can change it (the spec and the cluster's GPU models are what the plan was made
-        from): a calibration sample recorded since the pod was created. The pod's ``admit-bytes`` annotation is
-        patched on the condition that the pod is still the version that was read unbound (JSON patch ``test`` on
-        its resourceVersion), so a pod the scheduler binds meanwhile keeps the bytes the extender placed it by;
-        the extender reads the annotation on each scheduling attempt, and the gate on the node reads it when the
-        container arrives, so both see the new size. The plan in the status follows, so a later resize grows
-        from the bytes the attempt ran with. A reservation that is not the estimate's (``gpuMemory``, a resize, a
-        whole GPU) is the user's or the loop's own and is kept. Returns the plan now in force."""
-        if plan.reservation_source not in ("estimate", "calibrated") or plan.exclusive:
-            return plan
+        Only the calibration can change it (the spec and the cluster's GPU models are what the plan was made from):
+        a sample recorded since the pod was created that moved the memory factor of the plan's class (its
+        ``admit-bytes``) or the runtime factor of its runtime class (its ``predicted-runtime-seconds``, which the
+        extender's spread and the gate's ``sqtf`` order read). The annotations are patched on the condition that
+        the pod is still the version that was read unbound (JSON patch ``test`` on its resourceVersion), so a pod
+        the scheduler binds meanwhile keeps the figures the extender placed it by; the extender reads them on each
+        scheduling attempt, and the gate on the node reads them when the container arrives, so both see the new
+        ones. The plan in the status follows, so a later resize grows from the bytes the attempt ran with and the
+        next runtime sample is taken against the bare prediction. A reservation that is not the estimate's
+        (``gpuMemory``, a resize, a whole GPU) is the user's or the loop's own and is kept. The pod's PriorityClass
+        (kube-scheduler's queue order) cannot follow: a pod's priority is immutable. Returns the plan now in force."""
         tables = self._calibration_tables()
         if tables is None:
             return plan
@@ -1159,51 +1176,72 @@ class Operator:
             spec = parse_spec(job.get("spec"))
         except SpecError:
             return plan
-        # The cheap test first (no estimate, no runtime prediction): the factor of the plan's own class now.
-        model = plan.admit_gpu_model or plan.runtime_gpu_model
-        now = table.factor(CalibrationClass(gpu_model=model, arch=spec.model.model_class, mode=spec.mode,
-                                            container=plan.container), self.planner.calibration_policy)
-        if ("calibrated" if now.calibrated else "estimate") == plan.reservation_source \
-                and (not now.calibrated or now.factor == plan.safety_factor):
+        # The cheap tests first (no estimate, no runtime prediction): the factors of the plan's own classes now.
+        memory_moved = False
+        if plan.reservation_source in ("estimate", "calibrated") and not plan.exclusive:
+            model = plan.admit_gpu_model or plan.runtime_gpu_model
+            now = table.factor(CalibrationClass(gpu_model=model, arch=spec.model.model_class, mode=spec.mode,
+                                                container=plan.container), self.planner.calibration_policy)
+            memory_moved = ("calibrated" if now.calibrated else "estimate") != plan.reservation_source \
+                or (now.calibrated and now.factor != plan.safety_factor)
+        runtime_moved = False
+        if plan.predicted_runtime_seconds is not None:
+            now_rt = runtime.factor(runtime_class(spec, plan.runtime_gpu_model, plan.container),
+                                    self.planner.runtime_policy)
+            runtime_moved = (now_rt.factor if now_rt.calibrated else None) != plan.runtime_factor
+        if not memory_moved and not runtime_moved:
             return plan
         try:
             fresh = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(new),
                                       runtime_calibration=runtime)
         except PlanError:
             return plan
-        if fresh.exclusive or fresh.reservation_source not in ("estimate", "calibrated") \
-                or fresh.admit_bytes == plan.admit_bytes:
+        update: dict[str, Any] = {}
+        annotations: dict[str, str] = {}
+        changes: list[str] = []
+        if memory_moved and not fresh.exclusive and fresh.reservation_source in ("estimate", "calibrated") \
+                and fresh.admit_bytes != plan.admit_bytes:
+            update.update(admit_bytes=fresh.admit_bytes, estimate_admit_bytes=fresh.estimate_admit_bytes,
+                          safety_factor=fresh.safety_factor, reservation_source=fresh.reservation_source,
+                          admit_gpu_model=fresh.admit_gpu_model)
+            annotations[ANN_ADMIT_BYTES] = str(fresh.admit_bytes)
+            changes.append(f"admit bytes {format_bytes(plan.admit_bytes)} -> {format_bytes(fresh.admit_bytes)} "
+                           f"({plan.admit_bytes} -> {fresh.admit_bytes} bytes; safety factor {plan.safety_factor} -> "
+                           f"{fresh.safety_factor}, from the calibration)")
+        if runtime_moved and fresh.predicted_runtime_seconds is not None \
+                and fresh.predicted_runtime_seconds != plan.predicted_runtime_seconds:
+            update.update(predicted_runtime_seconds=fresh.predicted_runtime_seconds,
+                          runtime_factor=fresh.runtime_factor, runtime_source=fresh.runtime_source)
+            annotations[ANN_PREDICTED_RUNTIME] = f"{fresh.predicted_runtime_seconds:.3f}"
+            changes.append(f"predicted runtime {_seconds(plan.predicted_runtime_seconds)} -> "
+                           f"{_seconds(fresh.predicted_runtime_seconds)} ({fresh.runtime_source}; its "
+                           f"PriorityClass stays, a pod's priority is immutable)")
+        if not annotations:
             return plan
         meta = _dict(pod.get("metadata"))
         name = str(meta.get("name") or "")
         version = meta.get("resourceVersion")
         if not name or not isinstance(version, str):
             return plan
-        updated = plan.model_copy(update={
-            "admit_bytes": fresh.admit_bytes, "estimate_admit_bytes": fresh.estimate_admit_bytes,
-            "safety_factor": fresh.safety_factor, "reservation_source": fresh.reservation_source,
-            "admit_gpu_model": fresh.admit_gpu_model,
-        })
-        if _dict(meta.get("annotations")).get(ANN_ADMIT_BYTES) == str(fresh.admit_bytes):
+        updated = plan.model_copy(update=update)
+        current = _dict(meta.get("annotations"))
+        if all(current.get(key) == value for key, value in annotations.items()):
             new.update(_plan_fields(updated))  # the pod was patched; the status had not caught up yet
             return updated
         ref = _job_ref(job)
-        path = "/metadata/annotations/" + ANN_ADMIT_BYTES.replace("~", "~0").replace("/", "~1")
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+        for key, value in annotations.items():
+            ops.append({"op": "replace" if key in current else "add",
+                        "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"), "value": value})
         try:
-            self.kube.patch_pod(ref.namespace, name, [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-                {"op": "replace", "path": path, "value": str(fresh.admit_bytes)},
-            ])
+            self.kube.patch_pod(ref.namespace, name, ops)
         except KubeError as exc:
             if exc.status in (404, 409, 422):
                 return plan  # bound, changed or gone meanwhile: its next event decides again
             raise
         new.update(_plan_fields(updated))
         self.metrics.replans.inc()
-        self._event(job, "Normal", "Replanned",
-                    f"pod {name} waits for a node: admit bytes {format_bytes(plan.admit_bytes)} -> "
-                    f"{format_bytes(fresh.admit_bytes)} ({plan.admit_bytes} -> {fresh.admit_bytes} bytes; safety "
-                    f"factor {plan.safety_factor} -> {fresh.safety_factor}, from the calibration)")
+        self._event(job, "Normal", "Replanned", f"pod {name} waits for a node: " + "; ".join(changes))
         return updated
 
     def cleanup(self, namespace: str, name: str, status: dict[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 from typing import Any
 
@@ -17,9 +18,12 @@ from gnnsched.contract import LABEL_MANAGED_BY, MANAGED_BY_VALUE
 from gnnsched.kubeclient import load_client_configuration
 
 from .handlers import Operator, OperatorConfig, build_registry
-from .kube import Kube
+from .kube import Kube, KubeError
 from .planning import Planner
 from .podwatch import PodWatcher
+from .predictor_model import PredictorModelReloader
+
+log = logging.getLogger("gnnsched.operator.main")
 
 
 def make_operator(config: OperatorConfig, kubeconfig: str | None = None, context: str | None = None) -> Operator:
@@ -50,6 +54,10 @@ async def run_async(op: Operator, stop_flag: asyncio.Event | threading.Event | N
         while watchers:
             await asyncio.to_thread(watchers.pop().stop)
 
+    reloader = predictor_reloader(op)
+    if reloader is not None:
+        await asyncio.to_thread(_first_poll, reloader)  # the first plans already use the cluster's model
+        reloader.start()
     server = None
     if op.config.metrics_port is not None:
         from gnnsched.metrics_http import serve_metrics
@@ -70,9 +78,31 @@ async def run_async(op: Operator, stop_flag: asyncio.Event | threading.Event | N
     finally:
         while watchers:
             await asyncio.to_thread(watchers.pop().stop)
+        if reloader is not None:
+            await asyncio.to_thread(reloader.stop)
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def predictor_reloader(op: Operator) -> PredictorModelReloader | None:
+    """The poll of the runtime model's ConfigMap (``--predictor-model-configmap``); ``op.predictor_reloader`` keeps
+    it for inspection. ``None`` without the flag: the shipped model only."""
+    target = op.config.predictor_model_configmap
+    if target is None:
+        return None
+    namespace, name = target.split("/", 1)
+    reloader = PredictorModelReloader(op.kube, op.planner, op.metrics, namespace, name,
+                                      op.config.predictor_reload_seconds)
+    op.predictor_reloader = reloader
+    return reloader
+
+
+def _first_poll(reloader: PredictorModelReloader) -> None:
+    try:
+        reloader.poll()
+    except KubeError as exc:  # the operator starts anyway, on the shipped model; the poll retries
+        log.warning("cannot read the runtime model's configmap (%s); starting with the shipped model", exc)
 
 
 def pod_watcher(op: Operator, context: contextvars.Context | None = None) -> PodWatcher:

@@ -9,7 +9,9 @@ predictor needs re-training on fresher history.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -71,16 +73,54 @@ class OperatorMetrics:
                                         "Safety factor new estimates of a calibration class use (observed / "
                                         "predicted quantile; the static factor until the class has enough samples)",
                                         ("class",), registry=r)
+        self.runtime_factor = Gauge("gnnsched_calibration_runtime_factor",
+                                    "Factor new runtime predictions of a runtime class are multiplied by (median "
+                                    "observed / predicted runtime; 1.0 until the class or its pool has enough "
+                                    "samples)", ("class",), registry=r)
         self.replans = Counter("gnnsched_operator_replans",
-                               "Pods still waiting for a node whose admit-bytes were re-planned after the "
-                               "calibration changed", registry=r)
+                               "Pods still waiting for a node whose admit-bytes or predicted runtime were "
+                               "re-planned after the calibration changed", registry=r)
         self.calibration_samples = Counter("gnnsched_calibration_samples",
                                            "Finished attempts recorded in the calibration object, per class",
                                            ("class",), registry=r)
+        # The GNN runtime model in use (gnnsched.predictor.store: reloaded from its ConfigMap without a restart).
+        self.model_training_rows = Gauge("gnnsched_predictor_model_training_rows",
+                                         "Finished jobs the runtime model in use was trained on (0: the shipped "
+                                         "prior-only model)", registry=r)
+        self.model_held_out_wmape = Gauge("gnnsched_predictor_model_held_out_wmape",
+                                          "WMAPE of the runtime model in use on the newest jobs it was not trained on, "
+                                          "measured when it was adopted (NaN: the shipped model, never measured)",
+                                          registry=r)
+        self.model_age = Gauge("gnnsched_predictor_model_age_seconds",
+                               "Seconds since the runtime model in use was trained (NaN: the shipped model)",
+                               registry=r)
+        self.model_age.set_function(self._model_age)
+        self.model_reloads = Counter("gnnsched_predictor_model_reloads",
+                                     "Changes of the model's ConfigMap seen, by result: loaded, invalid (kept the "
+                                     "model in use), removed (back to the shipped model)", ("result",), registry=r)
+        self.last_retrain = Gauge("gnnsched_predictor_last_retrain_timestamp_seconds",
+                                  "When the retrain CronJob last ended with each outcome (adopted, rejected: its "
+                                  "candidate was worse on held-out jobs, skipped: too few new jobs)", ("outcome",),
+                                  registry=r)
+        self.retrain_wmape = Gauge("gnnsched_predictor_last_retrain_held_out_wmape",
+                                   "Held-out WMAPE of the last retrain's candidate and of the model then in use, on "
+                                   "the same newest jobs", ("model",), registry=r)
+        self._model_trained_at: float | None = None
+        self.model_in_use(0, None, None)
         for phase in PHASES:
             self.jobs.labels(phase).set(0)
         self._lock = threading.Lock()
         self._phase_of: dict[str, str] = {}
+
+    def _model_age(self) -> float:
+        trained_at = self._model_trained_at
+        return time.time() - trained_at if trained_at is not None else math.nan
+
+    def model_in_use(self, rows: int, held_out_wmape: float | None, trained_at: float | None) -> None:
+        """The runtime model the planner now uses: its training size, held-out error and training time."""
+        self.model_training_rows.set(rows)
+        self.model_held_out_wmape.set(math.nan if held_out_wmape is None else held_out_wmape)
+        self._model_trained_at = trained_at
 
     def job_seen(self, uid: str, phase: str) -> None:
         """Count a job the first time this operator sees it (at start-up every existing job is seen once)."""

@@ -194,13 +194,20 @@ class Planner:
         return int(static.admit_bytes), need, int(static.admit_bytes), float(static.safety_factor), False
 
     def _predictor(self) -> Any:
-        """The learned runtime model (loaded once per Planner; its file ships in the package)."""
+        """The learned runtime model in use: the one ``use_predictor`` gave (the cluster's retrained model, reloaded
+        from its ConfigMap), else the one shipped in the package, loaded once per Planner."""
         with self._runtime_lock:
             if self._runtime_predictor is None:
                 from gnnsched.predictor.gnn import GNNRuntimePredictor
 
                 self._runtime_predictor = GNNRuntimePredictor.load_default()
             return self._runtime_predictor
+
+    def use_predictor(self, model: Any) -> None:
+        """Plan with ``model`` from the next prediction on (``None``: the shipped one again); the swap is one
+        reference under the lock, so a prediction uses either the old model or the new one, never a mix."""
+        with self._runtime_lock:
+            self._runtime_predictor = model
 
     def _predict_runtime(self, spec: GNNJobSpec, gpu_model: Any, cpu: float, memory: int) -> tuple[float | None, str]:
         """The learned predictor when it loads and answers, else the analytic prior; the source is reported.

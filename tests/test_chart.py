@@ -38,6 +38,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                  "agent": {"policy": "lmcf", "bypassLimit": 0, "spread": False}}
     },
     "components-off": {"operator": {"enabled": False}, "scheduler": {"enabled": False}},
+    "retrain-off": {"predictor": {"retrain": {"enabled": False}}},
 }
 
 
@@ -162,6 +163,8 @@ def test_values_schema_rejects_bad_values(chart):
         {"scheduler": {"extender": {"weight": 0}}},
         {"node": {"paths": {"gateSocket": "relative/path.sock"}}},
         {"operatr": {"enabled": True}},
+        {"predictor": {"retrain": {"holdoutFraction": 1}}},
+        {"predictor": {"retrain": {"minNewJobs": 2}}},
     ):
         with pytest.raises(helm_python.HelmValuesError):
             chart.validate_schema(bad)
@@ -330,7 +333,7 @@ def test_metrics_off_renders_no_metrics_services(chart):
         and {"name": "metrics", "containerPort": 9402} in operator["ports"]
     )
     assert not by_kind(docs, "ServiceMonitor") and not [
-        d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]
+        d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d.get("data", {})
     ]
     docs = render(chart, VALUE_SETS["servicemonitor-on"])
     monitors = by_kind(docs, "ServiceMonitor")
@@ -356,7 +359,7 @@ def test_dashboard_is_labelled_for_the_grafana_sidecar_and_uses_real_metrics(cha
     import json
 
     docs = render(chart, {})
-    (dashboard,) = [d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d["data"]]
+    (dashboard,) = [d for d in by_kind(docs, "ConfigMap") if "gnnsched.json" in d.get("data", {})]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     panels = json.loads(dashboard["data"]["gnnsched.json"])["panels"]
     exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
@@ -441,7 +444,8 @@ def test_scheduler_name_reaches_every_consumer(chart):
     assert config["leaderElection"]["resourceName"] == "acme-gnn"
     env = {e["name"]: e.get("value") for e in containers(docs)["operator"]["env"]}
     assert env["GNNSCHED_SCHEDULER_NAME"] == "acme-gnn"  # the operator's pods ask for this scheduler
-    leases = [r for d in by_kind(docs, "Role") for r in d["rules"] if r.get("resourceNames")]
+    leases = [r for d in by_kind(docs, "Role") for r in d["rules"] if "leases" in r["resources"]
+              and r.get("resourceNames")]
     assert leases and all(r["resourceNames"] == ["acme-gnn"] for r in leases)
 
 
@@ -577,9 +581,11 @@ def test_every_gnnsched_container_command_line_parses_with_the_cli(chart, name):
     cli = typer.main.get_command(app)
     checked = 0
     for doc in render(chart, values):
-        if doc["kind"] not in ("Deployment", "DaemonSet"):
+        if doc["kind"] not in ("Deployment", "DaemonSet", "CronJob"):
             continue
-        pod = doc["spec"]["template"]["spec"]
+        template = doc["spec"]["jobTemplate"]["spec"]["template"] if doc["kind"] == "CronJob" else \
+            doc["spec"]["template"]
+        pod = template["spec"]
         for container in pod.get("initContainers", []) + pod["containers"]:
             if not container["image"].startswith("ghcr.io/gnnsched/"):
                 continue
@@ -592,4 +598,51 @@ def test_every_gnnsched_container_command_line_parses_with_the_cli(chart, name):
                         command.make_context(command.name, list(args), parent=ctx)
                         break
             checked += 1
-    assert checked >= (0 if name == "components-off" else 4)
+    assert checked >= (0 if name == "components-off" else 4 if name == "retrain-off" else 6)
+
+
+def test_the_retrain_cronjob_writes_the_configmap_the_operator_reads_with_only_the_rbac_it_needs(chart):
+    """issue 28, item 5: one ConfigMap name reaches both sides; the CronJob's service account may list GNNJobs and
+    GPUNodes (the history export) and get and patch that one ConfigMap, nothing else."""
+    docs = render(chart, {})
+    (configmap,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gs-gnnsched-predictor-model"]
+    assert "data" not in configmap  # the chart never sets the model: Helm's upgrades leave the CronJob's alone
+    operator = containers(docs)["operator"]
+    assert arg_value(operator, "--predictor-model-configmap") == "gnnsched/gs-gnnsched-predictor-model"
+    assert arg_value(operator, "--predictor-reload-seconds") == "60"
+    (cronjob,) = by_kind(docs, "CronJob")
+    job = cronjob["spec"]["jobTemplate"]["spec"]
+    pod = job["template"]["spec"]
+    assert cronjob["spec"]["schedule"] == "23 * * * *" and cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    assert job["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"  # a rejected candidate is not retried
+    (export,) = pod["initContainers"]
+    (train,) = pod["containers"]
+    assert export["args"][:2] == ["operator", "export-history"]
+    assert arg_value(export, "--out") == arg_value(train, "--from-history") == "/history/history.jsonl"
+    assert arg_value(train, "--model-configmap") == "gnnsched/gs-gnnsched-predictor-model"
+    assert (arg_value(train, "--min-new-jobs"), arg_value(train, "--holdout-fraction")) == ("20", "0.2")
+    for container in (export, train):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert _permissions(docs, "retrain") == {("", "configmaps", "get"), ("", "configmaps", "patch"),
+                                             ("gnnsched.io", "gnnjobs", "list"), ("gnnsched.io", "gpunodes", "list")}
+    [rule] = [r for d in by_kind(docs, "Role") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "retrain"
+              for r in d["rules"]]
+    assert rule["resourceNames"] == ["gs-gnnsched-predictor-model"]
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and d["metadata"]["labels"]["app.kubernetes.io/component"] == "retrain"]
+    assert len(bindings) == 2 and all(b["subjects"][0]["name"] == pod["serviceAccountName"] for b in bindings)
+
+    tuned = render(chart, {"predictor": {"reloadSeconds": 15, "retrain": {
+        "schedule": "*/30 * * * *", "minNewJobs": 50, "holdoutFraction": 0.25}}})
+    (cronjob,) = by_kind(tuned, "CronJob")
+    (train,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert cronjob["spec"]["schedule"] == "*/30 * * * *"
+    assert (arg_value(train, "--min-new-jobs"), arg_value(train, "--holdout-fraction")) == ("50", "0.25")
+    assert arg_value(containers(tuned)["operator"], "--predictor-reload-seconds") == "15"
+    # off: no CronJob and no RBAC for it; the operator still reads the ConfigMap (a model can be put there by hand)
+    off = render(chart, VALUE_SETS["retrain-off"])
+    assert not by_kind(off, "CronJob") and not _permissions(off, "retrain")
+    assert arg_value(containers(off)["operator"], "--predictor-model-configmap")
+    # a long release name: the CronJob's name stays within the 52 characters a CronJob may have
+    long = render(chart, {"fullnameOverride": "a" * 63})
+    assert len(by_kind(long, "CronJob")[0]["metadata"]["name"]) <= 52

@@ -630,3 +630,48 @@ async def test_a_sample_that_moves_no_factor_triggers_no_replan(tmp_path: Path) 
         moved = await asyncio.to_thread(steps)
         kube.close()
     assert moved == [False, True, False, False, True]
+
+
+async def test_an_attempts_peak_and_runtime_are_one_write_and_the_runtime_factor_is_exported(tmp_path: Path) -> None:
+    """A succeeded attempt's two ratios (peak, runtime) go into the GNNCalibration in one conditional write (the
+    object's resourceVersion moves once), each kind reports its own move, and the runtime factor of each runtime class
+    is a metric (``gnnsched_calibration_runtime_factor``) as the memory factor is."""
+    from gnnsched.closed_loop import CalibrationClass, RuntimeCalibrationPolicy
+    from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.calibration import CalibrationSample, CalibrationStore
+    from gnnsched.operator.kube import Kube
+    from gnnsched.operator.metrics import OperatorMetrics
+
+    memory_policy, runtime_policy = CalibrationPolicy(min_samples=1), RuntimeCalibrationPolicy(min_samples=1)
+    gcn = CalibrationClass(gpu_model="A100-40GB", arch="gcn", mode="train")
+    gcn_rt = CalibrationClass(gpu_model="A100-40GB", arch="gcn-e13", mode="train")
+    async with emulated_cluster(tmp_path) as cluster:
+        kube = Kube(load_client_configuration(str(cluster.kubeconfig)))
+        metrics = OperatorMetrics()
+        store = CalibrationStore(kube, metrics, lambda: memory_policy, runtime_policy=lambda: runtime_policy)
+
+        def steps() -> tuple[set[str], int, set[str], int, set[str], dict[str, Any]]:
+            first = store.record_all([CalibrationSample(cls=gcn, ratio=1.3, attempt_key="a/0")])
+            before = int(kube.read_calibration("default")["metadata"]["resourceVersion"])
+            both = store.record_all([CalibrationSample(cls=gcn, ratio=1.3, attempt_key="b/0"),
+                                     CalibrationSample(cls=gcn_rt, ratio=2.5, attempt_key="b/0/runtime",
+                                                       runtime=True)])
+            after = int(kube.read_calibration("default")["metadata"]["resourceVersion"])
+            again = store.record_all([CalibrationSample(cls=gcn_rt, ratio=2.5, attempt_key="b/0/runtime",
+                                                        runtime=True)])
+            return first, before, both, after, again, kube.read_calibration("default")
+
+        first, before, both, after, again, obj = await asyncio.to_thread(steps)
+        kube.close()
+    stored, last = obj["status"], int(obj["metadata"]["resourceVersion"])
+    assert first == {"memory"}  # min_samples 1: the class is calibrated at once
+    assert both == {"runtime"}  # the peak ratio repeats 1.3: only the runtime class moved (uncalibrated -> 2.5)
+    assert after == before + 1  # one write for both samples
+    assert again == set() and last == after  # recorded before (a restart): no write at all
+    assert stored["ratios"][gcn.key()] == [1.3, 1.3] and stored["runtimeRatios"] == {gcn_rt.key(): [2.5]}
+    assert stored["recorded"] == ["a/0", "b/0", "b/0/runtime"]
+    assert metrics.runtime_factor.labels(gcn_rt.key())._value.get() == 2.5
+    from gnnsched.closed_loop import CalibrationTable
+
+    memory_factor = CalibrationTable(ratios=stored["ratios"]).factor(gcn, memory_policy).factor
+    assert memory_factor > 1.3 and metrics.calibration_factor.labels(gcn.key())._value.get() == memory_factor

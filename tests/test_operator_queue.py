@@ -115,7 +115,9 @@ async def pod_named(cluster: Cluster, name: str) -> dict[str, Any]:
 async def test_a_finished_jobs_runtime_moves_its_class_factor_and_the_next_jobs_class(tmp_path: Path) -> None:
     """Runtime in the closed loop (issue 28): a job that ran 4x its predicted runtime records ratio 4 in its runtime
     class (``status.runtimeRatios`` of the GNNCalibration), and the next job of that class is predicted 4x longer,
-    says it is calibrated, and gets the PriorityClass of the longer runtime."""
+    says it is calibrated, and gets the PriorityClass of the longer runtime. A job of the class whose pod was
+    already waiting for a node is re-planned at once: its pod's predicted runtime (what the gate's sqtf and the
+    spread read) follows, its PriorityClass cannot (a pod's priority is immutable)."""
     from gnnsched.closed_loop import RuntimeCalibrationPolicy
     from gnnsched.operator.planning import Planner
 
@@ -127,6 +129,8 @@ async def test_a_finished_jobs_runtime_moves_its_class_factor_and_the_next_jobs_
         async with running_operator(cluster, planner=planner, queue_priority=True):
             await cluster.create_job(manifest("rt-a", epochs=200_000))
             first = await pod_of(cluster, "rt-a")
+            await cluster.create_job(manifest("rt-w", epochs=200_000))  # same class; its pod waits for a node
+            waiting = await pod_of(cluster, "rt-w")
             predicted = float(first["metadata"]["annotations"][ANN_PREDICTED_RUNTIME])
             observed = round(4 * predicted)
             end = datetime(2026, 1, 1, 10, tzinfo=timezone.utc) + timedelta(seconds=observed)  # ended() starts 10:00
@@ -142,6 +146,16 @@ async def test_a_finished_jobs_runtime_moves_its_class_factor_and_the_next_jobs_
             await cluster.create_job(manifest("rt-b", epochs=200_000))
             second = await pod_of(cluster, "rt-b")
             job = await cluster.get_job("rt-b")
+
+            async def replanned() -> Any:
+                pod = await pod_of(cluster, "rt-w")
+                moved = pod["metadata"]["annotations"][ANN_PREDICTED_RUNTIME] != \
+                    waiting["metadata"]["annotations"][ANN_PREDICTED_RUNTIME]
+                return pod if moved else None
+            waited = await wait_for(replanned, 30, what="the waiting pod's predicted runtime to follow the factor")
+            waiting_job = await wait_for(lambda: _job_with_factor(cluster, "rt-w"), 30, what="rt-w's status")
+            events = [e["message"] for e in await cluster.events()
+                      if e.get("involvedObject", {}).get("name") == "rt-w" and e["reason"] == "Replanned"]
     assert done["observedRuntimeSeconds"] == observed
     ratio = round(observed / predicted, 4)
     key = "A100-40GB.gcn-e13.train.builtin"  # Cora: 10,556 edges, log2 bucket 13
@@ -156,6 +170,19 @@ async def test_a_finished_jobs_runtime_moves_its_class_factor_and_the_next_jobs_
     assert first["spec"]["priorityClassName"] == order.class_for(predicted).name
     assert second["spec"]["priorityClassName"] == order.class_for(again).name != first["spec"]["priorityClassName"]
     assert second["spec"]["priority"] < first["spec"]["priority"]  # predicted longer: queued behind
+    # the waiting pod: the new predicted runtime in its annotation and its job's status, its PriorityClass unchanged
+    assert float(waiting["metadata"]["annotations"][ANN_PREDICTED_RUNTIME]) == predicted
+    assert float(waited["metadata"]["annotations"][ANN_PREDICTED_RUNTIME]) == again
+    assert waited["spec"]["priorityClassName"] == waiting["spec"]["priorityClassName"] == \
+        first["spec"]["priorityClassName"]
+    assert waiting_job["status"]["predictedRuntimeSeconds"] == again
+    assert waiting_job["status"]["plan"]["runtime_factor"] == ratio
+    assert events and "predicted runtime" in events[0] and "PriorityClass stays" in events[0], events
+
+
+async def _job_with_factor(cluster: Any, name: str) -> Any:
+    job = await cluster.get_job(name)
+    return job if job and (job["status"].get("plan") or {}).get("runtime_factor") else None
 
 
 async def test_a_resized_attempt_goes_ahead_and_a_charged_retry_keeps_its_class(tmp_path: Path) -> None:

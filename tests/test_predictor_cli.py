@@ -164,3 +164,34 @@ def test_train_needs_exactly_one_source_and_sane_params(tmp_path: Path) -> None:
                                "--params", fragment)
     _assert_one_line_error(_run("train", "--data", str(csv), "--out", str(tmp_path / "m.json")),
                            "--data", "need at least 20 finished pods")
+
+
+def test_retrain_into_a_configmap_names_each_bad_input_in_one_line(tmp_path: Path) -> None:
+    """``train --model-configmap`` (the retrain CronJob): each mistake is one line naming the flag, before any API
+    call; an API server that cannot be reached is exit 1 (the CronJob's Job fails and says why)."""
+    history = tmp_path / "h.jsonl"
+    history.write_text("")  # a cluster with no finished job yet: fine for the CronJob, a skip
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],  # the discard port: refused
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    target = ("--from-history", str(history), "--kubeconfig", str(kubeconfig))
+    _assert_one_line_error(_run("train", *target, "--model-configmap", "ns/m", "--out", str(tmp_path / "m.json")),
+                           "exactly one of --out FILE or --model-configmap")
+    _assert_one_line_error(_run("train", "--data", str(history), "--model-configmap", "ns/m"),
+                           "--model-configmap", "needs --from-history")
+    _assert_one_line_error(_run("train", *target, "--model-configmap", "no-slash"),
+                           "--model-configmap: 'no-slash' must be NAMESPACE/NAME")
+    _assert_one_line_error(_run("train", *target, "--model-configmap", "ns/m", "--holdout-fraction", "1.5"),
+                           "--holdout-fraction: 1.5 must be between 0 and 1")
+    _assert_one_line_error(_run("train", *target, "--model-configmap", "ns/m", "--min-new-jobs", "3"),
+                           "--min-new-jobs: 3 must be at least min_holdout (5)")
+    history.write_text("{broken\n")
+    _assert_one_line_error(_run("train", *target, "--model-configmap", "ns/m"), "--from-history", "line 1")
+    history.write_text("")
+    unreachable = _run("train", *target, "--model-configmap", "ns/m")
+    assert unreachable.exit_code == 1, unreachable.output
+    assert unreachable.stderr.strip().startswith("error: --model-configmap: cannot reach the API server")
+    assert len(unreachable.stderr.strip().splitlines()) == 1

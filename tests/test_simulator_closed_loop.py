@@ -297,6 +297,9 @@ def test_hardware_faulted_gpu_is_out_for_its_repair(ix: Integrations) -> None:
     lmcf = rep.results["lmcf"]
     assert any(t < g.t for t, _ in lmcf.extra["fault_log"] for g in lmcf.groups)  # work goes on after faults
     assert rep.policies["lmcf"]["jobs_lost"] == 0
+    # hw_out_share: each fault's 120 s (cut at the run's end) over 4 GPUs x the run's time
+    out = sum(min(lmcf.end_time, t + 120.0) - t for t, _ in lmcf.extra["fault_log"])
+    assert lmcf.extra["hw_out_share"] == pytest.approx(out / (4 * lmcf.end_time)) and out > 0
 
 
 def test_buggy_jobs_fail_everywhere_and_gnnsched_loses_no_innocent_job(ix: Integrations) -> None:
@@ -444,7 +447,8 @@ def test_cli_json_keys_and_columns(tmp_path) -> None:
                                   "hw_repair_seconds": 600.0, "buggy_jobs": 0.25}
     for m in doc["policies"].values():
         for key in ("memory_exceeded", "resize_retries", "fault_victims", "jobs_lost", "wasted_gpu_seconds",
-                    "buggy_jobs_failed", "innocent_jobs_requeued", "innocent_jobs_alone", "hw_faults", "app_faults"):
+                    "buggy_jobs_failed", "innocent_jobs_requeued", "innocent_jobs_alone", "hw_faults", "app_faults",
+                    "hw_out_share"):
             assert key in m
     assert doc["policies"]["lmcf"]["oom_kills"] == 0
     plain = CliRunner().invoke(app, ["simulate", "-w", str(wl), "-c", CLUSTER, "-p", "lmcf", "--no-progress"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -129,12 +130,19 @@ def test_cli_writes_the_oracle_beside(tmp_path) -> None:
     assert bad.exit_code != 0 and "--runtime-error" in bad.output
 
 
-def test_measured_without_a_shipped_table_is_refused() -> None:
-    """No measured table ships yet: ``measured`` names the flag and the missing file instead of falling back to the
-    oracle."""
-    from importlib import resources
+def test_measured_draws_from_the_shipped_table_and_a_missing_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``measured`` runs on the table ``bench/runtime_truth.py`` measured; without it the flag and the file are named
+    instead of falling back to the oracle."""
+    out = tmp_path / "m.json"
+    res = CliRunner().invoke(app, ["simulate", "-w", "gen:load=0.7,mix=train,size=small,jobs=8", "-c", CLUSTER,
+                                   "-p", "sqtf", "--runtime-error", "measured", "--json", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["runtime_error"]["dist"] == "measured" and set(doc["runtime_error"]["oracle"]) == {"sqtf"}
+    import gnnsched.simulator.runtime_error as runtime_error
 
-    if resources.files("gnnsched.data").joinpath("runtime_truth.json").is_file():
-        pytest.skip("a measured table ships: measured_error parses it (test_parsing_names_the_flag)")
-    with pytest.raises(FieldError, match="--runtime-error.*runtime_truth.json"):
+    monkeypatch.setattr(runtime_error, "TRUTH_TABLE", "no-such-table.json")
+    with pytest.raises(FieldError, match="--runtime-error.*no-such-table.json.*bench/runtime_truth.py"):
         parse_runtime_error("measured")

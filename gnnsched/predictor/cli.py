@@ -81,13 +81,31 @@ def train(
     from_history: Path | None = typer.Option(
         None, "--from-history", help="GNNJob history JSONL (retrains the GNN residual)."
     ),
-    out: Path = typer.Option(..., "--out", help="Where to write the model (JSON)."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write the model (JSON)."),
+    model_configmap: str | None = typer.Option(
+        None, "--model-configmap",
+        help="NAMESPACE/NAME of the ConfigMap holding the GNN model in use (with --from-history, instead of --out): "
+             "retrain when --min-new-jobs finished since that model was trained, and store the candidate only if "
+             "its error on the newest jobs is not worse. Exit 3 when it is worse (the model in use stays).",
+    ),
+    min_new_jobs: int = typer.Option(
+        20, "--min-new-jobs", min=1, help="With --model-configmap: jobs finished since the model in use was trained "
+                                          "needed to retrain (fewer: skipped, exit 0)."
+    ),
+    holdout_fraction: float = typer.Option(
+        0.2, "--holdout-fraction",
+        help="With --model-configmap: share of the new jobs (the newest; at least 5) both models are scored on.",
+    ),
     params: str | None = typer.Option(
         None,
         "--params",
         help='Fixed hyper-parameters as JSON (e.g. \'{"max_depth": 2, "n_estimators": 100}\'); default: time-ordered '
              'CV search (--data) or built-in (--from-history).',
     ),
+    kubeconfig: str | None = typer.Option(
+        None, "--kubeconfig", help="With --model-configmap: kubeconfig file (default: in-cluster, then $KUBECONFIG)."
+    ),
+    context: str | None = typer.Option(None, "--context", help="With --model-configmap: kubeconfig context."),
     as_json: bool = typer.Option(False, "--json", help="Print the training summary as JSON."),
 ) -> None:
     """Train the requests-only model on openb CSVs (--data), or the GNN residual on the cluster's history
@@ -95,7 +113,15 @@ def train(
     with user_errors():
         if bool(data) == (from_history is not None):
             fail("give exactly one of --data CSV... or --from-history FILE")
+        if (out is None) == (model_configmap is None):
+            fail("give exactly one of --out FILE or --model-configmap NAMESPACE/NAME")
+        if model_configmap is not None and from_history is None:
+            fail("--model-configmap: retrains the GNN model, so it needs --from-history FILE")
         fixed = _parse_params(params)
+        if model_configmap is not None:
+            _retrain_into_configmap(from_history, model_configmap, min_new_jobs, holdout_fraction,  # type: ignore[arg-type]
+                                    fixed, kubeconfig, context, as_json)
+            return
         model: RequestsRuntimeModel | GNNRuntimePredictor  # one of two model kinds, each saved as its own JSON
         if data:
             from gnnsched.predictor.requests_model import RequestsRuntimeModel
@@ -119,11 +145,76 @@ def train(
             summary = {"kind": "gnn", "rows": model.training["rows"], "in_sample": model.training["in_sample"],
                        "prior_only": model.training["prior_only"], "importance": model.importance}
         try:
-            model.save(out)
+            model.save(out)  # type: ignore[arg-type]
         except OSError as exc:
             fail(f"--out: cannot write {out}: {exc.strerror or exc}")
         summary["out"] = str(out)
         _emit(summary, as_json)
+
+
+#: Exit status of a retrain whose candidate was worse than the model in use: the CronJob's Job is marked failed, so
+#: ``kubectl get jobs`` and the usual KubeJobFailed alert show it.
+EXIT_REJECTED = 3
+
+
+def _retrain_into_configmap(history: Path, target: str, min_new_jobs: int, holdout_fraction: float,
+                            params: dict[str, Any] | None, kubeconfig: str | None, context: str | None,
+                            as_json: bool) -> None:
+    """The retrain CronJob's run (``gnnsched.predictor.retrain`` has the rule, ``store`` the ConfigMap's layout)."""
+    from datetime import datetime, timezone
+
+    from gnnsched.predictor.gnn import GNNRuntimePredictor
+    from gnnsched.predictor.history import HistoryError, load_history
+    from gnnsched.predictor.retrain import RetrainPolicy, retrain
+    from gnnsched.predictor.store import ModelConfigMap, StoreError, parse_model, store_patch, stored_model_text
+
+    namespace, _, name = target.partition("/")
+    if not namespace or not name or "/" in name:
+        fail(f"--model-configmap: {target!r} must be NAMESPACE/NAME")
+    try:
+        policy = RetrainPolicy(min_new_jobs=min_new_jobs, holdout_fraction=holdout_fraction)
+    except ValueError as exc:
+        field = str(exc).split(":", 1)[0]
+        fail(f"--{field.replace('_', '-')}: {str(exc).split(': ', 1)[1]}")
+    try:
+        records = load_history(history, allow_empty=True)
+    except HistoryError as exc:
+        fail(f"--from-history: {exc}")
+    try:
+        store = ModelConfigMap(namespace, name, kubeconfig, context)
+    except Exception as exc:  # noqa: BLE001 - kubeconfig missing or unreadable
+        fail(f"--kubeconfig: {exc}")
+    try:
+        configmap = store.read()
+        text = stored_model_text(configmap)
+        current, in_use = GNNRuntimePredictor.load_default(), "the shipped model"
+        if text is not None:
+            try:
+                current, in_use = parse_model(text, f"configmap {target}"), f"configmap {target}"
+            except ValueError as exc:  # the operator refuses it too and predicts with the shipped model
+                typer.echo(f"warning: {exc}; comparing against the shipped model, which the operator uses", err=True)
+        try:
+            outcome, adopted = retrain(records, current, datetime.now(timezone.utc), policy, params,
+                                       source=f"history of {len(records)} jobs ({history})")
+        except ValueError as exc:
+            fail(f"--from-history: {exc}")
+        try:
+            patch = store_patch(outcome, adopted)
+        except ValueError as exc:
+            fail(f"--params: {exc}")
+        store.write(patch, configmap)
+    except StoreError as exc:
+        fail(f"--model-configmap: {exc}", code=1)
+    finally:
+        store.close()
+    summary = {**outcome.model_dump(mode="json"), "model_in_use": in_use, "configmap": target}
+    if adopted is not None:
+        summary["trained_rows"] = adopted.training["rows"]
+    _emit(summary, as_json)
+    if not as_json:
+        typer.echo(outcome.message, err=True)
+    if outcome.outcome == "rejected":
+        raise typer.Exit(EXIT_REJECTED)
 
 
 @app.command()

@@ -108,8 +108,9 @@ def append_history(path: str | Path, record: HistoryRecord) -> None:
         handle.write(record.to_json_line() + "\n")
 
 
-def load_history(path: str | Path) -> list[HistoryRecord]:
-    """Read a history JSONL file; blank lines are skipped, anything else invalid raises ``HistoryError``."""
+def load_history(path: str | Path, allow_empty: bool = False) -> list[HistoryRecord]:
+    """Read a history JSONL file; blank lines are skipped, anything else invalid raises ``HistoryError``. A file
+    with no records is an error unless ``allow_empty`` (the retrain CronJob: a cluster with no finished job yet)."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -138,6 +139,6 @@ def load_history(path: str | Path) -> list[HistoryRecord]:
             elif err["type"] == "extra_forbidden":
                 message = "unknown field"
             raise HistoryError(f"{path}, line {number}, field {field!r}: {message}") from None
-    if not records:
+    if not records and not allow_empty:
         raise HistoryError(f"{path}: no records (one JSON object per line expected)")
     return records

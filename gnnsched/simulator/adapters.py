@@ -32,6 +32,7 @@ from gnnsched.progress import seconds_left as progress_seconds_left
 from gnnsched.scheduler_config import DEFAULT_WEIGHT
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.model import JobProfile, SimJob
+from gnnsched.simulator.runtime_error import sampler_core_exponent
 
 
 class IntegrationMissing(NotImplementedError):
@@ -146,8 +147,9 @@ class Integrations:
 
     def scale(self, spec: Any, cpu_milli: int, memory_bytes: int, gpu_model: str) -> tuple[int, int, float]:
         """``gnnsched.scaling.scale`` (seed 004's Algorithm 1 with floors): the right-sized CPU millicores and memory
-        bytes, and the factor by which the job's solo runtime changes with the scaled CPU (the runtime prior's
-        answer, which is the simulator's ground truth, not the predictor's)."""
+        bytes, and the factor by which the job's solo runtime changes with the scaled CPU: the runtime prior's
+        device and host split with the host work slowing down as ``bench/runtime_truth.py`` measured the worker's
+        sampler slow down (``sampler_core_exponent``), not as the prior that chose the scaling assumes."""
         scale = _import("gnnsched.scaling", "scale", "predictor")
         resources = _import("gnnsched.scaling", "Resources", "predictor")
         predictor = self.memo.get("predictor")
@@ -158,8 +160,11 @@ class Integrations:
                     gpu_model=gpu_model)
         cpu = int(round(got.scaled.cpu * 1000))
         solo = _import("gnnsched.runtime_prior", "solo_runtime_seconds", "predictor")
-        before = float(solo(spec, gpu_model, cpu_milli / 1000))
-        after = float(solo(spec, gpu_model, cpu / 1000))
+        exponent = self.memo.get("sampler_core_exponent")
+        if exponent is None:
+            exponent = self.memo["sampler_core_exponent"] = sampler_core_exponent()
+        before = float(solo(spec, gpu_model, cpu_milli / 1000, core_exponent=exponent))
+        after = float(solo(spec, gpu_model, cpu / 1000, core_exponent=exponent))
         return cpu, int(got.scaled.memory), (after / before if before > 0 else 1.0)
 
     def scaled_request(self, job: SimJob) -> tuple[int, int]:

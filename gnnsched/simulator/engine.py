@@ -955,6 +955,7 @@ class Simulation:
         assert loop is not None and clock is not None  # hardware faults are scheduled only with a fault clock
         loop.hw_faults += 1
         repaired = self.now + loop.fault_model.hw_repair_s
+        loop.hw_out.append((self.now, repaired))
         self._push(clock.next_after(repaired), FAULT, gpu)  # the next one, on the repaired GPU
         self._kill_group(gpu, HW_FAULT_XID, None, repaired)
 
@@ -1002,6 +1003,8 @@ class Simulation:
         figures: dict = loop.summary() if loop is not None else {
             "memory_exceeded": 0, "resize_retries": 0, "fault_victims": 0, "faults": 0}
         figures["wasted_gpu_seconds"] = self.wasted_s
+        out_s = sum(min(end, repaired) - t for t, repaired in loop.hw_out if t < end) if loop is not None else 0.0
+        figures["hw_out_share"] = out_s / (len(self.gpus) * end) if end > 0 else 0.0
         if self.rt is not None:
             figures.update(self.rt.summary())
         cap: dict[str, int] = {}

@@ -236,6 +236,7 @@ class LoopBooks:
     fault_victims: int = 0
     faults: int = 0
     fault_log: list[tuple[float, int]] = field(default_factory=list)  # (time, GPU gid) of every fault
+    hw_out: list[tuple[float, float]] = field(default_factory=list)  # (fault, repaired) of every hardware fault
     # The factor of every class an attempt was planned with under the current table (recomputed after each record,
     # so ``changed`` names the classes whose waiting attempts a re-plan must look at), and each job's class keys.
     factors: dict[str, float] = field(default_factory=dict)

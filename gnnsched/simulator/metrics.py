@@ -21,7 +21,9 @@ Definitions (the README repeats them):
   found unschedulable. ``buggy_jobs_failed``: buggy jobs that failed (under every policy they should);
   ``innocent_jobs_requeued``: innocent jobs requeued uncharged by a fault at least once (gnnsched's policies);
   ``innocent_jobs_alone``: of those, the ones the undecided rule sent to run alone (two undecided faults, usually
-  beside the same buggy job, since the victims and the culprit of a fault are requeued together).
+  beside the same buggy job; kept apart on their next attempts since issue 27, the culprit's next fault names it alone).
+* ``hw_out_share``: the share of the run's GPU capacity (GPUs x run time) that hardware faults kept out of the pool
+  (each fault's repair, cut at the run's end): the capacity every policy lost, whatever it schedules.
 * ``wasted_gpu_seconds``: seconds held on a GPU by attempts that did not complete (each co-located attempt counts its
   own; an attempt OOM-killed at its first allocation counts its start-up).
 """
@@ -84,6 +86,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "innocent_jobs_alone": int(res.extra.get("innocent_jobs_alone", 0)),
         "hw_faults": int(res.extra.get("hw_faults", 0)),
         "app_faults": int(res.extra.get("app_faults", 0)),
+        "hw_out_share": _r(res.extra.get("hw_out_share", 0.0), 4),
         "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),
         # the runtime loop (+rtcal, +progress; gnnsched.simulator.runtime_loop): only in runs that keep it
         **({"runtime_samples": int(res.extra["runtime_samples"]),

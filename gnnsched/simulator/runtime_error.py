@@ -11,8 +11,9 @@ two, as ``--estimate-error`` does for memory:
   every policy of the run.
 * ``measured``: the multiplier is drawn, per arch, from the held-out residuals (measured ÷ predicted seconds per step)
   of the measured runtime table ``gnnsched/data/runtime_truth.json``. Only rows the prior's refit did not see belong
-  there, so the error is the one a deployed prior would make. That table and the bench that measures it are not
-  built yet (issue 28 item 1): until they are, ``measured`` is refused with an error naming ``--runtime-error``.
+  there, so the error is the one a deployed prior would make. The table is measured by ``bench/runtime_truth.py`` on
+  CPU workers (no GPU has been lent to measure GPU rows): its residuals are those of the prior's CPU rates, fitted on
+  the other jobs of the grid, used as the stand-in for the prior's error on a GPU.
 
 The predicted runtime stays the prior's (what a real cluster has before the job runs); the true runtime moves. The
 oracle of the same run is the same true runtimes, predicted exactly: :func:`as_oracle`. Arrival times, QoS targets
@@ -83,9 +84,8 @@ def load_truth_table() -> dict[str, Any]:
     try:
         text = resources.files("gnnsched.data").joinpath(TRUTH_TABLE).read_text()
     except (FileNotFoundError, OSError) as exc:
-        raise FieldError("--runtime-error", f"measured: gnnsched/data/{TRUTH_TABLE} is missing ({exc}): no "
-                                            "measured runtime table ships yet (issue 28's bench/runtime_truth.py is "
-                                            "not built); use lognormal:SIGMA[:BIAS]") from None
+        raise FieldError("--runtime-error", f"measured: gnnsched/data/{TRUTH_TABLE} is missing ({exc}): rebuild it "
+                                            "with bench/runtime_truth.py, or use lognormal:SIGMA[:BIAS]") from None
     try:
         doc = json.loads(text)
     except ValueError as exc:
@@ -110,6 +110,21 @@ def measured_error(table: dict[str, Any]) -> RuntimeErrorDist:
         per_arch[str(arch).lower()] = values
     per_arch["*"] = tuple(v for arch in sorted(per_arch) for v in per_arch[arch])
     return RuntimeErrorDist(kind="measured", residuals=tuple(sorted(per_arch.items())))
+
+
+def sampler_core_exponent(table: dict[str, Any] | None = None) -> float:
+    """The measured exponent of the mini-batch sampler's time against its cores (time ~ cores^-alpha), from the
+    table's ``cpu_sensitivity.sampler``: the simulator's ground truth for how a scaled job's host work slows down,
+    measured, where the scaler's prior assumes 1. ``FieldError`` (naming the table) if the table lacks it."""
+    doc = table if table is not None else load_truth_table()
+    try:
+        alpha = float(doc["cpu_sensitivity"]["sampler"]["alpha"])
+    except (KeyError, TypeError, ValueError):
+        raise FieldError(f"gnnsched/data/{TRUTH_TABLE}", "cpu_sensitivity.sampler.alpha is missing: rebuild the "
+                                                         "table with bench/runtime_truth.py") from None
+    if not math.isfinite(alpha) or alpha < 0:
+        raise FieldError(f"gnnsched/data/{TRUTH_TABLE}", f"cpu_sensitivity.sampler.alpha {alpha} must be >= 0")
+    return alpha
 
 
 def _arch(job: SimJob) -> str:

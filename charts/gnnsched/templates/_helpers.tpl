@@ -112,3 +112,13 @@ extender always answers bind before the scheduler gives up on the call. */}}
 {{- define "gnnsched.jobsRuntimeClass" -}}
 {{- .Values.jobs.runtimeClassName | default .Values.node.runtimeClassName -}}
 {{- end }}
+
+{{/* The ConfigMap the runtime model in use is kept in (the retrain CronJob writes it, the operator re-reads it). */}}
+{{- define "gnnsched.predictorModel" -}}
+{{- include "gnnsched.component" (dict "root" . "component" "predictor-model") }}
+{{- end }}
+
+{{/* The retrain CronJob's name: at most 52 characters, the limit of a CronJob's name (its Jobs add a suffix). */}}
+{{- define "gnnsched.retrainName" -}}
+{{- printf "%s-retrain" (include "gnnsched.fullname" . | trunc 44 | trimSuffix "-") }}
+{{- end }}

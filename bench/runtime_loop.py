@@ -8,7 +8,9 @@ predictions (the oracle). It prints each one's mean JCT and makespan and, per wo
 
 * ``closed / oracle``: the closed loop's mean JCT over the oracle's (the target: at most 1.05);
 * ``gap closed``: the share of the open loop's gap to the oracle that the closed loop closes,
-  ``(open - closed) / (open - oracle)`` (the other target: at least 0.5), where the open loop has a gap at all.
+  ``(open - closed) / (open - oracle)`` (the other target: at least 0.5), where the open loop has a gap at all;
+* per seed, the closed loop's runtime samples, re-plans of waiting pods, and the range of the factors it learned
+  (of the classes whose factor is not 1).
 
     python bench/runtime_loop.py [--workloads "gnnsched-mix-high;cognn-mix"] [--seeds 0,...,9]
         [--runtime-error lognormal:0.5] [--cluster 1x4xV100-32GB]
@@ -62,7 +64,8 @@ def main() -> None:
     print(f"cluster {args.cluster}; runtime error {error.text()}; chart default {base}; closed loop "
           f"{base}+rtcal+progress")
     print(f"{'workload':18s} {'seed':>4s} {'oracle':>7s} {'open':>7s} {'+rtcal':>7s} {'+progr':>7s} {'closed':>7s} "
-          f"{'open/or':>7s} {'cl/or':>6s} {'gap cl':>6s} {'samples':>7s} {'replans':>7s}  makespan open/closed/oracle")
+          f"{'open/or':>7s} {'cl/or':>6s} {'gap cl':>6s} {'samples':>7s} {'replans':>7s} {'factors':>9s}  "
+          "makespan open/closed/oracle")
     verdicts = []
     for name in args.workloads.split(";"):
         rows = []
@@ -76,18 +79,21 @@ def main() -> None:
             orc = oracle["jct_mean_s"]
             closed = figs[-1]
             share = gap_closed(jct[0], jct[-1], orc)
-            rows.append((jct[0], jct[-1], orc))
+            rows.append((jct[0], jct[-1], orc, *jct[1:3]))
+            learned = report.results[names[-1]].extra.get("runtime_factors", {}).values()
+            span = f"{min(learned):.2f}-{max(learned):.2f}" if learned else "-"
             print(f"{name[:18]:18s} {seed:4d} {orc:7.1f} " + " ".join(f"{v:7.1f}" for v in jct)
                   + f" {jct[0] / orc:7.3f} {jct[-1] / orc:6.3f} "
                   + (f"{share:6.2f}" if share is not None else f"{'-':>6s}")
-                  + f" {closed.get('runtime_samples', 0):7d} {closed.get('runtime_replans', 0):7d}"
+                  + f" {closed.get('runtime_samples', 0):7d} {closed.get('runtime_replans', 0):7d} {span:>9s}"
                   + f"  {figs[0]['makespan_s']:.1f}/{closed['makespan_s']:.1f}/{oracle['makespan_s']:.1f}")
-        open_m, closed_m, oracle_m = (mean(r[i] for r in rows) for i in range(3))
+        open_m, closed_m, oracle_m, rtcal_m, progress_m = (mean(r[i] for r in rows) for i in range(5))
         share = gap_closed(open_m, closed_m, oracle_m)
         ok = closed_m <= 1.05 * oracle_m or (share is not None and share >= 0.5)
         verdicts.append(ok)
         print(f"{name[:18]:18s} mean over {len(rows)} seeds: oracle {oracle_m:.2f} s, open {open_m:.2f} s "
-              f"(x{open_m / oracle_m:.3f}), closed {closed_m:.2f} s (x{closed_m / oracle_m:.3f}); gap closed "
+              f"(x{open_m / oracle_m:.3f}), +rtcal {rtcal_m:.2f} s, +progress {progress_m:.2f} s, closed "
+              f"{closed_m:.2f} s (x{closed_m / oracle_m:.3f}); gap closed "
               + (f"{share:.2f}" if share is not None else "- (the open loop is at or below the oracle)")
               + f"; worst seed closed/oracle {max(r[1] / r[2] for r in rows):.3f}; "
               + ("MET" if ok else "NOT MET") + " (closed <= 1.05 x oracle, or gap closed >= 0.5)")

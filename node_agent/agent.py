@@ -137,7 +137,8 @@ class NodeAgent:
     # Entries that ended lately, per key: (monotonic end, namespace, name, gpu index, how it ended or None yet).
     _recent: dict[str, tuple[float, str, str, int, ClientEnd | None]] = field(default_factory=dict)
     _recent_jobs: dict[str, str] = field(default_factory=dict)  # a recently exited client's GNNJob (fault peers)
-    _xid_waits: set[str] = field(default_factory=set)  # GPUs whose roles wait for an Xid, a re-check scheduled
+    # GPUs whose roles wait for an Xid: the re-check scheduled for when the wait ends (cancelled by close())
+    _xid_waits: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     # GPUs a hardware Xid took out of service before this agent started (its last status file): uuid -> (reason,
     # Xid, since). NVML's own mark is per process, so without these a restart would put a failed GPU back in service.
     _held: dict[str, tuple[str, int, float]] = field(default_factory=dict)
@@ -473,13 +474,12 @@ class NodeAgent:
         left = self.quarantine.xid_wait_left(uuid, now)
         if not records and left and not self.quarantine.pending(uuid) and self._loop is not None \
                 and uuid not in self._xid_waits:
-            self._xid_waits.add(uuid)
 
             def again() -> None:
-                self._xid_waits.discard(uuid)
+                self._xid_waits.pop(uuid, None)
                 self._record_roles(uuid)
 
-            self._loop.call_later(left, again)
+            self._xid_waits[uuid] = self._loop.call_later(left, again)
         for affected, record in records:
             self.gate.annotate_pod(affected.namespace, affected.name, {ANN_FAULT: record.model_dump_json()})
             self.metrics.fault_pods.labels(record.role).inc()
@@ -561,6 +561,9 @@ class NodeAgent:
     async def close(self) -> None:
         for task in list(self._bg):
             task.cancel()
+        for timer in self._xid_waits.values():  # a closed agent writes no more records
+            timer.cancel()
+        self._xid_waits.clear()
         if self.gate is not None:
             await self.gate.close()
         if self.metrics_server is not None:

@@ -138,6 +138,8 @@ class CalibrationStore:
         self._policy = policy  # read at each use: the planner that applies the factors owns the policy
         self._runtime_policy = runtime_policy
         self._runtime_model = runtime_model  # the runtime model in use (Planner.predictor_id)
+        self._published_runtime: set[str] = set()  # runtime classes with a gauge now
+        self._lock_published = threading.Lock()
         self.name = name
         self._lock = threading.Lock()
 
@@ -175,10 +177,14 @@ class CalibrationStore:
             self.metrics.calibration_factor.labels(key).set(
                 table.factor(CalibrationClass.parse(key), self.policy).factor
             )
-        for key in runtime.classes():
-            self.metrics.runtime_factor.labels(key).set(
-                runtime.factor(CalibrationClass.parse(key), self.runtime_policy).factor
-            )
+        factors = {key: runtime.factor(CalibrationClass.parse(key), self.runtime_policy).factor
+                   for key in runtime.classes()}
+        with self._lock_published:
+            if set(factors) != self._published_runtime:
+                self.metrics.runtime_factor.clear()  # classes of a runtime model no longer in use go away
+                self._published_runtime = set(factors)
+            for key, factor in factors.items():
+                self.metrics.runtime_factor.labels(key).set(factor)
 
     def table(self) -> CalibrationTable:
         """The current memory table (empty when the object does not exist or cannot be read as one)."""

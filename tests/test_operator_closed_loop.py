@@ -694,14 +694,16 @@ async def test_runtime_ratios_start_again_when_the_runtime_model_changes(tmp_pat
     in_use = ["shipped"]
     async with emulated_cluster(tmp_path) as cluster:
         kube = Kube(load_client_configuration(str(cluster.kubeconfig)))
-        store = CalibrationStore(kube, OperatorMetrics(), runtime_policy=lambda: policy,
-                                 runtime_model=lambda: in_use[0])
+        metrics = OperatorMetrics()
+        store = CalibrationStore(kube, metrics, runtime_policy=lambda: policy, runtime_model=lambda: in_use[0])
 
         def steps() -> dict[str, Any]:
             out: dict[str, Any] = {}
             out["shipped"] = store.record_all([CalibrationSample(cls=gcn, ratio=3.0, attempt_key="a/0/runtime",
                                                                  runtime=True)])
             out["factor_before"] = store.tables()[1].factor(gcn, policy).factor
+            out["labels_before"] = {sample.labels["class"] for family in metrics.runtime_factor.collect()
+                                     for sample in family.samples}
             in_use[0] = "3f2a9c1d0b7e4a55"  # the operator reloaded a retrained model
             out["factor_after"] = store.tables()[1].factor(gcn, policy)
             out["late"] = store.record_all([CalibrationSample(cls=gcn, ratio=3.0, attempt_key="b/0/runtime",
@@ -710,6 +712,8 @@ async def test_runtime_ratios_start_again_when_the_runtime_model_changes(tmp_pat
             out["new"] = store.record_all([CalibrationSample(cls=sage, ratio=1.1, attempt_key="c/0/runtime",
                                                              runtime=True, model="3f2a9c1d0b7e4a55")])
             out["status"] = kube.read_calibration("default")["status"]
+            out["labels_after"] = {sample.labels["class"] for family in metrics.runtime_factor.collect()
+                                     for sample in family.samples}
             return out
 
         out = await asyncio.to_thread(steps)
@@ -723,3 +727,4 @@ async def test_runtime_ratios_start_again_when_the_runtime_model_changes(tmp_pat
     assert status["runtimeModel"] == "3f2a9c1d0b7e4a55"
     assert status["runtimeRatios"] == {sage.key(): [1.1]} and set(status["runtimeFactors"]) == {sage.key()}
     assert "b/0/runtime" not in status["recorded"]
+    assert out["labels_before"] == {gcn.key()} and out["labels_after"] == {sage.key()}  # the old class's gauge went

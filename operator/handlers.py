@@ -524,7 +524,7 @@ class Operator:
         name = pod_name(ref.name, attempt)
         new = dict(status)
         new.update(_plan_fields(plan))
-        new.update(conditions=conditions, attempts=attempt + 1, podName=name)
+        new.update(conditions=conditions, attempts=attempt + 1, podName=name, modelClass=spec.model.model_class)
         if not status.get("podName"):
             new["observedGeneration"] = generation
         if new.get("phase") in (None, "Pending", "Unschedulable"):
@@ -578,7 +578,8 @@ class Operator:
         if stored is None or stored.key != key or stored.pod != name:
             # the status says what is running before the pod exists (as the plan precedes a job's pod)
             running = ProbeRecord(key=key, pod=name, state="Running")
-            new = dict(status, probe=running.status(), phase=status.get("phase") or "Pending")
+            new = dict(status, probe=running.status(), phase=status.get("phase") or "Pending",
+                       modelClass=spec.model.model_class)
             new["conditions"] = set_condition(
                 conditions, "Probed", "Unknown", "ProbeRunning",
                 f"tracing spec.model.entrypoint in pod {name} (image {spec.image}, no GPU) before any GPU pod",

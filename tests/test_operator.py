@@ -413,7 +413,7 @@ async def test_kubectl_apply_and_get_gj(tmp_path: Path) -> None:
         table = await run("get", "gj")
         phase = await run("get", "gnnjob", "gcn-cora", "-o", "jsonpath={.status.phase}")
     header, row = table.splitlines()[:2]
-    assert header.split()[:6] == ["NAME", "PHASE", "ARCH", "MODE", "PMC", "NODE"]
+    assert header.split()[:6] == ["NAME", "PHASE", "MODEL", "MODE", "PMC", "NODE"]
     assert row.split()[:4] == ["gcn-cora", "Estimated", "gcn", "train"]
     assert job["status"]["pmc"] in row and job["status"]["pmc"].endswith(("KiB", "MiB", "GiB"))
     assert phase == "Estimated"

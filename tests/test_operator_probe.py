@@ -134,6 +134,8 @@ async def test_probe_pod_then_gpu_pod_with_its_admit_bytes_and_a_resubmission_hi
     assert pod["spec"]["containers"][0]["image"] == IMAGE
     assert job["status"]["probe"]["state"] == "Succeeded" and job["status"]["probe"]["result"]["pmc"] == result.pmc
     assert job["status"]["pmcBytes"] == result.pmc
+    assert job["status"]["modelClass"] == parse_spec(created["spec"]).model.model_class  # kubectl's Model column
+    assert job["status"]["modelClass"].startswith("entrypoint-")
     assert condition(job, "Probed")["reason"] == "ProbeSucceeded"
     # the re-submission: no probe pod, the same reservation, and it says where the result came from
     assert int(second["metadata"]["annotations"][ANN_ADMIT_BYTES]) == expected.admit_bytes

@@ -141,7 +141,7 @@ def test_printer_columns():
     columns = {c["name"]: c["jsonPath"] for c in GNNJOB_CRD["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert columns == {
         "Phase": ".status.phase",
-        "Arch": ".spec.model.arch",
+        "Model": ".status.modelClass",
         "Mode": ".spec.mode",
         "PMC": ".status.pmc",
         "Node": ".status.node",

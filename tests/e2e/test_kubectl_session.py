@@ -87,7 +87,7 @@ def test_apply_wait_describe_logs_explain_delete(session: Session, tmp_path: Pat
         watch.terminate()
         watched, watch_err = watch.communicate(timeout=10)
     lines = watched.splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "ARCH", "MODE", "PMC", "NODE", "GPU", "AGE"], watched
+    assert lines[0].split() == ["NAME", "PHASE", "MODEL", "MODE", "PMC", "NODE", "GPU", "AGE"], watched
     assert [ln for ln in lines if ln.startswith("NAME")] == lines[:1]  # one header, rows follow as they change
     assert any(ln.split()[:2] == [name, "Succeeded"] for ln in lines[1:]), watched
     assert "Unhandled Error" not in watch_err, watch_err

@@ -45,6 +45,7 @@ from gnnsched.contract import API_VERSION, GNNCALIBRATION_KIND, GNNCALIBRATION_N
 
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
+from .planning import SHIPPED_MODEL
 from .status import now_rfc3339
 
 log = logging.getLogger("gnnsched.operator.calibration")
@@ -70,6 +71,12 @@ def _planning_factors(table: CalibrationTable, keys: list[str],
             result = table.factor(c, policy)
             out[c.key()] = (result.factor, result.calibrated)
     return out
+
+
+def _replacing(stored: Any, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` as a merge patch of the map ``stored``: its keys that ``new`` lacks set to null (removed)."""
+    gone = {key: None for key in stored} if isinstance(stored, dict) else {}
+    return {**gone, **new}
 
 
 def _moved(old: dict[str, tuple[float, bool]], new: dict[str, tuple[float, bool]], tolerance: float) -> bool:
@@ -115,6 +122,7 @@ class CalibrationSample(BaseModel):
     attempt_key: str
     exceeded: bool = False
     runtime: bool = False
+    model: str = SHIPPED_MODEL  # a runtime sample: the runtime model that predicted it (Plan.runtime_model)
 
 
 class CalibrationStore:
@@ -123,11 +131,13 @@ class CalibrationStore:
     def __init__(self, kube: Kube, metrics: OperatorMetrics,
                  policy: Callable[[], CalibrationPolicy] = lambda: DEFAULT_CALIBRATION,
                  name: str = GNNCALIBRATION_NAME,
-                 runtime_policy: Callable[[], CalibrationPolicy] = lambda: DEFAULT_RUNTIME_CALIBRATION) -> None:
+                 runtime_policy: Callable[[], CalibrationPolicy] = lambda: DEFAULT_RUNTIME_CALIBRATION,
+                 runtime_model: Callable[[], str] = lambda: SHIPPED_MODEL) -> None:
         self.kube = kube
         self.metrics = metrics
         self._policy = policy  # read at each use: the planner that applies the factors owns the policy
         self._runtime_policy = runtime_policy
+        self._runtime_model = runtime_model  # the runtime model in use (Planner.predictor_id)
         self.name = name
         self._lock = threading.Lock()
 
@@ -139,6 +149,8 @@ class CalibrationStore:
         ratios, exceeded, runtime = ({k: v for k, v in (status.get(name) or {}).items() if v is not None}
                                      if isinstance(status.get(name), dict) else {}
                                      for name in ("ratios", "exceeded", "runtimeRatios"))
+        if (status.get("runtimeModel") or SHIPPED_MODEL) != self._runtime_model():
+            runtime = {}  # measured against another runtime model: they would correct what the model in use fixed
         try:
             table = CalibrationTable(ratios=ratios, exceeded=exceeded)
             runtime_table = CalibrationTable(ratios=runtime)
@@ -203,7 +215,9 @@ class CalibrationStore:
             for _ in range(WRITE_TRIES):
                 obj = self.kube.read_calibration(self.name)
                 old_memory, old_times, recorded = self._parse(obj)
-                fresh = [s for s in samples if s.attempt_key not in recorded]
+                model = self._runtime_model()
+                # a runtime ratio taken against a model no longer in use is dropped (it was predicted by another)
+                fresh = [s for s in samples if s.attempt_key not in recorded and (not s.runtime or s.model == model)]
                 if not fresh:
                     return set()
                 memory, times = old_memory, old_times
@@ -214,10 +228,14 @@ class CalibrationStore:
                         memory = memory.record(sample.cls, sample.ratio, self.policy, exceeded=sample.exceeded)
                 recorded = [*recorded, *(s.attempt_key for s in fresh)][-RECORDED_KEEP:]
                 derived_times = derived_fields(times, self.runtime_policy)
+                raw_status = obj.get("status") if isinstance(obj, dict) else None
+                stored: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
                 status = {"ratios": memory.ratios, "exceeded": memory.exceeded, "recorded": recorded,
                           "updatedAt": now_rfc3339(), **derived_fields(memory, self.policy),
-                          "runtimeRatios": times.ratios, "runtimeFactors": derived_times["factors"],
-                          "runtimeSummary": derived_times["summary"]}
+                          # a merge patch keeps keys it does not name: a class of another model's ratios is nulled
+                          "runtimeRatios": _replacing(stored.get("runtimeRatios"), times.ratios),
+                          "runtimeFactors": _replacing(stored.get("runtimeFactors"), derived_times["factors"]),
+                          "runtimeSummary": derived_times["summary"], "runtimeModel": model}
                 try:
                     if obj is None:
                         self.kube.create_calibration({

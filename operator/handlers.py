@@ -246,7 +246,8 @@ class Operator:
         self.planner = planner
         self.metrics = metrics or OperatorMetrics()
         self.calibration = CalibrationStore(kube, self.metrics, lambda: self.planner.calibration_policy,
-                                            runtime_policy=lambda: self.planner.runtime_policy)
+                                            runtime_policy=lambda: self.planner.runtime_policy,
+                                            runtime_model=lambda: self.planner.predictor_id)
         self.metrics_port: int | None = None  # the bound port once ``main.run_async`` serves the metrics
         self.pod_watcher: Any = None  # the running podwatch.PodWatcher once ``main.run_async`` started it
         self.predictor_reloader: Any = None  # predictor_model.PredictorModelReloader with --predictor-model-configmap
@@ -1119,7 +1120,7 @@ class Operator:
         cls = runtime_class(spec, plan.runtime_gpu_model, plan.container)
         uid = _dict(job.get("metadata")).get("uid")
         return CalibrationSample(cls=cls, ratio=observed / (predicted / (plan.runtime_factor or 1.0)),
-                                 attempt_key=f"{uid}/{attempt}/runtime", runtime=True)
+                                 attempt_key=f"{uid}/{attempt}/runtime", runtime=True, model=plan.runtime_model)
 
     def _record(self, samples: list[CalibrationSample | None]) -> None:
         """Record an attempt's samples in one write; a factor that moved re-plans the pods still waiting for a node.

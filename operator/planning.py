@@ -41,6 +41,9 @@ from gnnsched.spec import GNNJobSpec
 
 log = logging.getLogger("gnnsched.operator.planning")
 
+SHIPPED_MODEL = "shipped"
+"""``Planner.predictor_id`` of the runtime model shipped in the package (a retrained one's is its content digest)."""
+
 
 class PlanError(Exception):
     """The job cannot be planned; ``reason`` is the condition reason (CamelCase), ``message`` says why with numbers."""
@@ -92,6 +95,8 @@ class Plan(BaseModel):
     # The calibrated runtime factor predicted_runtime_seconds includes (None: the predictor's own figure); an
     # attempt's observed ÷ predicted runtime ratio is taken against the prediction without it.
     runtime_factor: float | None = None
+    # The runtime model that predicted it (Planner.predictor_id): a ratio is recorded only while that model is in use.
+    runtime_model: str = "shipped"
     runtime_gpu_model: str
     intensity: Literal["memory", "compute"] | None = None
     requested_cpu: str | None = None
@@ -152,6 +157,7 @@ class Planner:
         self.cache = EstimateCache()
         self._runtime_predictor: Any = None
         self._runtime_lock = threading.Lock()
+        self.predictor_id = SHIPPED_MODEL  # the model in use: use_predictor's model_id
 
     # --- the core models (imported here: torch and xgboost must not load for `gnnsched --help`) ---
 
@@ -203,11 +209,14 @@ class Planner:
                 self._runtime_predictor = GNNRuntimePredictor.load_default()
             return self._runtime_predictor
 
-    def use_predictor(self, model: Any) -> None:
+    def use_predictor(self, model: Any, model_id: str = SHIPPED_MODEL) -> None:
         """Plan with ``model`` from the next prediction on (``None``: the shipped one again); the swap is one
-        reference under the lock, so a prediction uses either the old model or the new one, never a mix."""
+        reference under the lock, so a prediction uses either the old model or the new one, never a mix.
+        ``model_id`` (the content digest of its ``model.json``) goes into each plan (``Plan.runtime_model``), so that
+        runtime ratios are only ever taken against the model that predicted them."""
         with self._runtime_lock:
             self._runtime_predictor = model
+            self.predictor_id = model_id if model is not None else SHIPPED_MODEL
 
     def _predict_runtime(self, spec: GNNJobSpec, gpu_model: Any, cpu: float, memory: int) -> tuple[float | None, str]:
         """The learned predictor when it loads and answers, else the analytic prior; the source is reported.
@@ -386,6 +395,9 @@ class Planner:
                 raise PlanError(
                     "InvalidConfiguration", f"unknown default GPU model {self.default_gpu_model!r}"
                 ) from None
+        # Read before the predictions: a swap in between (a reload lands mid-plan) tags one plan with the model that
+        # was replaced, and costs at most that one runtime sample (it is skipped as another model's).
+        model_id = self.predictor_id
         req_cpu, req_memory, cpu, memory_bytes, scaled_runtime, note = self._resources(spec, runtime_gpu)
         seconds: float | None
         if scaled_runtime is not None and scaled_runtime > 0:
@@ -406,6 +418,7 @@ class Planner:
                                                                        PREDICTED_RUNTIME_RESOLUTION_S),
             runtime_source=source,
             runtime_factor=factor,
+            runtime_model=model_id,
             runtime_gpu_model=runtime_gpu.name,
             intensity=self._intensity(spec, runtime_gpu),
             requested_cpu=spec.resources.cpu or format_cpu(req_cpu),

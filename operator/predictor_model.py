@@ -55,7 +55,7 @@ class PredictorModelReloader:
         if text is None:
             if self.digest is None:
                 return False
-            self.planner.use_predictor(None)
+            self.planner.use_predictor(None)  # its id: shipped
             self.digest = None
             self._export_model(GNNRuntimePredictor.load_default())
             self.metrics.model_reloads.labels("removed").inc()
@@ -72,7 +72,7 @@ class PredictorModelReloader:
             self.metrics.model_reloads.labels("invalid").inc()
             log.error("%s; the runtime model in use stays", exc)
             return False
-        self.planner.use_predictor(model)
+        self.planner.use_predictor(model, new)
         self.digest, self._refused = new, None
         self._export_model(model)
         self.metrics.model_reloads.labels("loaded").inc()

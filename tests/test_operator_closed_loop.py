@@ -675,3 +675,51 @@ async def test_an_attempts_peak_and_runtime_are_one_write_and_the_runtime_factor
 
     memory_factor = CalibrationTable(ratios=stored["ratios"]).factor(gcn, memory_policy).factor
     assert memory_factor > 1.3 and metrics.calibration_factor.labels(gcn.key())._value.get() == memory_factor
+
+
+async def test_runtime_ratios_start_again_when_the_runtime_model_changes(tmp_path: Path) -> None:
+    """A runtime ratio is observed ÷ the prediction of the model in use. A retrained model (reloaded from its
+    ConfigMap) has already learnt what those ratios corrected, so keeping them would correct twice: the table of
+    another model reads as empty, a late sample of a job the old model predicted is dropped, and the first sample of
+    the new model replaces the old classes (``status.runtimeModel`` says which model they belong to)."""
+    from gnnsched.closed_loop import CalibrationClass, RuntimeCalibrationPolicy
+    from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.calibration import CalibrationSample, CalibrationStore
+    from gnnsched.operator.kube import Kube
+    from gnnsched.operator.metrics import OperatorMetrics
+
+    policy = RuntimeCalibrationPolicy(min_samples=1)
+    gcn = CalibrationClass(gpu_model="A100-40GB", arch="gcn-e13", mode="train")
+    sage = CalibrationClass(gpu_model="A100-40GB", arch="sage-e13", mode="train")
+    in_use = ["shipped"]
+    async with emulated_cluster(tmp_path) as cluster:
+        kube = Kube(load_client_configuration(str(cluster.kubeconfig)))
+        store = CalibrationStore(kube, OperatorMetrics(), runtime_policy=lambda: policy,
+                                 runtime_model=lambda: in_use[0])
+
+        def steps() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            out["shipped"] = store.record_all([CalibrationSample(cls=gcn, ratio=3.0, attempt_key="a/0/runtime",
+                                                                 runtime=True)])
+            out["factor_before"] = store.tables()[1].factor(gcn, policy).factor
+            in_use[0] = "3f2a9c1d0b7e4a55"  # the operator reloaded a retrained model
+            out["factor_after"] = store.tables()[1].factor(gcn, policy)
+            out["late"] = store.record_all([CalibrationSample(cls=gcn, ratio=3.0, attempt_key="b/0/runtime",
+                                                              runtime=True, model="shipped")])
+            out["late_status"] = kube.read_calibration("default")["status"]
+            out["new"] = store.record_all([CalibrationSample(cls=sage, ratio=1.1, attempt_key="c/0/runtime",
+                                                             runtime=True, model="3f2a9c1d0b7e4a55")])
+            out["status"] = kube.read_calibration("default")["status"]
+            return out
+
+        out = await asyncio.to_thread(steps)
+        kube.close()
+    assert out["shipped"] == {"runtime"} and out["factor_before"] == 3.0
+    assert out["factor_after"].factor == 1.0 and not out["factor_after"].calibrated
+    assert out["late"] == set() and out["late_status"]["runtimeRatios"] == {gcn.key(): [3.0]}
+    assert out["late_status"]["runtimeModel"] == "shipped"
+    assert out["new"] == {"runtime"}
+    status = out["status"]
+    assert status["runtimeModel"] == "3f2a9c1d0b7e4a55"
+    assert status["runtimeRatios"] == {sage.key(): [1.1]} and set(status["runtimeFactors"]) == {sage.key()}
+    assert "b/0/runtime" not in status["recorded"]

@@ -104,12 +104,12 @@ def test_crd_table_uses_printer_columns_and_ages() -> None:
     created = (datetime.datetime.now(tz=datetime.timezone.utc) - datetime.timedelta(seconds=310)).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     job = {"metadata": {"name": "a", "creationTimestamp": created}, "spec": {"mode": "train", "model": {"arch": "gcn"}},
-           "status": {"phase": "Running"}}
+           "status": {"phase": "Running", "modelClass": "gcn"}}
     table = kube_kubectl.table("gnnjobs", [job], columns)
     names = [c["name"] for c in table["columnDefinitions"]]
     assert names == ["Name", *[c["name"] for c in columns]]
     cells = dict(zip(names, table["rows"][0]["cells"], strict=True))
-    assert cells["Name"] == "a" and cells["Phase"] == "Running" and cells["Arch"] == "gcn"
+    assert cells["Name"] == "a" and cells["Phase"] == "Running" and cells["Model"] == "gcn"
     assert cells["Age"] in ("5m10s", "5m11s")
     assert cells["Node"] is None  # kubectl prints <none>
 

@@ -194,13 +194,14 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The fit, the held-out figures and the CPU sensitivity of the CPU rows (``gnnsched.runtime_fit``)."""
     from dataclasses import asdict
 
-    from gnnsched.runtime_fit import cpu_sensitivity, evaluate, wmape
+    from gnnsched.runtime_fit import FEATURES, cpu_sensitivity, evaluate, wmape
 
     cpu_rows = [r for r in rows if r["device"] == "cpu"]
     out: dict[str, Any] = {}
     if cpu_rows:
         ev = evaluate(cpu_rows)
-        out["fit"] = {"heldout": "jobs with job % 3 == 2", "rates": {str(c): asdict(r) for c, r in ev.rates.items()}}
+        out["fit"] = {"heldout": "jobs with job % 3 == 2", "features": list(FEATURES),
+                      "rates": {str(c): asdict(r) for c, r in ev.rates.items()}}
         out["wmape"] = {"train": ev.wmape_train, "heldout": ev.wmape_heldout, "by_model_class": ev.wmape_by_class}
         out["heldout_residuals"] = ev.heldout_residuals
         out["cpu_sensitivity"] = cpu_sensitivity(cpu_rows)

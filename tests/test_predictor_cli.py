@@ -3,7 +3,9 @@ exit status 2 for bad CSVs, history files and models."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -191,7 +193,16 @@ def test_retrain_into_a_configmap_names_each_bad_input_in_one_line(tmp_path: Pat
     history.write_text("{broken\n")
     _assert_one_line_error(_run("train", *target, "--model-configmap", "ns/m"), "--from-history", "line 1")
     history.write_text("")
-    unreachable = _run("train", *target, "--model-configmap", "ns/m")
+    # A root handler on a closed stream, as an earlier CLI run in the same process can leave behind: a client that
+    # retried would log each retry through it and print "--- Logging error ---" beside the one error line.
+    closed = io.StringIO()
+    handler = logging.StreamHandler(closed)
+    closed.close()
+    logging.getLogger().addHandler(handler)
+    try:
+        unreachable = _run("train", *target, "--model-configmap", "ns/m")
+    finally:
+        logging.getLogger().removeHandler(handler)
     assert unreachable.exit_code == 1, unreachable.output
     assert unreachable.stderr.strip().startswith("error: --model-configmap: cannot reach the API server")
     assert len(unreachable.stderr.strip().splitlines()) == 1

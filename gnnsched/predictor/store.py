@@ -92,10 +92,14 @@ class ModelConfigMap:
     def __init__(self, namespace: str, name: str, kubeconfig: str | None = None, context: str | None = None) -> None:
         import kubernetes
 
-        from gnnsched.kubeclient import api_client
+        from gnnsched.kubeclient import load_client_configuration
 
         self.namespace, self.name = namespace, name
-        self._client = api_client(kubeconfig, context)
+        configuration = load_client_configuration(kubeconfig, context)
+        # No urllib3 retries: each retry logs a WARNING, so an unreachable API server gave several lines instead of the
+        # one error line, and the CronJob's next run is the retry that matters.
+        configuration.retries = False
+        self._client = kubernetes.client.ApiClient(configuration)
         self._core = kubernetes.client.CoreV1Api(self._client)
         self._exception = kubernetes.client.ApiException
 

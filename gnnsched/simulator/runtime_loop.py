@@ -62,13 +62,7 @@ class RuntimeLoop:
     def factor(self, job: SimJob, model: str) -> float:
         """The class's runtime factor now (1.0 while uncalibrated, for a trace pod, and without ``+rtcal``)."""
         cls = self._class(job, model) if self.calibrate else None
-        if cls is None:
-            return 1.0
-        key = cls.key()
-        value = self.factors.get(key)
-        if value is None:
-            value = self.factors[key] = self.table.factor(cls, self.policy).factor
-        return value
+        return 1.0 if cls is None else self.factor_of(cls.key())
 
     def attempt(self, job: SimJob) -> SimJob:
         """The job's next attempt as the operator plans it now: every GPU model's predicted runtime is the bare

@@ -222,8 +222,8 @@ async def return_to_service(state: Path, *args: str) -> tuple[int, str]:
 @pytest_asyncio.fixture
 async def rig(tmp_path):
     r = Rig(tmp_path)
-    await r.start()
     try:
+        await r.start()
         yield r
     finally:
         await r.close()

@@ -62,6 +62,23 @@ Set by the operator on a requeued attempt; the gate refuses a group or a GPU tha
 (``gnnsched.policies.apart_allows``), so the culprit's next fault names it alone. Trusted only on pods a GNNJob owns;
 it only ever keeps pods apart, never books memory. Written and read by ``gnnsched.fault_classes.format_fault_peers``
 and ``parse_fault_peers``."""
+
+
+def gnnjob_owner(meta: object) -> tuple[str, str] | None:
+    """``(name, uid)`` of the GNNJob a pod's ``metadata.ownerReferences`` names (kind ``GNNJob`` in this API group),
+    or None. Only the reference: the node agent also checks that a GNNJob with that UID exists before it trusts the
+    operator's annotations; the extender, which reads no GNNJobs, trusts only what can merely keep pods apart."""
+    refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    for ref in refs if isinstance(refs, list) else ():
+        if (isinstance(ref, dict) and ref.get("kind") == GNNJOB_KIND
+                and str(ref.get("apiVersion", "")).split("/")[0] == GROUP):
+            return str(ref.get("name", "")), str(ref.get("uid", ""))
+    return None
+
+
+MAX_FAULT_PEERS = 64
+"""At most this many peers are written on a pod, read from it and published in its ``GPUNode`` entry: more clients
+than that never share one GPU."""
 # Written by a user for a pod the operator did not create:
 ANN_GPU_MEMORY = f"{GROUP}/gpu-memory"  # Kubernetes quantity of GPU memory the pod needs on one GPU
 # Written by the extender at bind:
@@ -227,6 +244,9 @@ class GPUJob(_CamelModel):
     bytes: int = Field(ge=0)
     predicted_remaining_seconds: float | None = Field(default=None, ge=0)
     intensity: Literal["memory", "compute"] | None = None
+    fault_peers: list[str] = Field(default_factory=list, max_length=MAX_FAULT_PEERS)
+    """The jobs this pod may not share a GPU with (its trusted ``gnnsched.io/fault-peers``, as the gate holds them):
+    the extender keeps a pod whose job is listed here off this GPU (docs/faults.md)."""
 
 
 class GPUStatus(_CamelModel):

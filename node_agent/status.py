@@ -34,7 +34,8 @@ log = logging.getLogger("gnnsched.node_agent.status")
 
 
 def _job(books: Books, e: Entry, now: float) -> GPUJob:
-    """One pod as the extender sees it. A running pod's seconds left are the gate's own (``Books.seconds_left``: its
+    """One pod as the extender sees it (with the fault peers the gate keeps it apart from, so that the extender keeps
+    the same rule). A running pod's seconds left are the gate's own (``Books.seconds_left``: its
     measured pace once it reports steps, else its prediction); a queued pod's, its whole predicted runtime."""
     remaining = None
     if e.key in books.running and (e.qt_seconds is not None or e.progress is not None):
@@ -43,7 +44,7 @@ def _job(books: Books, e: Entry, now: float) -> GPUJob:
         remaining = max(0.0, e.qt_seconds)
     intensity = e.intensity if e.intensity in ("memory", "compute") else None
     return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
-                  predicted_remaining_seconds=remaining, intensity=intensity)
+                  predicted_remaining_seconds=remaining, intensity=intensity, fault_peers=sorted(e.apart))
 
 
 def build_status(

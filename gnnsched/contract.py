@@ -198,9 +198,13 @@ directory (``gnnsched.node_status_file``). The device plugin turns ``mps.healthy
 stale ``updatedAt`` into Unhealthy slots."""
 RETURN_TO_SERVICE_DIR_NAME = "return-to-service"
 """A directory in the node state directory where an admin asks the node agent to put a repaired GPU back into service:
-an empty file named after the GPU's UUID. A hardware Xid keeps its GPU out of service across agent restarts (the agent
-keeps the mark in its status file); the next agent that starts reads the request, drops the mark and deletes the file
-(docs/faults.md, "Returning a repaired GPU")."""
+a file named after the GPU's UUID (``gnnsched node-agent return-to-service GPU`` writes it, with a
+:class:`ReturnToServiceRequest` inside; an empty file is a request too). A hardware Xid keeps its GPU out of service,
+across agent restarts too (the agent keeps the mark in its status file); the running agent reads the request at its
+next sample, drops the mark and deletes the file, or refuses it and renames it ``<uuid>.rejected`` with the reason
+inside (``gnnsched.return_to_service``; docs/faults.md, "Returning a repaired GPU")."""
+RETURN_TO_SERVICE_REJECTED_SUFFIX = ".rejected"
+"""A refused return-to-service request is renamed ``<uuid>.rejected``; its text is the agent's reason."""
 MPS_DAEMON_HEALTH_FILE_NAME = "mps-daemon.json"
 """``gnnsched mps-daemon``'s health (``MPSDaemonHealth``) in the node state directory; the agent reads it."""
 DEFAULT_JOBS_UID = 65532
@@ -269,6 +273,9 @@ class GPUStatus(_CamelModel):
     unhealthy_xid: int | None = None
     """The hardware Xid that took the GPU out of service (docs/faults.md: it stays out until an admin acts)."""
     unhealthy_since: datetime | None = None
+    returned_to_service_at: datetime | None = None
+    """When an admin last returned this GPU to service (the time of the request): a hardware Xid mark from before it
+    no longer counts. The device plugin clears its own driver view's mark by it (its NVML saw the same Xid)."""
     running: list[GPUJob] = Field(default_factory=list)
     queued: list[GPUJob] = Field(default_factory=list)
 
@@ -300,6 +307,14 @@ class MPSDaemonHealth(_CamelModel):
     shm_detail: str = ""  # what /proc/self/mountinfo showed for /dev/shm
     pid: int | None = None  # of the ``gnnsched mps-daemon`` process
     updated_at: datetime | None = None
+
+
+class ReturnToServiceRequest(_CamelModel):
+    """The content of a return-to-service request file (``RETURN_TO_SERVICE_DIR_NAME``): who asked, and why. The
+    request's time is the file's modification time; an empty file (``touch``) is a request by the file's owner."""
+
+    requested_by: str = Field(default="", max_length=256)
+    note: str | None = Field(default=None, max_length=1024)
 
 
 class NodeCondition(_CamelModel):

@@ -49,15 +49,17 @@ def _job(books: Books, e: Entry, now: float) -> GPUJob:
 
 def build_status(
     node_name: str, books: Books, devices: list[GPUInfo], mps: MPSStatus, now: float,
-    drains: Mapping[str, Drain] | None = None,
+    drains: Mapping[str, Drain] | None = None, returned: Mapping[str, float] | None = None,
 ) -> GPUNodeStatus:
     """One snapshot. Queued pods are listed under GPU index 0: the gate decides their GPU only at admission.
 
     A draining GPU (``drains``, after a fatal MPS fault) shows ``draining`` with its reason and ``mpsHealthy: false``:
     MPS refuses new clients there until every client has exited, so the device plugin and the extender must not
     count on it; and a restarted agent reads the fields back from the node status file to keep draining it. An
-    unhealthy GPU (a hardware Xid: out of service until an admin acts) shows why, its Xid and since when."""
+    unhealthy GPU (a hardware Xid: out of service until an admin acts) shows why, its Xid and since when; a GPU an
+    admin returned to service (``returned``: uuid -> the request's time) shows when, for the device plugin."""
     drains = drains or {}
+    returned = returned or {}
     by_index = {d.index: d for d in devices}
     queue = books.queue_order()
     gpus: list[GPUStatus] = []
@@ -80,6 +82,8 @@ def build_status(
             unhealthy_xid=d.unhealthy_xid if d and not d.healthy else None,
             unhealthy_since=(datetime.fromtimestamp(d.unhealthy_since, tz=timezone.utc)
                              if d and not d.healthy and d.unhealthy_since is not None else None),
+            returned_to_service_at=(datetime.fromtimestamp(returned[g.uuid], tz=timezone.utc) if g.uuid in returned
+                                    else None),
             queued=[_job(books, e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
     return GPUNodeStatus(

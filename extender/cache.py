@@ -540,9 +540,10 @@ class ClusterCache:
                 clear_good[list(slots), list(brows)] = False
                 ok, refused = pl.apart_filter(ok, passing(clear_good))
                 if refused.any():
-                    msg = (R_FAULT_PEERS, "every GPU here that can hold the pod runs a job it must stay apart from "
-                           f"after an undecided MPS fault ({', '.join(sorted(demand.apart)) or 'its job is listed'}"
-                           "); other nodes are clear")
+                    whom = (f"one of its fault peers ({', '.join(sorted(demand.apart))})" if demand.apart
+                            else f"a job whose fault peers list {demand.job}")
+                    msg = (R_FAULT_PEERS, f"every GPU here that can hold the pod runs {whom}: after an undecided MPS "
+                           "fault they must not share a GPU, and another node has one clear of them")
                     for i in np.flatnonzero(refused).tolist():
                         reasons[i] = msg
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)

@@ -70,7 +70,7 @@ def test_a_pod_goes_to_the_node_whose_gpu_is_free_of_its_peers(two_nodes) -> Non
     client, binder = two_nodes
     body, scores = _decide(client, owned_pod("a", peers="ns/b"), ["peer", "other"])
     assert body["Error"] == "" and body["NodeNames"] == ["other"], body
-    assert "must stay apart" in body["FailedNodes"]["peer"] and "ns/b" in body["FailedNodes"]["peer"]
+    assert "runs one of its fault peers (ns/b)" in body["FailedNodes"]["peer"], body
     assert not body["FailedAndUnresolvableNodes"]  # resolvable: the peer finishes
     assert scores == {"peer": 0, "other": 10}
     b = client.post("/bind", json={"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "other"}).json()
@@ -86,7 +86,8 @@ def test_the_running_pods_list_is_enough(two_nodes) -> None:
                    status("other", gpu(0, running=[running("c")])))
     with LoopbackServer(create_app(cache, binder)) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
         body, scores = _decide(client, owned_pod("a"), ["peer", "other"])
-        assert body["NodeNames"] == ["other"] and "peer" in body["FailedNodes"], body
+        assert body["NodeNames"] == ["other"], body
+        assert "runs a job whose fault peers list ns/a" in body["FailedNodes"]["peer"], body
         assert scores == {"peer": 0, "other": 10}
         # a pod of another job is not kept from ns/b's GPU
         body, _ = _decide(client, owned_pod("d"), ["peer", "other"])

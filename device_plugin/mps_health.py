@@ -44,4 +44,6 @@ class StatusFileMPSHealth:
         if age is not None and age > self.max_age_s:
             return MPSHealth(False, f"node agent status is {age:.0f} s old (limit {self.max_age_s:g} s)")
         per_gpu = {g.uuid: g.mps_healthy and g.healthy for g in status.gpus}
-        return MPSHealth(status.mps.healthy, status.mps.message, per_gpu)
+        returned = {g.uuid: g.returned_to_service_at.timestamp() for g in status.gpus
+                    if g.returned_to_service_at is not None}
+        return MPSHealth(status.mps.healthy, status.mps.message, per_gpu, returned)

@@ -39,6 +39,7 @@ from gnnsched.contract import (
     MPS_MAX_CLIENTS_PER_GPU,
 )
 from gnnsched.gpu_backend import GPUBackend, GPUBackendError, GPUInfo
+from gnnsched.return_to_service import when
 
 from .mps_health import MPSHealthSource, assume_mps_healthy
 from .slots import HEALTHY, UNHEALTHY, AllocationError, MPSHealth, Slot, build_slots, preferred_allocation
@@ -172,15 +173,16 @@ class DevicePlugin:
     def refresh(self) -> bool:
         """Re-read GPUs and MPS health; publish a new list if anything changed. Returns whether it did."""
         try:
+            mps = self.mps_health()
+        except Exception as exc:  # a broken health source must not kill the watcher
+            mps = MPSHealth(False, f"MPS health source failed: {exc}")
+        self._forget_returned(mps)
+        try:
             gpus = tuple(self.backend.devices())
         except GPUBackendError as exc:
             log.error("cannot read GPUs: %s; marking every slot unhealthy", exc)
             with self._cond:
                 gpus = tuple(_unhealthy(g, f"backend error: {exc}") for g in self._state.gpus)
-        try:
-            mps = self.mps_health()
-        except Exception as exc:  # a broken health source must not kill the watcher
-            mps = MPSHealth(False, f"MPS health source failed: {exc}")
         slots = build_slots(gpus, self.config.slots_per_gpu, mps)
         with self._cond:
             old = self._state
@@ -190,6 +192,17 @@ class DevicePlugin:
             self._state = _State(gpus, slots, {s.id: s for s in slots}, mps, old.generation + 1)
             self._cond.notify_all()
         return True
+
+    def _forget_returned(self, mps: MPSHealth) -> None:
+        """This plugin's NVML saw the hardware Xid the agent saw and keeps its own mark: once the agent reports that
+        an admin returned the GPU to service, drop the mark from before that request (a later Xid's stays)."""
+        for uuid, up_to in (mps.returned or {}).items():
+            try:
+                if self.backend.forget_xid(uuid, up_to):
+                    log.info("GPU %s: the node agent returned it to service; its Xid mark from before %s is cleared",
+                             uuid, when(up_to))
+            except GPUBackendError as exc:
+                log.error("GPU %s: clearing its Xid mark after a return to service failed: %s", uuid, exc)
 
     # -- gRPC ------------------------------------------------------------------------------------------------
     def _serve(self) -> None:

@@ -35,6 +35,9 @@ class MPSHealth:
     healthy: bool
     message: str = ""
     per_gpu: Mapping[str, bool] | None = None
+    #: GPUs an admin returned to service, by uuid: the request's time (Unix). This plugin's own driver view drops a
+    #: hardware Xid mark from before it (the agent dropped its own), else the slots would stay Unhealthy for good.
+    returned: Mapping[str, float] | None = None
 
     def gpu_healthy(self, uuid: str) -> bool:
         if not self.healthy:

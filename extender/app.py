@@ -18,6 +18,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -394,10 +395,7 @@ class ExtenderService:
 
 
 def _with_uid(d: PodDemand, uid: str) -> PodDemand:
-    return PodDemand(
-        uid=uid, namespace=d.namespace, name=d.name, gpu_bytes=d.gpu_bytes, runtime_seconds=d.runtime_seconds,
-        runtime_known=d.runtime_known, intensity=d.intensity, cpu_millis=d.cpu_millis, memory_bytes=d.memory_bytes,
-    )
+    return replace(d, uid=uid)
 
 
 class HotPathMiddleware:

@@ -40,7 +40,7 @@ from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
 
-from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_resources
+from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_apart, pod_resources
 
 #: Reservations not reported by the node agent within this many seconds are dropped.
 DEFAULT_RESERVATION_TTL = 300.0
@@ -53,6 +53,7 @@ R_GPU_MEMORY = "gpu_memory"
 R_CLIENTS = "mps_clients"
 R_CPU = "cpu"
 R_MEMORY = "memory"
+R_FAULT_PEERS = "fault_peers"
 
 
 @dataclass(slots=True)
@@ -62,6 +63,8 @@ class _Job:
     end: float  # absolute predicted end (running) — for queued jobs unused
     seconds: float  # predicted (remaining) seconds
     profile: JobProfile
+    job: str | None = None  # its GNNJob, as the agent reports it (the apart rule's identity)
+    apart: frozenset[str] = frozenset()  # the jobs it may not share a GPU with, as the agent's gate holds them
 
 
 @dataclass(slots=True)
@@ -94,6 +97,10 @@ class _Node:
     mem_alloc: int | None = None
     pods: dict[str, tuple[int, int]] = field(default_factory=dict)  # uid -> (cpu millis, memory bytes)
     reported: set[str] = field(default_factory=set)  # pod uids the agent lists (running or queued)
+    # per GPU slot, its clients as the apart rule sees them (running pods and this extender's reservations there);
+    # only slots with a client that has a job or peers
+    occupants: dict[int, list[pl.Occupant]] = field(default_factory=dict)
+    jobs: set[str] = field(default_factory=set)  # the jobs among ``occupants`` (the cache's job -> nodes index)
 
 
 @dataclass(slots=True)
@@ -112,6 +119,8 @@ class Reservation:
     immediate: bool
     cpu_millis: int = 0
     memory_bytes: int = 0
+    job: str | None = None  # the apart rule's identity and peers (``PodDemand.job`` / ``apart``)
+    apart: frozenset[str] = frozenset()
 
     def annotation(self) -> str:
         """The ``gnnsched.io/reservation`` annotation value (contract: node, gpu, bytes, at)."""
@@ -157,6 +166,10 @@ class ClusterCache:
         self._sizes_dirty = True
         self.version = 0  # bumped on every change; lets callers cache derived data
         self._max_cap: tuple[int, float] = (-1, 0.0)
+        # The apart rule's index (docs/faults.md): job -> nodes where a client of it runs or is reserved, and the
+        # nodes with a client that has peers of its own. Only pods with peers, or whose job someone lists, look.
+        self._job_nodes: dict[str, set[str]] = {}
+        self._apart_nodes: set[str] = set()
 
     # ------------------------------------------------------------------ arrays
 
@@ -201,8 +214,10 @@ class ClusterCache:
                 mem_used += res.memory_bytes
         pl.set_host(a, r, np.inf if node.cpu_alloc is None else node.cpu_alloc - cpu_used,
                     np.inf if node.mem_alloc is None else node.mem_alloc - mem_used)
+        occupants: dict[int, list[pl.Occupant]] = {}
         for slot, gpu in enumerate(node.gpus):
             running = [(j.end, j.bytes, j.profile.sm_util, j.profile.mem_util) for j in gpu.running]
+            occ = [pl.Occupant(j.job, j.apart, j.end) for j in gpu.running if j.job is not None or j.apart]
             used = gpu.committed
             qbytes = sum(j.bytes for j in gpu.queued)
             qsecs = sum(j.seconds for j in gpu.queued)
@@ -211,6 +226,8 @@ class ClusterCache:
                 if res.gpu != gpu.index:
                     continue
                 clients += 1
+                if res.job is not None or res.apart:
+                    occ.append(pl.Occupant(res.job, res.apart, res.at + res.runtime))
                 if res.immediate:
                     profile = self.interference.profile_for(res.intensity)
                     used += res.bytes
@@ -223,8 +240,45 @@ class ClusterCache:
                 healthy=gpu.healthy and gpu.mps_healthy and node.node_mps_healthy, clients=clients,
                 max_clients=gpu.max_clients, qbytes=qbytes, qsecs=qsecs, running=running,
             )
+            if occ:
+                occupants[slot] = occ
+        self._index_occupants(node, occupants)
         self._derive(slice(r, r + 1))
         self.version += 1
+
+    def _index_occupants(self, node: _Node, occupants: dict[int, list[pl.Occupant]]) -> None:
+        """Keep the apart rule's index in step with ``node``'s clients."""
+        jobs = {o.job for occ in occupants.values() for o in occ if o.job is not None}
+        for job in node.jobs - jobs:
+            names = self._job_nodes.get(job)
+            if names is not None:
+                names.discard(node.name)
+                if not names:
+                    del self._job_nodes[job]
+        for job in jobs - node.jobs:
+            self._job_nodes.setdefault(job, set()).add(node.name)
+        node.jobs = jobs
+        node.occupants = occupants
+        if any(o.apart for occ in occupants.values() for o in occ):
+            self._apart_nodes.add(node.name)
+        else:
+            self._apart_nodes.discard(node.name)
+
+    def _blocked(self, demand: PodDemand) -> dict[tuple[int, int], float]:
+        """``(slot, row)`` of every GPU the pod may not join now under the apart rule (``pl.apart_blocked``), with
+        when its last peer is predicted to leave. Empty at once for a pod nobody is kept apart from (most pods)."""
+        names: set[str] = set()
+        for job in demand.apart:
+            names |= self._job_nodes.get(job, set())
+        if demand.job is not None:
+            names |= self._apart_nodes
+        if not names:
+            return {}
+        cells = ((
+            (slot, node.row), occ) for node in map(self._nodes.__getitem__, sorted(names))
+            for slot, occ in node.occupants.items()
+        )
+        return pl.apart_blocked(demand.job, demand.apart, cells)
 
     def _derive(self, rows: slice) -> None:
         """Pod-independent per-GPU figures the hot path starts from, for the node rows ``rows``."""
@@ -251,7 +305,8 @@ class ClusterCache:
                 for j in g.running:
                     secs = j.predicted_remaining_seconds or 0.0
                     prof = self.interference.profile_for(j.intensity)
-                    gpu.running.append(_Job(j.pod_uid, j.bytes, updated + secs, secs, prof))
+                    gpu.running.append(_Job(j.pod_uid, j.bytes, updated + secs, secs, prof, j.job,
+                                            frozenset(j.fault_peers)))
                     reported.add(j.pod_uid)
                 for j in g.queued:
                     secs = j.predicted_remaining_seconds or 0.0
@@ -451,27 +506,45 @@ class ClusterCache:
         """Which candidate rows can ever hold the pod, and a user-actionable reason for each that cannot.
 
         Evaluated over every node's contiguous rows (cheaper than gathering the candidates' rows first), then
-        picked out for the candidates.
+        picked out for the candidates. Under the apart rule (``pl.apart_filter``) a node whose every GPU that can
+        hold the pod runs one of its fault peers fails too, but only while another candidate passes clear of them.
         """
+        if cpu_free_override is not None and mem_free_override is None:
+            raise ValueError("cpu_free_override and mem_free_override go together")
         with self.lock:
             a = self._views()
             b = float(demand.gpu_bytes)
             good = pl.fit_mask(a, b)
-            if cpu_free_override is None:
-                node_ok = pl.node_filter(a, good, demand.cpu_millis, demand.memory_bytes)
-            else:
-                node_ok = pl.node_filter(a, good, None, None)
             known_row = rows >= 0
             r = np.where(known_row, rows, 0)
-            ok = known_row & node_ok[r] if len(node_ok) else np.zeros(len(rows), dtype=bool)
-            if cpu_free_override is not None:
-                if mem_free_override is None:
-                    raise ValueError("cpu_free_override and mem_free_override go together")
-                ok &= (cpu_free_override >= demand.cpu_millis) & (mem_free_override >= demand.memory_bytes)
+
+            def passing(gpus_ok: np.ndarray) -> np.ndarray:
+                if cpu_free_override is None:
+                    node_ok = pl.node_filter(a, gpus_ok, demand.cpu_millis, demand.memory_bytes)
+                else:
+                    node_ok = pl.node_filter(a, gpus_ok, None, None)
+                out = known_row & node_ok[r] if len(node_ok) else np.zeros(len(rows), dtype=bool)
+                if cpu_free_override is not None and mem_free_override is not None:
+                    out &= (cpu_free_override >= demand.cpu_millis) & (mem_free_override >= demand.memory_bytes)
+                return out
+
+            ok = passing(good)
             failed = np.flatnonzero(~ok)
             cluster_max = self._max_capacity()
             unresolvable = cluster_max < b
             reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max)
+            blocked = self._blocked(demand) if ok.any() else {}
+            if blocked:
+                clear_good = good.copy()
+                slots, brows = zip(*blocked, strict=True)
+                clear_good[list(slots), list(brows)] = False
+                ok, refused = pl.apart_filter(ok, passing(clear_good))
+                if refused.any():
+                    msg = (R_FAULT_PEERS, "every GPU here that can hold the pod runs a job it must stay apart from "
+                           f"after an undecided MPS fault ({', '.join(sorted(demand.apart)) or 'its job is listed'}"
+                           "); other nodes are clear")
+                    for i in np.flatnonzero(refused).tolist():
+                        reasons[i] = msg
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)
 
     def _reasons(
@@ -590,15 +663,41 @@ class ClusterCache:
         """
         now = self.clock() if now is None else now
         with self.lock:
-            return pl.best_gpu(self._cost_matrix(demand, now), rows)
+            cost = self._cost_matrix(demand, now)
+            apart = self._apart_costs(demand, cost, rows, now)
+        if apart is not None:
+            return pl.best_gpu(apart, np.arange(len(rows)))
+        return pl.best_gpu(cost, rows)
+
+    def _apart_costs(self, demand: PodDemand, cost: np.ndarray, rows: np.ndarray, now: float) -> np.ndarray | None:
+        """The candidates' cost columns ``(gpus, len(rows))`` under the apart rule (``pl.apart_costs``,
+        ``pl.apart_ranked``); None when the rule blocks no GPU for this pod. Caller holds the lock."""
+        blocked = self._blocked(demand)
+        if not blocked:
+            return None
+        known_row = rows >= 0
+        sub = cost[:, np.where(known_row, rows, 0)]
+        sub[:, ~known_row] = np.inf
+        cols: dict[int, list[int]] = {}
+        for i, row in enumerate(rows.tolist()):
+            cols.setdefault(row, []).append(i)
+        cells = {(slot, i): leave for (slot, row), leave in blocked.items() for i in cols.get(row, ())}
+        big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
+        return pl.apart_ranked(*pl.apart_costs(sub, cells, big_r, now))
 
     def score(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> np.ndarray:
-        """0..10 per candidate row; the best candidate gets 10, a node twice as costly 5, unusable nodes 0."""
+        """0..10 per candidate row; the best candidate gets 10, a node twice as costly 5, unusable nodes 0. Under the
+        apart rule a node whose GPUs all run the pod's fault peers scores 0 while another candidate is clear."""
         now = self.clock() if now is None else now
         with self.lock:
-            best_all = np.minimum.reduce(self._cost_matrix(demand, now), axis=0)
+            cost = self._cost_matrix(demand, now)
+            apart = self._apart_costs(demand, cost, rows, now)
+            best_all = np.minimum.reduce(cost, axis=0) if apart is None else None
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64)
+        if apart is not None:
+            return pl.normalise_scores(np.minimum.reduce(apart, axis=0))
+        assert best_all is not None
         best = best_all[rows]
         best[rows < 0] = np.inf
         return pl.normalise_scores(best)
@@ -633,7 +732,7 @@ class ClusterCache:
                 uid=demand.uid, namespace=demand.namespace, name=demand.name, node=node_name,
                 gpu=node.gpus[s].index, bytes=demand.gpu_bytes, at=now, runtime=demand.runtime_seconds,
                 intensity=demand.intensity, immediate=immediate, cpu_millis=demand.cpu_millis,
-                memory_bytes=demand.memory_bytes,
+                memory_bytes=demand.memory_bytes, job=demand.job, apart=demand.apart,
             )
             self._add_reservation(res, replay=False)
             self._refresh(node)
@@ -683,10 +782,12 @@ def reservation_from_pod(pod: dict, interference: InterferenceModel | None = Non
         cpu, mem = pod_resources(pod)
     except PodError:
         cpu, mem = 0, 0
+    namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
+    job, apart = pod_apart(meta, namespace, name)
     return Reservation(
-        uid=meta["uid"], namespace=meta.get("namespace") or "default", name=meta.get("name") or "", node=node,
+        uid=meta["uid"], namespace=namespace, name=name, node=node,
         gpu=gpu, bytes=nbytes, at=at, runtime=runtime, intensity=intensity, immediate=True, cpu_millis=cpu,
-        memory_bytes=mem,
+        memory_bytes=mem, job=job, apart=apart,
     )
 
 

@@ -8,6 +8,7 @@ is refused with an error that names both annotations: guessing its memory would 
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -15,12 +16,18 @@ from typing import Any
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
+    ANN_FAULT_PEERS,
     ANN_GPU_MEMORY,
     ANN_INTENSITY,
     ANN_PREDICTED_RUNTIME,
+    MAX_FAULT_PEERS,
+    gnnjob_owner,
 )
 from gnnsched.errors import FieldError
+from gnnsched.fault_classes import apart_identity
 from gnnsched.quantity import QuantityError, parse_bytes, parse_quantity
+
+log = logging.getLogger("gnnsched.extender")
 
 #: Largest per-GPU demand accepted at all (1 PiB): anything above is a unit mistake, not a job.
 MAX_GPU_BYTES = 2**50
@@ -49,6 +56,8 @@ class PodDemand:
     cpu_millis: int
     memory_bytes: int
     exclusive: bool = False  # runs alone on a whole GPU (ANN_EXCLUSIVE); see ``whole_gpu``
+    job: str | None = None  # its GNNJob (the apart rule's identity); None unless a GNNJob owns the pod
+    apart: frozenset[str] = frozenset()  # ANN_FAULT_PEERS: the jobs it may not share a GPU with (GNNJob pods only)
 
     @property
     def key(self) -> str:
@@ -162,6 +171,7 @@ def parse_pod(pod: Any) -> PodDemand:
         raise PodError(f"Pod.metadata.annotations[{ANN_EXCLUSIVE}]", f"{raw_exclusive!r} must be 'true' or 'false'")
 
     cpu, mem = pod_resources(pod)
+    job, apart = pod_apart(meta, namespace, name)
     return PodDemand(
         uid=uid,
         namespace=namespace,
@@ -173,7 +183,28 @@ def parse_pod(pod: Any) -> PodDemand:
         cpu_millis=cpu,
         memory_bytes=mem,
         exclusive=raw_exclusive == "true",
+        job=job,
+        apart=apart,
     )
+
+
+def pod_apart(meta: dict, namespace: str, name: str) -> tuple[str | None, frozenset[str]]:
+    """The pod's side of the apart rule (``gnnsched.fault_classes.apart_identity``): its job and fault peers, only
+    when a GNNJob owns it, as the node agent's gate reads them (the gate also checks that the GNNJob exists; the
+    extender reads no GNNJobs, and the peers can only keep pods apart, never book memory). A malformed
+    ``gnnsched.io/fault-peers`` never fails the request: what cannot be read is left out, with a log line."""
+    owner = gnnjob_owner(meta)
+    if owner is None:
+        return None, frozenset()
+    annotations = meta.get("annotations") or {}
+    job, apart = apart_identity(annotations, f"{namespace}/{owner[0]}")
+    raw = annotations.get(ANN_FAULT_PEERS)
+    if raw is not None:
+        entries = [e for e in raw.split(",") if e.strip()] if isinstance(raw, str) else None
+        if entries is None or len(apart) < min(len(set(e.strip() for e in entries)), MAX_FAULT_PEERS):
+            log.warning("pod %s/%s: %s=%r has entries that are not <namespace>/<name>; kept apart only from %s",
+                        namespace, name, ANN_FAULT_PEERS, raw, sorted(apart) or "none")
+    return job, apart
 
 
 def whole_gpu(demand: PodDemand, largest_capacity: float) -> PodDemand:

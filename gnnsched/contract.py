@@ -62,6 +62,23 @@ Set by the operator on a requeued attempt; the gate refuses a group or a GPU tha
 (``gnnsched.policies.apart_allows``), so the culprit's next fault names it alone. Trusted only on pods a GNNJob owns;
 it only ever keeps pods apart, never books memory. Written and read by ``gnnsched.fault_classes.format_fault_peers``
 and ``parse_fault_peers``."""
+
+
+def gnnjob_owner(meta: object) -> tuple[str, str] | None:
+    """``(name, uid)`` of the GNNJob a pod's ``metadata.ownerReferences`` names (kind ``GNNJob`` in this API group),
+    or None. Only the reference: the node agent also checks that a GNNJob with that UID exists before it trusts the
+    operator's annotations; the extender, which reads no GNNJobs, trusts only what can merely keep pods apart."""
+    refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    for ref in refs if isinstance(refs, list) else ():
+        if (isinstance(ref, dict) and ref.get("kind") == GNNJOB_KIND
+                and str(ref.get("apiVersion", "")).split("/")[0] == GROUP):
+            return str(ref.get("name", "")), str(ref.get("uid", ""))
+    return None
+
+
+MAX_FAULT_PEERS = 64
+"""At most this many peers are written on a pod, read from it and published in its ``GPUNode`` entry: more clients
+than that never share one GPU."""
 # Written by a user for a pod the operator did not create:
 ANN_GPU_MEMORY = f"{GROUP}/gpu-memory"  # Kubernetes quantity of GPU memory the pod needs on one GPU
 # Written by the extender at bind:
@@ -181,9 +198,13 @@ directory (``gnnsched.node_status_file``). The device plugin turns ``mps.healthy
 stale ``updatedAt`` into Unhealthy slots."""
 RETURN_TO_SERVICE_DIR_NAME = "return-to-service"
 """A directory in the node state directory where an admin asks the node agent to put a repaired GPU back into service:
-an empty file named after the GPU's UUID. A hardware Xid keeps its GPU out of service across agent restarts (the agent
-keeps the mark in its status file); the next agent that starts reads the request, drops the mark and deletes the file
-(docs/faults.md, "Returning a repaired GPU")."""
+a file named after the GPU's UUID (``gnnsched node-agent return-to-service GPU`` writes it, with a
+:class:`ReturnToServiceRequest` inside; an empty file is a request too). A hardware Xid keeps its GPU out of service,
+across agent restarts too (the agent keeps the mark in its status file); the running agent reads the request at its
+next sample, drops the mark and deletes the file, or refuses it and renames it ``<uuid>.rejected`` with the reason
+inside (``gnnsched.return_to_service``; docs/faults.md, "Returning a repaired GPU")."""
+RETURN_TO_SERVICE_REJECTED_SUFFIX = ".rejected"
+"""A refused return-to-service request is renamed ``<uuid>.rejected``; its text is the agent's reason."""
 MPS_DAEMON_HEALTH_FILE_NAME = "mps-daemon.json"
 """``gnnsched mps-daemon``'s health (``MPSDaemonHealth``) in the node state directory; the agent reads it."""
 DEFAULT_JOBS_UID = 65532
@@ -223,6 +244,9 @@ class GPUJob(_CamelModel):
     bytes: int = Field(ge=0)
     predicted_remaining_seconds: float | None = Field(default=None, ge=0)
     intensity: Literal["memory", "compute"] | None = None
+    fault_peers: list[str] = Field(default_factory=list, max_length=MAX_FAULT_PEERS)
+    """The jobs this pod may not share a GPU with (its trusted ``gnnsched.io/fault-peers``, as the gate holds them):
+    the extender keeps a pod whose job is listed here off this GPU (docs/faults.md)."""
 
 
 class GPUStatus(_CamelModel):
@@ -249,6 +273,9 @@ class GPUStatus(_CamelModel):
     unhealthy_xid: int | None = None
     """The hardware Xid that took the GPU out of service (docs/faults.md: it stays out until an admin acts)."""
     unhealthy_since: datetime | None = None
+    returned_to_service_at: datetime | None = None
+    """When an admin last returned this GPU to service (the time of the request): a hardware Xid mark from before it
+    no longer counts. The device plugin clears its own driver view's mark by it (its NVML saw the same Xid)."""
     running: list[GPUJob] = Field(default_factory=list)
     queued: list[GPUJob] = Field(default_factory=list)
 
@@ -280,6 +307,14 @@ class MPSDaemonHealth(_CamelModel):
     shm_detail: str = ""  # what /proc/self/mountinfo showed for /dev/shm
     pid: int | None = None  # of the ``gnnsched mps-daemon`` process
     updated_at: datetime | None = None
+
+
+class ReturnToServiceRequest(_CamelModel):
+    """The content of a return-to-service request file (``RETURN_TO_SERVICE_DIR_NAME``): who asked, and why. The
+    request's time is the file's modification time; an empty file (``touch``) is a request by the file's owner."""
+
+    requested_by: str = Field(default="", max_length=256)
+    note: str | None = Field(default=None, max_length=1024)
 
 
 class NodeCondition(_CamelModel):

@@ -30,6 +30,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gnnsched.contract import ANN_FAULT_PEERS, ANN_JOB, MAX_FAULT_PEERS
+
 FaultClass = Literal["hardware", "application"]
 Role = Literal["victim", "suspect"]
 
@@ -149,8 +151,6 @@ def must_stay_apart(job: str | None, apart: Collection[str], other_job: str | No
     return (other_job is not None and other_job in apart) or (job is not None and job in other_apart)
 
 
-MAX_FAULT_PEERS = 64
-"""At most this many peers are written on a pod and read from it: more clients than that never share one GPU."""
 
 
 def format_fault_peers(peers: Collection[str]) -> str:
@@ -172,6 +172,18 @@ def parse_fault_peers(raw: str | None) -> frozenset[str]:
         if sep and ns and job and "/" not in job and len(name) <= 317:
             out.append(name)
     return frozenset(out[:MAX_FAULT_PEERS])
+
+
+def apart_identity(annotations: Mapping[str, object], owner_job: str | None) -> tuple[str | None, frozenset[str]]:
+    """A pod's side of the apart rule: its job (``gnnsched.io/job``, else its owner) and its fault peers, believed
+    only on a pod a GNNJob owns (``owner_job``, ``<namespace>/<name>``): the operator wrote them there. Any other pod
+    has no job and no peers, so nothing keeps it apart and it keeps nothing apart. A value that is not a string
+    counts as absent, a malformed entry is skipped (:func:`parse_fault_peers`)."""
+    if owner_job is None:
+        return None, frozenset()
+    job = annotations.get(ANN_JOB, owner_job)
+    raw = annotations.get(ANN_FAULT_PEERS)
+    return (job if isinstance(job, str) else owner_job), parse_fault_peers(raw if isinstance(raw, str) else None)
 
 
 def may_requeue(requeues: int) -> bool:

@@ -15,7 +15,8 @@ Choose one with :func:`open_backend`, whose ``spec`` is what the CLIs take as ``
   while the agent, the device plugin and the MPS daemon of one node, which each open the backend, agree.
 
 Health: :meth:`GPUBackend.health_events` blocks up to a timeout for Xid (hardware/driver) errors; a GPU that had
-a critical Xid stays unhealthy until the process restarts (a human has to look at it). Xids that an application
+a critical Xid stays unhealthy until the process restarts or forgets the mark (:meth:`GPUBackend.forget_xid`, when an
+admin returned the repaired GPU to service: a human has to look at it). Xids that an application
 causes by itself (see :data:`APPLICATION_XIDS`) are reported but do not mark the GPU unhealthy, otherwise one
 buggy job could take a whole GPU out of the cluster.
 
@@ -148,6 +149,12 @@ class GPUBackend(Protocol):
         The fake also returns early (with no events) whenever a test changes its state, so a poller built on
         this call reacts to changes at once instead of at the next tick.
         """
+        ...
+
+    def forget_xid(self, uuid: str, up_to: float) -> bool:
+        """Drop this process's hardware Xid mark on GPU ``uuid`` if it came at or before ``up_to`` (Unix time): an
+        admin returned the GPU to service after that (``gnnsched.return_to_service``). A later mark stays. Returns
+        whether a mark was dropped; the next critical Xid marks the GPU again."""
         ...
 
     def close(self) -> None:
@@ -316,6 +323,17 @@ class FakeGPUBackend:
             except ValueError:
                 continue  # not an Xid: nothing a driver would report
             self.inject_xid(index, xid, "fake GPU fault file")
+
+    def forget_xid(self, uuid: str, up_to: float) -> bool:
+        with self._cond:
+            for g in self._gpus:
+                if g.info.uuid != uuid or not g.sticky_unhealthy or (g.info.unhealthy_since or 0.0) > up_to:
+                    continue
+                g.sticky_unhealthy = False
+                g.info = replace(g.info, healthy=True, health_reason="", unhealthy_xid=None, unhealthy_since=None)
+                self._changed()
+                return True
+            return False
 
     def close(self) -> None:
         with self._cond:
@@ -529,6 +547,15 @@ class NVMLBackend:
                     self._sticky_xid[uuid] = (xid, time.time())
             events.append(HealthEvent(index=index, uuid=uuid, xid=xid, critical=critical))
             wait_ms = 0  # drain what is already queued, then return
+
+    def forget_xid(self, uuid: str, up_to: float) -> bool:
+        with self._lock:
+            mark = self._sticky_xid.get(uuid)
+            if mark is None or mark[1] > up_to:
+                return False
+            del self._sticky_xid[uuid]
+            self._sticky.pop(uuid, None)
+            return True
 
     def close(self) -> None:
         with self._lock:

@@ -34,14 +34,25 @@ to the solo runtime, plus a fragmentation term::
   fragment no typical job fits in.
 * Weights: completion time weight 1 (it is the objective), ``W_FRAG = 0.5``: a placement that leaves a whole
   GPU's worth of unusable fragment costs as much as half the job's runtime in extra waiting.
+
+**Fault peers** (the apart rule, ``gnnsched.fault_classes.must_stay_apart``; docs/faults.md). A pod whose job must stay
+apart from a client of a GPU (an undecided MPS fault's peers, either side's list) cannot run on that GPU while that
+client does: the node agent's gate would keep it queued there. :func:`apart_blocked` finds those GPUs,
+:func:`apart_filter` and :func:`apart_costs` / :func:`apart_ranked` turn them into the filter's and the score's
+decision. A node none of whose GPUs that can hold the pod is free of its peers fails the filter only when another
+candidate has such a GPU (a filtered node is one kube-scheduler never binds, and with none left the pod would be
+unschedulable, though peers finish); when every candidate is blocked, they all pass and rank by their cost plus the
+wait until the peers are predicted to leave.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
+
+from gnnsched.fault_classes import must_stay_apart
 
 #: Weight of the fragmentation term (see module docstring).
 W_FRAG = 0.5
@@ -660,8 +671,66 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
     return np.clip(scores, 0, 10).astype(np.int64)
 
 
+class Occupant(NamedTuple):
+    """A client of a GPU as the apart rule sees it: its job (``<namespace>/<name>``, None when no GNNJob owns the
+    pod), the jobs it must stay apart from, and when it is predicted to leave (seconds since the epoch)."""
+
+    job: str | None
+    apart: frozenset[str]
+    end: float
+
+
+_Cell = TypeVar("_Cell", bound=Hashable)
+
+
+def apart_blocked(job: str | None, apart: frozenset[str],
+                  gpus: Iterable[tuple[_Cell, Iterable[Occupant]]]) -> dict[_Cell, float]:
+    """Which of ``gpus`` (each a key and its clients) the pod (``job`` and its ``apart`` peers) may not join now: a
+    client there must stay apart from it (:func:`~gnnsched.fault_classes.must_stay_apart`, both directions). Each
+    with the predicted time its last such client leaves (``inf`` when one never says)."""
+    out: dict[_Cell, float] = {}
+    for key, clients in gpus:
+        ends = [c.end for c in clients if must_stay_apart(job, apart, c.job, c.apart)]
+        if ends:
+            out[key] = max(ends)
+    return out
+
+
+def apart_filter(passed: np.ndarray, clear: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The filter under the apart rule, per candidate: ``passed`` (the ordinary filter) and ``clear`` (it passes with
+    the GPUs :func:`apart_blocked` finds taken out). Returns the candidates that pass and those refused for the rule
+    alone. Blocked candidates are refused only when one that passes is clear: kube-scheduler never binds a filtered
+    node, and a pod whose every candidate is filtered stays unschedulable until the next attempt, though peers
+    finish and a node whose peers will leave is better than none."""
+    keep = passed & clear
+    if keep.any():
+        return keep, passed & ~clear
+    return passed, np.zeros_like(passed)
+
+
+def apart_costs(cost: np.ndarray, blocked: Mapping[tuple[int, int], float], runtime_seconds: float,
+                now: float) -> tuple[np.ndarray, np.ndarray]:
+    """``cost`` (``(gpus, columns)``, :func:`cost_matrix`'s values) under the apart rule; ``blocked`` maps
+    ``(slot, column)`` to the predicted time the GPU's last peer leaves. Returns ``clear`` (blocked GPUs ``inf``)
+    and ``waiting`` (a blocked GPU's cost plus the wait for its peers, ``(leave - now) / R``, in the cost's units)."""
+    clear = cost.copy()
+    waiting = cost.copy()
+    for (slot, col), leave in blocked.items():
+        clear[slot, col] = np.inf
+        waiting[slot, col] += max(0.0, leave - now) / runtime_seconds
+    return clear, waiting
+
+
+def apart_ranked(clear: np.ndarray, waiting: np.ndarray) -> np.ndarray:
+    """The costs the score and the bind rank candidates (columns) by: ``clear`` when a GPU of some candidate can take
+    the pod clear of its peers (a blocked node then scores 0, as one that cannot hold the pod), else ``waiting``
+    (every candidate blocked: the one whose peers leave soonest, at the lowest cost, wins)."""
+    return clear if np.isfinite(clear).any() else waiting
+
+
 __all__ = [
-    "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "PlacementState", "best_gpu", "clear_row",
+    "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "Occupant", "PlacementState",
+    "apart_blocked", "apart_costs", "apart_filter", "apart_ranked", "best_gpu", "clear_row",
     "candidate_costs", "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_costs", "fit_mask",
     "fit_summary", "frag",
     "intensity_key", "new_state",

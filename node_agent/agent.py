@@ -29,7 +29,6 @@ from gnnsched.contract import (
     ANN_ATTEMPT_RESULT,
     ANN_FAULT,
     MPS_MAX_CLIENTS_PER_GPU,
-    RETURN_TO_SERVICE_DIR_NAME,
     MPSStatus,
 )
 from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED, counted_class, is_hardware_xid
@@ -65,6 +64,14 @@ from gnnsched.node_status_file import (
     write_status_file,
 )
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT, STARTUP_SECONDS
+from gnnsched.return_to_service import (
+    PendingReturn,
+    consume_request,
+    judge_return,
+    pending_requests,
+    reject_request,
+    when,
+)
 
 log = logging.getLogger("gnnsched.node_agent")
 
@@ -142,6 +149,12 @@ class NodeAgent:
     # GPUs a hardware Xid took out of service before this agent started (its last status file): uuid -> (reason,
     # Xid, since). NVML's own mark is per process, so without these a restart would put a failed GPU back in service.
     _held: dict[str, tuple[str, int, float]] = field(default_factory=dict)
+    # The latest hardware Xid this agent saw per GPU (uuid -> (Xid, when)): a return-to-service request made before it
+    # is refused (the GPU was struck again after the admin looked at it).
+    _hardware_xids: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # When an admin last returned each GPU to service (uuid -> the request's time), published in the status so that
+    # the device plugin drops its own NVML's mark of the same Xid; kept across restarts through the status file.
+    _returned: dict[str, float] = field(default_factory=dict)
     _loop: asyncio.AbstractEventLoop | None = None
     _bg: set[asyncio.Task[Any]] = field(default_factory=set)
     _adopted: bool = False  # the gate has booked what the last agent left running (drains may end only after)
@@ -207,7 +220,7 @@ class NodeAgent:
         assert self.gate is not None
         devices = await asyncio.to_thread(self._devices)
         status = build_status(self.opts.node_name, self.gate.books, devices, self._mps_status(), time.time(),
-                              self.quarantine.drains)
+                              self.quarantine.drains, self._returned)
         if self.other_plugin is not None and self.other_plugin.condition is not None:
             status.conditions = [self.other_plugin.condition]
         try:
@@ -226,7 +239,9 @@ class NodeAgent:
             log.warning("writing %s failed: %s", local, exc)
 
     async def _sample(self) -> None:
-        """Driver + MPS health into the books (an unhealthy GPU or MPS admits nothing new) and into the metrics."""
+        """Driver + MPS health into the books (an unhealthy GPU or MPS admits nothing new) and into the metrics; and
+        first, an admin's return-to-service requests (so a GPU returned now is healthy in this very sample)."""
+        await self._serve_returns()
         devices = await asyncio.to_thread(self._devices)
         procs = {}
         for d in devices:
@@ -374,38 +389,74 @@ class NodeAgent:
             out.append(d)
         return out
 
-    def _return_requests(self) -> set[str]:
-        """UUIDs an admin asked to return to service (``<state dir>/return-to-service/<uuid>``)."""
-        assert self.opts.state_dir is not None
-        folder = Path(self.opts.state_dir) / RETURN_TO_SERVICE_DIR_NAME
-        try:
-            return {p.name for p in folder.iterdir() if p.is_file()}
-        except OSError:
-            return set()
-
     def _restore_held(self, books: Books, gpus: list[Any]) -> None:
-        """Keep out of service the GPUs the last agent showed unhealthy by a hardware Xid, unless an admin asked to
-        return one (then the request file is consumed)."""
-        assert self.opts.state_dir is not None
-        requests = self._return_requests()
-        folder = Path(self.opts.state_dir) / RETURN_TO_SERVICE_DIR_NAME
+        """Keep out of service the GPUs the last agent showed unhealthy by a hardware Xid (an admin's request to
+        return one is served by the first sample, :meth:`_serve_returns`), and remember the last return of each GPU
+        (the device plugin may still hold its own mark of that Xid)."""
         for g in gpus:
             gpu = books.gpu_by_uuid(g.uuid)
-            if gpu is None or g.healthy or g.unhealthy_xid is None or not is_hardware_xid(g.unhealthy_xid):
+            if gpu is None:
                 continue
-            if g.uuid in requests:
-                log.warning("GPU %d (%s): returned to service at an admin's request (it was out since %s, Xid %d)",
-                            gpu.index, g.uuid, g.unhealthy_since, g.unhealthy_xid)
+            if g.returned_to_service_at is not None:
+                self._returned[g.uuid] = g.returned_to_service_at.timestamp()
+            if g.healthy or g.unhealthy_xid is None or not is_hardware_xid(g.unhealthy_xid):
                 continue
             since = g.unhealthy_since.timestamp() if g.unhealthy_since else time.time()
             self._held[g.uuid] = (g.unhealthy_reason or f"Xid {g.unhealthy_xid}", g.unhealthy_xid, since)
             books.set_health(gpu.index, False)
-            log.warning("GPU %d (%s) is still out of service after Xid %d (since %s); to return it once repaired, "
-                        "create %s/%s and restart the agent", gpu.index, g.uuid, g.unhealthy_xid,
-                        g.unhealthy_since, folder, g.uuid)
-        for uuid in requests:
-            with contextlib.suppress(OSError):
-                (folder / uuid).unlink()
+            log.warning("GPU %d (%s) is still out of service after Xid %d (since %s); to return it once repaired, run "
+                        "`gnnsched node-agent return-to-service %d` in this container (docs/faults.md)", gpu.index,
+                        g.uuid, g.unhealthy_xid, g.unhealthy_since, gpu.index)
+
+    async def _serve_returns(self) -> None:
+        """An admin's return-to-service requests (``<state dir>/return-to-service/<uuid>``), each returned or refused
+        by :func:`gnnsched.return_to_service.judge_return`, at the sampling cadence: a restart is not needed (it
+        would re-adopt every running pod). A returned GPU's hold is dropped here (the agent's, from its status file,
+        and the driver view's Xid mark); the sample that follows finds it healthy, and the next publish tells the
+        GPUNode, the device plugin (slots Healthy) and the metrics."""
+        if self.opts.state_dir is None:
+            return
+        requests = await asyncio.to_thread(pending_requests, self.opts.state_dir)
+        if not requests:
+            return
+        devices = {d.uuid: d for d in await asyncio.to_thread(self.backend.devices)}
+        for req in requests:
+            held = self._held.get(req.uuid)
+            verdict = judge_return(req, devices.get(req.uuid), (held[1], held[2]) if held else None,
+                                   self._hardware_xids.get(req.uuid))
+            if verdict.accepted:
+                forgot = await asyncio.to_thread(self.backend.forget_xid, req.uuid, req.requested_at)
+                if not forgot and held is None:  # the driver's mark came after the request: an Xid just now
+                    d = devices[req.uuid]
+                    verdict = replace(verdict, code="new-xid", message=f"GPU {d.index} ({d.uuid}): a new Xid reached "
+                                      "the driver while the request was served: repair the GPU, then ask again")
+            if not verdict.accepted:
+                await self._refuse_return(req, verdict.message, verdict.code or "")
+                continue
+            self._held.pop(req.uuid, None)
+            self._returned[req.uuid] = req.requested_at
+            await asyncio.to_thread(consume_request, req)
+            index = devices[req.uuid].index
+            self.metrics.returned.labels(str(index), req.uuid).inc()
+            if self.gate is not None:
+                self.gate.event("returned-to-service", gpu=index, uuid=req.uuid, xid=verdict.xid,
+                                requested_by=req.requested_by, requested_at=when(req.requested_at))
+            log.warning("GPU %d (%s): returned to service at the request of %s made at %s%s: it clears Xid %s (out "
+                        "since %s)", index, req.uuid, req.requested_by, when(req.requested_at),
+                        f" ({req.note})" if req.note else "", verdict.xid, when(verdict.since))
+            if self._dirty is not None:
+                self._dirty.set()
+
+    async def _refuse_return(self, req: PendingReturn, message: str, code: str) -> None:
+        try:
+            path = await asyncio.to_thread(reject_request, req, message)
+        except OSError as exc:  # the request stays; the next sample tries again
+            log.warning("return-to-service request %s: refused (%s), but writing the refusal failed: %s", req.path,
+                        message, exc)
+            return
+        self.metrics.return_refused.labels(code).inc()
+        log.warning("return-to-service request for %s by %s made at %s: refused: %s (the reason is in %s)", req.uuid,
+                    req.requested_by, when(req.requested_at), message, path)
 
     def _restore_drains(self, books: Books) -> list[str]:
         """GPUs the previous agent left draining (its last node status file in ``state_dir``): they stay draining;
@@ -431,6 +482,8 @@ class NodeAgent:
 
     def on_health_event(self, ev: HealthEvent) -> None:
         """A driver event (from the health thread, on the loop): a critical Xid puts its GPU into quarantine."""
+        if is_hardware_xid(ev.xid):
+            self._hardware_xids[ev.uuid] = (ev.xid, ev.at)
         if self.gate is None or not is_critical_xid(ev.xid):
             return
         gpu = self.gate.books.gpu_by_uuid(ev.uuid)

@@ -30,6 +30,7 @@ _POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 
 
 def node_agent(
+    ctx: typer.Context,
     gpus: str = typer.Option(
         "nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."
     ),
@@ -159,7 +160,10 @@ def node_agent(
              "client of a terminated server (GNNSCHED_FAKE_GPU_FAULTS; development and tests).",
     ),
 ) -> None:
-    """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics."""
+    """Run the node agent: MPS daemon, memory-safety gate, GPUNode status and metrics. `gnnsched node-agent
+    return-to-service GPU` puts a repaired GPU back into service on the running agent."""
+    if ctx.invoked_subcommand is not None:
+        return
     import asyncio
     import signal
 
@@ -507,7 +511,102 @@ def mps_daemon(
             fail(f"--reset-on-exit: {'; '.join(problems)}", code=1)
 
 
+def return_to_service(
+    gpu: str = typer.Argument(
+        ..., metavar="GPU", show_default=False,
+        help="The GPU to return: its index on this node (e.g. 1) or its UUID (GPU-...), as `kubectl get gpunode` or "
+             "the agent's log names it.",
+    ),
+    state_dir: Path = typer.Option(
+        Path(DEFAULT_NODE_STATE_DIR), "--state-dir",
+        help="The node agent's --state-dir (the chart's node.paths.stateDir): its status file is read from there and "
+             "the request written to its return-to-service/ folder.",
+    ),
+    note: str = typer.Option(
+        "", "--note", help="Why (a ticket, what was repaired): the agent logs it with the return (at most 1024 "
+                           "characters)."),
+    wait: float = typer.Option(
+        30.0, "--wait", min=0.0, max=3600.0,
+        help="Seconds to wait for the running agent's answer (it reads requests at every sample, every 2 s); 0: "
+             "write the request and exit.",
+    ),
+) -> None:
+    """Return a repaired GPU to service: the running node agent drops the hold a hardware Xid put on it, without a
+    restart.
+
+    Run it in the node agent's container on the GPU's node, after the GPU was reset (nvidia-smi -r) or repaired:
+
+    \b
+      kubectl -n NAMESPACE exec NODE-POD -c agent -- \\
+          gnnsched node-agent return-to-service 1 --note "reseated, ticket 123"
+
+    It checks the GPU against the agent's status file (it must be out of service by a hardware Xid), writes the
+    request to STATE_DIR/return-to-service/UUID and waits for the agent's answer. The agent returns the GPU if NVML
+    sees it without an error and no hardware Xid came after the request; otherwise it refuses, says why, and the GPU
+    stays out. Exit status: 0 returned (or the request written, with --wait 0), 1 refused or no answer, 2 bad input.
+    """
+    import getpass
+    import os
+    import time
+
+    from gnnsched.fault_classes import is_hardware_xid
+    from gnnsched.node_status_file import StatusFileError, read_status_file, status_file_path
+    from gnnsched.return_to_service import rejection, write_request
+
+    if len(note) > 1024:
+        fail(f"--note: at most 1024 characters, got {len(note)}")
+    path = status_file_path(state_dir)
+    try:
+        status = read_status_file(path)
+    except StatusFileError as exc:
+        fail(f"--state-dir: no node agent status to check the GPU against ({exc}); is this the agent's container?")
+    known = ", ".join(f"{g.index} {g.uuid}" for g in status.gpus) or "none"
+    wanted = gpu.strip()
+    if wanted.isdigit():
+        found = [g for g in status.gpus if g.index == int(wanted)]
+    else:
+        found = [g for g in status.gpus if g.uuid.lower() == wanted.lower()]
+    if not wanted or not found:
+        fail(f"GPU: no GPU {wanted!r} on node {status.node_name} (its GPUs: {known}); give an index or a UUID")
+    g = found[0]
+    name = f"GPU {g.index} ({g.uuid})"
+    if g.healthy:
+        fail(f"GPU: {name} is in service: there is nothing to return")
+    if g.unhealthy_xid is None or not is_hardware_xid(g.unhealthy_xid):
+        why = g.unhealthy_reason or ("draining after an MPS fault" if g.draining else "MPS or the driver")
+        fail(f"GPU: {name} is out for {why!r}, not a hardware Xid: it returns by itself once that clears")
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # a container's UID without a passwd entry
+        user = f"uid {os.getuid()}"
+    by = f"{user}@{socket.gethostname()}"
+    try:
+        request = write_request(state_dir, g.uuid, by, note or None)
+    except OSError as exc:
+        fail(f"--state-dir: cannot write the request: {exc}", code=1)
+    since = g.unhealthy_since.isoformat() if g.unhealthy_since else "an unknown time"
+    typer.echo(f"asked the node agent to return {name} to service (out since {since}, Xid {g.unhealthy_xid}): "
+               f"{request}")
+    if wait <= 0:
+        return
+    deadline = time.monotonic() + wait
+    while request.exists():
+        if time.monotonic() >= deadline:
+            fail(f"the node agent did not answer within {wait:g} s (is it running? its log says why); the request "
+                 f"stays in {request} and is served when it reads it", code=1)
+        time.sleep(0.2)
+    refused = rejection(state_dir, g.uuid)
+    if refused is not None:
+        fail(f"the node agent refused: {refused}", code=1)
+    typer.echo(f"{name} is back in service")
+
+
 def register(app: typer.Typer) -> None:
-    app.command("node-agent")(node_agent)
+    node_agent_app = typer.Typer(
+        help="The node agent (`gnnsched node-agent [OPTIONS]` runs it) and what an admin asks of it.",
+        invoke_without_command=True, no_args_is_help=False, rich_markup_mode=None)
+    node_agent_app.callback()(node_agent)
+    node_agent_app.command("return-to-service")(return_to_service)
+    app.add_typer(node_agent_app, name="node-agent")
     app.command("mps-daemon")(mps_daemon)
     app.command("gate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(gate)

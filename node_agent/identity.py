@@ -27,7 +27,6 @@ from typing import Any, Protocol
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
-    ANN_FAULT_PEERS,
     ANN_GPU_MEMORY,
     ANN_INTENSITY,
     ANN_JOB,
@@ -39,8 +38,9 @@ from gnnsched.contract import (
     GNNJOB_PLURAL,
     GROUP,
     VERSION,
+    gnnjob_owner,
 )
-from gnnsched.fault_classes import parse_fault_peers
+from gnnsched.fault_classes import apart_identity
 from gnnsched.quantity import QuantityError, parse_bytes
 
 
@@ -232,13 +232,6 @@ class PodLookup(Protocol):
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None: ...
 
 
-def _gnnjob_owner(meta: dict[str, Any]) -> tuple[str, str] | None:
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == GNNJOB_KIND and str(ref.get("apiVersion", "")).split("/")[0] == GROUP:
-            return str(ref.get("name", "")), str(ref.get("uid", ""))
-    return None
-
-
 def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | None]) -> PodInfo:
     """Build ``PodInfo`` from a pod object (``dict``, API shape). ``job_uid(ns, name)`` returns the GNNJob's UID or
     ``None`` when it cannot be read; ownership counts only when it exists with the UID the pod references."""
@@ -246,7 +239,7 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     ns = str(meta.get("namespace", "default"))
-    owner = _gnnjob_owner(meta)
+    owner = gnnjob_owner(meta)
     owner_job = None
     if owner is not None:
         real = job_uid(ns, owner[0])
@@ -410,10 +403,9 @@ def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
     demand = _demand(pod, whole_gpu_bytes)
     if pod.annotations.get(ANN_PRESTART) == "true":
         demand = replace(demand, prestarted=True)
-    if pod.owner_job is not None:
-        peers = parse_fault_peers(pod.annotations.get(ANN_FAULT_PEERS))
-        if peers:
-            demand = replace(demand, apart=peers)
+    _, peers = apart_identity(pod.annotations, pod.owner_job)
+    if peers:
+        demand = replace(demand, apart=peers)
     return demand
 
 

@@ -62,6 +62,14 @@ class AgentMetrics:
             "gnnsched_gpu_unhealthy",
             "1 while the GPU is out of service (a hardware Xid keeps it out until an admin acts); xid: the Xid that "
             "took it out, empty when healthy or another cause", ("gpu", "uuid", "xid"), registry=r)
+        self.returned = Counter(
+            "gnnsched_gpu_returned_to_service",
+            "GPUs an admin's return-to-service request put back into service (their hardware Xid hold dropped)",
+            g, registry=r)
+        self.return_refused = Counter(
+            "gnnsched_gpu_return_requests_refused",
+            "Return-to-service requests the agent refused, by reason (unknown-gpu, not-held, still-faulty, new-xid)",
+            ("reason",), registry=r)
         self.fault_pods = Counter("gnnsched_fault_pods", "Pods annotated after a fatal MPS fault, by role",
                                   ("role",), registry=r)
         self.drain_seconds = Histogram(

@@ -34,7 +34,8 @@ log = logging.getLogger("gnnsched.node_agent.status")
 
 
 def _job(books: Books, e: Entry, now: float) -> GPUJob:
-    """One pod as the extender sees it. A running pod's seconds left are the gate's own (``Books.seconds_left``: its
+    """One pod as the extender sees it (with the fault peers the gate keeps it apart from, so that the extender keeps
+    the same rule). A running pod's seconds left are the gate's own (``Books.seconds_left``: its
     measured pace once it reports steps, else its prediction); a queued pod's, its whole predicted runtime."""
     remaining = None
     if e.key in books.running and (e.qt_seconds is not None or e.progress is not None):
@@ -43,20 +44,22 @@ def _job(books: Books, e: Entry, now: float) -> GPUJob:
         remaining = max(0.0, e.qt_seconds)
     intensity = e.intensity if e.intensity in ("memory", "compute") else None
     return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
-                  predicted_remaining_seconds=remaining, intensity=intensity)
+                  predicted_remaining_seconds=remaining, intensity=intensity, fault_peers=sorted(e.apart))
 
 
 def build_status(
     node_name: str, books: Books, devices: list[GPUInfo], mps: MPSStatus, now: float,
-    drains: Mapping[str, Drain] | None = None,
+    drains: Mapping[str, Drain] | None = None, returned: Mapping[str, float] | None = None,
 ) -> GPUNodeStatus:
     """One snapshot. Queued pods are listed under GPU index 0: the gate decides their GPU only at admission.
 
     A draining GPU (``drains``, after a fatal MPS fault) shows ``draining`` with its reason and ``mpsHealthy: false``:
     MPS refuses new clients there until every client has exited, so the device plugin and the extender must not
     count on it; and a restarted agent reads the fields back from the node status file to keep draining it. An
-    unhealthy GPU (a hardware Xid: out of service until an admin acts) shows why, its Xid and since when."""
+    unhealthy GPU (a hardware Xid: out of service until an admin acts) shows why, its Xid and since when; a GPU an
+    admin returned to service (``returned``: uuid -> the request's time) shows when, for the device plugin."""
     drains = drains or {}
+    returned = returned or {}
     by_index = {d.index: d for d in devices}
     queue = books.queue_order()
     gpus: list[GPUStatus] = []
@@ -79,6 +82,8 @@ def build_status(
             unhealthy_xid=d.unhealthy_xid if d and not d.healthy else None,
             unhealthy_since=(datetime.fromtimestamp(d.unhealthy_since, tz=timezone.utc)
                              if d and not d.healthy and d.unhealthy_since is not None else None),
+            returned_to_service_at=(datetime.fromtimestamp(returned[g.uuid], tz=timezone.utc) if g.uuid in returned
+                                    else None),
             queued=[_job(books, e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
     return GPUNodeStatus(

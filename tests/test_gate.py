@@ -298,6 +298,10 @@ async def test_fault_peers_are_admitted_on_different_gpus_or_wait(gate: Harness)
     r2, _w2 = await gate.request(pods[1])
     second = await gate.reply(r2, "admitted")
     assert first["gpuUuid"] != second["gpuUuid"]
+    # the GPUNode status the extender reads lists each running peer's peers (the extender keeps the same rule)
+    published = build_status("node-a", gate.books, [], MPSStatus(), gate.server._wall())
+    assert {j.name: j.fault_peers for g in published.gpus for j in g.running} == {
+        "pa": ["default/job-pb", "default/job-pc"], "pb": ["default/job-pa", "default/job-pc"]}
     r3, _w3 = await gate.request(pods[2])
     await gate.settle(lambda: len(gate.books.queued) == 1)
     await asyncio.sleep(0.2)

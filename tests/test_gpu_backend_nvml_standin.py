@@ -131,7 +131,8 @@ def test_one_xid_is_seen_alike_by_the_agent_the_device_plugin_and_the_extender(l
     """The same Xid on the stand-in driver, read by each component through its own ``pynvml``: the node agent (its
     GPUNode status through the emulated API server, its metrics over HTTP), the device plugin (ListAndWatch to a
     kubelet over gRPC) and the extender (watching GPUNodes, asked over HTTP). An application Xid (13) leaves the GPU in
-    service once drained; a hardware Xid (79, then 48) takes it out of all three and keeps it out."""
+    service once drained; a hardware Xid (79, then 48) takes it out of all three and keeps it out, until an admin's
+    ``gnnsched node-agent return-to-service`` brings it back in all three, the agent still running."""
     from gnnsched.extender.server import ExtenderOptions, build_app
     from gnnsched.extender.testing import LoopbackServer
 
@@ -212,6 +213,18 @@ def test_one_xid_is_seen_alike_by_the_agent_the_device_plugin_and_the_extender(l
             assert not any(g["healthy"] for g in gpus()) and slots(U0) == slots(U1) == {"Unhealthy"}
             # counted when the fault's drain ends (the agent's next pass over its drains): waited for, not assumed
             _wait(lambda: metric('gnnsched_gpu_faults_by_class_total{class="hardware"}') == 2, "the count", 30)
+
+            # GPU 1 repaired: the admin's command brings it back in the running agent, in the plugin (whose NVML
+            # still holds its own mark of Xid 79) and in the extender; GPU 0 stays out
+            time.sleep(0.05)  # the request's mtime (a coarse clock) after the Xid's time
+            back = subprocess.run([*gnnsched, "node-agent", "return-to-service", U1, f"--state-dir={node_state}",
+                                   "--wait=30"], env=env, capture_output=True, text=True, timeout=60)
+            assert back.returncode == 0 and f"GPU 1 ({U1}) is back in service" in back.stdout, back
+            _wait(lambda: gpus()[1]["healthy"] and slots(U1) == {"Healthy"} and offered(), "GPU 1 back", 30)
+            assert "returnedToServiceAt" in gpus()[1] and "unhealthyXid" not in gpus()[1]
+            assert slots(U0) == {"Unhealthy"} and not gpus()[0]["healthy"]
+            _wait(lambda: metric(f'gnnsched_gpu_returned_to_service_total{{gpu="1",uuid="{U1}"}}') == 1, "count", 10)
+            assert metric(f'gnnsched_gpu_unhealthy{{gpu="1",uuid="{U1}",xid=""}}') == 0
     finally:
         for p in procs:
             p.terminate()

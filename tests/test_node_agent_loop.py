@@ -394,6 +394,7 @@ async def test_a_hardware_xid_keeps_the_gpu_out_across_restarts_until_an_admin_r
     request = state / RETURN_TO_SERVICE_DIR_NAME / uuid
     request.parent.mkdir()
     request.touch()
+    made = request.stat().st_mtime
     agent = await node.start()
     try:
         assert agent.gate.books.gpus[0].healthy  # type: ignore[union-attr]
@@ -401,6 +402,15 @@ async def test_a_hardware_xid_keeps_the_gpu_out_across_restarts_until_an_admin_r
         gpu = read_status_file(status_file_path(state)).gpus[0]
         assert gpu.healthy and gpu.unhealthy_xid is None
         assert not request.exists()  # consumed: a later Xid takes the GPU out again
+        assert gpu.returned_to_service_at is not None and abs(gpu.returned_to_service_at.timestamp() - made) < 1e-3
+    finally:
+        await node.stop()
+    agent = await node.start()  # the next restart keeps the GPU in service, and when it was returned (for the plugin)
+    try:
+        await agent._publish()
+        gpu = read_status_file(status_file_path(state)).gpus[0]
+        assert gpu.healthy and gpu.returned_to_service_at is not None
+        assert abs(gpu.returned_to_service_at.timestamp() - made) < 1e-3
     finally:
         await node.stop()
 

@@ -708,16 +708,20 @@ def apart_filter(passed: np.ndarray, clear: np.ndarray) -> tuple[np.ndarray, np.
     return passed, np.zeros_like(passed)
 
 
-def apart_costs(cost: np.ndarray, blocked: Mapping[tuple[int, int], float], runtime_seconds: float,
+def apart_costs(cost: np.ndarray, blocked: Mapping[tuple[int, int], float], runtime_seconds: float | np.ndarray,
                 now: float) -> tuple[np.ndarray, np.ndarray]:
     """``cost`` (``(gpus, columns)``, :func:`cost_matrix`'s values) under the apart rule; ``blocked`` maps
-    ``(slot, column)`` to the predicted time the GPU's last peer leaves. Returns ``clear`` (blocked GPUs ``inf``)
-    and ``waiting`` (a blocked GPU's cost plus the wait for its peers, ``(leave - now) / R``, in the cost's units)."""
+    ``(slot, column)`` to the predicted time the GPU's last peer leaves; ``runtime_seconds``: the pod's ``R``, one
+    for all columns or one per column (the simulator's nodes of different GPU models). Returns ``clear`` (blocked
+    GPUs ``inf``) and ``waiting`` (a blocked GPU's cost plus the wait for its peers, ``(leave - now) / R``, in the
+    cost's units)."""
     clear = cost.copy()
     waiting = cost.copy()
+    per_column = np.ndim(runtime_seconds) > 0
     for (slot, col), leave in blocked.items():
         clear[slot, col] = np.inf
-        waiting[slot, col] += max(0.0, leave - now) / runtime_seconds
+        big_r = float(runtime_seconds[col]) if per_column else float(runtime_seconds)  # type: ignore[index]
+        waiting[slot, col] += max(0.0, leave - now) / big_r
     return clear, waiting
 
 

@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -517,3 +518,85 @@ def test_a_job_predicted_just_above_the_gpu_is_tried_alone(ix: Integrations, mul
         assert _ran_beside(outcomes, big) == []
     else:
         assert alone.status == "failed" and alone.reason == "ExceedsLargestGPU" and alone.attempts == 1
+
+
+def test_the_simulated_extender_keeps_fault_peers_apart_as_the_extender_does(ix: Integrations, monkeypatch) -> None:
+    """On 4 nodes of one GPU, after undecided faults, the simulator's extender runs the apart rule through the same
+    core functions as ``extender/cache.py``: at every placement the rule touches, the nodes that pass its filter are
+    the ones the real ``ClusterCache`` passes for the same GPUs, clients, jobs and peers, and the job is bound to a
+    node clear of its peers whenever one of the candidates is."""
+    from datetime import datetime, timezone
+
+    from gnnsched.contract import GPUJob, GPUNodeStatus, GPUStatus, MPSStatus
+    from gnnsched.extender.cache import ClusterCache
+    from gnnsched.extender.pods import PodDemand
+    from gnnsched.simulator.adapters import PlacementView
+
+    seen: list[dict] = []
+    blocked_of = PlacementView._apart_blocked
+    passed_of = PlacementView._apart_passed
+    reserve = PlacementView._reserve
+
+    def extender_passes(view, job, cands) -> set[int]:
+        """The real extender's filter over the same candidates, fed what the node agents would report (the
+        extender's reservations shown as running clients: the same clients, jobs and peers on each GPU)."""
+        sim = view.sim
+        apart = sim.loop.apart
+        cache = ClusterCache(view.interference)
+        stamp = datetime.fromtimestamp(sim.now, tz=timezone.utc)
+        for row in cands.tolist():
+            node = sim.nodes[row]
+            gpus = []
+            for g in node.gpus:
+                clients = [r.job for r in g.running] + list(sim.reserved_on.get((node.idx, g.index), {}).values())
+                gpus.append(GPUStatus(
+                    index=g.index, uuid=f"GPU-{row}-{g.index}", model=g.model, total_bytes=g.total,
+                    reserve_bytes=g.reserve, committed_bytes=g.committed, healthy=g.quarantine_until <= sim.now,
+                    max_clients=sim.per_gpu_cap or g.max_clients,
+                    running=[GPUJob(pod_uid=f"u{j.id}", job=str(j.id), bytes=j.profile(g.model).admit_bytes,
+                                    predicted_remaining_seconds=60.0, fault_peers=sorted(apart.get(j.id, ())))
+                             for j in clients]))
+            cache.upsert_gpunode(GPUNodeStatus(node_name=f"n{row}", updated_at=stamp, mps=MPSStatus(), gpus=gpus),
+                                 now=sim.now)
+        prof = job.profile(sim.nodes[int(cands[0])].gpus[0].model)
+        demand = PodDemand(uid="x", namespace="sim", name=str(job.id), gpu_bytes=prof.admit_bytes,
+                           runtime_seconds=prof.predicted_s, runtime_known=True, intensity=prof.intensity,
+                           cpu_millis=0, memory_bytes=0, job=str(job.id), apart=apart.get(job.id, frozenset()))
+        out = cache.filter(demand, cache.index_of([f"n{r}" for r in cands.tolist()]))
+        return {int(r) for r, ok in zip(cands.tolist(), out.passed.tolist(), strict=True) if ok}
+
+    def record_blocked(self, job, cands):
+        blocked = blocked_of(self, job, cands)
+        if blocked:
+            seen.append({"job": job, "cands": cands.copy(), "blocked": blocked,
+                         "extender": extender_passes(self, job, cands)})
+        return blocked
+
+    def record_passed(self, passed, good, blocked, cols):
+        keep = passed_of(self, passed, good, blocked, cols)
+        seen[-1]["sim"] = {int(seen[-1]["cands"][i]) for i in np.flatnonzero(keep).tolist()}
+        return keep
+
+    def record_reserve(self, job, demand, node, s):
+        if seen and seen[-1]["job"] is job:
+            seen[-1]["bound"] = node.idx
+        return reserve(self, job, demand, node, s)
+
+    monkeypatch.setattr(PlacementView, "_apart_blocked", record_blocked)
+    monkeypatch.setattr(PlacementView, "_apart_passed", record_passed)
+    monkeypatch.setattr(PlacementView, "_reserve", record_reserve)
+    wl = replace(_workload(12, epochs=40000, backoff=1), cluster="4x1xV100-32GB")
+    cl = parse_cluster("4x1xV100-32GB", None)
+    jobs = materialise(wl, cl, ix, scaling=False)
+    rep = run(wl, cl, parse_policies("lmcf"), 2, ix, jobs=jobs, estimate_error=NO_ERROR,
+              faults=parse_faults(0.0, 600.0, 0.25))
+    assert rep.policies["lmcf"]["app_faults"] >= 1
+    assert seen, "no placement met the apart rule: the test proves nothing"
+    refused = 0
+    for case in seen:
+        assert case["sim"] == case["extender"], case
+        blocked_rows = {int(case["cands"][c]) for _, c in case["blocked"]}
+        if case["sim"] - blocked_rows:  # a candidate clear of the job's peers: the job goes to one
+            refused += bool(blocked_rows & set(case["cands"].tolist()))
+            assert case.get("bound") in case["sim"] - blocked_rows, case
+    assert refused, "no placement chose between a blocked and a clear node"

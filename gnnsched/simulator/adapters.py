@@ -439,18 +439,7 @@ class PlacementView:
                 qbytes += prof.admit_bytes
                 qsecs += prof.predicted_s
         for run in g.running:
-            entry = run.placement_entry  # fixed for the run's life (its start, its profile): computed once
-            if entry is None:
-                prof = run.job.profile(g.model)
-                start = sim.outcomes[run.job.id].start or 0.0
-                entry = run.placement_entry = (start + run.startup_s + prof.predicted_s, prof.admit_bytes,
-                                               prof.sm_util, prof.mem_util)
-            report = sim.progress_of(run) if sim.rt is not None else None
-            if report is not None and report.usable():
-                # +progress: the agent publishes the seconds left its last report measures (gnnsched.progress), so
-                # the GPUNode the extender reads moves with it (as often as the GPU's books change here)
-                entry = (sim.now + progress_seconds_left(entry[0], sim.now, report), *entry[1:])
-            running.append(entry)
+            running.append(self._run_entry(run, g))
         cap_clients = sim.per_gpu_cap
         capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued
         max_clients = cap_clients if cap_clients is not None else g.max_clients
@@ -521,6 +510,63 @@ class PlacementView:
 
     #: (bytes, intensity) classes kept in fit_cache (the oldest is dropped beyond this).
     FIT_CACHE_CLASSES = 64
+
+    def _run_entry(self, run: Any, g: Any) -> tuple:
+        """A running job as the agent reports it to the extender: ``(predicted end, admit bytes, sm, mem)``."""
+        sim = self.sim
+        entry = run.placement_entry  # fixed for the run's life (its start, its profile): computed once
+        if entry is None:
+            prof = run.job.profile(g.model)
+            start = sim.outcomes[run.job.id].start or 0.0
+            entry = run.placement_entry = (start + run.startup_s + prof.predicted_s, prof.admit_bytes,
+                                           prof.sm_util, prof.mem_util)
+        report = sim.progress_of(run) if sim.rt is not None else None
+        if report is not None and report.usable():
+            # +progress: the agent publishes the seconds left its last report measures (gnnsched.progress), so
+            # the GPUNode the extender reads moves with it (as often as the GPU's books change here)
+            entry = (sim.now + progress_seconds_left(entry[0], sim.now, report), *entry[1:])
+        return entry
+
+    def _apart_blocked(self, job: SimJob, cands: np.ndarray) -> dict[tuple[int, int], float]:
+        """The apart rule on the candidates, as ``ClusterCache._blocked`` applies it: ``(slot, candidate position)``
+        of every GPU the job may not join now (``pl.apart_blocked``), with when its last peer is predicted to leave.
+        A GPU's clients are its running jobs (their predicted end as the agent reports it) and the extender's
+        reservations there (reserved at + predicted seconds), each with the peers its attempt is kept apart from
+        (``sim.loop.apart``). Empty at once when nothing keeps this job apart (the simulator's common case)."""
+        sim = self.sim
+        apart = sim.loop.apart if sim.loop is not None else None
+        if not apart:
+            return {}
+        me, mine = str(job.id), apart.get(job.id, frozenset())
+        if not mine and not any(me in peers for peers in apart.values()):
+            return {}
+        pl = self.pl
+        none: frozenset[str] = frozenset()
+
+        def gpus() -> Any:
+            for col, row in enumerate(cands.tolist()):
+                node = sim.nodes[row]
+                for slot, g in enumerate(node.gpus):
+                    occ = [pl.Occupant(str(r.job.id), apart.get(r.job.id, none), self._run_entry(r, g)[0])
+                           for r in g.running]
+                    for jid, j in sim.reserved_on.get((node.idx, g.index), {}).items():
+                        occ.append(pl.Occupant(str(jid), apart.get(jid, none),
+                                               sim.reserved_at.get(jid, sim.now) + j.profile(g.model).predicted_s))
+                    if occ:
+                        yield (slot, col), occ
+
+        return pl.apart_blocked(me, mine, gpus())
+
+    def _apart_passed(self, passed: np.ndarray, good: np.ndarray, blocked: dict[tuple[int, int], float],
+                      cols: slice | np.ndarray) -> np.ndarray:
+        """The extender's filter under the apart rule, as ``ClusterCache.filter`` applies it (``pl.apart_filter``):
+        ``passed`` per candidate, ``good`` the GPUs that can ever hold the job, ``blocked`` from
+        :meth:`_apart_blocked`."""
+        clear_good = good.copy()
+        slots, bcols = zip(*blocked, strict=True)
+        clear_good[list(slots), list(bcols)] = False
+        keep, _ = self.pl.apart_filter(passed, self.state["known"][cols] & np.logical_or.reduce(clear_good, axis=0))
+        return keep
 
     def _cheapest(self, cands: np.ndarray, cols: slice | np.ndarray, demand: dict, out: Any) -> tuple | None:
         """kube-scheduler's pick among the candidates (single GPU model): ``(candidate position, GPU slot)``, ``()``
@@ -692,7 +738,8 @@ class PlacementView:
         # round-robin window that does not wrap is a slice (views instead of gathers).
         lo, hi = int(cands[0]), int(cands[-1])
         cols = slice(lo, hi + 1) if hi - lo == cands.size - 1 else cands
-        got = self._cheapest(cands, cols, demand, out) if len(self.models) == 1 else None
+        blocked = self._apart_blocked(job, cands)
+        got = self._cheapest(cands, cols, demand, out) if len(self.models) == 1 and not blocked else None
         if got is not None:
             if got == ():
                 return None
@@ -704,9 +751,22 @@ class PlacementView:
         # The extender's filter on the candidates kube-scheduler sends it (host resources already checked): as
         # pl.node_filter, on the candidates' rows.
         passed = a["known"][cols] & np.logical_or.reduce(good, axis=0)
+        if blocked:
+            passed = self._apart_passed(passed, good, blocked, cols)
         keep = np.flatnonzero(passed)
         if keep.size == 0:
             return None
+        if blocked:
+            runtime = np.array([demand[sim.nodes[int(r)].gpus[0].model].predicted_s if sim.nodes[int(r)].gpus
+                                else 1.0 for r in cands.tolist()])
+            runtime[runtime <= 0] = 1.0  # as _costs
+            cost = self.pl.apart_ranked(*self.pl.apart_costs(cost[:, keep], {
+                (slot, int(np.searchsorted(keep, c))): leave for (slot, c), leave in blocked.items()
+                if passed[c]}, runtime[keep], sim.now))
+            best = np.minimum.reduce(cost, axis=0)
+            pick = int(np.argmax(self._totals(cands.take(keep), self.pl.normalise_scores(best), out)))
+            node = sim.nodes[int(cands[int(keep[pick])])]
+            return self._reserve(job, demand, node, int(np.argmin(cost[:, pick])))
         best = np.minimum.reduce(cost, axis=0).take(keep)  # as ClusterCache.score: per row, then the candidates
         col = int(keep[int(np.argmax(self._totals(cands.take(keep), self.pl.normalise_scores(best), out)))])
         node = sim.nodes[int(cands[col])]

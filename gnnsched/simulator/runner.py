@@ -153,13 +153,16 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         *, startup_s: float = STARTUP_S, record_timeline: bool = True,
         progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None,
         estimate_error: EstimateError = NO_ERROR, faults: FaultModel = NO_FAULTS,
-        backoff_limit: int | None = None, runtime_error: RuntimeErrorDist = NO_RUNTIME_ERROR) -> Report:
+        backoff_limit: int | None = None, runtime_error: RuntimeErrorDist = NO_RUNTIME_ERROR,
+        engine: type[Simulation] = Simulation) -> Report:
     """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``faults``, the closed
     loop of :mod:`gnnsched.simulator.faults`: the same true peaks, hardware faults and buggy jobs for every policy).
     ``backoff_limit``: every job's; without it the workload's, except a closed-loop run's baselines, which get
     :data:`~gnnsched.simulator.faults.BASELINE_BACKOFF_LIMIT`. ``runtime_error``: the engine runs each job's true
     runtime while the policies see the prior's (:mod:`gnnsched.simulator.runtime_error`); the report then also holds
-    the same run with exact predictions (``runtime_error["oracle"]``, ``oracle_results``)."""
+    the same run with exact predictions (``runtime_error["oracle"]``, ``oracle_results``). ``engine``: the simulation
+    class; a what-if bench (``bench/fault_what_if.py``) passes a subclass that changes one rule, so that its figures
+    differ from the system's by that rule alone."""
     placement_only = [p for p in policies if p.base in PLACEMENT_ONLY]
     if placement_only:
         if runtime_error.active:
@@ -172,7 +175,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         truth = with_true_runtimes(jobs, runtime_multipliers(jobs, runtime_error, seed))
         again = partial(run, workload, cluster, policies, seed, ix, startup_s=startup_s,
                         record_timeline=record_timeline, progress=progress, estimate_error=estimate_error,
-                        faults=faults, backoff_limit=backoff_limit)
+                        faults=faults, backoff_limit=backoff_limit, engine=engine)
         report = again(jobs=truth)
         oracle = again(jobs=as_oracle(truth))
         report.oracle_results = oracle.results
@@ -202,7 +205,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
             if baseline_jobs is None:
                 baseline_jobs = [replace(j, backoff_limit=BASELINE_BACKOFF_LIMIT) for j in jobs]
             run_jobs = baseline_jobs
-        sim = Simulation(run_jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
+        sim = engine(run_jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                          startup_s=startup_s, record_timeline=record_timeline,
                          progress=partial(progress, spec.text) if progress else None, loop=loop)
         result = sim.run()

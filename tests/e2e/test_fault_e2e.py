@@ -11,6 +11,7 @@ annotation and creates the next attempt, the scheduler stand-in and the extender
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -27,7 +28,8 @@ from kubeapi import GPUNODES  # noqa: E402
 from local_cluster import ClusterOptions, LocalCluster, gnnjob_table  # noqa: E402
 
 from gnnsched.closed_loop import FaultRecord  # noqa: E402
-from gnnsched.contract import ANN_FAULT, ANN_GPU, GPU_SHARE_RESOURCE  # noqa: E402
+from gnnsched.contract import ANN_FAULT, ANN_FAULT_PEERS, ANN_GPU, GPU_SHARE_RESOURCE  # noqa: E402
+from gnnsched.fault_classes import parse_fault_peers  # noqa: E402
 
 pytestmark = pytest.mark.slow
 XID = 31  # a GPU memory page fault: fatal to every MPS client on the GPU, but the GPU itself stays in service
@@ -106,6 +108,7 @@ def test_a_faults_victims_are_requeued_and_succeed(cluster: LocalCluster) -> Non
         assert st["attempts"] == (2 if name in victim_jobs else 1), (name, st, hit, timeline)
         if name in victim_jobs:
             assert pods[f"{name}-1"]["status"]["phase"] == "Succeeded"
+    _assert_kept_apart(pods, victim_jobs, jobs)
     # the agent drained the GPU on the fault and gave it back once its clients were gone
     events = [json.loads(line) for line in cluster.nodes[0].event_log.read_text().splitlines()]
     kinds = [(e["event"], e.get("uuid")) for e in events if e["event"] in ("fault", "drained")]
@@ -114,6 +117,28 @@ def test_a_faults_victims_are_requeued_and_succeed(cluster: LocalCluster) -> Non
     roles = sorted(e["key"] for e in events if e["event"] == "fault-role" and e.get("role") == "victim")
     assert len(roles) == len(victims), roles
     assert cluster.report(jobs)["violations"] == []
+
+
+def _assert_kept_apart(pods: dict[str, Any], victim_jobs: set[str], jobs: list[dict[str, Any]]) -> None:
+    """The undecided victims are each other's fault peers (docs/faults.md, "Undecided clients are kept apart"): the
+    operator put the other victims' jobs in each next attempt's ``gnnsched.io/fault-peers``, and the gate never ran
+    two of those attempts on one GPU at once (on one GPU, one started only after the other finished)."""
+    ns = {j["metadata"]["name"]: j["metadata"].get("namespace", "default") for j in jobs}
+    attempts = {name: pods[f"{name}-1"] for name in victim_jobs}
+    for name, pod in attempts.items():
+        peers = parse_fault_peers(pod["metadata"]["annotations"].get(ANN_FAULT_PEERS))
+        assert peers == {f"{ns[o]}/{o}" for o in victim_jobs if o != name}, (name, pod["metadata"]["annotations"])
+
+    def span(pod: dict[str, Any]) -> tuple[str, str]:
+        done = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        return done["startedAt"], done["finishedAt"]  # RFC 3339 in UTC, seconds: ordered as strings
+
+    for a, b in itertools.combinations(sorted(attempts), 2):
+        pa, pb = attempts[a], attempts[b]
+        if pa["metadata"]["annotations"][ANN_GPU] != pb["metadata"]["annotations"][ANN_GPU]:
+            continue
+        (sa, fa), (sb, fb) = span(pa), span(pb)
+        assert fa <= sb or fb <= sa, (a, span(pa), b, span(pb))
 
 
 def _gpu_status(c: LocalCluster, uuid: str) -> dict[str, Any]:

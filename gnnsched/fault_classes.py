@@ -151,8 +151,6 @@ def must_stay_apart(job: str | None, apart: Collection[str], other_job: str | No
     return (other_job is not None and other_job in apart) or (job is not None and job in other_apart)
 
 
-
-
 def format_fault_peers(peers: Collection[str]) -> str:
     """The pod annotation ``gnnsched.io/fault-peers`` for ``peers`` (jobs as ``<namespace>/<name>``), sorted so the
     same peers always read the same."""

@@ -195,13 +195,13 @@ def test_one_xid_is_seen_alike_by_the_agent_the_device_plugin_and_the_extender(l
             xid(0, 13)  # an application Xid: the GPU drains (no client here), then is back everywhere
             _wait(lambda: metric('gnnsched_gpu_faults_by_class_total{class="application"}') == 1, "the drain", 30)
             _wait(lambda: gpus()[0]["healthy"] and gpus()[0]["mpsHealthy"] and slots(U0) == {"Healthy"} and offered(),
-                  "GPU 0 back")
+                  "GPU 0 back", 30)
 
             xid(1, 79)  # a hardware Xid: GPU 1 out in the agent, the plugin and the extender; GPU 0 still offered
             _wait(lambda: not gpus()[1]["healthy"] and slots(U1) == {"Unhealthy"}, "GPU 1 out", 30)
             assert (gpus()[1]["unhealthyXid"], gpus()[1]["unhealthyReason"]) == (79, "Xid 79")
             assert custom.get_cluster_custom_object(GROUP, VERSION, "gpunodes", "n1")["status"]["unhealthyGpus"] == 1
-            _wait(lambda: metric(f'gnnsched_gpu_unhealthy{{gpu="1",uuid="{U1}",xid="79"}}') == 1, "the metric", 10)
+            _wait(lambda: metric(f'gnnsched_gpu_unhealthy{{gpu="1",uuid="{U1}",xid="79"}}') == 1, "the metric", 30)
             assert slots(U0) == {"Healthy"} and offered()
 
             xid(0, 48)  # and GPU 0: no GPU of the node is offered any more
@@ -218,12 +218,12 @@ def test_one_xid_is_seen_alike_by_the_agent_the_device_plugin_and_the_extender(l
             # still holds its own mark of Xid 79) and in the extender; GPU 0 stays out
             time.sleep(0.05)  # the request's mtime (a coarse clock) after the Xid's time
             back = subprocess.run([*gnnsched, "node-agent", "return-to-service", U1, f"--state-dir={node_state}",
-                                   "--wait=30"], env=env, capture_output=True, text=True, timeout=60)
+                                   "--wait=60"], env=env, capture_output=True, text=True, timeout=120)
             assert back.returncode == 0 and f"GPU 1 ({U1}) is back in service" in back.stdout, back
             _wait(lambda: gpus()[1]["healthy"] and slots(U1) == {"Healthy"} and offered(), "GPU 1 back", 30)
             assert "returnedToServiceAt" in gpus()[1] and "unhealthyXid" not in gpus()[1]
             assert slots(U0) == {"Unhealthy"} and not gpus()[0]["healthy"]
-            _wait(lambda: metric(f'gnnsched_gpu_returned_to_service_total{{gpu="1",uuid="{U1}"}}') == 1, "count", 10)
+            _wait(lambda: metric(f'gnnsched_gpu_returned_to_service_total{{gpu="1",uuid="{U1}"}}') == 1, "count", 30)
             assert metric(f'gnnsched_gpu_unhealthy{{gpu="1",uuid="{U1}",xid=""}}') == 0
     finally:
         for p in procs:

@@ -53,7 +53,7 @@ from typing import Any
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
-from gnnsched.simulator.engine import QUARANTINE_END, GpuState, Run, RunResult, Simulation
+from gnnsched.simulator.engine import GpuState, Run, RunResult, Simulation
 from gnnsched.simulator.faults import (
     DEFAULT_REPAIR_S,
     NO_ERROR,
@@ -125,16 +125,7 @@ class CulpritAtFirstFault(VictimsResume):
             super()._kill_group(gpu, xid, culprit, until)
             return
         assert self.loop is not None  # buggy jobs exist only in a closed-loop run
-        runs = list(gpu.running)
-        self.loop.faults += 1
-        self.loop.fault_victims += len(runs) - 1
-        for r in runs:
-            self._end_attempt(r)
-        self._rerate(gpu)
-        if until > gpu.quarantine_until:  # the same drain as the system's
-            gpu.quarantine_until = until
-            self._push(until, QUARANTINE_END, gpu)
-            self.changed_gpus.add((gpu.node.idx, gpu.index))
+        runs = self._end_group(gpu, culprit, until)  # the system's end of the group and drain; only charges differ
         for r in runs:
             if r.job.id != culprit:
                 self._next_attempt(r.job, ahead=True)

@@ -71,7 +71,7 @@ def test_the_default_engine_is_the_system(cell: dict[str, Any]) -> None:
         [(o.job.id, o.status, o.attempts, o.finish) for o in b.outcomes]
 
 
-def test_victims_resume_keeps_each_killed_attempts_work(cell: dict[str, Any]) -> None:
+def test_victims_resume_finishes_innocent_jobs_sooner_under_the_same_faults(cell: dict[str, Any]) -> None:
     built, resumed = cell["as built"], cell["victims resume"]
     ratio = cell["bench"].ratio_without
     # same faults, same rules for who is charged: only the lost work differs, and the innocent jobs finish sooner

@@ -969,17 +969,7 @@ class Simulation:
     def _kill_group(self, gpu: GpuState, xid: int, culprit: int | None, until: float) -> None:
         loop = self.loop
         assert loop is not None
-        runs = list(gpu.running)
-        loop.faults += 1
-        loop.fault_log.append((self.now, gpu.gid))
-        loop.fault_victims += sum(1 for r in runs if r.job.id != culprit)
-        for run in runs:
-            self._end_attempt(run)
-        self._rerate(gpu)
-        if until > gpu.quarantine_until:
-            gpu.quarantine_until = until
-            self._push(until, QUARANTINE_END, gpu)
-            self.changed_gpus.add((gpu.node.idx, gpu.index))  # unhealthy in its GPUNode: the extender skips it
+        runs = self._end_group(gpu, culprit, until)
         charges = loop.fault_charges(xid, [r.job for r in runs], culprit)
         peers = loop.fault_peers([r.job for r in runs], charges)
         for run in runs:
@@ -996,6 +986,25 @@ class Simulation:
                 self._give_up(job, f"{step.reason}: charged, backoffLimit used")
             else:
                 self._next_attempt(job, ahead=False)  # charged, and back in its usual place
+
+    def _end_group(self, gpu: GpuState, culprit: int | None, until: float) -> list[Run]:
+        """A fault's end of every attempt on ``gpu``, counted, and the GPU out of the pool until ``until`` (its drain or
+        repair); returns the attempts, for :meth:`_kill_group` to charge. ``culprit``: the buggy job whose fault it is
+        (not counted a victim)."""
+        loop = self.loop
+        assert loop is not None
+        runs = list(gpu.running)
+        loop.faults += 1
+        loop.fault_log.append((self.now, gpu.gid))
+        loop.fault_victims += sum(1 for r in runs if r.job.id != culprit)
+        for run in runs:
+            self._end_attempt(run)
+        self._rerate(gpu)
+        if until > gpu.quarantine_until:
+            gpu.quarantine_until = until
+            self._push(until, QUARANTINE_END, gpu)
+            self.changed_gpus.add((gpu.node.idx, gpu.index))  # unhealthy in its GPUNode: the extender skips it
+        return runs
 
     def _loop_figures(self, end: float) -> dict:
         """The closed loop's figures for :func:`gnnsched.simulator.metrics.summarise`."""

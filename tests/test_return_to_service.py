@@ -274,12 +274,14 @@ async def test_requests_the_agent_refuses_are_renamed_with_the_reason_and_change
     assert time.monotonic() - written < 10 * SAMPLE_S, took  # within a sample or two, loaded machine allowed for
     assert rejection(rig.state, unknown) == f"no GPU with UUID {unknown} on this node"
     assert not (rig.folder() / unknown).exists()
-    assert rig.metric(refused, {"reason": "unknown-gpu"}) == 1
+    # the agent writes the refusal from a worker thread and counts it when its coroutine resumes: this test's poll
+    # can see the file first, so the count is waited for, not read at once
+    await until(lambda: rig.metric(refused, {"reason": "unknown-gpu"}) == 1, "the refusal counted", 5)
 
     (rig.folder() / rig.u0).touch()  # a GPU in service
     await until(lambda: rejection(rig.state, rig.u0) is not None, "the second refusal", 5)
     assert "is in service" in (rejection(rig.state, rig.u0) or "")
-    assert rig.metric(refused, {"reason": "not-held"}) == 1
+    await until(lambda: rig.metric(refused, {"reason": "not-held"}) == 1, "the second refusal counted", 5)
 
     old = write_request(rig.state, rig.u1, "admin", None)  # made before the Xid below: the GPU is not repaired
     os.utime(old, (time.time() - 60, time.time() - 60))
@@ -288,7 +290,7 @@ async def test_requests_the_agent_refuses_are_renamed_with_the_reason_and_change
     await until(lambda: rejection(rig.state, rig.u1) is not None, "the third refusal", 5)
     assert "Xid 79 came at" in (rejection(rig.state, rig.u1) or "") and "after the request" in (
         rejection(rig.state, rig.u1) or "")
-    assert rig.metric(refused, {"reason": "new-xid"}) == 1
+    await until(lambda: rig.metric(refused, {"reason": "new-xid"}) == 1, "the third refusal counted", 5)
     await asyncio.sleep(3 * SAMPLE_S)
     assert not rig.gpu(1).healthy and rig.slots(rig.u1) == {"Unhealthy"} and rig.gpu(0).healthy
     assert rig.metric("gnnsched_gpu_returned_to_service_total", {"gpu": "1", "uuid": rig.u1}) is None

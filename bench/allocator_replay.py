@@ -25,7 +25,7 @@ def main() -> int:
     torch.set_num_threads(1)
     from gnnsched.cuda_allocator import replay
     from gnnsched.estimator import cuda_allocation_events, trace_step
-    from gnnsched.gpus import get_gpu_model
+    from gnnsched.gpu.catalogue import get_gpu_model
     from gnnsched.spec import parse_spec
 
     workspace = get_gpu_model("A100-80GB").cublas_workspace_bytes

@@ -22,7 +22,7 @@ from dp_test_kubelet import TestKubelet  # noqa: E402
 
 from gnnsched.device_plugin.server import DevicePlugin, PluginConfig  # noqa: E402
 from gnnsched.device_plugin.v1beta1 import api_pb2 as pb  # noqa: E402
-from gnnsched.gpu_backend import FakeGPUBackend  # noqa: E402
+from gnnsched.gpu.backend import FakeGPUBackend  # noqa: E402
 
 
 def _reports(kubelet: TestKubelet, device: str, health: str) -> bool:

@@ -313,7 +313,7 @@ def main_cuda(args: argparse.Namespace) -> int:
         print("SKIPPED --device cuda: no CUDA device (torch.cuda.is_available() is False); the caching-allocator "
               "model is unmeasured on this machine")
         return 0
-    from gnnsched.gpus import DEFAULT_GPU_MODEL, match_device_name
+    from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, match_device_name
 
     name = torch.cuda.get_device_name()
     model = match_device_name(name, torch.cuda.get_device_properties(0).total_memory)

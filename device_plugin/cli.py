@@ -63,7 +63,7 @@ def run(
     if mps_status_max_age <= 0:
         fail(f"--mps-status-max-age: must be positive, got {mps_status_max_age}")
 
-    from gnnsched.gpu_backend import BackendSpecError, NVMLUnavailableError, open_backend
+    from gnnsched.gpu.backend import BackendSpecError, NVMLUnavailableError, open_backend
     from gnnsched.node_status_file import status_file_path
 
     from .mps_health import StatusFileMPSHealth, assume_mps_healthy

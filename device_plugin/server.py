@@ -38,7 +38,7 @@ from gnnsched.contract import (
     GPU_SHARE_RESOURCE,
     MPS_MAX_CLIENTS_PER_GPU,
 )
-from gnnsched.gpu_backend import GPUBackend, GPUBackendError, GPUInfo
+from gnnsched.gpu.backend import GPUBackend, GPUBackendError, GPUInfo
 from gnnsched.return_to_service import when
 
 from .mps_health import MPSHealthSource, assume_mps_healthy

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gnnsched.gpu_backend import GPUInfo
+from gnnsched.gpu.backend import GPUInfo
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

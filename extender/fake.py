@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from gnnsched.contract import GPUJob, GPUNodeStatus, GPUStatus, MPSStatus
-from gnnsched.gpus import DEFAULT_GPU_MODEL, GiB, get_gpu_model
+from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, GiB, get_gpu_model
 
 from .cache import ClusterCache
 

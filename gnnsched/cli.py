@@ -73,7 +73,7 @@ def _operator(
         help="The built-in worker imports, loads its graph and builds its model on the CPU while it waits at the "
              "gate (gnnsched gate --prestart), then touches the GPU once admitted. On in the chart "
              "(operator.workerPrestart), off by default on the command line. The CPU start-up runs under a "
-             "pre-admission CUDA guard (gnnsched.cuda_guard); where the guard misses a path into the CUDA driver the "
+             "pre-admission CUDA guard (gnnsched.gpu.cuda_guard); where the guard misses a path into the CUDA driver the "
              "worker re-executes itself once admitted, paying its start-up twice instead of failing "
              "(docs/gpu-measurements.md; bench/gpu/prestart_check.py says on a GPU whether that happens)."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
@@ -184,7 +184,7 @@ def _operator(
         fail("--namespace and --all-namespaces are mutually exclusive")
     if worker_device not in ("cuda", "cpu"):
         fail(f"--worker-device: must be cuda or cpu, got {worker_device!r}")
-    from gnnsched.gpus import get_gpu_model
+    from gnnsched.gpu.catalogue import get_gpu_model
 
     try:
         get_gpu_model(default_gpu_model)

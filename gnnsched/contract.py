@@ -117,22 +117,22 @@ ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # "0=<MiB>M": the per
 ENV_NODE_NAME = "NODE_NAME"
 """The Kubernetes node a node-side process runs on (the chart sets it from the downward API's ``spec.nodeName`` in
 the agent, device plugin and MPS daemon containers): the agent's ``--node-name`` default and the seed of fake GPUs'
-UUIDs (``gnnsched.gpu_backend.fake_uuid_prefix``)."""
+UUIDs (``gnnsched.gpu.backend.fake_uuid_prefix``)."""
 ENV_FAKE_GPU_MEMORY = "GNNSCHED_FAKE_GPU_MEMORY"
 """``enforce`` or ``enforce:FACTOR``: the worker runs on a fake GPU that enforces ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
-(``gnnsched.fake_gpu_memory``): it raises PyTorch's CUDA out-of-memory error once its device bytes (live tensor bytes
+(``gnnsched.gpu.fake_memory``): it raises PyTorch's CUDA out-of-memory error once its device bytes (live tensor bytes
 times FACTOR) would pass the limit. Set only where the GPU is fake: a node agent with ``--gpus fake:...`` hands it to
 the
 gated workload; tests set it directly."""
 ENV_FAKE_GPU_FAULTS = "GNNSCHED_FAKE_GPU_FAULTS"
 """A directory whose files, named after GPU UUIDs and holding an Xid number, are fatal faults on fake GPUs
-(``gnnsched.fake_gpu_faults``): the node agent's fake backend reports them as Xid events, and a gated worker on that
+(``gnnsched.gpu.fake_faults``): the node agent's fake backend reports them as Xid events, and a gated worker on that
 GPU fails as an MPS client of a terminated server does. Set only where the GPU is fake (``node-agent --gpus fake:...
 --fake-gpu-faults DIR`` hands it to the gated workload)."""
 ENV_ADMITTED_AT = "GNNSCHED_ADMITTED_AT"
 """RFC 3339 time at which the gate admitted the workload to its GPU (set by ``gnnsched gate`` beside
 ``CUDA_VISIBLE_DEVICES``): a fake GPU's fault written after it terminates the workload
-(``gnnsched.fake_gpu_faults``)."""
+(``gnnsched.gpu.fake_faults``)."""
 ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
 """Set by ``gnnsched gate --prestart`` on the workload it starts before admission: the number of an inherited pipe
 descriptor on which the gate's keeper writes one ``gnnsched.gate_handoff.Handoff`` line once the node agent has

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gnnsched.gpus import GPUModel, gpu_models
+from gnnsched.gpu.catalogue import GPUModel, gpu_models
 from gnnsched.spec import GNNJobSpec
 
 PORTABLE_NAME = "gnnsched_portable"

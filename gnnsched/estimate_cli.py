@@ -27,7 +27,7 @@ def estimate_command(
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object (stable keys) instead of a table."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda adds the GPU model's device overheads)."),
     gpu_model: str = typer.Option(
-        None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpus); default A100-80GB."
+        None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpu.catalogue); default A100-80GB."
     ),
     calibration: Path = typer.Option(
         None, "--calibration",
@@ -38,7 +38,7 @@ def estimate_command(
     """Estimate a job's peak memory by tracing its model on fake tensors (no data, any graph size)."""
     calibrated = None
     with user_errors():
-        from gnnsched.gpus import DEFAULT_GPU_MODEL, get_gpu_model
+        from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, get_gpu_model
         from gnnsched.spec import load_job
 
         if device not in ("cpu", "cuda"):
@@ -84,7 +84,7 @@ def estimate_command(
         typer.echo(f"  {name + ':':17} {_human(value)}")
     if result.cuda_reserved_bytes is not None:
         # The allocator model and this GPU model's constants were measured on a lent GPU only where the catalogue
-        # says so (gnnsched.gpus.GPUModel.overheads_verified; docs/gpu-measurements.md).
+        # says so (gnnsched.gpu.catalogue.GPUModel.overheads_verified; docs/gpu-measurements.md).
         how = ("allocator model and constants checked on this GPU model" if verified
                else "caching-allocator model; this GPU model's constants are unverified on a GPU")
         typer.echo(f"cuda reserved:    {_human(result.cuda_reserved_bytes)} ({result.cuda_reserved_bytes} bytes; "

@@ -56,7 +56,7 @@ splitting, merging within a segment, segments never released), whose peak *reser
 ``cuda_reserved_bytes``. ``admit_bytes`` is then (CUDA context + MPS client + reserved peak + the GPU model's
 ``allocator_overhead_fraction`` of it) times the safety factor, and ``device_overhead_bytes`` is everything in that
 sum beyond ``pmc_bytes``. The context and workspace constants are the GPU model's documented values in
-``gnnsched.gpus``; neither they nor the allocator model have been checked on a GPU here ("unverified").
+``gnnsched.gpu.catalogue``; neither they nor the allocator model have been checked on a GPU here ("unverified").
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ import torch._dynamo
 import torch_geometric.nn  # noqa: F401 - same: keep one-time imports out of the timed estimate
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.gpu.catalogue import GPUModel, get_gpu_model
 from gnnsched.models import (
     GraphLayout,
     NeighborSampler,
@@ -498,7 +498,7 @@ def estimate(
     allocated: int | None = None
     if device == "cuda":
         if gpu_model is None:
-            from gnnsched.gpus import DEFAULT_GPU_MODEL
+            from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL
 
             gpu_model = DEFAULT_GPU_MODEL
         gpu = gpu_model if isinstance(gpu_model, GPUModel) else get_gpu_model(gpu_model)

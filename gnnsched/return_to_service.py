@@ -32,7 +32,7 @@ from gnnsched.contract import (
     ReturnToServiceRequest,
 )
 from gnnsched.fault_classes import is_hardware_xid
-from gnnsched.gpu_backend import GPUInfo
+from gnnsched.gpu.backend import GPUInfo
 
 __all__ = [
     "PendingReturn",

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.gpu.catalogue import GPUModel, get_gpu_model
 from gnnsched.spec import GNNJobSpec, layer_dims
 
 FLOAT_BYTES = 4

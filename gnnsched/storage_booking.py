@@ -1,7 +1,7 @@
 """One dispatch mode that books every tensor storage an operator creates, for the two counters that need it.
 
 Why: ``gnnsched.worker.ConcurrentMeter`` (the peak of parallel inference threads, which ``torch.profiler`` does not
-see) and ``gnnsched.fake_gpu_memory.FakeGPUMemory`` (a fake GPU's device bytes, limited like MPS limits a client)
+see) and ``gnnsched.gpu.fake_memory.FakeGPUMemory`` (a fake GPU's device bytes, limited like MPS limits a client)
 count the same thing: a CPU storage from the operator that creates it until its last reference dies. Only what each
 books for a storage differs, so the walk over an operator's outputs and the release on the storage's death live here.
 """

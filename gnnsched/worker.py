@@ -11,7 +11,7 @@ A CUDA out-of-memory error inside the attempt's own MPS limit is not a crash but
 the operator answers with a larger retry: :func:`run_attempt` catches it and reports what the process held and the
 request that failed. A fatal GPU/MPS error (``cudaErrorMpsClientTerminated``, an illegal address, ...) is reported as
 ``fault`` with its text, so the node agent can tell the victims of a co-located fault from its suspect. Under a fake
-GPU (``GNNSCHED_FAKE_GPU_MEMORY``, ``gnnsched.fake_gpu_memory``) the limit is enforced here, with the same error.
+GPU (``GNNSCHED_FAKE_GPU_MEMORY``, ``gnnsched.gpu.fake_memory``) the limit is enforced here, with the same error.
 
 Inference with ``parallelism: N`` runs N threads that share one copy of the model and the graph (the model-sharing
 seed: read-only weights need one copy), each serving its share of the requests.
@@ -40,8 +40,8 @@ import torch
 from torch._C._profiler import _EventType
 
 from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
-from gnnsched.fake_gpu_faults import FakeGPUFaultWatch
-from gnnsched.fake_gpu_memory import FakeGPUMemory
+from gnnsched.gpu.fake_faults import FakeGPUFaultWatch
+from gnnsched.gpu.fake_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph
 from gnnsched.portable.step import run_step
 from gnnsched.spec import GNNJobSpec
@@ -330,7 +330,7 @@ class _PeakMeter:
 def cuda_context_bytes(limit_bytes: int | None = None) -> int:
     """What this process holds on its GPU beside the caching allocator's reserved bytes (the CUDA context, loaded
     kernels, library state), which NVML and the MPS memory limit count: measured where the GPU tells, else the
-    catalogue's constant (``gnnsched.gpus``).
+    catalogue's constant (``gnnsched.gpu.catalogue``).
 
     Measured on an H100 (docs/gpu-measurements.md): 610 MiB after the first tensor, 742 MiB after GNN training steps
     (kernels load lazily, so it grows with what the job ran; hence measured at the end). Under an MPS memory limit
@@ -346,7 +346,7 @@ def cuda_context_bytes(limit_bytes: int | None = None) -> int:
     used = _nvml_used_by_this_process()
     if used is not None and used >= reserved:
         return used - reserved
-    from gnnsched.gpus import GPUModel, match_device_name
+    from gnnsched.gpu.catalogue import GPUModel, match_device_name
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     model = match_device_name(props.name, int(props.total_memory))

@@ -10,7 +10,7 @@ Exit status: 0 when the attempt succeeded; 1 when it ended ``memory-exceeded`` (
 limit) or ``fault`` (a fatal GPU/MPS error), after writing the result line that says which; 2 for bad input.
 
 Started by ``gnnsched gate --prestart`` (``$GNNSCHED_GATE_HANDOFF_FD`` set), the worker first does its CPU-side
-start-up (imports, graph, model) under ``gnnsched.cuda_guard.PreAdmissionGuard`` (nothing may initialise CUDA while
+start-up (imports, graph, model) under ``gnnsched.gpu.cuda_guard.PreAdmissionGuard`` (nothing may initialise CUDA while
 no GPU is visible), then waits for the gate's hand-off (``gnnsched.gate_handoff``), removes the guard and only then
 reads its MPS limit and fake-GPU settings and touches the device; it exits 3 when the gate rejected it and 4 when no
 admission came (as the gate would). Where the prestarted process cannot use its admitted GPU (its start-up tried to
@@ -132,7 +132,7 @@ def worker_command(
         fake = None
         raw_fake = os.environ.get(ENV_FAKE_GPU_MEMORY, "").strip()
         if raw_fake:
-            from gnnsched.fake_gpu_memory import FakeGPUMemory, parse_fake_gpu_memory
+            from gnnsched.gpu.fake_memory import FakeGPUMemory, parse_fake_gpu_memory
 
             if device != "cpu":
                 raise UserError(
@@ -143,7 +143,7 @@ def worker_command(
             except ValueError as exc:
                 raise UserError(str(exc)) from None
             fake = FakeGPUMemory(limit_bytes=limit_bytes, footprint=footprint)
-        from gnnsched.fake_gpu_faults import watch_from_env
+        from gnnsched.gpu.fake_faults import watch_from_env
 
         try:
             fault_watch = watch_from_env(os.environ)
@@ -241,8 +241,8 @@ def _prestarted(gate_fd: int, spec: GNNJobSpec, seed: int, threads: int | None, 
     "no device" through a path the guard does not cover). The cost is the start-up paid twice, only there; the job is
     not lost for it. Exits with the gate's status when the gate did not admit it."""
     # The guard goes in before anything imports PyG: its import asks torch.__config__.show(), which initialised the
-    # CUDA driver with no device visible on a real GPU (gnnsched.cuda_guard).
-    from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard, runtime_device_count
+    # CUDA driver with no device visible on a real GPU (gnnsched.gpu.cuda_guard).
+    from gnnsched.gpu.cuda_guard import CudaInitBlocked, PreAdmissionGuard, runtime_device_count
     from gnnsched.gate_handoff import NotAdmitted, apply_admission, cuda_initialised, read_handoff, reexec_admitted
 
     guard = PreAdmissionGuard()

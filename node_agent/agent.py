@@ -32,8 +32,8 @@ from gnnsched.contract import (
     MPSStatus,
 )
 from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED, counted_class, is_hardware_xid
-from gnnsched.gpu_backend import GPUBackend, GPUInfo, GPUProcess, HealthEvent
-from gnnsched.gpus import match_device_name
+from gnnsched.gpu.backend import GPUBackend, GPUInfo, GPUProcess, HealthEvent
+from gnnsched.gpu.catalogue import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodLookup

@@ -207,7 +207,7 @@ def node_agent(
     workload_env: dict[str, str] = {}
     if fake_gpu_memory:
         from gnnsched.contract import ENV_FAKE_GPU_MEMORY
-        from gnnsched.fake_gpu_memory import parse_fake_gpu_memory
+        from gnnsched.gpu.fake_memory import parse_fake_gpu_memory
 
         if not gpus.strip().startswith("fake:"):
             fail("--fake-gpu-memory: only with --gpus fake:NxSIZE (a real GPU enforces its own limit)")
@@ -225,7 +225,7 @@ def node_agent(
             fail(f"--fake-gpu-faults: {fake_gpu_faults} is not a directory")
         workload_env[ENV_FAKE_GPU_FAULTS] = str(fake_gpu_faults.resolve())
 
-    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
+    from gnnsched.gpu.backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
     from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier, PodLookup
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
@@ -445,7 +445,7 @@ def mps_daemon(
         if fixed < (1 << 20):
             fail("--default-pinned-mem-limit: must be at least 1Mi")
 
-    from gnnsched.gpu_backend import BackendSpecError, GPUBackendError, open_backend
+    from gnnsched.gpu.backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.mps import MPSConfig, MPSError, MPSManager
     from gnnsched.node_agent.mps_daemon import (
         MPSDaemonService,

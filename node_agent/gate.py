@@ -78,7 +78,7 @@ class GateConfig:
     reconcile_seconds: float = 5.0
     jobs_uid: int | None = None  # the one UID an MPS client may run as (None: any); see identity.check_peer_uid
     # Extra environment for every admitted workload; only ``--fake-gpu-memory`` sets it (the fake GPU's limit
-    # enforcement, gnnsched.fake_gpu_memory): on a real GPU the MPS server enforces the limit by itself.
+    # enforcement, gnnsched.gpu.fake_memory): on a real GPU the MPS server enforces the limit by itself.
     workload_env: dict[str, str] = field(default_factory=dict)
 
 

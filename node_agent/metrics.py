@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from gnnsched.gpu_backend import GPUInfo
+    from gnnsched.gpu.backend import GPUInfo
     from gnnsched.node_agent.books import Books, Entry
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600)

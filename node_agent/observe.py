@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_bytes
 from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES
-from gnnsched.gpu_backend import GPUProcess
+from gnnsched.gpu.backend import GPUProcess
 from gnnsched.node_agent.identity import (
     ContainerEnd,
     PodLookup,

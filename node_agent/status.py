@@ -25,8 +25,8 @@ from gnnsched.contract import (
     GPUStatus,
     MPSStatus,
 )
-from gnnsched.gpu_backend import GPUInfo
-from gnnsched.gpus import match_device_name
+from gnnsched.gpu.backend import GPUInfo
+from gnnsched.gpu.catalogue import match_device_name
 from gnnsched.node_agent.books import Books, Entry
 from gnnsched.node_agent.quarantine import Drain
 

@@ -126,7 +126,7 @@ class OperatorConfig(BaseModel):
     # The built-in worker does its CPU start-up while it waits at the gate (gnnsched gate --prestart).
     # On an H100, importing torch_geometric while CUDA_VISIBLE_DEVICES is empty initialised the CUDA
     # driver with no device, so every prestarted CUDA worker failed after admission (docs/gpu-measurements.md). The
-    # worker now guards that phase (gnnsched.cuda_guard) and falls back to a plain start where the guard misses a
+    # worker now guards that phase (gnnsched.gpu.cuda_guard) and falls back to a plain start where the guard misses a
     # path (gnnsched.gate_handoff.reexec_admitted). Off in the CLI, on in the chart (operator.workerPrestart).
     worker_prestart: bool = False
     health_port: int | None = None  # serve kopf's liveness probe at http://0.0.0.0:PORT/healthz

@@ -172,7 +172,7 @@ class Planner:
             if probe is None:
                 return _declared(spec)
             from gnnsched.entrypoint_probe import estimate_from_probe
-            from gnnsched.gpus import get_gpu_model
+            from gnnsched.gpu.catalogue import get_gpu_model
 
             gpu = gpu_model if gpu_model is not None else get_gpu_model(self.default_gpu_model)
             return estimate_from_probe(probe, gpu, safety_factor)
@@ -289,7 +289,7 @@ class Planner:
 
         The predicted runtime is the predictor's times its runtime class's calibrated factor when
         ``runtime_calibration`` has enough samples for it (``runtime_factor``; ``runtime_source`` says so)."""
-        from gnnsched.gpus import get_gpu_model
+        from gnnsched.gpu.catalogue import get_gpu_model
 
         container: Literal["builtin", "custom"] = "custom" if (spec.command or spec.image) else "builtin"
         override = spec.resources.gpu_memory_bytes()
@@ -386,7 +386,7 @@ class Planner:
         """The plan from its memory decision (``memory``: Plan's memory fields) plus the runtime prediction (with
         the runtime class's calibrated factor from ``runtime_calibration``) and the scaled resources on
         ``runtime_gpu`` (None: the default GPU model)."""
-        from gnnsched.gpus import get_gpu_model
+        from gnnsched.gpu.catalogue import get_gpu_model
 
         if runtime_gpu is None:
             try:
@@ -433,7 +433,7 @@ class Planner:
         """Alone on a whole GPU, with no prediction: the reservation is the capacity of the largest healthy GPU (the
         gate admits an exclusive pod only into an empty GPU; the extender places it where that capacity exists).
         With no GPU reported yet, the default model's capacity stands until the pod is placed."""
-        from gnnsched.gpus import get_gpu_model
+        from gnnsched.gpu.catalogue import get_gpu_model
 
         healthy = [g for g in gpus if g.healthy]
         largest = max(healthy, key=lambda g: g.capacity_bytes) if healthy else None

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from gnnsched.estimator import DEFAULT_SAFETY_FACTOR_CUDA, Estimate
-from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.gpu.catalogue import GPUModel, get_gpu_model
 from gnnsched.operator.planning import Planner
 from gnnsched.spec import GNNJobSpec
 

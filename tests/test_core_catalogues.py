@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from gnnsched.datasets import dataset_names, get_dataset
-from gnnsched.gpus import GiB, get_gpu_model, gpu_models, match_device_name
+from gnnsched.gpu.catalogue import GiB, get_gpu_model, gpu_models, match_device_name
 from gnnsched.quantity import (
     QuantityError,
     format_bytes,

@@ -22,7 +22,7 @@ from gnnsched.device_plugin.server import DevicePlugin, PluginConfig
 from gnnsched.device_plugin.slots import MPSHealth, parse_slot_id
 from gnnsched.device_plugin.v1beta1 import api_pb2 as pb
 from gnnsched.device_plugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gnnsched.gpu_backend import FakeGPUBackend
+from gnnsched.gpu.backend import FakeGPUBackend
 from gnnsched.node_status_file import status_file_path, write_status_file
 
 GI = 1024**3

@@ -15,7 +15,7 @@ from dp_test_kubelet import TestKubelet
 
 from gnnsched import contract
 from gnnsched.contract import GPUNodeStatus, MPSStatus
-from gnnsched.gpu_backend import NVMLBackend, NVMLUnavailableError
+from gnnsched.gpu.backend import NVMLBackend, NVMLUnavailableError
 from gnnsched.node_status_file import status_file_path, write_status_file
 
 CMD = [sys.executable, "-m", "gnnsched.cli", "device-plugin"]

@@ -14,7 +14,7 @@ from gnnsched.device_plugin.slots import (
     preferred_allocation,
     slot_id,
 )
-from gnnsched.gpu_backend import FakeGPUBackend, fake_uuid
+from gnnsched.gpu.backend import FakeGPUBackend, fake_uuid
 
 
 def test_slot_ids_round_trip_and_fit_kubelet_limit():

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gnnsched.cli import app
 from gnnsched.estimator import CATEGORIES, estimate, trace_step
-from gnnsched.gpus import get_gpu_model
+from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.models import Graph, GraphLayout, build_model, graph_layout
 from gnnsched.portable.step import run_step
 from gnnsched.spec import parse_spec

@@ -22,7 +22,7 @@ from gnnsched.contract import (
 from gnnsched.extender.cache import BindError, ClusterCache, reservation_from_pod
 from gnnsched.extender.fake import parse_fake_cluster, populate
 from gnnsched.extender.pods import PodError, parse_pod
-from gnnsched.gpus import GiB, get_gpu_model
+from gnnsched.gpu.catalogue import GiB, get_gpu_model
 from gnnsched.interference import load_default
 
 NOW = 1_800_000_000.0

@@ -24,7 +24,7 @@ from test_extender_cache import make_pod  # noqa: E402
 from gnnsched.contract import ANN_RESERVATION, GROUP, SCHEDULER_NAME, VERSION  # noqa: E402
 from gnnsched.extender.server import ExtenderOptions, build_app  # noqa: E402
 from gnnsched.extender.testing import LoopbackServer  # noqa: E402
-from gnnsched.gpus import GiB  # noqa: E402
+from gnnsched.gpu.catalogue import GiB  # noqa: E402
 
 
 def _raw_pod(core: Any, name: str, namespace: str) -> bytes:

@@ -20,7 +20,7 @@ from gnnsched.extender import create_app
 from gnnsched.extender.binder import FakeBinder
 from gnnsched.extender.cache import ClusterCache, reservation_from_pod
 from gnnsched.extender.testing import LoopbackServer
-from gnnsched.gpus import GiB
+from gnnsched.gpu.catalogue import GiB
 from gnnsched.interference import load_default
 
 

@@ -20,7 +20,7 @@ from gnnsched.extender.binder import FakeBinder
 from gnnsched.extender.cache import ClusterCache
 from gnnsched.extender.server import ExtenderOptions, OptionError, build_app
 from gnnsched.extender.testing import LoopbackServer
-from gnnsched.gpus import GiB
+from gnnsched.gpu.catalogue import GiB
 from gnnsched.interference import load_default
 from gnnsched.scheduler_config import scheduler_config
 

@@ -1,4 +1,4 @@
-"""Fatal faults on fake GPUs (``gnnsched.fake_gpu_faults``): one fault file, seen by the agent's fake backend as the
+"""Fatal faults on fake GPUs (``gnnsched.gpu.fake_faults``): one fault file, seen by the agent's fake backend as the
 driver's Xid event and by the workers on that GPU as MPS's client-terminated error."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from gnnsched.closed_loop import classify_log, is_mps_victim_text
 from gnnsched.errors import FieldError
-from gnnsched.fake_gpu_faults import FakeGPUFaultWatch, fault_path, watch_from_env
-from gnnsched.gpu_backend import BackendSpecError, FakeGPUBackend, fake_uuid, open_backend
+from gnnsched.gpu.fake_faults import FakeGPUFaultWatch, fault_path, watch_from_env
+from gnnsched.gpu.backend import BackendSpecError, FakeGPUBackend, fake_uuid, open_backend
 from gnnsched.spec import parse_spec
 from gnnsched.worker import run_attempt
 

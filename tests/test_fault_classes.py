@@ -32,7 +32,7 @@ from gnnsched.fault_classes import (
     parse_fault_peers,
     undecided_peers,
 )
-from gnnsched.gpu_backend import FakeGPUBackend
+from gnnsched.gpu.backend import FakeGPUBackend
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.quarantine import REASON_XID, ClientEnd, Quarantine, is_critical_xid
 from gnnsched.operator.resize import attempt_facts, decide

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gnnsched.contract import ENV_NODE_NAME
-from gnnsched.gpu_backend import (
+from gnnsched.gpu.backend import (
     APPLICATION_XIDS,
     BackendSpecError,
     FakeGPUBackend,

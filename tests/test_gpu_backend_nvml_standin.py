@@ -65,7 +65,7 @@ def test_nvml_backend_reads_devices_processes_and_xids(libdir, tmp_path):
     state.write_text(STATE + "xid 1 13\n")
     script = textwrap.dedent(f"""
         import dataclasses, json
-        from gnnsched.gpu_backend import open_backend
+        from gnnsched.gpu.backend import open_backend
         b = open_backend("nvml")
         out = {{"devices": [dataclasses.asdict(d) for d in b.devices()],
                "procs0": [dataclasses.asdict(p) for p in b.processes(0)],

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_simulator import V100, job
 
-from gnnsched.gpus import GiB
+from gnnsched.gpu.catalogue import GiB
 from gnnsched.scheduler_config import LEAST_ALLOCATED, MOST_ALLOCATED
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.adapters import Integrations

@@ -18,7 +18,7 @@ from fake_mps import kill_fake_mps
 from gate_helpers import GiB, add_pods, job_pod, write_pods
 
 from gnnsched.contract import ANN_OBSERVED_PEAK_BYTES, GPUNodeStatus
-from gnnsched.gpu_backend import FakeGPUBackend
+from gnnsched.gpu.backend import FakeGPUBackend
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier
 from gnnsched.node_agent.mps import MPSConfig, MPSManager

@@ -22,7 +22,7 @@ from gate_helpers import GiB, add_pods, job_pod, write_pods
 
 from gnnsched.closed_loop import AttemptResult, FaultRecord
 from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_OBSERVED_PEAK_BYTES, RETURN_TO_SERVICE_DIR_NAME
-from gnnsched.gpu_backend import FakeGPUBackend, GPUProcess
+from gnnsched.gpu.backend import FakeGPUBackend, GPUProcess
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import ContainerEnd, FilePodLookup, PeerVerifier
 from gnnsched.node_agent.mps import MPSConfig, MPSManager

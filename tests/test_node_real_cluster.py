@@ -18,7 +18,7 @@ import pytest
 from gate_helpers import GiB, add_pods, job_pod, write_pods
 
 from gnnsched.contract import DEFAULT_JOBS_UID, MPSDaemonHealth
-from gnnsched.gpu_backend import FakeGPUBackend
+from gnnsched.gpu.backend import FakeGPUBackend
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer

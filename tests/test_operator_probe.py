@@ -25,7 +25,7 @@ from test_operator import condition, job_in_phase, own_pods, wait_for
 from gnnsched.contract import ANN_ADMIT_BYTES, ANN_EXCLUSIVE
 from gnnsched.entrypoint_probe import estimate_from_probe, install_probe, parse_probe_result
 from gnnsched.errors import FieldError
-from gnnsched.gpus import get_gpu_model
+from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.operator.probe import (
     INSTALL_CONTAINER,
     PROBE_CONTAINER,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from shared_data import GRAPHS
 
-from gnnsched.gpus import get_gpu_model
+from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.host_footprint import LOAD_PEAK_FACTOR, RUNTIME_BYTES, host_footprint
 from gnnsched.predictor.gnn import GNNRuntimePredictor, job_class, probe_grid
 from gnnsched.predictor.history import HistoryError, HistoryRecord, append_history, load_history

@@ -1,4 +1,4 @@
-"""Nothing in a prestarted worker's pre-admission phase may reach the CUDA driver (gnnsched.cuda_guard).
+"""Nothing in a prestarted worker's pre-admission phase may reach the CUDA driver (gnnsched.gpu.cuda_guard).
 
 On an H100 the built-in worker's start-up under ``gnnsched gate --prestart`` initialised CUDA with no device visible
 (``import torch_geometric`` -> ``torch.__config__.show()`` -> ``cudaGetDeviceCount``) and every prestarted CUDA worker
@@ -24,7 +24,7 @@ import torch
 
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import ENV_GATE_HANDOFF_FD, ENV_RESULT_FILE
-from gnnsched.cuda_guard import CudaInitBlocked, PreAdmissionGuard, driver_free_config, runtime_device_count
+from gnnsched.gpu.cuda_guard import CudaInitBlocked, PreAdmissionGuard, driver_free_config, runtime_device_count
 from gnnsched.gate_handoff import Handoff
 
 pytestmark = pytest.mark.timeout(300)
@@ -245,7 +245,7 @@ EXAMPLES_UNDER_GUARD = """
 import glob, json, sys
 from cuda_init_trap import install
 install(sys.argv[1])
-from gnnsched.cuda_guard import PreAdmissionGuard
+from gnnsched.gpu.cuda_guard import PreAdmissionGuard
 guard = PreAdmissionGuard().install()
 from gnnsched.spec import load_job
 from gnnsched.worker import prepare_job

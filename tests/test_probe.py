@@ -21,7 +21,7 @@ from gnnsched.entrypoint_probe import (
     probe_request,
 )
 from gnnsched.estimator import estimate
-from gnnsched.gpus import get_gpu_model, gpu_models
+from gnnsched.gpu.catalogue import get_gpu_model, gpu_models
 from gnnsched.portable.probe import RESULT_LIMIT
 from gnnsched.spec import load_job, parse_job
 

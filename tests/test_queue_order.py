@@ -8,7 +8,7 @@ from itertools import pairwise
 import pytest
 
 from gnnsched.contract import QUEUE_CLASS_PREFIX, QUEUE_PRIORITY_BASE
-from gnnsched.gpus import GiB, get_gpu_model
+from gnnsched.gpu.catalogue import GiB, get_gpu_model
 from gnnsched.queue_order import (
     DOUBLINGS,
     MAX_USER_PRIORITY,

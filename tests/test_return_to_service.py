@@ -42,7 +42,7 @@ from gnnsched.contract import (
 from gnnsched.device_plugin.mps_health import StatusFileMPSHealth
 from gnnsched.device_plugin.server import DevicePlugin, PluginConfig
 from gnnsched.device_plugin.slots import parse_slot_id
-from gnnsched.gpu_backend import FakeGPUBackend, GPUInfo
+from gnnsched.gpu.backend import FakeGPUBackend, GPUInfo
 from gnnsched.node_agent.agent import AgentOptions, NodeAgent
 from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier
 from gnnsched.node_agent.status import FileStatusSink

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from shared_data import DATA
 
-from gnnsched.gpus import GiB, get_gpu_model
+from gnnsched.gpu.catalogue import GiB, get_gpu_model
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import ClusterError, parse_cluster, uniform_cluster
 from gnnsched.simulator.engine import Simulation, feasible_nodes_to_find

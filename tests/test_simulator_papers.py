@@ -7,7 +7,7 @@ import pytest
 from shared_data import DATA
 
 from gnnsched import policies as pol
-from gnnsched.gpus import GiB, get_gpu_model
+from gnnsched.gpu.catalogue import GiB, get_gpu_model
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import fits_on
 from gnnsched.simulator.cluster import parse_cluster, uniform_cluster

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from shared_data import DATA
 
-from gnnsched.gpus import get_gpu_model
+from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.interference import load_default as load_interference
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import uniform_cluster

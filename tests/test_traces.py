@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gnnsched.gpus import get_gpu_model
+from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.traces import (
     GIB,
     MIB,

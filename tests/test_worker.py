@@ -166,7 +166,7 @@ def test_cuda_out_of_memory_is_a_memory_exceeded_outcome():
 
 
 def _fake_run(spec, limit: int | None, footprint: float = 1.0):
-    from gnnsched.fake_gpu_memory import FakeGPUMemory
+    from gnnsched.gpu.fake_memory import FakeGPUMemory
 
     memory = FakeGPUMemory(limit_bytes=limit, footprint=footprint)
     return run_attempt(spec, limit_bytes=limit, fake_memory=memory), memory
@@ -288,7 +288,7 @@ def test_a_prepared_run_observes_what_a_plain_run_does(spec):
     """Start-up behind the wait: the graph and model built before admission are moved to the device after it, inside
     the run's meters, so the observed peak (the profiler's, and a fake GPU's count) is the plain run's. (Parallel
     inference is left out: its concurrent peak depends on how the threads interleave, run to run.)"""
-    from gnnsched.fake_gpu_memory import FakeGPUMemory
+    from gnnsched.gpu.fake_memory import FakeGPUMemory
     from gnnsched.worker import prepare_job
 
     plain = run_job(spec, seed=3)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device; nothing measured")
         return 0
-    from gnnsched.gpus import DEFAULT_GPU_MODEL, match_device_name
+    from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, match_device_name
     from gnnsched.interference import load_default
     from gnnsched.runtime_prior import intensity_class
     from gnnsched.spec import parse_spec

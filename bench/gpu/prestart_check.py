@@ -9,7 +9,7 @@ Three children, each started as ``gnnsched gate --prestart`` leaves its workload
 ``PYTORCH_NVML_BASED_CUDA_CHECK=1``) and then given GPU 0's UUID, as the keeper's admission does:
 1. control: ``import torch_geometric`` with no guard, then the GPU: on torch 2.11 + PyG 2.8 this reported no device
    (the bug). Reported, not judged: it says whether this torch/PyG pair still needs the guard.
-2. the same import under ``gnnsched.cuda_guard.PreAdmissionGuard``, removed before the GPU is given: must see the GPU
+2. the same import under ``gnnsched.gpu.cuda_guard.PreAdmissionGuard``, removed before the GPU is given: must see the GPU
    and make a CUDA tensor. Both print whether ``libcuda.so`` was mapped before admission (a hint, not the verdict:
    loading the library is not ``cuInit``).
 3. the real thing: ``gnnsched worker JOB --device cuda --epochs 1`` with a hand-off pipe, admitted (the keeper's JSON
@@ -40,7 +40,7 @@ PROBE = """
 import os, sys
 guarded = sys.argv[1] == "guarded"
 if guarded:
-    from gnnsched.cuda_guard import PreAdmissionGuard
+    from gnnsched.gpu.cuda_guard import PreAdmissionGuard
     guard = PreAdmissionGuard().install()
 import torch_geometric  # noqa: F401
 maps = open("/proc/self/maps").read()

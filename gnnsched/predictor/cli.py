@@ -287,7 +287,7 @@ def scale(
 ) -> None:
     """Adaptive scaling (seed 004, Algorithm 1) of the job's CPU and memory request, never below its floor."""
     with user_errors():
-        from gnnsched.gpus import get_gpu_model
+        from gnnsched.gpu.catalogue import get_gpu_model
         from gnnsched.predictor.gnn import GNNRuntimePredictor
         from gnnsched.quantity import format_cpu, format_quantity_bytes
         from gnnsched.scaling import scale as do_scale

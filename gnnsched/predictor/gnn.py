@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from gnnsched.gpus import GPUModel, get_gpu_model
+from gnnsched.gpu.catalogue import GPUModel, get_gpu_model
 from gnnsched.predictor.modelfile import read_model_file, read_packaged_model
 from gnnsched.predictor.trees import TreeEnsemble
 from gnnsched.runtime_prior import arithmetic_intensity, cost_family, solo_runtime_seconds, step_cost

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gnnsched.gpus import get_gpu_model
+from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.quantity import QuantityError, parse_bytes, parse_cpu
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
 

@@ -111,7 +111,7 @@ class Integrations:
         hit = self.memo.get(key)
         if hit is not None:
             return hit
-        from gnnsched.gpus import get_gpu_model
+        from gnnsched.gpu.catalogue import get_gpu_model
 
         gm = get_gpu_model(gpu_model)
         est = self._estimate(spec, gm)

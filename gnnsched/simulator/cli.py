@@ -154,7 +154,7 @@ def _writable_dir(flag: str, directory: Path) -> None:
 
 def fits_on(cluster: ClusterSpec, ix: Integrations) -> Fits | None:
     """Predicate for generators: the job's admit bytes fit the cluster's smallest GPU (it could run alone)."""
-    from gnnsched.gpus import get_gpu_model
+    from gnnsched.gpu.catalogue import get_gpu_model
     from gnnsched.spec import GNNJobSpec
 
     models = sorted({n.gpu_model for n in cluster.nodes if n.gpus}, key=lambda m: get_gpu_model(m).memory_bytes)

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from gnnsched.errors import FieldError
-from gnnsched.gpus import GiB, get_gpu_model
+from gnnsched.gpu.catalogue import GiB, get_gpu_model
 
 CORES_PER_GPU = 12
 MEMORY_PER_GPU = 64 * GiB

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gnnsched import queue_order
-from gnnsched.gpus import get_gpu_model
+from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.progress import StepProgress
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec

@@ -135,7 +135,7 @@ def _with_arrival(job: SimJob, arrival: float) -> SimJob:
 
 
 def _trace_job(i: int, t: Any, models: list[str]) -> SimJob:
-    from gnnsched.gpus import get_gpu_model
+    from gnnsched.gpu.catalogue import get_gpu_model
 
     profiles = {}
     for m in models:
@@ -244,7 +244,7 @@ def whole_gpu_fallback(jobs: list[SimJob], cluster: ClusterSpec) -> list[SimJob]
 
 def gpu_capacity(cluster: ClusterSpec) -> dict[str, int]:
     """GPU model -> what one job alone may use on it: its whole memory (the engine's GPUs carry no agent reserve)."""
-    from gnnsched.gpus import get_gpu_model
+    from gnnsched.gpu.catalogue import get_gpu_model
 
     return {get_gpu_model(n.gpu_model).name: get_gpu_model(n.gpu_model).memory_bytes for n in cluster.nodes if n.gpus}
 

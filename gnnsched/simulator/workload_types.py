@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gnnsched.errors import FieldError
-from gnnsched.gpus import GiB
+from gnnsched.gpu.catalogue import GiB
 from gnnsched.spec import GNNJobSpec
 
 DEFAULT_CPU_MILLI = 2000

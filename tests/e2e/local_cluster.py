@@ -25,7 +25,7 @@ success, failure or Ctrl-C.
 
 ``--inject-xid NODE:GPU:XID@SECONDS`` (repeatable) makes a fake GPU fail at the hardware boundary: the node's fake
 GPUs get a fault directory, and SECONDS after the jobs are submitted the Xid is written there
-(``gnnsched.fake_gpu_faults``). The agent sees it as the driver's Xid event; every worker on that GPU fails as a CUDA
+(``gnnsched.gpu.fake_faults``). The agent sees it as the driver's Xid event; every worker on that GPU fails as a CUDA
 client does after that Xid. A hardware Xid (79, 48, ...) leaves the GPU unhealthy and its jobs requeued uncharged; an
 application Xid (13, 31, ...) is charged to a lone client's job (docs/faults.md).
 
@@ -70,7 +70,7 @@ from gnnsched.contract import (  # noqa: E402
     ENV_NODE_NAME,
     GPU_SHARE_RESOURCE,
 )
-from gnnsched.gpu_backend import BackendSpecError, parse_fake_spec  # noqa: E402
+from gnnsched.gpu.backend import BackendSpecError, parse_fake_spec  # noqa: E402
 from gnnsched.quantity import parse_bytes  # noqa: E402
 
 log = logging.getLogger("e2e")
@@ -544,7 +544,7 @@ class LocalCluster:
                 *(["--fake-gpu-faults", str(node.fault_dir)] if node.fault_dir is not None else [])]
 
     def inject_fault(self, node_name: str, gpu_uuid: str, xid: int = 31) -> None:
-        """A fatal fault on a fake GPU, at the hardware boundary (``gnnsched.fake_gpu_faults``): the node's agent sees
+        """A fatal fault on a fake GPU, at the hardware boundary (``gnnsched.gpu.fake_faults``): the node's agent sees
         the Xid, every gated worker running on that GPU fails as an MPS client of a terminated server. The file is
         written whole, then renamed, so neither side reads it half-written."""
         node = next(n for n in self.nodes if n.name == node_name)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 def _factor(doc: dict) -> float:
     """FACTOR such that the worker's fake device bytes are 1.2x the admit bytes the operator will compute."""
     from gnnsched.estimator import estimate
-    from gnnsched.gpus import get_gpu_model
+    from gnnsched.gpu.catalogue import get_gpu_model
     from gnnsched.spec import GNNJobSpec
 
     spec = GNNJobSpec.model_validate(doc["spec"])

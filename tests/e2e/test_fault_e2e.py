@@ -2,7 +2,7 @@
 agent drains the GPU and marks them victims, the operator requeues them, and every job still ends ``Succeeded``.
 
 The fault is injected at the hardware boundary only: the agent runs with ``--fake-gpu-faults DIR`` and the harness
-writes an Xid into ``DIR/<GPU UUID>`` (``gnnsched.fake_gpu_faults``). From there everything is the components' own
+writes an Xid into ``DIR/<GPU UUID>`` (``gnnsched.gpu.fake_faults``). From there everything is the components' own
 doing: the agent's fake backend reports the Xid as the driver would, each gated worker on that GPU fails its next
 step with CUDA's ``cudaErrorMpsClientTerminated`` text (its attempt result says ``fault``), the kubelet stand-in
 writes the termination message, the agent classifies the ends and annotates the pods, the operator reads the

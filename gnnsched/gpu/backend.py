@@ -189,7 +189,7 @@ def parse_fake_spec(spec: str, field: str = "--gpus") -> tuple[int, int, str]:
         raise BackendSpecError(field, f"GPU memory must be positive, got {m.group('size')!r}")
     model = DEFAULT_FAKE_MODEL
     if m.group("model") is not None:
-        from gnnsched.gpus import get_gpu_model, gpu_models
+        from gnnsched.gpu.catalogue import get_gpu_model, gpu_models
 
         try:
             model = get_gpu_model(m.group("model")).name  # canonical catalogue name, so the agent can look it up
@@ -203,7 +203,7 @@ def open_backend(spec: str = "nvml", node_name: str | None = None, fault_dir: st
     """Open the backend named by ``spec`` (the ``--gpus`` flag); ``node_name`` names the node whose fake GPUs these
     are (default: :func:`local_node_name`), so that fake UUIDs differ between nodes.
 
-    ``fault_dir``: fake GPUs only, a directory whose files are fatal faults (``gnnsched.fake_gpu_faults``).
+    ``fault_dir``: fake GPUs only, a directory whose files are fatal faults (``gnnsched.gpu.fake_faults``).
     Raises :class:`BackendSpecError` for a malformed spec (or a fault directory with real GPUs) and
     :class:`NVMLUnavailableError` when ``"nvml"`` is asked for on a machine where NVML does not load.
     """
@@ -260,7 +260,7 @@ class FakeGPUBackend:
     def __init__(self, count: int, total_bytes: int, name: str = DEFAULT_FAKE_MODEL, uuid_prefix: str = "00000000",
                  fault_dir: Path | None = None):
         """``fault_dir``: a directory whose files named after a GPU's UUID, holding an Xid number, are that GPU's
-        fatal faults (``gnnsched.fake_gpu_faults``): :meth:`health_events` reports each new or rewritten file once,
+        fatal faults (``gnnsched.gpu.fake_faults``): :meth:`health_events` reports each new or rewritten file once,
         as :meth:`inject_xid` would. Files present at start are old faults and are not reported again."""
         if count < 1:
             raise ValueError("count must be >= 1")

@@ -7,7 +7,7 @@ without a GPU. On a real GPU the driver reports an Xid through NVML to the node 
 CUDA call fails with ``cudaErrorMpsClientTerminated``. Here a *fault directory* plays the GPU: a file named after a
 GPU's UUID whose content is an Xid number (``79``, or ``31`` for an application-caused page fault) is that fault.
 
-* The node agent's fake backend (``gnnsched.gpu_backend.FakeGPUBackend``, ``node-agent --fake-gpu-faults DIR``)
+* The node agent's fake backend (``gnnsched.gpu.backend.FakeGPUBackend``, ``node-agent --fake-gpu-faults DIR``)
   reports each new file as the driver's Xid event for that GPU, once.
 * Every gated worker on that GPU (the agent hands ``GNNSCHED_FAKE_GPU_FAULTS=DIR`` to admitted workloads; the worker
   knows its GPU from ``CUDA_VISIBLE_DEVICES``) fails its next step with the error a CUDA client gets from that Xid

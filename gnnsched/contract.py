@@ -249,6 +249,36 @@ class GPUJob(_CamelModel):
     the extender keeps a pod whose job is listed here off this GPU (docs/faults.md)."""
 
 
+class GPUMeasurement(_CamelModel):
+    """A GPU model's device constants as its node measured them (``gnnsched.gpu.measured``): what a job's process
+    takes on that GPU beyond its tensors. Published per GPU in ``GPUNode`` status by the node agent, at its start and
+    whenever the driver changes; the operator plans that node's GPUs with these values instead of the catalogue's
+    (an uncatalogued GPU is planned only with them).
+
+    ``source`` is ``nvml`` for a measurement on the GPU (a probe process's NVML and allocator figures) or ``fake``
+    for a fake GPU's stand-in (the same path, values from the agent's ``--fake-gpu-constants``)."""
+
+    source: Literal["nvml", "fake"]
+    measured_at: datetime
+    context_bytes: int = Field(ge=0)
+    """The CUDA context of one client as MPS charges it at ``active_thread_percentage`` (NVML's used memory of the
+    probe minus its allocator's reserved bytes, after the kernels a GNN step loads)."""
+    cublas_workspace_bytes: int = Field(ge=0)
+    """One cuBLAS workspace (per thread that runs cuBLAS), as the probe's allocator took it at its first matmul."""
+    cublaslt_workspace_bytes: int = Field(ge=0)
+    """The cuBLASLt workspace taken at the first ``addmm`` with a bias."""
+    allocator_matches_model: bool = True
+    """The probe's allocator rounded and segmented its test allocations as ``gnnsched.cuda_allocator`` predicts
+    (512-byte blocks, 2 MiB / 20 MiB / rounded segments). False, for example, when ``PYTORCH_CUDA_ALLOC_CONF`` turns
+    on expandable segments: the reserved-memory model does not hold there."""
+    allocator_detail: str = Field(default="", max_length=512)
+    active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    torch_version: str | None = None
+    compute_capability: str | None = None  # "9.0"
+
+
 class GPUStatus(_CamelModel):
     """One GPU as its node agent sees it; the extender's cache is built from these."""
 
@@ -273,6 +303,11 @@ class GPUStatus(_CamelModel):
     unhealthy_xid: int | None = None
     """The hardware Xid that took the GPU out of service (docs/faults.md: it stays out until an admin acts)."""
     unhealthy_since: datetime | None = None
+    catalogued: bool = True
+    """``model`` is a catalogue entry (``gnnsched.gpu.catalogue``). False: NVML's raw name, a GPU the catalogue does
+    not know; its jobs run alone (``UnknownGPUModel``) until ``measured`` gives its constants."""
+    measured: GPUMeasurement | None = None
+    """The node's own measurement of this GPU's device constants (None: not measured yet, or it failed)."""
     returned_to_service_at: datetime | None = None
     """When an admin last returned this GPU to service (the time of the request): a hardware Xid mark from before it
     no longer counts. The device plugin clears its own driver view's mark by it (its NVML saw the same Xid)."""

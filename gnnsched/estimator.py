@@ -86,6 +86,7 @@ from gnnsched.portable.tracer import (
     _META,
     CATEGORIES,
     CUDA_STEPS,
+    CudaOperatorPaths,
     Trace,
     UntraceableModel,
     _categorise,
@@ -192,7 +193,8 @@ def trace_step(
     tracker.labelling = splicing
     outer = FakeTensorMode(allow_non_fake_inputs=False) if engine == "fake" else nullcontext()
     placement = torch.device("meta") if engine == "meta" else nullcontext()
-    with outer, tracker:
+    paths = CudaOperatorPaths() if device == "cuda" else nullcontext()
+    with outer, tracker, paths:
         with placement:
             resident: list[Any] = []
             if minibatch and device == "cpu":

@@ -127,6 +127,10 @@ def trace_entrypoint(request: dict[str, Any]) -> dict[str, Any]:
         "resident": resident_inputs(trace),
         "allocator": allocators,
         "seconds": round(time.perf_counter() - started, 3),
+        # The image's own torch and CUDA: the cuBLAS workspace a GPU gives a job depends on the torch it runs
+        # (gnnsched.gpu.catalogue.workspace_rule), and an entrypoint job runs its image's torch, not gnnsched's.
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
     }
 
 

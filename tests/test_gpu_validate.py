@@ -99,7 +99,7 @@ def test_a_step_past_its_share_is_a_timeout_within_the_budget_and_keeps_its_outp
     code = validate.run_all(chosen, 12.0, began, tmp_path, {})
     took = time.monotonic() - began
     assert code == 1
-    assert took < 12.0 + 10.0  # the budget, plus the kill's grace at most
+    assert took < 12.0 + 3.0  # the kill's grace is inside the step's share; the rest is Python's own overhead
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"]["slow"]["verdict"] == "FAIL (timeout)"
     assert summary["steps"]["slow"]["seconds"] < 12.0

@@ -22,8 +22,8 @@ MiB = 2**20
 
 # Reserved-byte gaps the model still has on the H200, as measured against this code: case -> (predicted - measured).
 # PNA training's extra 132 MiB is a GPU-side allocation pattern no trace here shows (its allocated peak is exact;
-# docs/gpu-measurements.md, "Never under on the GPU"); the admission's 1.10 factor covers it (2,175 MiB admitted on
-# 2,115 MiB of context plus reserved). GATv2 training is one 2 MiB small-pool segment short. A change that closes a gap
+# docs/gpu-measurements.md, section 10); the admission's 1.10 factor covers it (2,112 MiB admitted for
+# 2,052 MiB of context plus reserved). GATv2 training is one 2 MiB small-pool segment short. A change that closes a gap
 # fails here until the gap is removed from this list; a change that widens one, or opens another, fails too.
 H200_RESERVED_GAPS = {
     "PNA train L=3  h=16  aggregators=['mean', 'min', 'max', 'std' n=20000 e=200000 f=128 c=16": -132 * MiB,

@@ -316,12 +316,19 @@ def main_cuda(args: argparse.Namespace) -> int:
         print("SKIPPED --device cuda: no CUDA device (torch.cuda.is_available() is False); the caching-allocator "
               "model is unmeasured on this machine")
         return 0
-    from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, match_device_name
+    from gnnsched.gpu.catalogue import get_gpu_model, match_device_name
 
     name = torch.cuda.get_device_name()
     model = match_device_name(name, torch.cuda.get_device_properties(0).total_memory)
-    gpu_model = model.name if model is not None else DEFAULT_GPU_MODEL
-    print(f"device: {name} (catalogue: {gpu_model}{'' if model else ', not in the catalogue'}), CUDA "
+    if args.gpu_model_given:
+        model = get_gpu_model(args.gpu_model)
+    if model is None:
+        # The H200 once ran this bench on the default entry's constants and every case came out under-predicted.
+        print(f"error: {name!r} is not in the catalogue (gnnsched/gpu/catalogue.py); add it, or pass --gpu-model "
+              f"NAME to estimate with that entry's constants knowingly", file=sys.stderr)
+        return 2
+    gpu_model = model.name
+    print(f"device: {name} (catalogue: {gpu_model}{'' if not args.gpu_model_given else ', by --gpu-model'}), CUDA "
           f"{torch.version.cuda}, steps per case {args.cuda_steps}")
     cases = _selected(args)
     results = []
@@ -540,11 +547,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", metavar="TABLE",
                         help="re-estimate on the CPU the cases a past --device cuda run measured (its --json or its "
                              "printed table, e.g. docs/measurements/h200-2026-11-28/pmc_accuracy_hopper_constants.txt)")
-    parser.add_argument("--gpu-model", default="H100-80GB",
-                        help="with --against: the catalogue or NVML name of the GPU that table was measured on")
+    parser.add_argument("--gpu-model", default=None,
+                        help="with --against: the catalogue or NVML name of the GPU the table was measured on (default "
+                             "H100-80GB); with --device cuda: the entry to estimate with instead of the GPU's own")
     parser.add_argument("--models", action="store_true",
                         help="only the PyG model classes and layer stacks (issue 30's graph), not the arch grid")
     args = parser.parse_args(argv)
+    args.gpu_model_given = args.gpu_model is not None
+    args.gpu_model = args.gpu_model or "H100-80GB"
 
     import torch
 

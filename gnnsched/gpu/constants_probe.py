@@ -38,7 +38,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gnnsched.contract import GPUMeasurement
-from gnnsched.cuda_allocator import allocation_size, round_size
+from gnnsched.cuda_allocator import allocation_size, is_small, round_size, should_split
 
 MiB = 1 << 20
 
@@ -47,8 +47,9 @@ RESERVED = "reserved_bytes.all.current"
 """The ``torch.cuda.memory_stats()`` keys the probe reads (bytes of live blocks, bytes of segments)."""
 
 TEST_ALLOCATIONS: tuple[int, ...] = (1, MiB + 1, 11 * MiB)
-"""Requests that each exercise one rule: a small block in a 2 MiB segment, a just-large one in a shared 20 MiB
-segment, and one past 10 MiB in a segment of its own size rounded to 2 MiB."""
+"""Requests that each exercise one rule: a small block split off a 2 MiB segment, a just-large one split off a shared
+20 MiB segment, and one past 10 MiB in a segment of its size rounded to 2 MiB (12 MiB), handed out whole because the
+1 MiB left over is not more than 1 MiB."""
 
 MATMUL_N = 1024
 """The square fp32 matmul the probe runs: large enough for cuBLAS to take its workspace, small next to any GPU."""
@@ -117,8 +118,9 @@ def check_allocator(samples: Sequence[AllocationSample], alloc_conf: str = "",
                     backend: str = "native") -> tuple[bool, str]:
     """Whether the allocator behaved as ``gnnsched.cuda_allocator`` models it, and a short account of it.
 
-    Each sample was made on a fresh stream, so it needed a segment of its own: the allocated bytes grow by
-    ``round_size(requested)`` and the reserved bytes by ``allocation_size`` of that. ``alloc_conf`` is
+    Each sample was made on a fresh stream, so it needed a segment of its own: the reserved bytes grow by that
+    segment (``allocation_size`` of the rounded request) and the allocated bytes by the rounded request, or by the
+    whole segment when the rest is too small to split off (``should_split``). ``alloc_conf`` is
     ``PYTORCH_CUDA_ALLOC_CONF`` and ``backend`` torch's allocator backend: expandable segments or another backend
     are named even when the samples happen to agree."""
     problems: list[str] = []
@@ -128,8 +130,9 @@ def check_allocator(samples: Sequence[AllocationSample], alloc_conf: str = "",
     if "expandable_segments:true" in conf:
         problems.append("PYTORCH_CUDA_ALLOC_CONF turns on expandable_segments")
     for s in samples:
-        want_alloc = round_size(s.requested)
-        want_reserved = allocation_size(want_alloc)
+        rounded = round_size(s.requested)
+        want_reserved = allocation_size(rounded)
+        want_alloc = rounded if should_split(want_reserved, rounded, is_small(rounded)) else want_reserved
         if s.allocated_delta != want_alloc or s.reserved_delta != want_reserved:
             problems.append(f"{s.requested} B: allocated +{s.allocated_delta} reserved +{s.reserved_delta}, "
                             f"model +{want_alloc} +{want_reserved}")

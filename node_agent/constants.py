@@ -17,7 +17,8 @@ How: on a real GPU the probe is a subprocess, ``python -m gnnsched.gpu.constants
 job is (``CUDA_VISIBLE_DEVICES`` = the GPU's UUID, the MPS pipe directory and active-thread share the gate hands out,
 the jobs' UID: an MPS server serves one user at a time), under a timeout and a 4 GiB MPS memory limit. Fake GPUs go
 through the same path with a stand-in (:class:`FakeProber`): the agent's ``--fake-gpu-constants``, else the
-catalogue's constants for a catalogued model; an uncatalogued fake GPU without the flag stays unmeasured.
+catalogue's constants for a catalogued model (the default entry's for the unnamed ``Fake-GPU`` test board); an
+uncatalogued fake GPU without the flag stays unmeasured.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from typing import Literal, Protocol
 from pydantic import ValidationError
 
 from gnnsched.contract import GPUMeasurement
-from gnnsched.gpu.backend import GPUInfo
-from gnnsched.gpu.catalogue import match_device_name
+from gnnsched.gpu.backend import DEFAULT_FAKE_MODEL, GPUInfo
+from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, get_gpu_model, match_device_name
 from gnnsched.gpu.constants_probe import ProbeOutputError, parse_output
 
 log = logging.getLogger("gnnsched.node_agent.constants")
@@ -152,6 +153,11 @@ class FakeProber:
         c = self.constants
         if c is None:
             model = match_device_name(gpu.name)
+            if model is None and gpu.name == DEFAULT_FAKE_MODEL:
+                # The test board of ``fake:NxSIZE`` has no datasheet: it stands in with the default entry's
+                # constants (what every fake cluster was planned with before nodes measured), so local clusters
+                # share as they did; a board named ``nvml:NAME`` stays unmeasured until the flag gives it values.
+                model = get_gpu_model(DEFAULT_GPU_MODEL)
             if model is None:
                 return None
             cc = model.compute_capability

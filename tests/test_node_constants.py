@@ -291,6 +291,28 @@ async def test_an_uncatalogued_fake_gpu_is_published_raw_and_unmeasured_without_
 
 
 @pytest.mark.asyncio
+async def test_the_unnamed_fake_test_board_stands_in_with_the_default_entrys_constants(tmp_path: Path) -> None:
+    """``fake:NxSIZE`` (model ``Fake-GPU``, no datasheet) is measured with the default entry's constants, so a local
+    cluster shares as it did before nodes measured; it stays uncatalogued."""
+    from gnnsched.gpu.backend import DEFAULT_FAKE_MODEL
+    from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL
+
+    node = Node(tmp_path, name=DEFAULT_FAKE_MODEL, count=1)
+    await node.start()
+    try:
+        await _until(lambda: node.gpus()[0].get("measured") is not None)
+        [g] = node.gpus()
+        m = GPUMeasurement.model_validate(g["measured"])
+        default = get_gpu_model(DEFAULT_GPU_MODEL)
+        assert g["catalogued"] is False and g["model"] == DEFAULT_FAKE_MODEL
+        assert (m.source, m.context_bytes, m.cublas_workspace_bytes, m.cublaslt_workspace_bytes) == (
+            "fake", default.context_bytes, default.cublas_workspace_bytes, default.cublaslt_workspace_bytes)
+        assert DEFAULT_GPU_MODEL in m.allocator_detail
+    finally:
+        await node.stop()
+
+
+@pytest.mark.asyncio
 async def test_a_driver_change_measures_again(tmp_path: Path) -> None:
     prober = CountingProber(FakeConstants(700 * MiB, 32 * MiB, MiB))
     node = Node(tmp_path)

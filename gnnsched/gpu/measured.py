@@ -75,16 +75,20 @@ def device_model(
     return apply_measurement(known, measured, node), None
 
 
-def missing_constants(name: str, measured: GPUMeasurement | None, catalogued: bool = True) -> str | None:
+def missing_constants(name: str, measured: GPUMeasurement | None, catalogued: bool = True,
+                      known: bool | None = None) -> str | None:
     """Why a GPU has no device constants to plan a shared job with (``UNKNOWN_GPU_MODEL``, ``ALLOCATOR_MISMATCH``),
     or None when it has them. The same rule as :func:`device_model`, without building a model, for the extender's
     per-GPU filter and ``gnnsched doctor``. ``catalogued`` is what the node agent published
     (``GPUStatus.catalogued``): a name this process's catalogue knows but the agent's did not is still taken as
     unknown until the node measures it, so a component a version ahead never shares a GPU the agent cannot vouch
-    for."""
+    for. ``known``: whether this process's catalogue knows ``name``, for a caller that memoises the lookup (the
+    extender, per GPUNode update); None looks it up."""
     if measured is not None:
         return None if measured.allocator_matches_model else ALLOCATOR_MISMATCH
-    return None if catalogued and find_gpu_model(name) is not None else UNKNOWN_GPU_MODEL
+    if known is None:
+        known = find_gpu_model(name) is not None
+    return None if catalogued and known else UNKNOWN_GPU_MODEL
 
 
 def constants_key(model: GPUModel) -> str:

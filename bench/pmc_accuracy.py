@@ -44,10 +44,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 ARCHS = ("gcn", "sage", "gin", "gat")
@@ -66,6 +68,7 @@ LAYERS = (2, 4, 6, 8, 10)
 HIDDEN = (16, 32, 64, 128, 256)
 HEADS = (1, 2, 4)
 DEFAULT_MAX_BYTES = 400 * 2**20
+MiB = 2**20
 
 
 @dataclass
@@ -313,12 +316,19 @@ def main_cuda(args: argparse.Namespace) -> int:
         print("SKIPPED --device cuda: no CUDA device (torch.cuda.is_available() is False); the caching-allocator "
               "model is unmeasured on this machine")
         return 0
-    from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, match_device_name
+    from gnnsched.gpu.catalogue import get_gpu_model, match_device_name
 
     name = torch.cuda.get_device_name()
     model = match_device_name(name, torch.cuda.get_device_properties(0).total_memory)
-    gpu_model = model.name if model is not None else DEFAULT_GPU_MODEL
-    print(f"device: {name} (catalogue: {gpu_model}{'' if model else ', not in the catalogue'}), CUDA "
+    if args.gpu_model_given:
+        model = get_gpu_model(args.gpu_model)
+    if model is None:
+        # The H200 once ran this bench on the default entry's constants and every case came out under-predicted.
+        print(f"error: {name!r} is not in the catalogue (gnnsched/gpu/catalogue.py); add it, or pass --gpu-model "
+              f"NAME to estimate with that entry's constants knowingly", file=sys.stderr)
+        return 2
+    gpu_model = model.name
+    print(f"device: {name} (catalogue: {gpu_model}{'' if not args.gpu_model_given else ', by --gpu-model'}), CUDA "
           f"{torch.version.cuda}, steps per case {args.cuda_steps}")
     cases = _selected(args)
     results = []
@@ -452,6 +462,68 @@ def check_splice(depths: tuple[int, ...] = (6, 8, 10, 12, 16)) -> tuple[int, lis
     return count, problems
 
 
+_TABLE_ROW = re.compile(r"(?P<case>.*?)\s+reserved est=\s*(?P<rp>\d+) meas=\s*(?P<rm>\d+).*?"
+                        r"allocated est=\s*(?P<ap>\d+) meas=\s*(?P<am>\d+)")
+
+
+def measured_table(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]]:
+    """``{case label: (reserved, allocated)}`` measured by a past ``--device cuda`` run: its ``--json`` output, or
+    its printed table (the rows ``<case> reserved est=.. meas=.. .. allocated est=.. meas=..``)."""
+    text = Path(path).read_text(encoding="utf-8")
+    if str(path).endswith(".json"):
+        return {r["case"].strip(): (int(r["reserved_measured"]), int(r["allocated_measured"]))
+                for r in json.loads(text)["results"]}
+    rows = (_TABLE_ROW.match(line) for line in text.splitlines())
+    return {m["case"].strip(): (int(m["rm"]), int(m["am"])) for m in rows if m}
+
+
+def case_for_label(label: str) -> Case:
+    """The bench case a printed label names, with the hidden size the run used (a case too big for ``--max-bytes``
+    ran with its hidden size halved, and its label says so). ``KeyError`` when no case matches."""
+    for case in grid_cases() + quick_cases() + model_cases() + bound_cases():
+        hidden = case.hidden
+        while True:
+            candidate = replace(case, hidden=hidden)
+            if candidate.label().strip() == label.strip():
+                return candidate
+            if hidden <= 16:
+                break
+            hidden //= 2
+    raise KeyError(f"no bench case is labelled {label!r}")
+
+
+def against(path: str, gpu_model: str) -> tuple[list[CudaResult], dict[str, Any]]:
+    """Re-estimate, on this machine's CPU, every case a past GPU run measured (``measured_table``) with the current
+    estimator and ``gpu_model``'s constants: how a change of the estimator moves it against real GPU figures without
+    a GPU. Returns the per-case comparison and its summary."""
+    from gnnsched.estimator import estimate
+    from gnnsched.spec import parse_spec
+
+    results = []
+    for label, (reserved, allocated) in measured_table(path).items():
+        est = estimate(parse_spec(case_for_label(label).spec_dict()), device="cuda", gpu_model=gpu_model)
+        assert est.cuda_reserved_bytes is not None and est.cuda_allocated_bytes is not None
+        results.append(CudaResult(
+            case=label, kind=case_for_label(label).kind,
+            reserved_predicted=est.cuda_reserved_bytes, reserved_measured=reserved,
+            reserved_rel_error=(est.cuda_reserved_bytes - reserved) / reserved,
+            allocated_predicted=est.cuda_allocated_bytes, allocated_measured=allocated,
+            allocated_rel_error=(est.cuda_allocated_bytes - allocated) / allocated,
+        ))
+    res = [r.reserved_rel_error for r in results]
+    alloc = [r.allocated_rel_error for r in results]
+    under = [r for r in results if r.reserved_predicted < r.reserved_measured]
+    summary = {
+        "table": str(path), "gpu_model": gpu_model, "cases": len(results),
+        "reserved_median_abs_rel_error": statistics.median(abs(e) for e in res),
+        "reserved_under_predicted": [f"{r.case} ({(r.reserved_predicted - r.reserved_measured) / MiB:+.0f} MiB)"
+                                     for r in under],
+        "reserved_most_over": max(res), "allocated_median_abs_rel_error": statistics.median(abs(e) for e in alloc),
+        "allocated_under_predicted": sum(1 for e in alloc if e < 0), "allocated_most_over": max(alloc),
+    }
+    return results, summary
+
+
 def _selected(args: argparse.Namespace) -> list[Case]:
     if args.models:
         return model_cases()
@@ -472,9 +544,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: compare the caching-allocator model with the GPU's reserved/allocated peaks")
     parser.add_argument("--cuda-steps", type=int, default=3, help="steps per case with --device cuda")
+    parser.add_argument("--against", metavar="TABLE",
+                        help="re-estimate on the CPU the cases a past --device cuda run measured (its --json or its "
+                             "printed table, e.g. docs/measurements/h200-2026-11-28/pmc_accuracy_hopper_constants.txt)")
+    parser.add_argument("--gpu-model", default=None,
+                        help="with --against: the catalogue or NVML name of the GPU the table was measured on (default "
+                             "H100-80GB); with --device cuda: the entry to estimate with instead of the GPU's own")
     parser.add_argument("--models", action="store_true",
                         help="only the PyG model classes and layer stacks (issue 30's graph), not the arch grid")
     args = parser.parse_args(argv)
+    args.gpu_model_given = args.gpu_model is not None
+    args.gpu_model = args.gpu_model or "H100-80GB"
 
     import torch
 
@@ -485,6 +565,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average: {os.getloadavg()}")
     if args.device == "cuda":
         return main_cuda(args)
+    if args.against:
+        results_against, summary_against = against(args.against, args.gpu_model)
+        for r in results_against:
+            print(f"{r.case:58} reserved err={r.reserved_rel_error * 100:+7.2f}% "
+                  f"({(r.reserved_predicted - r.reserved_measured) / MiB:+6.0f} MiB)  "
+                  f"allocated err={r.allocated_rel_error * 100:+7.3f}%", flush=True)
+        print(json.dumps(summary_against, indent=2))
+        return 1 if summary_against["reserved_under_predicted"] or summary_against["allocated_under_predicted"] else 0
     if args.check_splice:
         count, problems = check_splice()
         print(f"splice check: {count} spliced traces compared with full traces, {len(problems)} differ")

@@ -73,8 +73,8 @@ def _operator(
         help="The built-in worker imports, loads its graph and builds its model on the CPU while it waits at the "
              "gate (gnnsched gate --prestart), then touches the GPU once admitted. On in the chart "
              "(operator.workerPrestart), off by default on the command line. The CPU start-up runs under a "
-             "pre-admission CUDA guard (gnnsched.gpu.cuda_guard); where the guard misses a path into the CUDA driver the "
-             "worker re-executes itself once admitted, paying its start-up twice instead of failing "
+             "pre-admission CUDA guard (gnnsched.gpu.cuda_guard); where the guard misses a path into the CUDA "
+             "driver the worker re-executes itself once admitted, paying its start-up twice instead of failing "
              "(docs/gpu-measurements.md; bench/gpu/prestart_check.py says on a GPU whether that happens)."),
     default_gpu_model: str = typer.Option("A100-40GB", "--default-gpu-model",
                                           help="GPU model for runtime predictions while no GPUNode has reported."),

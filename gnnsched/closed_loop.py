@@ -7,9 +7,10 @@ functions, so the behaviour the simulator reports is the behaviour the cluster h
 Kubernetes or NVML: it is plain arithmetic on bytes and ratios.
 
 Why a loop at all: on a real GPU the estimate is open-loop. What an MPS limit counts is the CUDA caching allocator's
-reserved memory plus the context, users run their own scripts, and the constants in ``gnnsched.gpu.catalogue`` are unverified.
-A job that overruns its ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` fails alone (the limit protects its neighbours); the
-loop turns that failure into a larger retry and into a correction of later estimates, instead of a lost job.
+reserved memory plus the context, users run their own scripts, and most constants in ``gnnsched.gpu.catalogue`` are
+unmeasured. A job that overruns its ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` fails alone (the limit protects its
+neighbours); the loop turns that failure into a larger retry and into a correction of later estimates, instead of a
+lost job.
 """
 
 from __future__ import annotations

@@ -50,13 +50,34 @@ class ProbeResult(BaseModel):
     resident: int = Field(ge=0)
     allocator: list[tuple[int, int, int, int]]  # (cuBLAS workspace, cuBLASLt workspace, reserved peak, allocated peak)
     seconds: float = 0.0
+    torch: str | None = Field(default=None, max_length=64)
+    """The image's ``torch.__version__`` (None: a probe from before it was reported)."""
+    cuda: str | None = Field(default=None, max_length=32)
+    """The image's ``torch.version.cuda`` (None on a CPU-only torch)."""
+
+    def workspaces(self, gpu: GPUModel) -> tuple[int, int]:
+        """The (cuBLAS, cuBLASLt) workspaces this job takes on ``gpu``: the cuBLAS one by the rule for the image's
+        own torch (``workspace_rule``; a torch before 2.3 takes 8 MiB even on Hopper), else ``gpu``'s."""
+        from gnnsched.gpu.catalogue import workspace_rule
+
+        cublas = gpu.cublas_workspace_bytes if self.torch is None else workspace_rule(gpu.compute_capability,
+                                                                                       self.torch)
+        return cublas, gpu.cublaslt_workspace_bytes
 
     def allocator_peak(self, gpu: GPUModel) -> tuple[int, int]:
-        """(reserved, allocated) peaks for ``gpu``'s workspace sizes; ``ProbeError`` when the probe was not asked."""
-        for cublas, cublaslt, reserved, allocated in self.allocator:
-            if (cublas, cublaslt) == (gpu.cublas_workspace_bytes, gpu.cublaslt_workspace_bytes):
+        """(reserved, allocated) peaks for the job's workspaces on ``gpu`` (``workspaces``): the replay of exactly
+        those sizes, else of the smallest pair at least as large (a node may measure a size no catalogue entry has, and
+        the request asked for the catalogue's pairs only: the next larger pair is the closest stand-in, reported as
+        such by nothing but this docstring, since the probe's trace is gone), else ``ProbeError``."""
+        cublas, cublaslt = self.workspaces(gpu)
+        covering = sorted((c, lt, r, a) for c, lt, r, a in self.allocator if c >= cublas and lt >= cublaslt)
+        for c, lt, reserved, allocated in covering:
+            if (c, lt) == (cublas, cublaslt):
                 return reserved, allocated
-        raise ProbeError(f"the probe has no allocator replay for {gpu.name}'s workspaces")
+        if covering:
+            return covering[0][2], covering[0][3]
+        raise ProbeError(f"the probe has no allocator replay for {gpu.name}'s workspaces ({cublas} and {cublaslt} "
+                         f"bytes)")
 
 
 def workspace_pairs(gpus: Iterable[GPUModel]) -> list[tuple[int, int]]:

@@ -56,7 +56,9 @@ splitting, merging within a segment, segments never released), whose peak *reser
 ``cuda_reserved_bytes``. ``admit_bytes`` is then (CUDA context + MPS client + reserved peak + the GPU model's
 ``allocator_overhead_fraction`` of it) times the safety factor, and ``device_overhead_bytes`` is everything in that
 sum beyond ``pmc_bytes``. The context and workspace constants are the GPU model's documented values in
-``gnnsched.gpu.catalogue``; neither they nor the allocator model have been checked on a GPU here ("unverified").
+``gnnsched.gpu.catalogue`` (per architecture, each marked measured or assumed), or the ones the job's node measured;
+the model was measured on an H100 and an H200 (docs/gpu-measurements.md). A CUDA trace runs the operators CUDA runs
+where ATen picks by device above the dispatcher (``CudaOperatorPaths``: dropout's fused kernel).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ from gnnsched.portable.tracer import (
     _META,
     CATEGORIES,
     CUDA_STEPS,
+    CudaOperatorPaths,
     Trace,
     UntraceableModel,
     _categorise,
@@ -192,7 +195,8 @@ def trace_step(
     tracker.labelling = splicing
     outer = FakeTensorMode(allow_non_fake_inputs=False) if engine == "fake" else nullcontext()
     placement = torch.device("meta") if engine == "meta" else nullcontext()
-    with outer, tracker:
+    paths = CudaOperatorPaths() if device == "cuda" else nullcontext()
+    with outer, tracker, paths:
         with placement:
             resident: list[Any] = []
             if minibatch and device == "cpu":

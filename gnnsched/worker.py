@@ -346,11 +346,15 @@ def cuda_context_bytes(limit_bytes: int | None = None) -> int:
     used = _nvml_used_by_this_process()
     if used is not None and used >= reserved:
         return used - reserved
-    from gnnsched.gpu.catalogue import GPUModel, match_device_name
+    from gnnsched.gpu.catalogue import ARCHITECTURES, architecture_of, match_device_name
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     model = match_device_name(props.name, int(props.total_memory))
-    return model.context_bytes if model is not None else int(GPUModel.model_fields["context_bytes"].default)
+    if model is not None:
+        return model.context_bytes
+    # Not catalogued: its architecture's context, else the largest any architecture has (never another board's).
+    arch = architecture_of((int(props.major), int(props.minor)))
+    return arch.context_bytes if arch is not None else max(a.context_bytes for a in ARCHITECTURES)
 
 
 @dataclass

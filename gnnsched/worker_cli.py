@@ -242,8 +242,8 @@ def _prestarted(gate_fd: int, spec: GNNJobSpec, seed: int, threads: int | None, 
     not lost for it. Exits with the gate's status when the gate did not admit it."""
     # The guard goes in before anything imports PyG: its import asks torch.__config__.show(), which initialised the
     # CUDA driver with no device visible on a real GPU (gnnsched.gpu.cuda_guard).
-    from gnnsched.gpu.cuda_guard import CudaInitBlocked, PreAdmissionGuard, runtime_device_count
     from gnnsched.gate_handoff import NotAdmitted, apply_admission, cuda_initialised, read_handoff, reexec_admitted
+    from gnnsched.gpu.cuda_guard import CudaInitBlocked, PreAdmissionGuard, runtime_device_count
 
     guard = PreAdmissionGuard()
     prepared = None

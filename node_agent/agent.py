@@ -32,9 +32,20 @@ from gnnsched.contract import (
     MPSStatus,
 )
 from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED, counted_class, is_hardware_xid
-from gnnsched.gpu.backend import GPUBackend, GPUInfo, GPUProcess, HealthEvent
+from gnnsched.gpu.backend import FakeGPUBackend, GPUBackend, GPUInfo, GPUProcess, HealthEvent
 from gnnsched.gpu.catalogue import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot
+from gnnsched.node_agent.constants import (
+    DEFAULT_RETRY_S,
+    DEFAULT_TIMEOUT_S,
+    STATE_FILE_NAME,
+    ConstantsKeeper,
+    FakeConstants,
+    FakeProber,
+    Prober,
+    SubprocessProber,
+    torch_version,
+)
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
@@ -107,6 +118,12 @@ class AgentOptions:
     state_dir: str | None = None
     jobs_uid: int | None = None  # the one UID the gate admits (None: any)
     node_check_interval: float = 30.0  # seconds between reads of the Node (another GPU device plugin?)
+    # The node measures its GPUs' device constants (gnnsched.node_agent.constants): at start and on a driver change.
+    measure_constants: bool = True
+    fake_gpu_constants: FakeConstants | None = None  # fake GPUs' stand-in (--fake-gpu-constants); None: the catalogue's
+    constants_probe_command: tuple[str, ...] | None = None  # the probe's command (None: python -m ...constants_probe)
+    constants_timeout: float = DEFAULT_TIMEOUT_S  # seconds a probe may take before it is killed and counted
+    constants_retry: float = DEFAULT_RETRY_S  # first wait after a failed probe (doubles each time, at most 30 min)
 
 
 def gpu_slots(backend: GPUBackend, opts: AgentOptions) -> list[GPUSlot]:
@@ -158,6 +175,8 @@ class NodeAgent:
     _loop: asyncio.AbstractEventLoop | None = None
     _bg: set[asyncio.Task[Any]] = field(default_factory=set)
     _adopted: bool = False  # the gate has booked what the last agent left running (drains may end only after)
+    prober: Prober | None = None  # measures the GPUs' device constants (None: chosen from the backend and options)
+    constants: ConstantsKeeper | None = None
 
     def alive(self) -> bool:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
@@ -202,6 +221,12 @@ class NodeAgent:
         if self.nodes is not None:
             self.other_plugin = OtherPluginWatch(self.opts.node_name, self.nodes, self.metrics.registry)
             await asyncio.to_thread(self.other_plugin.check)
+        if self.opts.measure_constants:
+            self.constants = ConstantsKeeper(
+                self.prober or self._default_prober(),
+                Path(self.opts.state_dir) / STATE_FILE_NAME if self.opts.state_dir else None, torch_version(),
+                on_result=lambda result: self.metrics.constants_measurements.labels(result).inc(),
+                on_change=self._mark_dirty, retry_s=self.opts.constants_retry)
         await self._sample()
         await self.gate.start(self.opts.gate_socket)
         for uuid in restored:  # the clients still booked there (adopted or reconnecting) are the ones it waits for
@@ -216,11 +241,39 @@ class NodeAgent:
         await self._publish()
         return self.gate
 
+    def _default_prober(self) -> Prober:
+        """Fake GPUs get the stand-in measurement; real ones (or an injected probe command) the probe process."""
+        if isinstance(self.backend, FakeGPUBackend) and self.opts.constants_probe_command is None:
+            return FakeProber(self.opts.fake_gpu_constants, self.opts.active_thread_percentage, torch_version())
+        prober = SubprocessProber(self.opts.pipe_directory, self.opts.active_thread_percentage, self.opts.jobs_uid,
+                                  timeout_s=self.opts.constants_timeout)
+        if self.opts.constants_probe_command:
+            prober.command = self.opts.constants_probe_command
+        return prober
+
+    def _mark_dirty(self) -> None:
+        if self._dirty is not None:
+            self._dirty.set()
+
+    async def _check_constants(self, devices: list[GPUInfo]) -> None:
+        """Start measuring the GPU models that need it (never waits for a probe); see ``constants``."""
+        if self.constants is None:
+            return
+        try:
+            driver = await asyncio.to_thread(self.backend.driver_version)
+        except Exception as exc:
+            log.debug("driver_version: %s", exc)
+            driver = None
+        await self.constants.check(devices, driver)
+
     async def _publish(self) -> None:
         assert self.gate is not None
         devices = await asyncio.to_thread(self._devices)
+        measured = dict(self.constants.measured) if self.constants is not None else {}
         status = build_status(self.opts.node_name, self.gate.books, devices, self._mps_status(), time.time(),
-                              self.quarantine.drains, self._returned)
+                              self.quarantine.drains, self._returned, measured)
+        for g in status.gpus:
+            self.metrics.constants_measured.labels(str(g.index), g.uuid).set(1 if g.measured is not None else 0)
         if self.other_plugin is not None and self.other_plugin.condition is not None:
             status.conditions = [self.other_plugin.condition]
         try:
@@ -243,6 +296,7 @@ class NodeAgent:
         first, an admin's return-to-service requests (so a GPU returned now is healthy in this very sample)."""
         await self._serve_returns()
         devices = await asyncio.to_thread(self._devices)
+        await self._check_constants(devices)
         procs = {}
         for d in devices:
             try:
@@ -614,6 +668,8 @@ class NodeAgent:
     async def close(self) -> None:
         for task in list(self._bg):
             task.cancel()
+        if self.constants is not None:
+            await self.constants.close()
         for timer in self._xid_waits.values():  # a closed agent writes no more records
             timer.cancel()
         self._xid_waits.clear()

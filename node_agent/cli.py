@@ -32,7 +32,9 @@ _POLICIES = ("base", "lmcf", "bmc", "sqtf", "bqt")
 def node_agent(
     ctx: typer.Context,
     gpus: str = typer.Option(
-        "nvml", "--gpus", help="nvml, or fake:NxSIZE (e.g. fake:2x80Gi) for machines without GPUs."
+        "nvml", "--gpus",
+        help="nvml, or fake:NxSIZE[xMODEL] (e.g. fake:2x80Gi, fake:2x80GixH100) for machines without GPUs; "
+             "fake:NxSIZExnvml:NAME (fake:1x96Gixnvml:NVIDIA Z100) names a board the catalogue does not know.",
     ),
     node_name: str | None = typer.Option(
         None, "--node-name", envvar=ENV_NODE_NAME, help="Kubernetes node name (default: hostname)."
@@ -145,6 +147,24 @@ def node_agent(
     event_log: Path | None = typer.Option(
         None, "--event-log", help="Append gate events (queued/admitted/released) as JSON lines."
     ),
+    measure_gpu_constants: bool = typer.Option(
+        True,
+        "--measure-gpu-constants/--no-measure-gpu-constants",
+        help="Measure each GPU model's device constants (CUDA context at the jobs' active-thread share, cuBLAS and "
+             "cuBLASLt workspaces, the allocator's rounding) at start and when the driver changes, and publish them "
+             "in the GPUNode status (gpus[].measured); the operator plans with them.",
+    ),
+    gpu_constants_timeout: float = typer.Option(
+        120.0, "--gpu-constants-timeout", min=1.0, max=3600.0,
+        help="Seconds the measuring probe may take before it is killed (a failure: retried with backoff).",
+    ),
+    fake_gpu_constants: str = typer.Option(
+        "",
+        "--fake-gpu-constants",
+        help="With --gpus fake: the stand-in measurement of every fake GPU, "
+             "context=742Mi,cublas=32Mi,cublaslt=1Mi[,delay=SECONDS][,cc=9.0] (delay: the stand-in takes that "
+             "long). Without it a catalogued fake model gets the catalogue's constants and an uncatalogued one none.",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
     fake_gpu_memory: str = typer.Option(
         "",
@@ -225,6 +245,17 @@ def node_agent(
             fail(f"--fake-gpu-faults: {fake_gpu_faults} is not a directory")
         workload_env[ENV_FAKE_GPU_FAULTS] = str(fake_gpu_faults.resolve())
 
+    fake_constants = None
+    if fake_gpu_constants.strip():
+        from gnnsched.node_agent.constants import parse_fake_constants
+
+        if not gpus.strip().startswith("fake:"):
+            fail("--fake-gpu-constants: only with --gpus fake:NxSIZE (a real GPU is measured)")
+        try:
+            fake_constants = parse_fake_constants(fake_gpu_constants)
+        except ValueError as exc:
+            fail(f"--fake-gpu-constants: {exc}")
+
     from gnnsched.gpu.backend import BackendSpecError, GPUBackendError, open_backend
     from gnnsched.node_agent.agent import AgentOptions, NodeAgent
     from gnnsched.node_agent.identity import IS_LINUX, FilePodLookup, PeerVerifier, PodLookup
@@ -299,7 +330,8 @@ def node_agent(
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
         spread=spread, share_when_pays=share_when_pays, startup_seconds=startup_seconds,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
-        workload_env=workload_env,
+        workload_env=workload_env, measure_constants=measure_gpu_constants, fake_gpu_constants=fake_constants,
+        constants_timeout=gpu_constants_timeout,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
         mps_probe_interval=2.0 if mps == "external" else 10.0,
     )

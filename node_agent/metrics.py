@@ -81,6 +81,14 @@ class AgentMetrics:
         self.gate_outcomes = Counter("gnnsched_gate_attempt_outcomes",
                                      "Failed custom containers the agent classified (attempt-result annotation)",
                                      ("outcome",), registry=r)
+        self.constants_measurements = Counter(
+            "gnnsched_gpu_constants_measurements",
+            "Measurements of a GPU model's device constants (context, cuBLAS/cuBLASLt workspaces) by result: ok, "
+            "reused (from the state directory, same model, driver and torch), failed, timeout",
+            ("result",), registry=r)
+        self.constants_measured = Gauge(
+            "gnnsched_gpu_constants_measured",
+            "1 when the GPU's device constants are measured and published in its GPUNode entry", g, registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
         self.mps_restarts = Gauge(
             "gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r

@@ -21,6 +21,7 @@ from gnnsched.contract import (
     GROUP,
     VERSION,
     GPUJob,
+    GPUMeasurement,
     GPUNodeStatus,
     GPUStatus,
     MPSStatus,
@@ -50,6 +51,7 @@ def _job(books: Books, e: Entry, now: float) -> GPUJob:
 def build_status(
     node_name: str, books: Books, devices: list[GPUInfo], mps: MPSStatus, now: float,
     drains: Mapping[str, Drain] | None = None, returned: Mapping[str, float] | None = None,
+    measured: Mapping[str, GPUMeasurement] | None = None,
 ) -> GPUNodeStatus:
     """One snapshot. Queued pods are listed under GPU index 0: the gate decides their GPU only at admission.
 
@@ -57,18 +59,25 @@ def build_status(
     MPS refuses new clients there until every client has exited, so the device plugin and the extender must not
     count on it; and a restarted agent reads the fields back from the node status file to keep draining it. An
     unhealthy GPU (a hardware Xid: out of service until an admin acts) shows why, its Xid and since when; a GPU an
-    admin returned to service (``returned``: uuid -> the request's time) shows when, for the device plugin."""
+    admin returned to service (``returned``: uuid -> the request's time) shows when, for the device plugin.
+
+    ``model`` is the catalogue's name of a catalogued GPU (``catalogued: true``), else NVML's raw name
+    (``catalogued: false``); ``measured`` (NVML name -> the node's measurement of that model,
+    ``gnnsched.node_agent.constants``) fills each GPU's ``measured``, null while there is none."""
     drains = drains or {}
+    measured = measured or {}
     returned = returned or {}
     by_index = {d.index: d for d in devices}
     queue = books.queue_order()
     gpus: list[GPUStatus] = []
     for g in sorted(books.gpus.values(), key=lambda g: g.index):
         d = by_index.get(g.index)
-        model = match_device_name(d.name if d else g.model, g.total_bytes)
+        raw_name = d.name if d else g.model
+        model = match_device_name(raw_name, g.total_bytes)
         running = sorted((e for e in books.running.values() if e.gpu_index == g.index), key=lambda e: e.seq)
         gpus.append(GPUStatus(
-            index=g.index, uuid=g.uuid, model=model.name if model else (d.name if d else g.model),
+            index=g.index, uuid=g.uuid, model=model.name if model else raw_name, catalogued=model is not None,
+            measured=measured.get(raw_name),
             total_bytes=g.total_bytes, reserve_bytes=g.reserve_bytes, committed_bytes=books.committed_bytes(g.index),
             used_bytes=d.used_bytes if d else 0, healthy=bool(d.healthy) if d else False,
             mps_healthy=mps.healthy and g.uuid not in drains,

@@ -11,8 +11,8 @@ import pytest
 
 from gnnsched.closed_loop import classify_log, is_mps_victim_text
 from gnnsched.errors import FieldError
-from gnnsched.gpu.fake_faults import FakeGPUFaultWatch, fault_path, watch_from_env
 from gnnsched.gpu.backend import BackendSpecError, FakeGPUBackend, fake_uuid, open_backend
+from gnnsched.gpu.fake_faults import FakeGPUFaultWatch, fault_path, watch_from_env
 from gnnsched.spec import parse_spec
 from gnnsched.worker import run_attempt
 

@@ -24,8 +24,8 @@ import torch
 
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import ENV_GATE_HANDOFF_FD, ENV_RESULT_FILE
-from gnnsched.gpu.cuda_guard import CudaInitBlocked, PreAdmissionGuard, driver_free_config, runtime_device_count
 from gnnsched.gate_handoff import Handoff
+from gnnsched.gpu.cuda_guard import CudaInitBlocked, PreAdmissionGuard, driver_free_config, runtime_device_count
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -289,4 +289,4 @@ def test_gpu_memory_and_max_resizes_parse():
 def test_gpunode_printer_columns_show_unhealthy_gpus():
     columns = {c["name"]: c["jsonPath"] for c in GPUNODE_CRD["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert columns == {"GPUs": ".status.gpuCount", "Unhealthy": ".status.unhealthyGpus", "MPS": ".status.mps.healthy",
-                       "Updated": ".status.updatedAt"}
+                       "Measured": ".status.gpus[0].measured.measuredAt", "Updated": ".status.updatedAt"}

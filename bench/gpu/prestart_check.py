@@ -9,8 +9,8 @@ Three children, each started as ``gnnsched gate --prestart`` leaves its workload
 ``PYTORCH_NVML_BASED_CUDA_CHECK=1``) and then given GPU 0's UUID, as the keeper's admission does:
 1. control: ``import torch_geometric`` with no guard, then the GPU: on torch 2.11 + PyG 2.8 this reported no device
    (the bug). Reported, not judged: it says whether this torch/PyG pair still needs the guard.
-2. the same import under ``gnnsched.gpu.cuda_guard.PreAdmissionGuard``, removed before the GPU is given: must see the GPU
-   and make a CUDA tensor. Both print whether ``libcuda.so`` was mapped before admission (a hint, not the verdict:
+2. the same import under ``gnnsched.gpu.cuda_guard.PreAdmissionGuard``, removed before the GPU is given: must see the
+   GPU and make a CUDA tensor. Both print whether ``libcuda.so`` was mapped before admission (a hint, not the verdict:
    loading the library is not ``cuInit``).
 3. the real thing: ``gnnsched worker JOB --device cuda --epochs 1`` with a hand-off pipe, admitted (the keeper's JSON
    line: the GPU's UUID, the pre-admission variables unset) once it says it is waiting: must exit 0 with outcome

@@ -10,7 +10,10 @@ Choose one with :func:`open_backend`, whose ``spec`` is what the CLIs take as ``
 * ``"nvml"`` (default): the real driver. If NVML cannot be loaded (no driver, no library) it raises
   :class:`NVMLUnavailableError`, which the CLIs print as one line and exit non-zero.
 * ``"fake:NxSIZE[xMODEL]"``, e.g. ``"fake:2x80Gi"`` or ``"fake:4x40GixA100-40GB"``: N fake GPUs of SIZE bytes
-  (a Kubernetes quantity) named MODEL (default ``"Fake-GPU"``). Their UUIDs are derived from the node's name
+  (a Kubernetes quantity) named MODEL (default ``"Fake-GPU"``). MODEL is a catalogue name, alias or NVML name; or
+  ``nvml:NAME`` (``"fake:1x96Gixnvml:NVIDIA Z100"``) for a board the catalogue does not know: NAME is reported as
+  NVML would, unchecked, so the uncatalogued path (``GPUStatus.catalogued`` false, measured constants only) can be
+  exercised without such a GPU. Their UUIDs are derived from the node's name
   (``--node-name``, else ``$NODE_NAME``, else the hostname): two nodes' fake GPUs have distinct UUIDs, as real GPUs do,
   while the agent, the device plugin and the MPS daemon of one node, which each open the backend, agree.
 
@@ -56,6 +59,10 @@ __all__ = [
 ]
 
 DEFAULT_FAKE_MODEL = "Fake-GPU"
+RAW_NAME_PREFIX = "nvml:"
+"""``fake:NxSIZExnvml:NAME``: fake GPUs reporting NAME verbatim (not looked up in the catalogue)."""
+DEFAULT_FAKE_DRIVER = "555.42.06-fake"
+"""The driver version fake GPUs report until a test changes it (:meth:`FakeGPUBackend.set_driver_version`)."""
 FAULT_POLL_S = 0.2
 """How often a fake backend with a fault directory looks for new faults while a watcher waits for health events."""
 
@@ -151,6 +158,11 @@ class GPUBackend(Protocol):
         """
         ...
 
+    def driver_version(self) -> str | None:
+        """The driver's version as NVML reports it (``580.159.04``), or None when it cannot be read. The node agent
+        re-measures its GPUs' device constants when it changes (``gnnsched.node_agent.constants``)."""
+        ...
+
     def forget_xid(self, uuid: str, up_to: float) -> bool:
         """Drop this process's hardware Xid mark on GPU ``uuid`` if it came at or before ``up_to`` (Unix time): an
         admin returned the GPU to service after that (``gnnsched.return_to_service``). A later mark stays. Returns
@@ -188,6 +200,12 @@ def parse_fake_spec(spec: str, field: str = "--gpus") -> tuple[int, int, str]:
     if total <= 0:
         raise BackendSpecError(field, f"GPU memory must be positive, got {m.group('size')!r}")
     model = DEFAULT_FAKE_MODEL
+    raw = m.group("model")
+    if raw is not None and raw.startswith(RAW_NAME_PREFIX):
+        name = raw[len(RAW_NAME_PREFIX):].strip()
+        if not name or len(name) > 96:
+            raise BackendSpecError(field, f"{RAW_NAME_PREFIX}NAME needs a device name of 1-96 characters, got {raw!r}")
+        return count, total, name
     if m.group("model") is not None:
         from gnnsched.gpu.catalogue import get_gpu_model, gpu_models
 
@@ -195,7 +213,8 @@ def parse_fake_spec(spec: str, field: str = "--gpus") -> tuple[int, int, str]:
             model = get_gpu_model(m.group("model")).name  # canonical catalogue name, so the agent can look it up
         except KeyError:
             known = ", ".join(g.name for g in gpu_models())
-            raise BackendSpecError(field, f"unknown GPU model {m.group('model')!r} (known: {known})") from None
+            raise BackendSpecError(field, f"unknown GPU model {m.group('model')!r} (known: {known}; or "
+                                          f"{RAW_NAME_PREFIX}NAME for a board the catalogue does not know)") from None
     return count, total, model
 
 
@@ -272,6 +291,7 @@ class FakeGPUBackend:
             for i in range(count)
         ]
         self._events: list[HealthEvent] = []
+        self._driver: str | None = DEFAULT_FAKE_DRIVER
         self._changes = 0
         self._closed = False
         if fault_dir is not None:
@@ -324,6 +344,10 @@ class FakeGPUBackend:
                 continue  # not an Xid: nothing a driver would report
             self.inject_xid(index, xid, "fake GPU fault file")
 
+    def driver_version(self) -> str | None:
+        with self._cond:
+            return self._driver
+
     def forget_xid(self, uuid: str, up_to: float) -> bool:
         with self._cond:
             for g in self._gpus:
@@ -348,6 +372,12 @@ class FakeGPUBackend:
             g.sticky_unhealthy = False
             g.info = replace(g.info, healthy=healthy, health_reason="" if healthy else (reason or "marked unhealthy"),
                              unhealthy_xid=None, unhealthy_since=None if healthy else time.time())
+            self._changed()
+
+    def set_driver_version(self, version: str | None) -> None:
+        """What a driver upgrade looks like to the agent: NVML reports another version from now on."""
+        with self._cond:
+            self._driver = version
             self._changed()
 
     def set_used_bytes(self, index: int, used_bytes: int) -> None:
@@ -547,6 +577,15 @@ class NVMLBackend:
                     self._sticky_xid[uuid] = (xid, time.time())
             events.append(HealthEvent(index=index, uuid=uuid, xid=xid, critical=critical))
             wait_ms = 0  # drain what is already queued, then return
+
+    def driver_version(self) -> str | None:
+        nv = self._nvml
+        with self._lock:
+            self._check_open()
+            try:
+                return _s(nv.nvmlSystemGetDriverVersion())
+            except nv.NVMLError:
+                return None
 
     def forget_xid(self, uuid: str, up_to: float) -> bool:
         with self._lock:

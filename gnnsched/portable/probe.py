@@ -28,6 +28,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ from .step import (
 )
 from .tracer import (
     _META,
+    CudaOperatorPaths,
     Trace,
     UntraceableModel,
     _categorise,
@@ -80,8 +82,9 @@ def trace_entrypoint(request: dict[str, Any]) -> dict[str, Any]:
     mode = request["mode"]
     dims = GraphDims(**request["dims"])
     step = request["step"]
-    tracker = _LivenessMode(self_loops=int(step.get("selfLoops", 0)), cpu=request.get("device", "cuda") == "cpu")
-    with tracker:
+    cpu = request.get("device", "cuda") == "cpu"
+    tracker = _LivenessMode(self_loops=int(step.get("selfLoops", 0)), cpu=cpu)
+    with tracker, (nullcontext() if cpu else CudaOperatorPaths()):
         with torch.device(_META):
             graph = DatalessGraph(
                 x=torch.empty(step["nodes"], dims.num_features),
@@ -124,6 +127,10 @@ def trace_entrypoint(request: dict[str, Any]) -> dict[str, Any]:
         "resident": resident_inputs(trace),
         "allocator": allocators,
         "seconds": round(time.perf_counter() - started, 3),
+        # The image's own torch and CUDA: the cuBLAS workspace a GPU gives a job depends on the torch it runs
+        # (gnnsched.gpu.catalogue.workspace_rule), and an entrypoint job runs its image's torch, not gnnsched's.
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
     }
 
 

@@ -187,6 +187,9 @@ class ClusterOptions:
     quiet: bool = False
     fake_gpu_memory: str | None = None  # the agents' --fake-gpu-memory (enforce[:FACTOR]): workers enforce MPS limits
     fake_gpu_faults: bool = False  # the agents' --fake-gpu-faults: inject_fault() makes a fake GPU fail
+    # the agents' --fake-gpu-constants (context=742Mi,cublas=32Mi,cublaslt=1Mi[,delay=S][,cc=9.0]): the fake GPUs'
+    # stand-in measurement in GPUNode status (gpus[].measured); None: the catalogue's for a catalogued model
+    fake_gpu_constants: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     # image -> directories of what it adds (its own packages); the kubelet stand-ins put them on PYTHONPATH
     images: dict[str, list[str]] = field(default_factory=lambda: example_images())
@@ -541,7 +544,8 @@ class LocalCluster:
                 "--jobs-uid", str(os.getuid()),
                 "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1",
                 *(["--fake-gpu-memory", self.opts.fake_gpu_memory] if self.opts.fake_gpu_memory else []),
-                *(["--fake-gpu-faults", str(node.fault_dir)] if node.fault_dir is not None else [])]
+                *(["--fake-gpu-faults", str(node.fault_dir)] if node.fault_dir is not None else []),
+                *(["--fake-gpu-constants", self.opts.fake_gpu_constants] if self.opts.fake_gpu_constants else [])]
 
     def inject_fault(self, node_name: str, gpu_uuid: str, xid: int = 31) -> None:
         """A fatal fault on a fake GPU, at the hardware boundary (``gnnsched.gpu.fake_faults``): the node's agent sees

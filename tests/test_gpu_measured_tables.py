@@ -1,0 +1,108 @@
+"""The estimator against what real GPUs measured, re-estimated here on the CPU (no GPU needed).
+
+The tables are the raw outputs of ``bench/pmc_accuracy.py --device cuda`` on an H200 (2026-11-28, torch 2.11 +
+CUDA 13, copied into ``docs/measurements/h200-2026-11-28/``) and an H100 (2026-11-25). Each case is rebuilt from its
+printed label (``pmc_accuracy.case_for_label``) and estimated with the current code and the GPU's catalogue entry,
+found by the name NVML reports. Issue 36's bar on the H200: never under in allocated bytes, median |error| at most
+1 % in reserved and allocated bytes, and never under in reserved bytes except the gaps pinned below."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = ROOT / "docs" / "measurements" / "h200-2026-11-28"
+H100 = ROOT / "docs" / "measurements" / "h100-2026-11-25"
+MiB = 2**20
+
+# Reserved-byte gaps the model still has on the H200, as measured against this code: case -> (predicted - measured).
+# PNA training's extra 132 MiB is a GPU-side allocation pattern no trace here shows (its allocated peak is exact;
+# docs/gpu-measurements.md, section 10); the admission's 1.10 factor covers it (2,112 MiB admitted for
+# 2,052 MiB of context plus reserved). GATv2 training is one 2 MiB small-pool segment short. A change that closes a gap
+# fails here until the gap is removed from this list; a change that widens one, or opens another, fails too.
+H200_RESERVED_GAPS = {
+    "PNA train L=3  h=16  aggregators=['mean', 'min', 'max', 'std' n=20000 e=200000 f=128 c=16": -132 * MiB,
+    "GAT train L=2  h=16  heads=4,v2=True n=20000 e=200000 f=128 c=16": -2 * MiB,
+}
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("pmc_accuracy", ROOT / "bench" / "pmc_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pmc_accuracy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _bench()
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def h200() -> list:
+    """The 39 cases of the H200's quick and PyG-model tables (Hopper constants run), estimated for "NVIDIA H200"."""
+    results = []
+    for name in ("pmc_accuracy_hopper_constants.txt",):
+        rows, _ = bench.against(str(H200 / name), "NVIDIA H200")
+        results.extend(rows)
+    return results
+
+
+def test_the_h200_tables_are_all_rebuilt(h200: list) -> None:
+    assert len(h200) == 39
+    assert {r.kind for r in h200} == {"grid", "real", "models"}
+
+
+def test_h200_allocated_bytes_are_never_under_and_their_median_error_is_under_one_percent(h200: list) -> None:
+    under = [(r.case, r.allocated_predicted - r.allocated_measured) for r in h200
+             if r.allocated_predicted < r.allocated_measured]
+    assert under == []
+    assert statistics.median(abs(r.allocated_rel_error) for r in h200) <= 0.01
+    # Dropout traced as CUDA runs it: no training case carries the CPU's float noise any more (it was +6.9 %).
+    assert max(r.allocated_rel_error for r in h200) < 0.001
+
+
+def test_h200_reserved_bytes_are_never_under_but_for_the_pinned_gaps(h200: list) -> None:
+    gaps = {r.case: r.reserved_predicted - r.reserved_measured for r in h200
+            if r.reserved_predicted < r.reserved_measured}
+    assert gaps == H200_RESERVED_GAPS
+    assert statistics.median(abs(r.reserved_rel_error) for r in h200) <= 0.01
+
+
+def test_h200_gaps_stay_inside_the_admission_margin(h200: list) -> None:
+    """What a job is admitted with (context + reserved, times 1.10) covers what it takes on the GPU even where the
+    reserved model is short."""
+    from gnnsched.estimator import DEFAULT_SAFETY_FACTOR_CUDA
+    from gnnsched.gpu.catalogue import get_gpu_model
+
+    context = get_gpu_model("NVIDIA H200").context_bytes
+    for r in h200:
+        assert (context + r.reserved_predicted) * DEFAULT_SAFETY_FACTOR_CUDA >= context + r.reserved_measured, r.case
+
+
+def test_the_catalogue_default_the_h200_once_fell_back_to_is_gone() -> None:
+    """The run on the A100's constants (the H200 was not catalogued) under-predicted every case; the H200 now has its
+    own Hopper entry, and that run's measured figures (a second measurement of the same 39 cases) are met by it but
+    for the same pinned gaps."""
+    from gnnsched.gpu.catalogue import get_gpu_model
+
+    assert get_gpu_model("NVIDIA H200").architecture == "Hopper"
+    rows, summary = bench.against(str(H200 / "pmc_accuracy_catalogue_default.txt"), "NVIDIA H200")
+    assert len(rows) == 39
+    assert summary["allocated_under_predicted"] == 0
+    assert {r.case for r in rows if r.reserved_predicted < r.reserved_measured} <= set(H200_RESERVED_GAPS)
+
+
+def test_h100_allocated_bytes_are_exact_where_dropout_was_the_difference() -> None:
+    """The H100's 84 cases: allocated never more than one small block under (mini-batch cases are bounds), and the
+    training cases that carried float dropout noise (up to +20 %) now within 0.5 %."""
+    rows, _ = bench.against(str(H100 / "pmc_accuracy_cuda.json"), "NVIDIA H100 80GB HBM3")
+    assert len(rows) == 84
+    exact = [r for r in rows if "minibatch" not in r.case and "par=" not in r.case]
+    assert max(abs(r.allocated_rel_error) for r in exact) < 0.005
+    assert statistics.median(abs(r.reserved_rel_error) for r in rows) <= 0.01

@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 
 from gnnsched import placement as pl
-from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
+from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus, GPUStatus
+from gnnsched.gpu.catalogue import find_gpu_model
+from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
 from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
@@ -54,6 +56,7 @@ R_CLIENTS = "mps_clients"
 R_CPU = "cpu"
 R_MEMORY = "memory"
 R_FAULT_PEERS = "fault_peers"
+R_NO_CONSTANTS = "gpu_constants"
 
 
 @dataclass(slots=True)
@@ -80,6 +83,8 @@ class _GPU:
     max_clients: int
     running: list[_Job] = field(default_factory=list)
     queued: list[_Job] = field(default_factory=list)
+    # why the GPU has no device constants (UnknownGPUModel, AllocatorModelMismatch): it takes exclusive pods only
+    no_constants: str | None = None
 
     @property
     def capacity(self) -> int:
@@ -170,6 +175,11 @@ class ClusterCache:
         # nodes with a client that has peers of its own. Only pods with peers, or whose job someone lists, look.
         self._job_nodes: dict[str, set[str]] = {}
         self._apart_nodes: set[str] = set()
+        # The exclusive-only rule (docs/extender.md): GPUs without device constants, as a (gpus, rows) mask beside
+        # the placement arrays, and the nodes that have one (empty on a described cluster: the rule then costs
+        # nothing). Whether the catalogue knows a model name is looked up once per name.
+        self._catalogue_knows: dict[str, bool] = {}
+        self._no_constants_nodes: set[str] = set()
 
     # ------------------------------------------------------------------ arrays
 
@@ -177,8 +187,21 @@ class ClusterCache:
         """(Re)allocate the arrays (layout: :func:`gnnsched.placement.new_state`) for ``rows`` nodes of up to
         ``gpus`` GPUs, keeping existing rows."""
         self._a = pl.new_state(rows, gpus, getattr(self, "_a", None), self._cap_rows)
+        shared_off = np.zeros((gpus, rows), dtype=bool)
+        old = getattr(self, "_shared_off", None)
+        if old is not None:
+            g, n = min(old.shape[0], gpus), min(old.shape[1], rows)
+            shared_off[:g, :n] = old[:g, :n]
+        self._shared_off = shared_off
         self._cap_rows = rows
         self._gmax = gpus
+
+    def _no_constants(self, g: GPUStatus) -> str | None:
+        """Why a reported GPU has no device constants (``gnnsched.gpu.measured.missing_constants``), or None."""
+        known = self._catalogue_knows.get(g.model)
+        if known is None and g.measured is None:
+            known = self._catalogue_knows[g.model] = find_gpu_model(g.model) is not None
+        return missing_constants(g.model, g.measured, g.catalogued, known=known)
 
     def reserve_rows(self, rows: int, gpus: int = 1) -> None:
         """Pre-size the arrays (bulk loads): the hot path computes over every allocated row."""
@@ -215,6 +238,13 @@ class ClusterCache:
         pl.set_host(a, r, np.inf if node.cpu_alloc is None else node.cpu_alloc - cpu_used,
                     np.inf if node.mem_alloc is None else node.mem_alloc - mem_used)
         occupants: dict[int, list[pl.Occupant]] = {}
+        self._shared_off[:, r] = False
+        for slot, gpu in enumerate(node.gpus):
+            self._shared_off[slot, r] = gpu.no_constants is not None
+        if self._shared_off[:, r].any():
+            self._no_constants_nodes.add(node.name)
+        else:
+            self._no_constants_nodes.discard(node.name)
         for slot, gpu in enumerate(node.gpus):
             running = [(j.end, j.bytes, j.profile.sm_util, j.profile.mem_util) for j in gpu.running]
             occ = [pl.Occupant(j.job, j.apart, j.end) for j in gpu.running if j.job is not None or j.apart]
@@ -300,7 +330,7 @@ class ClusterCache:
                 gpu = _GPU(
                     index=g.index, uuid=g.uuid, model=g.model, total=g.total_bytes, reserve=g.reserve_bytes,
                     committed=g.committed_bytes, healthy=g.healthy, mps_healthy=g.mps_healthy,
-                    max_clients=g.max_clients,
+                    max_clients=g.max_clients, no_constants=self._no_constants(g),
                 )
                 for j in g.running:
                     secs = j.predicted_remaining_seconds or 0.0
@@ -515,6 +545,9 @@ class ClusterCache:
             a = self._views()
             b = float(demand.gpu_bytes)
             good = pl.fit_mask(a, b)
+            fits_any = good
+            if self._no_constants_nodes and not demand.exclusive:
+                good = good & ~self._shared_off  # the exclusive-only rule: no shared pod on a GPU without constants
             known_row = rows >= 0
             r = np.where(known_row, rows, 0)
 
@@ -532,7 +565,8 @@ class ClusterCache:
             failed = np.flatnonzero(~ok)
             cluster_max = self._max_capacity()
             unresolvable = cluster_max < b
-            reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max)
+            reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max,
+                                    fits_any)
             blocked = self._blocked(demand) if ok.any() else {}
             if blocked:
                 clear_good = good.copy()
@@ -551,6 +585,7 @@ class ClusterCache:
     def _reasons(
         self, d: PodDemand, rows: np.ndarray, failed: np.ndarray, good: np.ndarray,
         cpu_override: np.ndarray | None, mem_override: np.ndarray | None, cluster_max: float,
+        fits_any: np.ndarray | None = None,
     ) -> dict[int, tuple[str, str]]:
         """A reason per failed candidate. Classified with array operations over the failed nodes and formatted
         once per distinct message: a pod that fits nowhere fails on all 5,000 nodes at once."""
@@ -569,6 +604,10 @@ class ClusterCache:
         any_healthy: list[bool] = np.asarray(healthy.any(axis=0)).tolist()
         any_fits: list[bool] = np.asarray((healthy & (a["cap"][:, frc] >= d.gpu_bytes)).any(axis=0)).tolist()
         any_good: list[bool] = np.asarray(good[:, frc].any(axis=0)).tolist()
+        # a node whose GPUs could take the pod but for the exclusive-only rule (all of them lack constants)
+        only_unknown: list[bool] = (
+            np.asarray((fits_any[:, frc] & ~good[:, frc]).any(axis=0) & ~good[:, frc].any(axis=0)).tolist()
+            if fits_any is not None and fits_any is not good else [False] * len(frc))
         largest = np.where(healthy, a["cap"][:, frc], -1.0).max(axis=0).tolist()
         cpu_free = (a["cpu_free"][frc] if cpu_override is None else cpu_override[failed]).tolist()
         mem_free = (a["mem_free"][frc] if mem_override is None else mem_override[failed]).tolist()
@@ -611,6 +650,14 @@ class ClusterCache:
                 f"largest healthy GPU ({label}) has {format_bytes(big)} after reserve; job needs {need}"
             )
 
+        def no_constants(label: str, why: str) -> tuple[str, str]:
+            what = ("its node measured a CUDA allocator gnnsched cannot model" if why == ALLOCATOR_MISMATCH
+                    else "it is not in gnnsched's catalogue and its node has not measured its device constants")
+            return R_NO_CONSTANTS, (
+                f"every GPU here that can hold {need} ({label}) takes only pods that run alone: {what} "
+                f"({why}); a shared pod goes there once the node publishes measured constants"
+            )
+
         def clients_full() -> tuple[str, str]:
             return R_CLIENTS, f"every GPU that can hold {need} already has its maximum number of MPS clients"
 
@@ -640,6 +687,11 @@ class ClusterCache:
             elif not any_fits[k]:
                 node = self._nodes[self._names[int(fr[k])]]
                 out[i] = say(gpu_small, ", ".join(sorted({g.model for g in node.gpus})), largest[k])
+            elif only_unknown[k]:
+                node = self._nodes[self._names[int(fr[k])]]
+                dark = [g for g in node.gpus if g.no_constants is not None]
+                out[i] = say(no_constants, ", ".join(sorted({g.model for g in dark})),
+                             dark[0].no_constants if dark else "")
             elif not any_good[k]:
                 out[i] = say(clients_full)
             elif cpu_free[k] < d.cpu_millis:
@@ -654,7 +706,10 @@ class ClusterCache:
         if self._sizes_dirty and len(self._above) <= 1:
             self.refresh_size_mix()  # first use only; afterwards the maintenance loop refreshes it
         big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
-        return pl.cost_matrix(self._a, demand.gpu_bytes, big_r, demand.intensity, now, self._above)
+        cost = pl.cost_matrix(self._a, demand.gpu_bytes, big_r, demand.intensity, now, self._above)
+        if self._no_constants_nodes and not demand.exclusive:
+            cost[self._shared_off] = np.inf  # the exclusive-only rule, as in ``filter``
+        return cost
 
     def costs(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate row: the best GPU slot and its cost (``inf`` when no GPU of the node can take the pod).

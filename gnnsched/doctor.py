@@ -17,6 +17,10 @@ Checks (the names are stable, ``--json`` prints them):
 * ``gpu-nodes``: nodes carry the GPU label; their NoSchedule/NoExecute taints are tolerated by the job pods.
 * ``node-agents``: per GPU node, a Ready node-agent pod and a fresh ``GPUNode`` whose MPS is up, compute mode
   ``EXCLUSIVE_PROCESS`` and ``/dev/shm`` shared (what the agent and the MPS daemon report).
+* ``gpu-constants``: every GPU a ``GPUNode`` lists has device constants to plan shared jobs with: a WARN names each
+  GPU that is not in the catalogue and not measured by its node (its jobs run alone: ``UnknownGPUModel``), whose
+  node measured an allocator gnnsched cannot model (``AllocatorModelMismatch``), or that is planned on catalogue
+  constants no GPU of its model ever measured, with what it means and what to do.
 * ``other-device-plugin``: no GPU node also advertises ``nvidia.com/gpu`` (NVIDIA's plugin would hand the same GPUs
   to pods outside the gate).
 * ``test-job`` (``--run-test-job``): one tiny GNNJob runs to ``Succeeded``; it is deleted afterwards.
@@ -312,6 +316,62 @@ def check_node_agents(get: Getter, namespace: str, labelled: list[dict[str, Any]
     return checks
 
 
+def check_gpu_constants(gpunodes: list[dict[str, Any]]) -> list[Check]:
+    """Per GPU that lacks measured device constants, a WARN with what it means for its jobs and what to do.
+
+    Why a warning and not a blocker: such a GPU still runs jobs, only alone (no constants) or on figures nobody
+    measured on that model (catalogue only); the cluster works, it shares less or less safely than it could."""
+    from pydantic import ValidationError
+
+    from gnnsched.contract import GPUNodeStatus
+    from gnnsched.gpu.catalogue import find_gpu_model
+    from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
+
+    checks: list[Check] = []
+    count = 0
+    for obj in gpunodes:
+        name = str(((obj.get("metadata") or {}).get("name")) or "?")
+        try:
+            status = GPUNodeStatus.model_validate({"nodeName": name, **(obj.get("status") or {})})
+        except (ValidationError, TypeError):
+            continue  # node-agents reports a GPUNode it cannot read
+        for g in status.gpus:
+            count += 1
+            where = f"node {name} GPU {g.index} ({g.model})"
+            reason = missing_constants(g.model, g.measured, g.catalogued)
+            if reason == ALLOCATOR_MISMATCH:
+                detail = g.measured.allocator_detail if g.measured is not None else ""
+                checks.append(Check(
+                    name="gpu-constants", status="WARN",
+                    message=f"{where}: the node measured a CUDA caching allocator that does not behave as gnnsched "
+                            f"models it{f' ({detail})' if detail else ''}; reserved memory cannot be predicted "
+                            "there, so its jobs run alone (AllocatorModelMismatch)",
+                    fix="remove PYTORCH_CUDA_ALLOC_CONF settings such as expandable_segments from the node's jobs "
+                        "and the agent's environment, then restart the node agent so it measures again"))
+            elif reason is not None:
+                checks.append(Check(
+                    name="gpu-constants", status="WARN",
+                    message=f"{where}: not in gnnsched's GPU catalogue and not measured by its node; its jobs run "
+                            "alone, never on another model's constants (UnknownGPUModel)",
+                    fix="check the node agent's log for its measurement at start (it publishes "
+                        "status.gpus[].measured in the GPUNode); once it does, jobs share this GPU"))
+            elif g.measured is None:
+                model = find_gpu_model(g.model)
+                unmeasured = model.unmeasured() if model is not None else []
+                if unmeasured:
+                    checks.append(Check(
+                        name="gpu-constants", status="WARN",
+                        message=f"{where}: not measured by its node; plans use the catalogue's constants, of which "
+                                f"{', '.join(unmeasured)} were never measured on a {model.name if model else g.model} "
+                                "(an estimate on them can be tens of percent off)",
+                        fix="let the node agent measure its GPUs at start (see its log); its measurement then "
+                            "replaces the catalogue's figures for this node"))
+    if not checks:
+        checks.append(Check(name="gpu-constants", status="PASS",
+                            message=f"{count} GPU(s): every one has measured or catalogue-measured device constants"))
+    return checks
+
+
 def check_other_device_plugin(labelled: list[dict[str, Any]]) -> Check:
     doubled = []
     for n in labelled:
@@ -364,6 +424,7 @@ def run_checks(reader: ClusterReader, namespace: str, crds_dir: Path | None, run
     labelled, nodes = gpu_nodes(get, gpu_label)
     checks += check_gpu_nodes(labelled, nodes, gpu_label, tolerations)
     checks += check_node_agents(get, namespace, labelled, datetime.now(tz=timezone.utc))
+    checks += check_gpu_constants((get(f"/apis/{GROUP}/{VERSION}/{GPUNODE_PLURAL}") or {}).get("items") or [])
     checks.append(check_other_device_plugin(labelled))
     if test_job:
         checks.append(run_test_job(reader, test_namespace, timeout))

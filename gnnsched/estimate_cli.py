@@ -27,7 +27,9 @@ def estimate_command(
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object (stable keys) instead of a table."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda adds the GPU model's device overheads)."),
     gpu_model: str = typer.Option(
-        None, "--gpu-model", help="GPU model for --device cuda (see gnnsched.gpu.catalogue); default A100-80GB."
+        None, "--gpu-model",
+        help="GPU model for --device cuda: a catalogue name, alias or the name NVML reports (e.g. 'NVIDIA H200'; "
+        "see gnnsched.gpu.catalogue); default A100-80GB. An unknown name is refused: no other model's constants.",
     ),
     calibration: Path = typer.Option(
         None, "--calibration",
@@ -50,23 +52,25 @@ def estimate_command(
                 get_gpu_model(gpu_model)
             except KeyError as exc:
                 raise UserError(f"--gpu-model: {exc.args[0]}") from None
+        model = get_gpu_model(gpu_model or DEFAULT_GPU_MODEL)
         if calibration is not None and device != "cuda":
             raise UserError("--calibration: applies only with --device cuda (the ratios are per GPU model)")
         table = _load_calibration(calibration) if calibration is not None else None
         spec = load_job(job).spec
         factor = None
         if table is not None:
-            calibrated = _calibration_factor(table, spec, get_gpu_model(gpu_model or DEFAULT_GPU_MODEL).name)
+            calibrated = _calibration_factor(table, spec, model.name)
             factor = calibrated["factor"]
         from gnnsched.estimator import UntraceableModel, estimate
         from gnnsched.models import pyg_backends
 
         try:
-            result = estimate(spec, device=device, gpu_model=gpu_model, safety_factor=factor)  # type: ignore[arg-type]
+            result = estimate(spec, device=device, gpu_model=model, safety_factor=factor)  # type: ignore[arg-type]
         except UntraceableModel as exc:
             raise UserError(f"spec.model: {exc}; give spec.resources.gpuMemory (the cluster then runs it at that "
                             "reservation and records what it really used)") from None
-    verified = get_gpu_model(gpu_model or DEFAULT_GPU_MODEL).overheads_verified
+    verified = model.overheads_verified
+    constants = _constants(model) if device == "cuda" else None
     extensions = [name for name, present in pyg_backends().items() if present]
     if extensions:
         typer.echo(
@@ -77,6 +81,8 @@ def estimate_command(
     if json_output:
         doc = result.as_dict()
         doc["calibration"] = calibrated
+        doc["gpu_model"] = model.name if device == "cuda" else None
+        doc["constants_provenance"] = constants
         sys.stdout.write(json.dumps(doc, sort_keys=False) + "\n")
         return
     typer.echo(f"pmc:              {_human(result.pmc_bytes)} ({result.pmc_bytes} bytes)")
@@ -90,6 +96,16 @@ def estimate_command(
         typer.echo(f"cuda reserved:    {_human(result.cuda_reserved_bytes)} ({result.cuda_reserved_bytes} bytes; "
                    f"{how})")
     typer.echo(f"device overhead:  {_human(result.device_overhead_bytes)} ({device})")
+    if constants is not None:
+        typer.echo(f"gpu model:        {model.name} ({model.architecture}, compute capability "
+                   f"{'.'.join(map(str, model.compute_capability))})")
+        for name, row in constants.items():
+            typer.echo(f"  {name + ':':17} {_human(row['bytes'])} ({row['status']}: {row['source']})")
+        unmeasured = model.unmeasured()
+        if unmeasured:
+            typer.echo(f"  not measured on this model: {', '.join(unmeasured)} (taken from its architecture or "
+                       "assumed; a node's own measurement, published in its GPUNode, replaces them in the cluster's "
+                       "plans)")
     if calibrated is None:
         typer.echo(f"safety factor:    {result.safety_factor}")
     else:
@@ -100,6 +116,23 @@ def estimate_command(
                    f"samples, {source})")
     typer.echo(f"admit:            {_human(result.admit_bytes)} ({result.admit_bytes} bytes)")
     typer.echo(f"estimated in:     {result.seconds * 1000:.1f} ms")
+
+
+def _constants(model: Any) -> dict[str, dict[str, Any]]:
+    """Per device constant of ``model``: its bytes, whether it was ``measured`` on this model, taken from its
+    ``architecture`` (measured on another model of it) or ``assumed``, and where from (``GPUModel.provenance``).
+    Why print it: an estimate on assumed constants can be off by tens of percent (the H200 on the A100's were 15-72 %
+    low), and the user should see which figures stand on a measurement."""
+    from gnnsched.gpu.catalogue import CONSTANTS
+
+    values = {"context": model.context_bytes, "cublas_workspace": model.cublas_workspace_bytes,
+              "cublaslt_workspace": model.cublaslt_workspace_bytes}
+    out: dict[str, dict[str, Any]] = {}
+    for name in CONSTANTS:
+        text = str(model.provenance.get(name) or "assumed: no provenance recorded")
+        status, _, source = text.partition(":")
+        out[name] = {"bytes": values[name], "status": status.strip(), "source": source.strip()}
+    return out
 
 
 def _load_calibration(path: Path) -> Any:

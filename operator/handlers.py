@@ -54,6 +54,7 @@ from gnnsched.contract import (
 )
 from gnnsched.entrypoint_probe import ProbeRecord, ProbeResult, cache_key, probe_request
 from gnnsched.fault_classes import counted_class, fault_step
+from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, UNKNOWN_GPU_MODEL, measurement_fingerprint
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
@@ -222,12 +223,21 @@ def _plan_fields(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _need(plan: Plan, gpu_model: str | None) -> int | None:
-    """The plan's predicted need (PMC plus device overheads, no safety factor) on ``gpu_model`` or its own model."""
-    by_model = {n.model: n.bytes for n in plan.needs}
+def _need(plan: Plan, gpu_model: str | None, constants: str | None = None) -> int | None:
+    """The plan's predicted need (PMC plus device overheads, no safety factor) on ``gpu_model`` with the node
+    measurement ``constants`` (its fingerprint; None: the catalogue's), or on the plan's own model. A model planned
+    under several measurements answers with the need of the one asked for, else its catalogue need, else its
+    largest."""
+    exact = {(n.model, n.constants): n.bytes for n in plan.needs}
+    own = (plan.admit_gpu_model, plan.admit_constants)
+    for key in ((gpu_model, constants), (gpu_model, None), own, (plan.admit_gpu_model, None),
+                (plan.runtime_gpu_model, None)):
+        if key[0] is not None and key in exact:
+            return exact[key]
     for name in (gpu_model, plan.admit_gpu_model, plan.runtime_gpu_model):
-        if name is not None and name in by_model:
-            return by_model[name]
+        same = [n.bytes for n in plan.needs if n.model == name]
+        if name is not None and same:
+            return max(same)
     return plan.needs[0].bytes if plan.needs else None
 
 
@@ -1080,8 +1090,9 @@ class Operator:
 
         Only attempts whose reservation came from the estimate count (a ``gpuMemory`` job's estimate is still the
         prediction, so it counts too); the class is the GPU the attempt ran on. ``None``: nothing to record."""
-        model = self._attempt_gpu_model(pod) or plan.admit_gpu_model or plan.runtime_gpu_model
-        need = _need(plan, model)
+        ran_on = self._attempt_gpu(pod)
+        model = (ran_on.model if ran_on is not None else None) or plan.admit_gpu_model or plan.runtime_gpu_model
+        need = _need(plan, model, measurement_fingerprint(ran_on.measured) if ran_on is not None else None)
         if not need or observed <= 0:
             return None
         try:
@@ -1094,11 +1105,16 @@ class Operator:
 
     def _attempt_gpu_model(self, pod: dict[str, Any]) -> str | None:
         """The model of the GPU the node agent says the pod ran on, ``None`` when unknown."""
+        gpu = self._attempt_gpu(pod)
+        return gpu.model if gpu is not None else None
+
+    def _attempt_gpu(self, pod: dict[str, Any]) -> ClusterGPU | None:
+        """The GPU (model and its node's measurement) the node agent says the pod ran on, ``None`` when unknown."""
         gpu_uuid = _dict(_dict(pod.get("metadata")).get("annotations")).get(ANN_GPU)
         if not isinstance(gpu_uuid, str) or not gpu_uuid:
             return None
         try:
-            return next((g.model for g in self.cluster_gpus() if g.uuid == gpu_uuid), None)
+            return next((g for g in self.cluster_gpus() if g.uuid == gpu_uuid), None)
         except KubeError:
             return None
 
@@ -1171,13 +1187,17 @@ class Operator:
         (``gpuMemory``, a resize, a whole GPU) is the user's or the loop's own and is kept. The pod's PriorityClass
         (kube-scheduler's queue order) cannot follow: a pod's priority is immutable. Returns the plan now in force."""
         tables = self._calibration_tables()
-        if tables is None:
+        alone = plan.exclusive and plan.exclusive_reason in (UNKNOWN_GPU_MODEL, ALLOCATOR_MISMATCH)
+        if tables is None and not alone:
             return plan
-        table, runtime = tables
         try:
             spec = parse_spec(job.get("spec"))
         except SpecError:
             return plan
+        if alone:
+            return self._replan_alone(job, new, pod, plan, spec, *(tables or (None, None)))
+        assert tables is not None
+        table, runtime = tables
         # The cheap tests first (no estimate, no runtime prediction): the factors of the plan's own classes now.
         memory_moved = False
         if plan.reservation_source in ("estimate", "calibrated") and not plan.exclusive:
@@ -1246,6 +1266,62 @@ class Operator:
         self._event(job, "Normal", "Replanned", f"pod {name} waits for a node: " + "; ".join(changes))
         return updated
 
+    def _replan_alone(self, job: dict[str, Any], new: dict[str, Any], pod: dict[str, Any], plan: Plan,
+                      spec: GNNJobSpec, table: CalibrationTable | None, runtime: CalibrationTable | None) -> Plan:
+        """A pod that runs alone only because no GPU had device constants (``UnknownGPUModel``,
+        ``AllocatorModelMismatch``) and that no node has taken yet is planned again from the GPUNodes as they are now:
+        once a node publishes its measurement (or a described GPU joins), the pod's ``admit-bytes`` become the
+        estimate's and its ``exclusive`` annotation goes, so it shares. Patched on the pod's resourceVersion as
+        ``_replan_waiting`` does (a pod bound meanwhile keeps what it was placed by; its next attempt plans anew);
+        its ``Exclusive`` condition says why it changed. Runs on every event and resync of the waiting pod (the
+        operator does not watch GPUNodes: one list per re-plan, at the resync interval)."""
+        try:
+            fresh = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(new),
+                                      runtime_calibration=runtime)
+        except PlanError:
+            return plan
+        if fresh.exclusive and fresh.exclusive_reason in (UNKNOWN_GPU_MODEL, ALLOCATOR_MISMATCH):
+            return plan
+        meta = _dict(pod.get("metadata"))
+        name = str(meta.get("name") or "")
+        version = meta.get("resourceVersion")
+        if not name or not isinstance(version, str):
+            return plan
+        current = _dict(meta.get("annotations"))
+        wanted: dict[str, str | None] = {ANN_ADMIT_BYTES: str(fresh.admit_bytes),
+                                         ANN_EXCLUSIVE: "true" if fresh.exclusive else None}
+        if fresh.predicted_runtime_seconds is not None:
+            wanted[ANN_PREDICTED_RUNTIME] = f"{fresh.predicted_runtime_seconds:.3f}"
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+        for key, value in wanted.items():
+            path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+            if value is None and key in current:
+                ops.append({"op": "remove", "path": path})
+            elif value is not None and current.get(key) != value:
+                ops.append({"op": "replace" if key in current else "add", "path": path, "value": value})
+        if len(ops) > 1:
+            ref = _job_ref(job)
+            try:
+                self.kube.patch_pod(ref.namespace, name, ops)
+            except KubeError as exc:
+                if exc.status in (404, 409, 422):
+                    return plan  # bound, changed or gone meanwhile: its next event decides again
+                raise
+            self.metrics.replans.inc()
+        generation = _dict(job.get("metadata")).get("generation")
+        message = (f"pod {name} waits for a node and a GPU now has device constants: admit "
+                   f"{format_bytes(plan.admit_bytes)} -> {format_bytes(fresh.admit_bytes)} ({plan.admit_bytes} -> "
+                   f"{fresh.admit_bytes} bytes), " + ("it shares a GPU" if not fresh.exclusive
+                                                      else f"alone for {fresh.exclusive_reason}"))
+        new.update(_plan_fields(fresh))
+        new["conditions"] = set_condition(
+            new.get("conditions"), "Exclusive", "True" if fresh.exclusive else "False",
+            str(fresh.exclusive_reason) if fresh.exclusive else "DeviceConstantsKnown",
+            _exclusive_message(fresh) if fresh.exclusive else message, now_rfc3339(),
+            generation if isinstance(generation, int) else None)
+        self._event(job, "Normal", "Replanned", message)
+        return fresh
+
     def cleanup(self, namespace: str, name: str, status: dict[str, Any]) -> list[str]:
         """Delete every pod of the job (by label and by deterministic name) and its ConfigMap; returns pod names."""
         names = {str(p.get("metadata", {}).get("name")) for p in
@@ -1303,6 +1379,17 @@ def extra_validation(ref: JobRef, spec: GNNJobSpec) -> None:
 def _exclusive_message(plan: Plan) -> str:
     """Why a job runs alone on a whole GPU, for its ``Exclusive`` condition and event."""
     alone = f"the job runs alone, reserving {format_bytes(plan.admit_bytes)}"
+    where = f"GPU model {plan.admit_gpu_model!r} on node {plan.exclusive_node}"
+    if plan.exclusive_reason == UNKNOWN_GPU_MODEL:
+        return (f"{where} is not in gnnsched's GPU catalogue and its node has not measured its device constants, "
+                f"and no GPU with known constants can hold the job: {alone}, the whole GPU (it is never planned with "
+                "another model's constants); it will share once the node publishes measured constants "
+                "(GPUNode status.gpus[].measured, written by the node agent)")
+    if plan.exclusive_reason == ALLOCATOR_MISMATCH:
+        return (f"{where}: its node measured a CUDA caching allocator that does not behave as gnnsched models it "
+                f"(e.g. PYTORCH_CUDA_ALLOC_CONF with expandable segments), so reserved memory cannot be predicted "
+                f"there, and no other GPU can hold the job: {alone}, the whole GPU; it will share once the node "
+                "publishes measured constants whose allocator matches the model")
     if plan.exclusive_reason == "PredictedPeakAboveGPU":
         need = max((n.bytes for n in plan.needs), default=plan.admit_bytes)
         return (f"predicted need {format_bytes(need)} exceeds every GPU, by less than the largest over-prediction "

@@ -12,6 +12,14 @@ need exceeds the largest GPU by no more than the largest over-prediction measure
 it with ``ExceedsLargestGPU``). Beyond that the plan fails with ``PredictedPeakExceedsGPU`` naming both numbers. When
 no node has reported yet, nothing can be concluded and the job goes ahead (the extender keeps it pending until a GPU
 with room appears).
+
+Which constants a GPU is planned with (``ClusterGPU.constants``, ``gnnsched.gpu.measured.device_model``): its node's
+measurement (``GPUStatus.measured``) first, else the catalogue's entry for its model; GPUs are grouped by model *and*
+constants, so two nodes of one model with different measurements each get their need. A GPU that neither describes
+(uncatalogued and unmeasured, or a measured allocator gnnsched cannot model) is never planned with another model's
+numbers: a job that only such GPUs can hold runs alone on one (``UnknownGPUModel`` / ``AllocatorModelMismatch``,
+reserving its whole capacity), and the extender keeps every shared pod off them, so while the cluster has described
+GPUs the job shares on those.
 """
 
 from __future__ import annotations
@@ -21,9 +29,9 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
@@ -34,8 +42,16 @@ from gnnsched.closed_loop import (
     CalibrationTable,
     runtime_class,
 )
-from gnnsched.contract import PREDICTED_RUNTIME_RESOLUTION_S
+from gnnsched.contract import PREDICTED_RUNTIME_RESOLUTION_S, GPUMeasurement
 from gnnsched.entrypoint_probe import ProbeResult
+from gnnsched.gpu.catalogue import GPUModel, find_gpu_model
+from gnnsched.gpu.measured import (
+    UNKNOWN_GPU_MODEL,
+    constants_key,
+    device_model,
+    measurement_fingerprint,
+    missing_constants,
+)
 from gnnsched.quantity import format_bytes, format_cpu
 from gnnsched.spec import GNNJobSpec
 
@@ -56,7 +72,11 @@ class PlanError(Exception):
 
 
 class ClusterGPU(BaseModel):
-    """One GPU as a node agent reported it (only what planning needs)."""
+    """One GPU as a node agent reported it (only what planning needs).
+
+    ``catalogued`` and ``measured`` are the agent's ``GPUStatus`` fields: the GPU is planned with its node's
+    measured constants when there are some, with the catalogue's otherwise, and with nobody's when neither knows it
+    (``gnnsched.gpu.measured.device_model``)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -65,13 +85,29 @@ class ClusterGPU(BaseModel):
     capacity_bytes: int
     healthy: bool = True
     uuid: str = ""
+    total_bytes: int = 0  # 0: not reported (capacity stands in)
+    catalogued: bool = True
+    measured: GPUMeasurement | None = None
+
+    def constants(self) -> tuple[GPUModel | None, str | None]:
+        """The model to plan this GPU with and, when there is none, why (``UnknownGPUModel``,
+        ``AllocatorModelMismatch``): the node's measurement first, then the catalogue, never another model's."""
+        reason = missing_constants(self.model, self.measured, self.catalogued)
+        if reason is not None:
+            return None, reason
+        return device_model(self.model, self.total_bytes or self.capacity_bytes, self.measured, self.node)
 
 
 class ModelNeed(BaseModel):
-    """What the estimate says the GPU will count for the job on one GPU model (no safety factor)."""
+    """What the estimate says the GPU will count for the job on one GPU model (no safety factor).
+
+    ``constants`` is the fingerprint of the node measurement the need was planned with
+    (``gnnsched.gpu.measured.measurement_fingerprint``), None for the catalogue's constants: two nodes of one model
+    with different measurements get a need each. Optional, so plans stored before it still read."""
 
     model: str
-    bytes: int
+    bytes: int = Field(ge=0)
+    constants: str | None = Field(default=None, pattern=r"^[0-9a-f]{12}$")
 
 
 class Plan(BaseModel):
@@ -90,6 +126,10 @@ class Plan(BaseModel):
     needs: list[ModelNeed] = []  # per GPU model in the cluster; a list so a merge patch replaces it whole
     # Optional fields default to None: the plan round-trips through a JSON merge patch, which drops null keys.
     admit_gpu_model: str | None = None  # the GPU model whose overheads admit_bytes includes (None: the default)
+    # the fingerprint of the node measurement admit_bytes was planned with (None: the catalogue's constants)
+    admit_constants: str | None = None
+    # an UnknownGPUModel / AllocatorModelMismatch plan: the node of the GPU without constants it runs alone on
+    exclusive_node: str | None = None
     predicted_runtime_seconds: float | None = None  # None: no predictor could answer (runtime_source says why)
     runtime_source: str  # which predictor produced it, and the runtime factor when one applied
     # The calibrated runtime factor predicted_runtime_seconds includes (None: the predictor's own figure); an
@@ -177,7 +217,10 @@ class Planner:
             gpu = gpu_model if gpu_model is not None else get_gpu_model(self.default_gpu_model)
             return estimate_from_probe(probe, gpu, safety_factor)
         model = gpu_model if gpu_model is not None else self.default_gpu_model
-        name = getattr(model, "name", model)
+        # keyed on the constants, not the name: a node's measured model and the catalogue's entry of the same name
+        # give different estimates
+        resolved = model if isinstance(model, GPUModel) else find_gpu_model(str(model))
+        name = constants_key(resolved) if resolved is not None else str(model)
         key = (memory_key(spec), name if safety_factor is None else f"{name}@{safety_factor:g}")
         return self.cache.get_or_compute(key, lambda: estimate(spec, device=self.estimate_device, gpu_model=model,
                                                                safety_factor=safety_factor))
@@ -282,14 +325,15 @@ class Planner:
         The reservation (admit bytes) is, in order: ``spec.resources.gpuMemory`` when set; else the estimate with the
         calibrated factor of the job's class when ``calibration`` has enough samples for it; else the estimate with
         the static factor. A job whose reservation fits no GPU but whose predicted need (PMC plus device overheads)
-        fits a whole one runs alone (``exclusive``), reserving that GPU's capacity.
+        fits a whole one runs alone (``exclusive``), reserving that GPU's capacity. Each GPU is weighed with its
+        own constants (its node's measurement, else the catalogue's); a job that only GPUs without constants can
+        hold runs alone on the largest of them (``UnknownGPUModel`` or ``AllocatorModelMismatch``).
 
         An entrypoint job's estimate is its probe's trace (``probe``). Without one (the probe failed) and without
         ``gpuMemory`` nothing predicts it: it runs alone on a whole GPU (``wholeGPU``).
 
         The predicted runtime is the predictor's times its runtime class's calibrated factor when
         ``runtime_calibration`` has enough samples for it (``runtime_factor``; ``runtime_source`` says so)."""
-        from gnnsched.gpu.catalogue import get_gpu_model
 
         container: Literal["builtin", "custom"] = "custom" if (spec.command or spec.image) else "builtin"
         override = spec.resources.gpu_memory_bytes()
@@ -305,41 +349,43 @@ class Planner:
             raise PlanError("EstimationFailed", f"the estimator failed: {type(exc).__name__}: {exc}") from None
 
         healthy = [g for g in gpus if g.healthy]
-        # (gpu, admit bytes on it, catalogue model, need, static admit, factor, calibrated)
-        rows: list[tuple[ClusterGPU, int, Any, int, int, float, bool]] = []
-        for gpu in _distinct_largest_per_model(healthy):
+        rows: list[_Row] = []
+        # GPUs no constants describe (uncatalogued and unmeasured, or a measured allocator gnnsched cannot model):
+        # never planned with another model's numbers; a job that only they can hold runs alone on one
+        unknown: list[tuple[ClusterGPU, str]] = []
+        for gpu, model, reason in _distinct_largest_per_group(healthy):
+            if model is None:
+                unknown.append((gpu, reason or UNKNOWN_GPU_MODEL))
+                continue
             try:
-                model = get_gpu_model(gpu.model)
-            except KeyError:
-                model = None
-            try:
-                if model is not None:
-                    admit, need, static, factor, calibrated = self._admit_on(spec, model, calibration, container,
-                                                                             probe)
-                    rows.append((gpu, admit, model, need, static, factor, calibrated))
-                else:
-                    rows.append((gpu, base_admit, None, base_need, base_static, base_factor, base_cal))
+                admit, need, static, factor, calibrated = self._admit_on(spec, model, calibration, container, probe)
             except Exception as exc:  # noqa: BLE001
                 raise PlanError("EstimationFailed", f"the estimator failed for {gpu.model}: {exc}") from None
+            rows.append(_Row(gpu, admit, model, need, static, factor, calibrated,
+                             measurement_fingerprint(gpu.measured)))
         if override is not None:
-            rows = [(g, override, m, need, static, f, c) for g, _, m, need, static, f, c in rows]
-        fitting = [r for r in rows if r[1] <= r[0].capacity_bytes]
-        exclusive: list[tuple[ClusterGPU, int, Any, int, int, float, bool]] = []
+            rows = [r._replace(admit=override) for r in rows]
+        fitting = [r for r in rows if r.admit <= r.gpu.capacity_bytes]
+        exclusive: list[_Row] = []
         exclusive_reason = "ExceedsShareableCapacity"
         if not fitting and override is None:
             # Alone on a whole GPU the safety factor has no neighbour to protect: the GPU's capacity is the limit. A
             # need above every GPU is tried so too while an estimate can be that much too high.
             rules = (("ExceedsShareableCapacity", 1.0), ("PredictedPeakAboveGPU", MEASURED_OVERPREDICTION))
             for reason, bound in rules:
-                exclusive = [(g, g.capacity_bytes, m, need, static, f, c) for g, _, m, need, static, f, c in rows
-                             if need <= g.capacity_bytes * bound]
+                exclusive = [r._replace(admit=r.gpu.capacity_bytes) for r in rows
+                             if r.need <= r.gpu.capacity_bytes * bound]
                 if exclusive:
                     exclusive_reason = reason
                     break
-        largest = max(rows, key=lambda r: r[0].capacity_bytes) if rows else None
-        if healthy and not fitting and not exclusive:
-            assert largest is not None
-            gpu, admit = largest[0], largest[1]
+        alone_on: tuple[ClusterGPU, str] | None = None
+        if not fitting and not exclusive and unknown:
+            alone_on = self._alone_on_unknown(unknown, override if override is not None else int(base.pmc_bytes),
+                                              override is not None, rows)
+        largest = max(rows, key=lambda r: r.gpu.capacity_bytes) if rows else None
+        if healthy and not fitting and not exclusive and alone_on is None:
+            assert largest is not None  # _alone_on_unknown raises when only unknown GPUs exist
+            gpu, admit = largest.gpu, largest.admit
             if override is not None:
                 raise PlanError(
                     "GPUMemoryExceedsGPU",
@@ -348,38 +394,72 @@ class Planner:
                     f"({gpu.capacity_bytes} bytes) usable", phase="Unschedulable")
             raise PlanError(
                 "PredictedPeakExceedsGPU",
-                f"predicted peak {format_bytes(largest[3])} ({largest[3]} bytes: PMC {int(base.pmc_bytes)} bytes "
-                f"plus device overheads; admit {admit} bytes with the safety factor) exceeds the largest GPU in the "
-                f"cluster, {gpu.model} on node {gpu.node} with {format_bytes(gpu.capacity_bytes)} "
+                f"predicted peak {format_bytes(largest.need)} ({largest.need} bytes: PMC {int(base.pmc_bytes)} "
+                f"bytes plus device overheads; admit {admit} bytes with the safety factor) exceeds the largest GPU in "
+                f"the cluster, {gpu.model} on node {gpu.node} with {format_bytes(gpu.capacity_bytes)} "
                 f"({gpu.capacity_bytes} bytes) usable",
                 phase="Unschedulable",
             )
 
         chosen = fitting or exclusive
+        admit_constants: str | None = None
+        exclusive_node: str | None = None
         if chosen:
             counts: dict[str, int] = {}
             for g in healthy:
                 counts[g.model] = counts.get(g.model, 0) + 1
-            top = max(chosen, key=lambda r: r[1])
-            admit_bytes, admit_model = top[1], top[0].model
-            static_admit, factor, calibrated = top[4], top[5], top[6]
-            known = [(r[0], r[2]) for r in chosen if r[2] is not None]
-            runtime_gpu = max(known, key=lambda gm: counts[gm[0].model])[1] if known else None
+            top = max(chosen, key=lambda r: r.admit)
+            admit_bytes, admit_model, admit_constants = top.admit, top.gpu.model, top.constants
+            static_admit, factor, calibrated = top.static, top.factor, top.calibrated
+            # the runtime model is a catalogue entry: an uncatalogued GPU's stand-in throughput is no prediction
+            known = [(r.gpu, find_gpu_model(r.gpu.model)) for r in chosen]
+            catalogued = [(g, m) for g, m in known if m is not None]
+            runtime_gpu = max(catalogued, key=lambda gm: counts[gm[0].model])[1] if catalogued else None
+        elif alone_on is not None:
+            gpu, exclusive_reason = alone_on
+            admit_bytes, admit_model, exclusive_node = gpu.capacity_bytes, gpu.model, gpu.node
+            static_admit, factor, calibrated = base_static, base_factor, base_cal
+            runtime_gpu = find_gpu_model(gpu.model)
         else:
             admit_bytes = base_admit if override is None else override
             admit_model = None
             static_admit, factor, calibrated = base_static, base_factor, base_cal
             runtime_gpu = None
-        needs = [ModelNeed(model=r[0].model, bytes=r[3]) for r in rows] or \
-            [ModelNeed(model=self.default_gpu_model, bytes=base_need)]
+        needs = [ModelNeed(model=r.gpu.model, bytes=r.need, constants=r.constants) for r in rows]
+        if not needs and not unknown:
+            needs = [ModelNeed(model=self.default_gpu_model, bytes=base_need)]
+        alone = bool(exclusive) or alone_on is not None
         return self._finish(spec, runtime_gpu, runtime_calibration, pmc_bytes=int(base.pmc_bytes),
                             admit_bytes=admit_bytes,
                             estimate_admit_bytes=static_admit,
                             reservation_source="gpuMemory" if override is not None
                             else "calibrated" if calibrated else "estimate",
-                            safety_factor=None if override is not None else factor, exclusive=bool(exclusive),
-                            exclusive_reason=exclusive_reason if exclusive else None, container=container,
-                            needs=needs, admit_gpu_model=admit_model)
+                            safety_factor=None if override is not None else factor, exclusive=alone,
+                            exclusive_reason=exclusive_reason if alone else None, container=container,
+                            needs=needs, admit_gpu_model=admit_model, admit_constants=admit_constants,
+                            exclusive_node=exclusive_node)
+
+    @staticmethod
+    def _alone_on_unknown(unknown: list[tuple[ClusterGPU, str]], least: int, declared: bool,
+                          rows: list[_Row]) -> tuple[ClusterGPU, str] | None:
+        """The GPU without constants a job that no described GPU can hold runs alone on (the largest whose
+        capacity holds ``least``: the declared ``gpuMemory``, or the PMC, the one part of the need that does not
+        depend on the device constants), and its reason. None when none holds it and a described GPU at least as
+        large exists (the caller's error names it, with the need in full); else the plan's Unschedulable error."""
+        holding = [(g, why) for g, why in unknown if least <= g.capacity_bytes]
+        if holding:
+            return max(holding, key=lambda gw: gw[0].capacity_bytes)
+        if rows:  # the described GPUs' error names the largest of them, with the need in full
+            biggest = max(rows, key=lambda r: r.gpu.capacity_bytes).gpu
+            if biggest.capacity_bytes >= max(g.capacity_bytes for g, _ in unknown):
+                return None
+        gpu = max((g for g, _ in unknown), key=lambda g: g.capacity_bytes)
+        what = "spec.resources.gpuMemory" if declared else "the predicted PMC (before any device overhead)"
+        raise PlanError(
+            "GPUMemoryExceedsGPU" if declared else "PredictedPeakExceedsGPU",
+            f"{what} {format_bytes(least)} ({least} bytes) exceeds the largest GPU in the cluster, {gpu.model} on "
+            f"node {gpu.node} with {format_bytes(gpu.capacity_bytes)} ({gpu.capacity_bytes} bytes) usable",
+            phase="Unschedulable")
 
     def _finish(self, spec: GNNJobSpec, runtime_gpu: Any, runtime_calibration: CalibrationTable | None,
                 **memory: Any) -> Plan:
@@ -468,13 +548,36 @@ def _declared(spec: GNNJobSpec) -> _Declared:
     return _Declared(pmc_bytes=declared, admit_bytes=declared)
 
 
-def _distinct_largest_per_model(gpus: list[ClusterGPU]) -> list[ClusterGPU]:
-    """One GPU per model: the one with the most usable memory (a job fits a model if it fits its best GPU)."""
-    best: dict[str, ClusterGPU] = {}
+class _Row(NamedTuple):
+    """One group of GPUs as the plan weighs it: its largest GPU, the job's admit bytes there, the model (with the
+    constants) it was estimated on, the predicted need, the estimate's static admit bytes, the factor, whether it
+    was calibrated, and the fingerprint of the node measurement (None: the catalogue's constants)."""
+
+    gpu: ClusterGPU
+    admit: int
+    model: GPUModel
+    need: int
+    static: int
+    factor: float
+    calibrated: bool
+    constants: str | None
+
+
+def _distinct_largest_per_group(gpus: list[ClusterGPU]) -> list[tuple[ClusterGPU, GPUModel | None, str | None]]:
+    """One GPU per group, with the model to plan it with (``ClusterGPU.constants``) or why there is none.
+
+    A group is a model name with the constants its node gives it: the catalogue's (unmeasured), one measurement
+    (by its fingerprint), or none (by the reason). Why not the name alone: two nodes of one model whose
+    measurements differ need different bytes, and an H200 measured on one node says nothing about an unmeasured one.
+    The representative is the GPU with the most usable memory (a job fits a group if it fits its best GPU)."""
+    best: dict[tuple[str, str], tuple[ClusterGPU, GPUModel | None, str | None]] = {}
     for gpu in gpus:
-        if gpu.model not in best or gpu.capacity_bytes > best[gpu.model].capacity_bytes:
-            best[gpu.model] = gpu
-    return sorted(best.values(), key=lambda g: (g.model, g.node))
+        model, reason = gpu.constants()
+        fingerprint = measurement_fingerprint(gpu.measured) if model is not None else None
+        key = (gpu.model, reason or fingerprint or "catalogue")
+        if key not in best or gpu.capacity_bytes > best[key][0].capacity_bytes:
+            best[key] = (gpu, model, reason)
+    return [best[k] for k in sorted(best)]
 
 
 def exact_bytes_quantity(n: int) -> str:
@@ -503,6 +606,7 @@ def gpus_from_gpunode(obj: Any) -> list[ClusterGPU]:
         return []
     node = parsed.node_name or str(name or "")
     return [
-        ClusterGPU(node=node, model=g.model, capacity_bytes=g.capacity_bytes, healthy=g.healthy, uuid=g.uuid)
+        ClusterGPU(node=node, model=g.model, capacity_bytes=g.capacity_bytes, healthy=g.healthy, uuid=g.uuid,
+                   total_bytes=g.total_bytes, catalogued=g.catalogued, measured=g.measured)
         for g in parsed.gpus
     ]

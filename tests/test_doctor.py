@@ -262,3 +262,38 @@ def test_run_test_job_takes_a_tiny_gnnjob_to_succeeded_and_deletes_it(tmp_path: 
     assert check.status == "PASS", check
     assert check.message.endswith("Succeeded (deleted)")
     assert left == []
+
+
+def test_gpus_without_measured_constants_are_listed_with_what_they_mean_and_what_to_do(tmp_path: Path) -> None:
+    """``gpu-constants``: an uncatalogued unmeasured GPU, a measured allocator mismatch and a catalogued GPU planned
+    on never-measured constants are each a WARN naming the node and GPU; a measured GPU is not listed."""
+    measured = {"source": "nvml", "measuredAt": _now(), "contextBytes": 700 * 2**20,
+                "cublasWorkspaceBytes": 32 * 2**20, "cublasltWorkspaceBytes": 2**20}
+    gpus = [
+        {"index": 0, "uuid": "GPU-0", "model": "NVIDIA X9000", "totalBytes": 96 * 2**30, "catalogued": False},
+        {"index": 1, "uuid": "GPU-1", "model": "H200", "totalBytes": 141 * 2**30,
+         "measured": {**measured, "allocatorMatchesModel": False, "allocatorDetail": "expandable segments"}},
+        {"index": 2, "uuid": "GPU-2", "model": "L40S", "totalBytes": 45 * 2**30},
+        {"index": 3, "uuid": "GPU-3", "model": "NVIDIA X9000", "totalBytes": 96 * 2**30, "catalogued": False,
+         "measured": measured},
+    ]
+
+    async def scenario() -> list[Any]:
+        async with emulated_cluster(tmp_path) as cluster:
+            objs = copy.deepcopy(healthy())
+            _set([GPUNODE, "status", "gpus"], gpus)(objs)
+            await _seed(cluster, objs)
+            return await asyncio.to_thread(run_checks, _reader(cluster), NS, ROOT / "crds", "nvidia",
+                                           "nvidia.com/gpu.present=true", GPU_TOL)
+
+    every = asyncio.run(scenario())
+    checks = [c for c in every if c.name == "gpu-constants"]
+    assert [c.status for c in checks] == ["WARN"] * 3, checks
+    unknown, mismatch, assumed = checks
+    assert "node gpu-1 GPU 0 (NVIDIA X9000)" in unknown.message and "UnknownGPUModel" in unknown.message
+    assert "run alone" in unknown.message and "status.gpus[].measured" in unknown.fix
+    assert "GPU 1 (H200)" in mismatch.message and "expandable segments" in mismatch.message
+    assert "AllocatorModelMismatch" in mismatch.message and "PYTORCH_CUDA_ALLOC_CONF" in mismatch.fix
+    assert "GPU 2 (L40S)" in assumed.message and "context" in assumed.message and "measure" in assumed.fix
+    assert not any("GPU 3" in c.message for c in checks)
+    assert not any(c.status == "FAIL" for c in every)  # warnings, not blockers

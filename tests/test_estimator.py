@@ -206,10 +206,12 @@ def test_cli_json_has_exactly_the_stable_keys():
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout.strip().splitlines()[-1])
     assert list(data) == ["pmc_bytes", "breakdown", "cuda_reserved_bytes", "cuda_allocated_bytes",
-                          "device_overhead_bytes", "safety_factor", "admit_bytes", "seconds", "calibration"]
+                          "device_overhead_bytes", "safety_factor", "admit_bytes", "seconds", "calibration",
+                          "gpu_model", "constants_provenance"]
     assert list(data["breakdown"]) == list(CATEGORIES)
     assert data["device_overhead_bytes"] == 0 and data["admit_bytes"] >= data["pmc_bytes"]
     assert data["cuda_reserved_bytes"] is None and data["cuda_allocated_bytes"] is None and data["calibration"] is None
+    assert data["gpu_model"] is None and data["constants_provenance"] is None  # no device constants on the CPU
 
 
 def test_cli_cuda_with_a_gpu_model_and_table_output():

@@ -9,6 +9,9 @@ never on another model's constants.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from gnnsched.contract import GPUMeasurement
 from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, GPUModel, architecture_of, find_gpu_model, get_gpu_model
 
@@ -70,3 +73,37 @@ def device_model(
             "source": "not in the catalogue: NVML's name and total memory, constants measured by its node",
         })
     return apply_measurement(known, measured, node), None
+
+
+def missing_constants(name: str, measured: GPUMeasurement | None, catalogued: bool = True,
+                      known: bool | None = None) -> str | None:
+    """Why a GPU has no device constants to plan a shared job with (``UNKNOWN_GPU_MODEL``, ``ALLOCATOR_MISMATCH``),
+    or None when it has them. The same rule as :func:`device_model`, without building a model, for the extender's
+    per-GPU filter and ``gnnsched doctor``. ``catalogued`` is what the node agent published
+    (``GPUStatus.catalogued``): a name this process's catalogue knows but the agent's did not is still taken as
+    unknown until the node measures it, so a component a version ahead never shares a GPU the agent cannot vouch
+    for. ``known``: whether this process's catalogue knows ``name``, for a caller that memoises the lookup (the
+    extender, per GPUNode update); None looks it up."""
+    if measured is not None:
+        return None if measured.allocator_matches_model else ALLOCATOR_MISMATCH
+    if known is None:
+        known = find_gpu_model(name) is not None
+    return None if catalogued and known else UNKNOWN_GPU_MODEL
+
+
+def constants_key(model: GPUModel) -> str:
+    """What an estimate on ``model`` depends on, as a string: every field but the descriptive ones (provenance,
+    source, names). Why: an estimate cache keyed by the model's name alone would hand a node's measured model the
+    estimate made with the catalogue's constants (or the reverse); two nodes that measured the same values share
+    one entry (their provenance differs, their estimate does not)."""
+    fields = model.model_dump(mode="json", exclude={"provenance", "source", "aliases", "nvml_names", "assumed"})
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def measurement_fingerprint(measured: GPUMeasurement | None) -> str | None:
+    """A short, stable name for a node's measured constants (None: not measured): how a plan's per-model need
+    tells two nodes of one model with different measurements apart (``ModelNeed.constants``)."""
+    if measured is None:
+        return None
+    text = f"{measured.context_bytes}:{measured.cublas_workspace_bytes}:{measured.cublaslt_workspace_bytes}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

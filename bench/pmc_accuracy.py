@@ -524,6 +524,17 @@ def against(path: str, gpu_model: str) -> tuple[list[CudaResult], dict[str, Any]
     return results, summary
 
 
+def main_against(table: str, gpu_model: str) -> int:
+    """``--against``: print the re-estimated cases and the summary; exit 1 when any case is under-predicted."""
+    rows, summary = against(table, gpu_model)
+    for row in rows:
+        print(f"{row.case:58} reserved err={row.reserved_rel_error * 100:+7.2f}% "
+              f"({(row.reserved_predicted - row.reserved_measured) / MiB:+6.0f} MiB)  "
+              f"allocated err={row.allocated_rel_error * 100:+7.3f}%", flush=True)
+    print(json.dumps(summary, indent=2))
+    return 1 if summary["reserved_under_predicted"] or summary["allocated_under_predicted"] else 0
+
+
 def _selected(args: argparse.Namespace) -> list[Case]:
     if args.models:
         return model_cases()
@@ -566,13 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         return main_cuda(args)
     if args.against:
-        results_against, summary_against = against(args.against, args.gpu_model)
-        for r in results_against:
-            print(f"{r.case:58} reserved err={r.reserved_rel_error * 100:+7.2f}% "
-                  f"({(r.reserved_predicted - r.reserved_measured) / MiB:+6.0f} MiB)  "
-                  f"allocated err={r.allocated_rel_error * 100:+7.3f}%", flush=True)
-        print(json.dumps(summary_against, indent=2))
-        return 1 if summary_against["reserved_under_predicted"] or summary_against["allocated_under_predicted"] else 0
+        return main_against(args.against, args.gpu_model)
     if args.check_splice:
         count, problems = check_splice()
         print(f"splice check: {count} spliced traces compared with full traces, {len(problems)} differ")

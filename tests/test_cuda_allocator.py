@@ -398,20 +398,12 @@ def test_calibration_needs_device_cuda(tmp_path: Path) -> None:
 
 
 def test_pmc_accuracy_cuda_says_it_skipped_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-    import sys
-
+    import bench_modules
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: bench/pmc_accuracy.py --device cuda measures instead of skipping")
-    bench = sys.modules.get("pmc_accuracy")
-    if bench is None:
-        spec = importlib.util.spec_from_file_location("pmc_accuracy", ROOT / "bench" / "pmc_accuracy.py")
-        assert spec is not None and spec.loader is not None
-        bench = importlib.util.module_from_spec(spec)
-        sys.modules["pmc_accuracy"] = bench  # dataclasses resolve their module through sys.modules
-        spec.loader.exec_module(bench)
+    bench = bench_modules.load("pmc_accuracy")
     assert bench.main(["--device", "cuda", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "SKIPPED --device cuda: no CUDA device" in out and "unmeasured" in out

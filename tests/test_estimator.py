@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+import bench_modules
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -24,15 +24,7 @@ from gnnsched.worker import measure_step_peak_cpu, profiled_peak
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("pmc_accuracy", ROOT / "bench" / "pmc_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pmc_accuracy"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = bench_modules.load("pmc_accuracy")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

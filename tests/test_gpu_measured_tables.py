@@ -8,11 +8,10 @@ found by the name NVML reports. Issue 36's bar on the H200: never under in alloc
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
+import bench_modules
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,15 +30,7 @@ H200_RESERVED_GAPS = {
 }
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("pmc_accuracy", ROOT / "bench" / "pmc_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pmc_accuracy"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = bench_modules.load("pmc_accuracy")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -1250,21 +1250,34 @@ class Operator:
         if all(current.get(key) == value for key, value in annotations.items()):
             new.update(_plan_fields(updated))  # the pod was patched; the status had not caught up yet
             return updated
-        ref = _job_ref(job)
-        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
-        for key, value in annotations.items():
-            ops.append({"op": "replace" if key in current else "add",
-                        "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"), "value": value})
-        try:
-            self.kube.patch_pod(ref.namespace, name, ops)
-        except KubeError as exc:
-            if exc.status in (404, 409, 422):
-                return plan  # bound, changed or gone meanwhile: its next event decides again
-            raise
+        if not self._patch_waiting_pod(job, name, version, current, dict(annotations)):
+            return plan
         new.update(_plan_fields(updated))
-        self.metrics.replans.inc()
         self._event(job, "Normal", "Replanned", f"pod {name} waits for a node: " + "; ".join(changes))
         return updated
+
+    def _patch_waiting_pod(self, job: dict[str, Any], name: str, version: str, current: dict[str, Any],
+                           wanted: dict[str, str | None]) -> bool:
+        """Set (None: remove) a waiting pod's annotations in one JSON patch guarded by its ``resourceVersion``, so a
+        pod bound or changed meanwhile keeps what it was placed by. False when the guard failed or the pod is gone
+        (its next event decides again); True otherwise, counting a re-plan when anything changed."""
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+        for key, value in wanted.items():
+            path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+            if value is None and key in current:
+                ops.append({"op": "remove", "path": path})
+            elif value is not None and current.get(key) != value:
+                ops.append({"op": "replace" if key in current else "add", "path": path, "value": value})
+        if len(ops) == 1:
+            return True
+        try:
+            self.kube.patch_pod(_job_ref(job).namespace, name, ops)
+        except KubeError as exc:
+            if exc.status in (404, 409, 422):
+                return False
+            raise
+        self.metrics.replans.inc()
+        return True
 
     def _replan_alone(self, job: dict[str, Any], new: dict[str, Any], pod: dict[str, Any], plan: Plan,
                       spec: GNNJobSpec, table: CalibrationTable | None, runtime: CalibrationTable | None) -> Plan:
@@ -1292,22 +1305,8 @@ class Operator:
                                          ANN_EXCLUSIVE: "true" if fresh.exclusive else None}
         if fresh.predicted_runtime_seconds is not None:
             wanted[ANN_PREDICTED_RUNTIME] = f"{fresh.predicted_runtime_seconds:.3f}"
-        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
-        for key, value in wanted.items():
-            path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
-            if value is None and key in current:
-                ops.append({"op": "remove", "path": path})
-            elif value is not None and current.get(key) != value:
-                ops.append({"op": "replace" if key in current else "add", "path": path, "value": value})
-        if len(ops) > 1:
-            ref = _job_ref(job)
-            try:
-                self.kube.patch_pod(ref.namespace, name, ops)
-            except KubeError as exc:
-                if exc.status in (404, 409, 422):
-                    return plan  # bound, changed or gone meanwhile: its next event decides again
-                raise
-            self.metrics.replans.inc()
+        if not self._patch_waiting_pod(job, name, version, current, wanted):
+            return plan
         generation = _dict(job.get("metadata")).get("generation")
         message = (f"pod {name} waits for a node and a GPU now has device constants: admit "
                    f"{format_bytes(plan.admit_bytes)} -> {format_bytes(fresh.admit_bytes)} ({plan.admit_bytes} -> "

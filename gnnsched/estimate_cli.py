@@ -89,10 +89,10 @@ def estimate_command(
     for name, value in result.breakdown.items():
         typer.echo(f"  {name + ':':17} {_human(value)}")
     if result.cuda_reserved_bytes is not None:
-        # The allocator model and this GPU model's constants were measured on a lent GPU only where the catalogue
-        # says so (gnnsched.gpu.catalogue.GPUModel.overheads_verified; docs/gpu-measurements.md).
-        how = ("allocator model and constants checked on this GPU model" if verified
-               else "caching-allocator model; this GPU model's constants are unverified on a GPU")
+        # The allocator model was measured on an H100 and an H200 (docs/gpu-measurements.md); which of this GPU
+        # model's constants were measured is said per constant below (GPUModel.provenance).
+        how = ("caching-allocator model; every constant measured on this GPU model" if verified
+               else "caching-allocator model; see below for which constants were measured")
         typer.echo(f"cuda reserved:    {_human(result.cuda_reserved_bytes)} ({result.cuda_reserved_bytes} bytes; "
                    f"{how})")
     typer.echo(f"device overhead:  {_human(result.device_overhead_bytes)} ({device})")

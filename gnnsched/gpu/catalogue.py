@@ -236,7 +236,7 @@ _CATALOGUE: tuple[GPUModel, ...] = (
     _model(name="H200", memory_mib=143771, bandwidth=4.8e12, fp32=67e12, sms=132, cc=(9, 0),
            nvml=("NVIDIA H200",), aliases=("H200-141GB", "H200-SXM-141GB"),
            measured={"cublas_workspace": "H200, torch 2.11.0+cu130, driver 580.159.04, 2026-11-28 "
-                                         "(the allocated-bytes tables, ../shared/measurements/h200-2026-11-28)",
+                                         "(the allocated-bytes tables, docs/measurements/h200-2026-11-28)",
                      "cublaslt_workspace": "H200, torch 2.11.0+cu130, driver 580.159.04, 2026-11-28"},
            source="NVIDIA H200 datasheet (SXM); memory as nvidia-smi reported it on 2026-11-28"),
     _model(name="H200-NVL", memory_mib=143771, bandwidth=4.8e12, fp32=60e12, sms=132, cc=(9, 0),

@@ -54,7 +54,8 @@ allocation/free sequence, with one cuBLAS workspace per worker thread, is replay
 caching allocator (``gnnsched.cuda_allocator``: 512-byte blocks, 2 MiB / 20 MiB / rounded segments, best fit,
 splitting, merging within a segment, segments never released), whose peak *reserved* bytes are
 ``cuda_reserved_bytes``. ``admit_bytes`` is then (CUDA context + MPS client + reserved peak + the GPU model's
-``allocator_overhead_fraction`` of it) times the safety factor, and ``device_overhead_bytes`` is everything in that
+``allocator_overhead_fraction`` of it + its ``kernel_scratch_bytes``, the kernels' own scratch no trace shows) times
+the safety factor, and ``device_overhead_bytes`` is everything in that
 sum beyond ``pmc_bytes``. The context and workspace constants are the GPU model's documented values in
 ``gnnsched.gpu.catalogue`` (per architecture, each marked measured or assumed), or the ones the job's node measured;
 the model was measured on an H100 and an H200 (docs/gpu-measurements.md). A CUDA trace runs the operators CUDA runs
@@ -467,10 +468,11 @@ def _cuda_device_terms(trace: Trace, peak: int, gpu: GPUModel, workers: int) -> 
 
 def device_overhead(gpu: GPUModel, peak: int, reserved: int) -> int:
     """Bytes a job takes on ``gpu`` beyond its traced ``peak``, given the allocator model's ``reserved`` peak: the
-    reserved peak's excess over the live bytes, the GPU model's fragmentation allowance on it, and the per-process
-    CUDA context and MPS client costs the allocator never sees. The operator applies it to a probe's result too."""
+    reserved peak's excess over the live bytes, the GPU model's fragmentation allowance on it, the kernels' scratch
+    segments no trace shows (``kernel_scratch_bytes``), and the per-process CUDA context and MPS client costs the
+    allocator never sees. The operator applies it to a probe's result too."""
     allowance = math.ceil(gpu.allocator_overhead_fraction * reserved)
-    return gpu.context_bytes + gpu.mps_client_bytes + reserved + allowance - peak
+    return gpu.context_bytes + gpu.mps_client_bytes + reserved + allowance + gpu.kernel_scratch_bytes - peak
 
 
 def admit_bytes(peak: int, overhead: int, safety_factor: float) -> int:

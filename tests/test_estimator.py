@@ -141,9 +141,10 @@ def test_cuda_adds_the_gpu_models_documented_overheads():
     fixed = t4.context_bytes + t4.cublas_workspace_bytes + t4.mps_client_bytes
     assert cuda.pmc_bytes == cpu.pmc_bytes
     assert cuda.device_overhead_bytes >= fixed  # plus what the caching allocator reserves beyond the live bytes
-    # context + MPS client + the allocator model's reserved peak (workspace included), then the safety factor
+    # context + MPS client + the allocator model's reserved peak (workspace included) + the kernels' scratch
+    # segments, then the safety factor
     assert cuda.cuda_reserved_bytes is not None
-    device_total = t4.context_bytes + t4.mps_client_bytes + cuda.cuda_reserved_bytes
+    device_total = t4.context_bytes + t4.mps_client_bytes + cuda.cuda_reserved_bytes + t4.kernel_scratch_bytes
     assert cuda.pmc_bytes + cuda.device_overhead_bytes == device_total
     assert cuda.admit_bytes == math.ceil((cuda.pmc_bytes + cuda.device_overhead_bytes) * cuda.safety_factor)
     with pytest.raises(KeyError):

@@ -124,6 +124,9 @@ class AgentOptions:
     constants_probe_command: tuple[str, ...] | None = None  # the probe's command (None: python -m ...constants_probe)
     constants_timeout: float = DEFAULT_TIMEOUT_S  # seconds a probe may take before it is killed and counted
     constants_retry: float = DEFAULT_RETRY_S  # first wait after a failed probe (doubles each time, at most 30 min)
+    # seconds between reads of the driver version (a change measures the GPUs again); a driver changes with a module
+    # reload, not between two samples, so the sample loop that also watches for Xids skips the NVML call otherwise
+    driver_check_interval: float = 30.0
 
 
 def gpu_slots(backend: GPUBackend, opts: AgentOptions) -> list[GPUSlot]:
@@ -177,6 +180,8 @@ class NodeAgent:
     _adopted: bool = False  # the gate has booked what the last agent left running (drains may end only after)
     prober: Prober | None = None  # measures the GPUs' device constants (None: chosen from the backend and options)
     constants: ConstantsKeeper | None = None
+    _driver: str | None = None  # the driver version last read (for the constants' re-measure on a change)
+    _driver_read_at: float | None = None
 
     def alive(self) -> bool:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
@@ -256,15 +261,19 @@ class NodeAgent:
             self._dirty.set()
 
     async def _check_constants(self, devices: list[GPUInfo]) -> None:
-        """Start measuring the GPU models that need it (never waits for a probe); see ``constants``."""
+        """Start measuring the GPU models that need it (never waits for a probe); see ``constants``. The driver
+        version is read again at most every ``driver_check_interval`` seconds."""
         if self.constants is None:
             return
-        try:
-            driver = await asyncio.to_thread(self.backend.driver_version)
-        except Exception as exc:
-            log.debug("driver_version: %s", exc)
-            driver = None
-        await self.constants.check(devices, driver)
+        now = time.monotonic()
+        if self._driver_read_at is None or now - self._driver_read_at >= self.opts.driver_check_interval:
+            try:
+                self._driver = await asyncio.to_thread(self.backend.driver_version)
+            except Exception as exc:
+                log.debug("driver_version: %s", exc)
+                self._driver = None
+            self._driver_read_at = now
+        await self.constants.check(devices, self._driver)
 
     async def _publish(self) -> None:
         assert self.gate is not None

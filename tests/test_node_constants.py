@@ -316,7 +316,7 @@ async def test_the_unnamed_fake_test_board_stands_in_with_the_default_entrys_con
 async def test_a_driver_change_measures_again(tmp_path: Path) -> None:
     prober = CountingProber(FakeConstants(700 * MiB, 32 * MiB, MiB))
     node = Node(tmp_path)
-    agent = await node.start(prober=prober)
+    agent = await node.start(prober=prober, driver_check_interval=0)  # reads the driver at every sample
     try:
         await _until(lambda: all(g.get("measured") for g in node.gpus()))
         assert len(prober.calls) == 1
@@ -329,6 +329,25 @@ async def test_a_driver_change_measures_again(tmp_path: Path) -> None:
         assert node.count_of("ok") == 2
         kept = json.loads((tmp_path / "state" / STATE_FILE_NAME).read_text())["entries"]
         assert [k.split("|")[1] for k in kept] == ["580.159.04"]  # the old driver's measurement is dropped
+    finally:
+        await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_driver_version_is_read_again_only_after_its_interval(tmp_path: Path) -> None:
+    """The sample loop also watches for Xids: it reads the driver version once per ``driver_check_interval``, and a
+    driver change is noticed at the first read after it."""
+    prober = CountingProber(FakeConstants(700 * MiB, 32 * MiB, MiB))
+    node = Node(tmp_path)
+    agent = await node.start(prober=prober, driver_check_interval=3600)
+    try:
+        await _until(lambda: all(g.get("measured") for g in node.gpus()))
+        node.backend.set_driver_version("580.159.04")
+        await agent._sample()
+        assert [d for _, d in prober.calls] == ["555.42.06-fake"]  # not read again yet
+        agent.opts.driver_check_interval = 0
+        await agent._sample()
+        await _until(lambda: [d for _, d in prober.calls] == ["555.42.06-fake", "580.159.04"])
     finally:
         await node.stop()
 

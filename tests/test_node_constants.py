@@ -119,6 +119,16 @@ def test_the_output_line_round_trips_among_noise() -> None:
         parse_output('gnnsched-gpu-constants: {"source": "nvml", "measuredAt": "2026-11-28T00:00:00Z"}')
 
 
+def test_the_probe_loads_every_built_in_gnns_kernels_before_it_reads_the_context() -> None:
+    """The context grows with the kernels a process has run (676 MiB after a matmul, 742 MiB after GNN training on
+    the H100): the probe runs a training and an inference step of each built-in architecture first. The same code
+    runs here on the CPU."""
+    from gnnsched.gpu.constants_probe import GNN_ARCHS, gnn_steps
+
+    assert set(GNN_ARCHS) == {"gcn", "sage", "gin", "gat"}
+    assert gnn_steps("cpu") == 2 * len(GNN_ARCHS)
+
+
 def test_the_probe_module_imports_no_torch() -> None:
     code = "import sys, gnnsched.gpu.constants_probe; print('torch' in sys.modules)"
     import subprocess

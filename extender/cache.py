@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 
 from gnnsched import placement as pl
-from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus, GPUStatus
-from gnnsched.gpu.catalogue import find_gpu_model
+from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
 from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
@@ -177,8 +176,7 @@ class ClusterCache:
         self._apart_nodes: set[str] = set()
         # The exclusive-only rule (docs/extender.md): GPUs without device constants, as a (gpus, rows) mask beside
         # the placement arrays, and the nodes that have one (empty on a described cluster: the rule then costs
-        # nothing). Whether the catalogue knows a model name is looked up once per name.
-        self._catalogue_knows: dict[str, bool] = {}
+        # nothing).
         self._no_constants_nodes: set[str] = set()
 
     # ------------------------------------------------------------------ arrays
@@ -195,13 +193,6 @@ class ClusterCache:
         self._shared_off = shared_off
         self._cap_rows = rows
         self._gmax = gpus
-
-    def _no_constants(self, g: GPUStatus) -> str | None:
-        """Why a reported GPU has no device constants (``gnnsched.gpu.measured.missing_constants``), or None."""
-        known = self._catalogue_knows.get(g.model)
-        if known is None and g.measured is None:
-            known = self._catalogue_knows[g.model] = find_gpu_model(g.model) is not None
-        return missing_constants(g.model, g.measured, g.catalogued, known=known)
 
     def reserve_rows(self, rows: int, gpus: int = 1) -> None:
         """Pre-size the arrays (bulk loads): the hot path computes over every allocated row."""
@@ -330,7 +321,7 @@ class ClusterCache:
                 gpu = _GPU(
                     index=g.index, uuid=g.uuid, model=g.model, total=g.total_bytes, reserve=g.reserve_bytes,
                     committed=g.committed_bytes, healthy=g.healthy, mps_healthy=g.mps_healthy,
-                    max_clients=g.max_clients, no_constants=self._no_constants(g),
+                    max_clients=g.max_clients, no_constants=missing_constants(g.model, g.measured, g.catalogued),
                 )
                 for j in g.running:
                     secs = j.predicted_remaining_seconds or 0.0

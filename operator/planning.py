@@ -92,10 +92,8 @@ class ClusterGPU(BaseModel):
     def constants(self) -> tuple[GPUModel | None, str | None]:
         """The model to plan this GPU with and, when there is none, why (``UnknownGPUModel``,
         ``AllocatorModelMismatch``): the node's measurement first, then the catalogue, never another model's."""
-        reason = missing_constants(self.model, self.measured, self.catalogued)
-        if reason is not None:
-            return None, reason
-        return device_model(self.model, self.total_bytes or self.capacity_bytes, self.measured, self.node)
+        return device_model(self.model, self.total_bytes or self.capacity_bytes, self.measured, self.node,
+                            self.catalogued)
 
 
 class ModelNeed(BaseModel):
@@ -570,14 +568,13 @@ def _distinct_largest_per_group(gpus: list[ClusterGPU]) -> list[tuple[ClusterGPU
     (by its fingerprint), or none (by the reason). Why not the name alone: two nodes of one model whose
     measurements differ need different bytes, and an H200 measured on one node says nothing about an unmeasured one.
     The representative is the GPU with the most usable memory (a job fits a group if it fits its best GPU)."""
-    best: dict[tuple[str, str], tuple[ClusterGPU, GPUModel | None, str | None]] = {}
-    for gpu in gpus:
-        model, reason = gpu.constants()
-        fingerprint = measurement_fingerprint(gpu.measured) if model is not None else None
-        key = (gpu.model, reason or fingerprint or "catalogue")
-        if key not in best or gpu.capacity_bytes > best[key][0].capacity_bytes:
-            best[key] = (gpu, model, reason)
-    return [best[k] for k in sorted(best)]
+    best: dict[tuple[str, str], ClusterGPU] = {}
+    for gpu in gpus:  # keyed without building a model per GPU: a plan looks at every GPU of the cluster
+        reason = missing_constants(gpu.model, gpu.measured, gpu.catalogued)
+        key = (gpu.model, reason or measurement_fingerprint(gpu.measured) or "catalogue")
+        if key not in best or gpu.capacity_bytes > best[key].capacity_bytes:
+            best[key] = gpu
+    return [(best[k], *best[k].constants()) for k in sorted(best)]
 
 
 def exact_bytes_quantity(n: int) -> str:

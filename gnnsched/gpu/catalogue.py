@@ -283,14 +283,16 @@ def gpu_models() -> tuple[GPUModel, ...]:
     return _CATALOGUE
 
 
+_BY_NAME: dict[str, GPUModel] = {
+    _key(n): model for model in reversed(_CATALOGUE) for n in (model.name, *model.aliases, *model.nvml_names)
+}
+"""Every name, alias and NVML name (normalised by ``_key``) -> its entry, built once and never changed: the planner and
+the extender look a GPU's model up per reported GPU. Reversed so that an earlier entry wins a shared name."""
+
+
 def find_gpu_model(name: str) -> GPUModel | None:
     """The model called ``name`` (catalogue name, alias or exact NVML name, case-insensitive), or None."""
-    wanted = _key(name)
-    for model in _CATALOGUE:
-        names = (model.name, *model.aliases, *model.nvml_names)
-        if wanted in {_key(n) for n in names}:
-            return model
-    return None
+    return _BY_NAME.get(_key(name))
 
 
 def get_gpu_model(name: str) -> GPUModel:

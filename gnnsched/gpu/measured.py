@@ -44,22 +44,22 @@ def apply_measurement(base: GPUModel, measured: GPUMeasurement, node: str | None
 
 
 def device_model(
-    name: str, total_bytes: int, measured: GPUMeasurement | None, node: str | None = None,
+    name: str, total_bytes: int, measured: GPUMeasurement | None, node: str | None = None, catalogued: bool = True,
 ) -> tuple[GPUModel | None, str | None]:
     """The model to plan a GPU with, and why there is none: ``(model, None)`` or ``(None, reason)``.
 
-    * A measured GPU whose allocator matches the model: the catalogue entry (or, for an uncatalogued name, an entry
-      built from NVML's name and total memory, its architecture from the measured compute capability) with the
-      measured constants.
-    * A measured GPU whose allocator does not: ``(None, ALLOCATOR_MISMATCH)``.
-    * An unmeasured, catalogued GPU: its catalogue entry.
-    * An unmeasured, uncatalogued GPU: ``(None, UNKNOWN_GPU_MODEL)``.
+    ``(None, reason)`` where :func:`missing_constants` gives one (the one rule, shared with the extender and
+    ``gnnsched doctor``). Otherwise a measured GPU gets the catalogue entry (or, for an uncatalogued name, an entry
+    built from NVML's name and total memory, its architecture from the measured compute capability) with the measured
+    constants, and an unmeasured one its catalogue entry. ``catalogued`` is the agent's ``GPUStatus.catalogued``.
     """
     known = find_gpu_model(name)
-    if measured is not None and not measured.allocator_matches_model:
-        return None, ALLOCATOR_MISMATCH
+    reason = missing_constants(name, measured, catalogued)
+    if reason is not None:
+        return None, reason
     if measured is None:
-        return (known, None) if known is not None else (None, UNKNOWN_GPU_MODEL)
+        assert known is not None  # missing_constants: an unmeasured GPU has constants only from the catalogue
+        return known, None
     if known is None:
         # Throughput figures are unknown for an uncatalogued board: the default model's stand in for the runtime prior
         # only (the planner never takes its runtime model from an uncatalogued GPU); memory is the node's own figure.
@@ -75,20 +75,15 @@ def device_model(
     return apply_measurement(known, measured, node), None
 
 
-def missing_constants(name: str, measured: GPUMeasurement | None, catalogued: bool = True,
-                      known: bool | None = None) -> str | None:
+def missing_constants(name: str, measured: GPUMeasurement | None, catalogued: bool = True) -> str | None:
     """Why a GPU has no device constants to plan a shared job with (``UNKNOWN_GPU_MODEL``, ``ALLOCATOR_MISMATCH``),
-    or None when it has them. The same rule as :func:`device_model`, without building a model, for the extender's
-    per-GPU filter and ``gnnsched doctor``. ``catalogued`` is what the node agent published
-    (``GPUStatus.catalogued``): a name this process's catalogue knows but the agent's did not is still taken as
-    unknown until the node measures it, so a component a version ahead never shares a GPU the agent cannot vouch
-    for. ``known``: whether this process's catalogue knows ``name``, for a caller that memoises the lookup (the
-    extender, per GPUNode update); None looks it up."""
+    or None when it has them: the rule :func:`device_model`, the extender's per-GPU filter and ``gnnsched doctor``
+    share. ``catalogued`` is what the node agent published (``GPUStatus.catalogued``): a name this process's
+    catalogue knows but the agent's did not is still taken as unknown until the node measures it, so a component a
+    version ahead never shares a GPU the agent cannot vouch for."""
     if measured is not None:
         return None if measured.allocator_matches_model else ALLOCATOR_MISMATCH
-    if known is None:
-        known = find_gpu_model(name) is not None
-    return None if catalogued and known else UNKNOWN_GPU_MODEL
+    return None if catalogued and find_gpu_model(name) is not None else UNKNOWN_GPU_MODEL
 
 
 def constants_key(model: GPUModel) -> str:

@@ -163,7 +163,8 @@ def node_agent(
         "--fake-gpu-constants",
         help="With --gpus fake: the stand-in measurement of every fake GPU, "
              "context=742Mi,cublas=32Mi,cublaslt=1Mi[,delay=SECONDS][,cc=9.0] (delay: the stand-in takes that "
-             "long). Without it a catalogued fake model gets the catalogue's constants and an uncatalogued one none.",
+             "long). Without it a catalogued fake model gets the catalogue's constants, the unnamed Fake-GPU "
+             "test board the default entry's, and an nvml:NAME board none.",
     ),
     log_level: str = typer.Option("info", "--log-level"),
     fake_gpu_memory: str = typer.Option(

@@ -319,9 +319,6 @@ class ConstantsKeeper:
     _next_try: dict[str, float] = field(default_factory=dict)
     _unmeasurable: set[str] = field(default_factory=set)
 
-    def for_gpu(self, name: str) -> GPUMeasurement | None:
-        return self.measured.get(name)
-
     def busy(self) -> bool:
         """A probe is running."""
         return bool(self._tasks)

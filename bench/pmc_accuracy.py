@@ -501,10 +501,11 @@ def against(path: str, gpu_model: str) -> tuple[list[CudaResult], dict[str, Any]
 
     results = []
     for label, (reserved, allocated) in measured_table(path).items():
-        est = estimate(parse_spec(case_for_label(label).spec_dict()), device="cuda", gpu_model=gpu_model)
+        case = case_for_label(label)
+        est = estimate(parse_spec(case.spec_dict()), device="cuda", gpu_model=gpu_model)
         assert est.cuda_reserved_bytes is not None and est.cuda_allocated_bytes is not None
         results.append(CudaResult(
-            case=label, kind=case_for_label(label).kind,
+            case=label, kind=case.kind,
             reserved_predicted=est.cuda_reserved_bytes, reserved_measured=reserved,
             reserved_rel_error=(est.cuda_reserved_bytes - reserved) / reserved,
             allocated_predicted=est.cuda_allocated_bytes, allocated_measured=allocated,

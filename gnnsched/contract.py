@@ -256,7 +256,8 @@ class GPUMeasurement(_CamelModel):
     (an uncatalogued GPU is planned only with them).
 
     ``source`` is ``nvml`` for a measurement on the GPU (a probe process's NVML and allocator figures) or ``fake``
-    for a fake GPU's stand-in (the same path, values from the agent's ``--fake-gpu-constants``)."""
+    for a fake GPU's stand-in (the same path; values from the agent's ``--fake-gpu-constants``, else the catalogue's
+    constants of the fake board's model)."""
 
     source: Literal["nvml", "fake"]
     measured_at: datetime

@@ -212,9 +212,12 @@ class SubprocessProber:
         return env
 
     def _user(self) -> int | None:
-        """Run as the jobs' UID when the agent is root: MPS serves one user at a time, and a root client would
-        wait behind (or hold up) the jobs' server."""
-        if self.jobs_uid is None or not hasattr(os, "geteuid") or os.geteuid() != 0 or self.jobs_uid == 0:
+        """Run as the jobs' UID when the agent may switch to it: MPS serves one user at a time, and a client of
+        another user waits behind the jobs' server (or holds it up while it runs). Switching needs CAP_SETUID, which
+        the chart's agent does not have (it drops every capability): there the probe runs as the agent's own user and
+        briefly owns the node's MPS server, and a re-measure while jobs run waits for them (or times out and is
+        retried). docs/real-cluster.md says what to grant to avoid that."""
+        if self.jobs_uid is None or self.jobs_uid == os.geteuid() or not may_set_uid():
             return None
         return self.jobs_uid
 
@@ -243,6 +246,27 @@ class SubprocessProber:
             return parse_output(out.decode(errors="replace"))
         except ProbeOutputError as exc:
             raise ProbeFailed("failed", str(exc)) from None
+
+
+CAP_SETUID = 7
+"""The capability's bit in ``CapEff`` (linux/capability.h)."""
+
+
+def may_set_uid(status: str | None = None) -> bool:
+    """Whether this process holds CAP_SETUID in its effective set (``/proc/self/status``'s ``CapEff``; ``status``:
+    that file's text, for tests). Root is not enough: a container's root usually has its capabilities dropped."""
+    if status is None:
+        try:
+            status = Path("/proc/self/status").read_text(encoding="ascii")
+        except OSError:
+            return False
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return bool(int(line.split(":", 1)[1].strip(), 16) >> CAP_SETUID & 1)
+            except ValueError:
+                return False
+    return False
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

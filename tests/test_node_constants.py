@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -127,6 +128,20 @@ def test_the_probe_loads_every_built_in_gnns_kernels_before_it_reads_the_context
 
     assert set(GNN_ARCHS) == {"gcn", "sage", "gin", "gat"}
     assert gnn_steps("cpu") == 2 * len(GNN_ARCHS)
+
+
+def test_the_probe_switches_to_the_jobs_uid_only_with_cap_setuid() -> None:
+    """MPS serves one user at a time, so the probe runs as the jobs' UID, but only where the agent may switch: root
+    whose capabilities were dropped (the chart's agent) would fail to start the probe at all."""
+    from gnnsched.node_agent.constants import SubprocessProber, may_set_uid
+
+    assert may_set_uid("Name:\tagent\nCapEff:\t00000000000000c0\n")  # CAP_SETGID and CAP_SETUID
+    assert not may_set_uid("Name:\tagent\nCapEff:\t0000000000000000\n")  # root with every capability dropped
+    assert not may_set_uid("Name:\tagent\n")
+    prober = SubprocessProber("/tmp/mps", jobs_uid=os.geteuid() + 1)
+    assert prober._user() == (os.geteuid() + 1 if may_set_uid() else None)
+    assert SubprocessProber("/tmp/mps", jobs_uid=os.geteuid())._user() is None  # already that user
+    assert SubprocessProber("/tmp/mps")._user() is None
 
 
 def test_the_probe_module_imports_no_torch() -> None:

@@ -33,7 +33,12 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
 * ``kube-apiserver``'s own namespaces exist from the start (``default``, ``kube-system``, ``kube-public``,
   ``kube-node-lease``), namespaces have their short name ``ns``, and nothing is created in a namespace that does
   not exist (404 ``namespaces "x" not found``, as the NamespaceLifecycle admission plugin answers);
-* ``SelfSubjectAccessReview`` (``kubectl auth can-i``) answers allowed: there is no RBAC here.
+* ``SelfSubjectAccessReview`` (``kubectl auth can-i``) answers allowed: there is no RBAC here;
+* with ``tokens`` set, a bearer token names its user (username, groups and ``extra``, as a projected service-account
+  token's claims do; an unknown token is 401, no token is ``system:anonymous``), and the stored
+  ValidatingAdmissionPolicies and their bindings are enforced on every create, update, patch and delete (and the
+  binding subresource) as kube-apiserver enforces them (``kube_admission``: CEL evaluated with celpy, a refusal is
+  ``ValidatingAdmissionPolicy 'P' with binding 'B' denied request: ...`` with the validation's reason and code).
 
 It is test infrastructure (imported by ``tests/`` and ``bench/``), not part of the package.
 """
@@ -52,6 +57,7 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
+import kube_admission
 import kube_kubectl
 import yaml
 from kmock._internal import enums, parsing, rendering
@@ -71,6 +77,9 @@ def _parse_path(path: str, _original: Any = parsing.parse_path) -> Any:
 
 parsing.parse_path = _parse_path  # the emulator's module-wide fix (rendering calls parsing.parse_path)
 _CURRENT_REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emulator_request", default=None)
+# The request whose admission was already reviewed in this handler task (a subclass reviews before its own routes).
+_ADMITTED: contextvars.ContextVar[Any] = contextvars.ContextVar("kube_emulator_admitted", default=None)
+ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
 
 
 def _now() -> str:
@@ -92,6 +101,9 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     after_write: Any = attrs.field(default=None)
     # ``GET /version``'s gitVersion (kmock answers a fixed k3s version); None keeps kmock's answer.
     server_version: str | None = attrs.field(default=None)
+    # Bearer token -> user info ({"username", "uid", "groups", "extra"}); empty: every request is anonymous.
+    tokens: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    _policies: kube_admission.PolicyEvaluator = attrs.field(factory=kube_admission.PolicyEvaluator, init=False)
 
     def _next_version(self) -> str:
         return str(next(self._versions))
@@ -133,6 +145,9 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             return await self._render_error(kmock.KubernetesError(
                 status=404, reason="NotFound", message=f'namespaces "{request.namespace}" not found',
                 details={"name": request.namespace, "kind": "namespaces"}))
+        refused = self._admit(request)
+        if refused is not None:
+            return refused
         if request.action in (enums.action.CREATE, enums.action.UPDATE) and request.resource is not None:
             refused = self._strict_fields(request)
             if isinstance(refused, dict):
@@ -166,6 +181,95 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         if self.after_write is not None:
             await self.after_write(request)
         return response
+
+    def _user(self, request: rendering.Request) -> dict[str, Any] | None:
+        """The request's user: the bearer token's, ``system:anonymous`` without one; None for an unknown token."""
+        auth = str(request.headers.get("Authorization") or "")
+        if not self.tokens or not auth.startswith("Bearer "):
+            return dict(ANONYMOUS)
+        return self.tokens.get(auth[len("Bearer "):].strip())
+
+    def _stored(self, plural: str) -> list[dict[str, Any]]:
+        return [o.raw for (res, _, _), o in self._objects.items()
+                if res.group == kube_admission.ADMISSION_GROUP and res.plural == plural and not o.deleted]
+
+    def _admit(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
+        """Authentication and ValidatingAdmissionPolicy admission of a write: a refusal's response, else None."""
+        if _ADMITTED.get() is request:
+            return None
+        _ADMITTED.set(request)
+        user = self._user(request)
+        if user is None:
+            body = _status(401, "Unauthorized", "Unauthorized")
+            return aiohttp.web.json_response(body, status=401)
+        res = request.resource
+        operation = {"POST": "CREATE", "PUT": "UPDATE", "PATCH": "UPDATE", "DELETE": "DELETE"}.get(
+            str(request.method.value) if request.method is not None else "")
+        if res is None or operation is None:
+            return None
+        policies = self._stored(kube_admission.POLICY_PLURAL)
+        bindings = self._stored(kube_admission.BINDING_PLURAL) if policies else []
+        if not bindings:
+            return None
+        attrs = self._admission_attributes(request, operation, user)
+        if attrs is None:
+            return None
+        denial = self._policies.review(attrs, policies, bindings)
+        if denial is None:
+            return None
+        return aiohttp.web.json_response(denial.status(), status=denial.code)
+
+    def _admission_attributes(self, request: rendering.Request, operation: str,
+                              user: dict[str, Any]) -> kube_admission.Attributes | None:
+        """What admission sees of a write: the object after it (a patch applied to the stored object), the stored
+        object before it, the kind and the subresource. None when there is nothing to review (a write of an object
+        that does not exist is kmock's 404)."""
+        res = request.resource
+        assert res is not None
+        subresource = str(request.subresource or "")
+        body = json.loads(json.dumps(request.data)) if request.data is not None else None
+        key = (res, request.namespace, request.name)
+        stored = self._objects[key] if request.name is not None and key in self._objects else None  # noqa: SIM401
+        current = None if stored is None or stored.deleted else json.loads(json.dumps(stored.raw))
+        info = self._info(res)
+        kind = str(info.kind) if info is not None and info.kind else ""
+        obj: Any = None
+        old: Any = None
+        name = str(request.name or "")
+        if (operation == "CREATE" and subresource == "binding") or res.plural == "bindings":
+            kind, obj = "Binding", body  # the Binding is the object; the pod is not (kube-apiserver's BindingREST)
+            name = name or str(((body or {}).get("metadata") or {}).get("name") or "")
+        elif operation == "CREATE":
+            obj = body
+            if isinstance(obj, dict):
+                meta = obj.setdefault("metadata", {})
+                if request.namespace and not meta.get("namespace"):
+                    meta["namespace"] = request.namespace
+                name = str(meta.get("name") or "")
+        elif current is None:
+            return None
+        elif operation == "DELETE":
+            old = current
+        elif isinstance(body, list):
+            try:
+                obj = kube_admission.apply_json_patch(current, body)
+            except ValueError:
+                return None  # kmock answers the bad patch itself
+            old = current
+        elif request.method == "PATCH":
+            obj, old = _merge(current, body), current
+        else:
+            obj, old = body, current
+        namespace_obj = None
+        if request.namespace:
+            ns_key = (NAMESPACES, None, request.namespace)
+            if ns_key in self._objects and not self._objects[ns_key].deleted:
+                namespace_obj = json.loads(json.dumps(self._objects[ns_key].raw))
+        return kube_admission.Attributes(
+            operation=operation, group=str(res.group or ""), version=str(res.version or ""),
+            resource=str(res.plural), subresource=subresource, kind=kind, user=user,
+            namespace=str(request.namespace or ""), name=name, object=obj, old_object=old,
+            namespace_object=namespace_obj, dry_run=request.params.get("dryRun") == "All")
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         """kube-apiserver's wording for a missing or existing object (``gnnjobs.gnnsched.io "x" not found``); kmock
@@ -593,6 +697,11 @@ def declare_resources(k8s: StrictKubernetes) -> None:
                                                         shortnames={"cm"}, verbs={"list", "get", "create", "delete"})
     k8s.resources["v1/events"] = kmock.ResourceInfo(kind="Event", singular="event", namespaced=True,
                                                     shortnames={"ev"}, verbs={"list", "watch", "get", "create"})
+    for plural, kind in ((kube_admission.POLICY_PLURAL, "ValidatingAdmissionPolicy"),
+                         (kube_admission.BINDING_PLURAL, "ValidatingAdmissionPolicyBinding")):
+        k8s.resources[f"{kube_admission.ADMISSION_GROUP}/v1/{plural}"] = kmock.ResourceInfo(
+            kind=kind, singular=kind.lower(), namespaced=False,
+            verbs={"list", "watch", "get", "create", "patch", "delete"})
     for crd_file in ("gnnjob.yaml", "gpunode.yaml", "gnncalibration.yaml"):
         crd = yaml.safe_load((REPO / "crds" / crd_file).read_text())
         spec = crd["spec"]

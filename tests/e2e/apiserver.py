@@ -23,7 +23,11 @@ kube-apiserver does:
   container's output to (``NODE_ROOT/<node>/pods/<uid>/containers/<container>/0.log``, ``--node-root``).
   ``follow=true`` streams it until the pod is terminal or gone; ``tailLines`` and ``container`` are honoured.
 
-Usage: ``apiserver.py --url-file FILE [--node-root DIR]`` writes ``http://127.0.0.1:PORT`` to FILE once it serves,
+* **Who asks, and what the admission policies allow** (``--token-auth-file``): each bearer token names a user, and
+  the stored ValidatingAdmissionPolicies are enforced before any of the routes above (``kube_emulator``,
+  ``kube_admission``).
+
+Usage: ``apiserver.py --url-file FILE [--node-root DIR] [--token-auth-file FILE]`` writes ``http://127.0.0.1:PORT`` to FILE once it serves,
 then runs until SIGTERM/SIGINT.
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import signal
 import sys
 from pathlib import Path
@@ -67,6 +72,9 @@ class ClusterAPI(StrictKubernetes):
     node_root: Path | None = attrs.field(default=None)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        refused = self._admit(request)  # authentication and admission policies come before every route below
+        if refused is not None:
+            return refused
         res = request.resource
         if res is not None and res.group == "" and res.version == "v1":
             if (request.method == "GET" and res.plural == "pods" and request.subresource == "log"
@@ -227,9 +235,10 @@ def declare_cluster_resources(k8s: StrictKubernetes) -> None:
                                                       verbs={"create"})
 
 
-async def serve(url_file: Path, host: str = "127.0.0.1", node_root: Path | None = None) -> None:
+async def serve(url_file: Path, host: str = "127.0.0.1", node_root: Path | None = None,
+                tokens: dict[str, dict[str, Any]] | None = None) -> None:
     """Serve until SIGTERM/SIGINT; the URL goes to ``url_file`` once requests are answered."""
-    async with ClusterAPI(node_root=node_root) as k8s, kmock.Server(k8s, host=host) as server:
+    async with ClusterAPI(node_root=node_root, tokens=tokens or {}) as k8s, kmock.Server(k8s, host=host) as server:
         declare_cluster_resources(k8s)
         tmp = url_file.with_suffix(".tmp")
         tmp.write_text(str(server.url).rstrip("/"))
@@ -245,8 +254,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url-file", type=Path, required=True, help="where to write the server's URL")
     parser.add_argument("--node-root", type=Path, help="the kubelet stand-ins' node directories (pod logs)")
+    parser.add_argument("--token-auth-file", type=Path,
+                        help="JSON {token: {username, uid, groups, extra}}: who each bearer token is (kube-apiserver's "
+                             "--token-auth-file, with the extra a projected service-account token carries)")
     args = parser.parse_args()
-    asyncio.run(serve(args.url_file, node_root=args.node_root))
+    tokens = None
+    if args.token_auth_file is not None:
+        try:
+            tokens = json.loads(args.token_auth_file.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--token-auth-file: {exc}")
+        if not isinstance(tokens, dict) or not all(isinstance(u, dict) and u.get("username")
+                                                   for u in tokens.values()):
+            parser.error("--token-auth-file: expected a JSON object of token -> {username, ...}")
+    asyncio.run(serve(args.url_file, node_root=args.node_root, tokens=tokens))
 
 
 if __name__ == "__main__":

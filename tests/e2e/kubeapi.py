@@ -41,17 +41,21 @@ def now() -> str:
 
 
 class Api:
-    """GET/POST/PATCH/DELETE JSON against ``url``; raises :class:`ApiError` on a non-2xx answer."""
+    """GET/POST/PATCH/DELETE JSON against ``url``; raises :class:`ApiError` on a non-2xx answer. ``token``: the
+    bearer token of the identity it acts as (``identities.py``); None sends none (``system:anonymous``)."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.token = token
         self._local = threading.local()
 
     def _session(self) -> requests.Session:
         s = getattr(self._local, "session", None)
         if s is None:
             s = self._local.session = requests.Session()
+            if self.token is not None:
+                s.headers["Authorization"] = f"Bearer {self.token}"
         return s
 
     def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,

@@ -61,6 +61,7 @@ sys.path.insert(0, str(HERE))
 
 import yaml  # noqa: E402
 from child_process import die_with_parent  # noqa: E402
+from identities import cluster_identities, write_kubeconfig, write_token_file  # noqa: E402
 from kubeapi import ALL_JOBS, ALL_PODS, GPUNODES, JOBS, NODES, Api, ApiError  # noqa: E402
 
 from gnnsched.contract import (  # noqa: E402
@@ -193,6 +194,9 @@ class ClusterOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     # image -> directories of what it adds (its own packages); the kubelet stand-ins put them on PYTHONPATH
     images: dict[str, list[str]] = field(default_factory=lambda: example_images())
+    # the chart's ValidatingAdmissionPolicies, installed and enforced by the API server; every component acts as its
+    # own identity (identities.py, docs/security.md)
+    admission_policies: bool = True
 
     def validate(self) -> tuple[int, int, str]:
         if not 1 <= self.nodes <= 64:
@@ -410,7 +414,8 @@ class LocalCluster:
         self.nodes: list[NodeSetup] = []
         self.api: Api | None = None
         self.url = ""
-        self.kubeconfig = self.dir / "kubeconfig"
+        self.kubeconfig = self.dir / "kubeconfig"  # the admin's (kubectl, the harness)
+        self.identities = cluster_identities([f"node-{i}" for i in range(1, opts.nodes + 1)])
         self.apiserver: Proc | None = None
         self.operator: Proc | None = None
         self.extender: Proc | None = None
@@ -439,9 +444,22 @@ class LocalCluster:
         env.update(self.opts.extra_env)
         return env
 
-    def _proc(self, name: str, argv: list[str], log_name: str | None = None, node: str | None = None) -> Proc:
-        """Start a process; ``node``: it is one of that node's processes (``NODE_NAME``, as the chart sets it)."""
+    def kubeconfig_of(self, identity: str) -> Path:
+        """The kubeconfig of one identity (``identities.py``: admin, tenant, operator, scheduler, agent-<node>,
+        kubelet-<node>)."""
+        return self.dir / ("kubeconfig" if identity == "admin" else f"kubeconfig-{identity}")
+
+    def api_as(self, identity: str) -> Api:
+        """A REST client acting as ``identity``."""
+        return Api(self.url, token=self.identities[identity].token)
+
+    def _proc(self, name: str, argv: list[str], log_name: str | None = None, node: str | None = None,
+              identity: str | None = None) -> Proc:
+        """Start a process; ``node``: it is one of that node's processes (``NODE_NAME``, as the chart sets it);
+        ``identity``: whose kubeconfig it gets (default the admin's)."""
         env = self.env()
+        if identity is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig_of(identity))
         # The daemons get one thread each, as their pods' small CPU requests would give them; the jobs need the cores.
         env.setdefault("OMP_NUM_THREADS", "1")
         if node is not None:
@@ -455,17 +473,17 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         self.say("starting the emulated API server")
         url_file = self.dir / "apiserver.url"
+        tokens = write_token_file(self.dir / "tokens.json", self.identities)
         self.apiserver = self._proc("apiserver", [sys.executable, str(HERE / "apiserver.py"), "--url-file",
-                                                  str(url_file), "--node-root", str(self.dir)])
+                                                  str(url_file), "--node-root", str(self.dir),
+                                                  "--token-auth-file", str(tokens)])
         self._wait(lambda: url_file.exists(), 30, "the API server's URL", self.apiserver)
         self.url = url_file.read_text().strip()
-        self.api = Api(self.url)
-        self.kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "local",
-            "clusters": [{"name": "local", "cluster": {"server": self.url}}],
-            "users": [{"name": "local", "user": {"token": "local"}}],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "local", "namespace": "default"}}],
-        }))
+        for identity in self.identities.values():
+            write_kubeconfig(self.kubeconfig_of(identity.name), self.url, identity)
+        self.api = self.api_as("admin")
+        if self.opts.admission_policies:
+            self._install_admission_policies()
         for i in range(1, self.opts.nodes + 1):
             self._add_node(f"node-{i}")
         self._start_extender()
@@ -478,6 +496,18 @@ class LocalCluster:
         self.say(f"cluster up: {self.opts.nodes} node(s) x {self.gpu_count} fake GPU(s) of "
                  f"{self.gpu_bytes / 2**30:.0f} GiB, policy {self.opts.policy}, in {self.dir}")
         return self
+
+    def _install_admission_policies(self) -> None:
+        """What ``helm install`` creates of the chart's ValidatingAdmissionPolicies and bindings (rendered by the
+        Helm SDK, ``tests/chart_policies.py``); the API server enforces them from then on."""
+        from chart_policies import admission_objects
+
+        assert self.api is not None
+        for obj in admission_objects():
+            plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+                      "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[obj["kind"]]
+            self.api.post(f"/apis/admissionregistration.k8s.io/v1/{plural}", obj)
+        self.say("installed the chart's admission policies")
 
     def _add_node(self, name: str) -> None:
         assert self.api is not None
@@ -520,17 +550,17 @@ class LocalCluster:
         self.extender = self._proc("extender", [*gnnsched_command(), "extender", "--host", "127.0.0.1", "--port",
                                                 str(self.extender_port), "--metrics-host", "127.0.0.1",
                                                 "--metrics-port", str(self.extender_metrics_port), "--kubeconfig",
-                                                str(self.kubeconfig)])
+                                                str(self.kubeconfig_of("scheduler"))], identity="scheduler")
 
     def _start_operator(self) -> None:
         self.operator_health_port = _free_port()
         self.operator_metrics_port = _free_port()
         self.operator = self._proc("operator", [*gnnsched_command(), "operator", "--all-namespaces", "--kubeconfig",
-                                                str(self.kubeconfig), "--worker-device", "cpu",
+                                                str(self.kubeconfig_of("operator")), "--worker-device", "cpu",
                                                 "--health-port", str(self.operator_health_port),
                                                 "--metrics-port", str(self.operator_metrics_port),
                                                 "--watch-timeout", "5", "--resync-seconds", "2",
-                                                "--workers", "2"])
+                                                "--workers", "2"], identity="operator")
 
     def agent_argv(self, node: NodeSetup) -> list[str]:
         return [*gnnsched_command(), "node-agent", "--gpus", self.opts.gpus, "--node-name", node.name,
@@ -584,21 +614,24 @@ class LocalCluster:
         from kubelet_standin import KubeletStandIn
 
         assert self.api is not None
-        node.kubelet = KubeletStandIn(self.api, node.name, node.dir, node.plugin_dir, self.env(), self._on_event,
-                                      poll=self.opts.poll, images=self.opts.images)
+        node.kubelet = KubeletStandIn(self.api_as(f"kubelet-{node.name}"), node.name, node.dir, node.plugin_dir,
+                                      self.env(), self._on_event, poll=self.opts.poll, images=self.opts.images)
         node.kubelet.start()
-        node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node), node=node.name)
+        node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node), node=node.name,
+                                identity=f"agent-{node.name}")
         node.plugin = self._proc(f"device-plugin-{node.name}", [
             *gnnsched_command(), "device-plugin", "--plugin-dir", str(node.plugin_dir), "--gpus", self.opts.gpus,
             "--slots-per-gpu", str(self.opts.slots_per_gpu), "--mps-pipe-dir", str(node.mps_pipe_dir),
             "--gate-socket", str(node.gate_socket), "--mps-shm-dir", str(node.mps_shm_dir),
-            "--state-dir", str(node.state_dir), "--poll-interval", "0.5"], node=node.name)
+            "--state-dir", str(node.state_dir), "--poll-interval", "0.5"], node=node.name,
+            identity=f"agent-{node.name}")
 
     def _start_scheduler(self) -> None:
         from scheduler_standin import SchedulerStandIn
 
         assert self.api is not None
-        self.scheduler = SchedulerStandIn(self.api, self.scheduler_config, self._on_event, poll=self.opts.poll)
+        self.scheduler = SchedulerStandIn(self.api_as("scheduler"), self.scheduler_config, self._on_event,
+                                          poll=self.opts.poll)
         self.scheduler.start()
 
     def _nodes_ready(self) -> bool:
@@ -866,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="make GPU index GPU of NODE report Xid XID, SECONDS after the jobs are submitted, through "
                              "the fake GPUs' fault files (docs/faults.md); repeatable")
     parser.add_argument("--verbose", action="store_true", help="log the stand-ins' debug messages")
+    parser.add_argument("--no-admission-policies", action="store_true",
+                        help="do not install the chart's ValidatingAdmissionPolicies (docs/security.md)")
     parser.add_argument("--image", action="append", default=[], metavar="NAME=DIR",
                         help="containers of image NAME find the Python packages under DIR (no container runtime "
                         "here: every container runs this Python); examples/custom-entrypoint's image is preset")
@@ -883,7 +918,8 @@ def main(argv: list[str] | None = None) -> int:
             images.setdefault(name, []).append(directory)
         opts = ClusterOptions(nodes=args.nodes, gpus=args.gpus, policy=args.policy, timeout=args.timeout,
                               keep=args.keep, slots_per_gpu=args.slots_per_gpu, images=images,
-                              fake_gpu_faults=bool(args.inject_xid))
+                              fake_gpu_faults=bool(args.inject_xid),
+                              admission_policies=not args.no_admission_policies)
         gpus, _, _ = opts.validate()
         injections = [parse_xid_injection(text, args.nodes, gpus) for text in args.inject_xid]
         cluster = LocalCluster(opts)

@@ -293,9 +293,9 @@ def _doctor(
 ) -> None:
     """Check that the cluster in the current kubeconfig context can run gnnsched: the scheduler's version against
     the API server, the CRDs, the jobs' RuntimeClass, Pod Security of the namespace, GPU node labels and taints,
-    every node agent (Ready, MPS up, compute mode, shared /dev/shm), a second device plugin on the GPU nodes, and
-    optionally one test job. Prints a checklist with a fix for each failure; exits 1 when there is a blocker
-    (docs/doctor.md)."""
+    every node agent (Ready, MPS up, compute mode, shared /dev/shm), a second device plugin on the GPU nodes, the
+    admission policies that keep tenants off the GPU shares, and optionally one test job. Prints a checklist with a
+    fix for each failure; exits 1 when there is a blocker (docs/doctor.md)."""
     import json
     from pathlib import Path
 

@@ -23,6 +23,10 @@ Checks (the names are stable, ``--json`` prints them):
   constants no GPU of its model ever measured, with what it means and what to do.
 * ``other-device-plugin``: no GPU node also advertises ``nvidia.com/gpu`` (NVIDIA's plugin would hand the same GPUs
   to pods outside the gate).
+* ``admission-policies``: the chart's three ValidatingAdmissionPolicies (``gpu-share-pods``, ``pod-fields``,
+  ``node-agent-scope``) exist for this namespace's service accounts and are bound with ``Deny``: without them any
+  tenant may create a pod that takes a GPU share outside the gate or write the annotations placement trusts
+  (docs/security.md).
 * ``test-job`` (``--run-test-job``): one tiny GNNJob runs to ``Succeeded``; it is deleted afterwards.
 """
 
@@ -53,6 +57,9 @@ DEFAULT_GPU_LABEL = "nvidia.com/gpu.present=true"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 STALE_SECONDS = 120.0
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+ADMISSION_POLICY_LABEL = "gnnsched.io/admission-policy"  # the chart's label on each policy: its role
+ADMISSION_ROLES = ("gpu-share-pods", "pod-fields", "node-agent-scope")
 TEST_JOB_SPEC = {"mode": "train", "model": {"arch": "gcn", "layers": 2, "hidden": 16},
                  "graph": {"nodes": 100, "edges": 400, "features": 8, "classes": 2}, "epochs": 1}
 
@@ -387,6 +394,48 @@ def check_other_device_plugin(labelled: list[dict[str, Any]]) -> Check:
     return Check(name="other-device-plugin", status="PASS", message=f"no GPU node advertises {OTHER_GPU_RESOURCE}")
 
 
+def check_admission_policies(get: Getter, namespace: str) -> Check:
+    """The chart's admission policies for this release: each role present, naming this namespace's service accounts
+    (a policy of a release in another namespace would refuse this one's operator), and bound with ``Deny``."""
+    name = "admission-policies"
+    fix = (f"helm upgrade <release> charts/gnnsched --namespace {namespace} --reuse-values "
+           "--set admissionPolicies.enabled=true (Kubernetes 1.30+; docs/security.md)")
+    listed = get(f"{ADMISSION_API}/validatingadmissionpolicies")
+    if listed is None:
+        return Check(name=name, status="FAIL", fix="upgrade the control plane to Kubernetes 1.30 or newer",
+                     message="the API server serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy "
+                             "(GA in Kubernetes 1.30): nothing keeps tenants' pods off the GPU shares")
+    bindings = (get(f"{ADMISSION_API}/validatingadmissionpolicybindings") or {}).get("items") or []
+    accounts = f"system:serviceaccount:{namespace}:"
+    mine: dict[str, str] = {}
+    elsewhere: set[str] = set()
+    for policy in listed.get("items") or []:
+        meta = policy.get("metadata") or {}
+        role = (meta.get("labels") or {}).get(ADMISSION_POLICY_LABEL)
+        if role not in ADMISSION_ROLES:
+            continue
+        if accounts in json.dumps(policy.get("spec") or {}):
+            mine[role] = str(meta.get("name"))
+        else:
+            elsewhere.add(role)
+    missing = [r for r in ADMISSION_ROLES if r not in mine]
+    if missing:
+        other = [r for r in missing if r in elsewhere]
+        detail = (f" (installed for service accounts of another namespace: {', '.join(other)})" if other else "")
+        return Check(name=name, status="FAIL", fix=fix,
+                     message=f"missing for namespace {namespace}: {', '.join(missing)}{detail}; any tenant may "
+                             "create pods that take a GPU share outside the gate or write gnnsched.io annotations")
+    enforced = {str((b.get("spec") or {}).get("policyName")) for b in bindings
+                if "Deny" in ((b.get("spec") or {}).get("validationActions") or [])}
+    unbound = [r for r in ADMISSION_ROLES if mine[r] not in enforced]
+    if unbound:
+        return Check(name=name, status="FAIL", fix=fix,
+                     message="not enforced (no ValidatingAdmissionPolicyBinding with validationActions Deny): "
+                             + ", ".join(f"{r} ({mine[r]})" for r in unbound))
+    return Check(name=name, status="PASS",
+                 message=f"{len(ADMISSION_ROLES)} policies installed and bound with Deny: {', '.join(ADMISSION_ROLES)}")
+
+
 def run_test_job(reader: ClusterReader, namespace: str, timeout: float, poll: float = 2.0) -> Check:
     name = f"gnnsched-doctor-{uuid.uuid4().hex[:6]}"
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{GNNJOB_PLURAL}"
@@ -426,6 +475,7 @@ def run_checks(reader: ClusterReader, namespace: str, crds_dir: Path | None, run
     checks += check_node_agents(get, namespace, labelled, datetime.now(tz=timezone.utc))
     checks += check_gpu_constants((get(f"/apis/{GROUP}/{VERSION}/{GPUNODE_PLURAL}") or {}).get("items") or [])
     checks.append(check_other_device_plugin(labelled))
+    checks.append(check_admission_policies(get, namespace))
     if test_job:
         checks.append(run_test_job(reader, test_namespace, timeout))
     return checks

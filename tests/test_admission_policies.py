@@ -120,8 +120,8 @@ def test_the_switch_turns_them_off_and_names_follow_the_release() -> None:
 @pytest.mark.parametrize("variant", ["requests", "limits", "init-container", "scheduler-name"])
 def test_a_tenant_pod_asking_for_a_share_or_the_scheduler_is_refused(chart_objects: list[dict[str, Any]],
                                                                       variant: str) -> None:
-    obj = {"requests": pod(share="1"), "limits": pod(share="1", limits=True), "init-container": pod(share="1", init=True),
-           "scheduler-name": pod(scheduler="gnnsched-scheduler")}[variant]
+    obj = {"requests": pod(share="1"), "limits": pod(share="1", limits=True),
+           "init-container": pod(share="1", init=True), "scheduler-name": pod(scheduler="gnnsched-scheduler")}[variant]
     denial = review(chart_objects, TENANT, "CREATE", obj)
     assert denial is not None and denial.code == 403 and denial.reason == "Forbidden"
     assert denial.message.startswith("ValidatingAdmissionPolicy 'gnnsched-gpu-share-pods' with binding "

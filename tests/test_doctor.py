@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 import kmock
 import pytest
 import yaml
+from chart_policies import admission_objects
 from operator_harness import Cluster, emulated_cluster, running_operator
 
 from gnnsched.doctor import ClusterReader, run_checks
@@ -28,9 +30,22 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+ADMISSION = "admissionregistration.k8s.io/v1"
+PLURALS = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+           "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
+
+
+@functools.lru_cache(maxsize=1)
+def _chart_admission() -> str:
+    """The chart's admission policies and bindings for a release in NS, as JSON (rendered once by Helm)."""
+    return json.dumps(admission_objects(release="gnnsched", namespace=NS))
+
+
 def healthy() -> dict[tuple[str, str | None, str], dict[str, Any]]:
     """Every object a working install shows, keyed as kmock stores them."""
     objs: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+    for obj in json.loads(_chart_admission()):
+        objs[f"{ADMISSION}/{PLURALS[obj['kind']]}", None, obj["metadata"]["name"]] = obj
     objs["v1/namespaces", None, NS] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": NS, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}
     objs["apps/v1/deployments", NS, "gnnsched-scheduler"] = {
@@ -127,6 +142,20 @@ BAD_STATES: dict[str, tuple[Callable[[dict[Any, Any]], None], str, str, str]] = 
                        "/dev/shm is not the shared MPS tmpfs", "/dev/shm"),
     "second-device-plugin": (_set([NODE, "status", "allocatable", "nvidia.com/gpu"], "4"), "other-device-plugin",
                              "nvidia.com/gpu is also advertised on: gpu-1 (4)", "device-plugin=false"),
+    "no-admission-policies": (_drop((f"{ADMISSION}/validatingadmissionpolicies", None, "gnnsched-pod-fields")),
+                              "admission-policies", "missing for namespace gnnsched: pod-fields",
+                              "admissionPolicies.enabled=true"),
+    "admission-policies-of-another-namespace": (
+        lambda objs: [objs.update({k: json.loads(json.dumps(v).replace("system:serviceaccount:gnnsched:",
+                                                                       "system:serviceaccount:other:"))})
+                      for k, v in list(objs.items()) if k[0].endswith("/validatingadmissionpolicies")],
+        "admission-policies", "installed for service accounts of another namespace: gpu-share-pods",
+        "--namespace gnnsched"),
+    "admission-policy-audit-only": (
+        _set([(f"{ADMISSION}/validatingadmissionpolicybindings", None, "gnnsched-gpu-share-pods"), "spec",
+              "validationActions"], ["Audit"]),
+        "admission-policies", "not enforced (no ValidatingAdmissionPolicyBinding with validationActions Deny): "
+                              "gpu-share-pods (gnnsched-gpu-share-pods)", "admissionPolicies.enabled"),
 }
 
 
@@ -175,7 +204,7 @@ def test_a_healthy_cluster_passes_every_check_and_exits_0(tmp_path: Path) -> Non
     assert code == 0, out
     assert "[FAIL]" not in out and out.strip().endswith("0 blocker(s), 0 warning(s)"), out
     for name in ("server-version", "crds", "runtime-class", "namespace-privileged", "gpu-nodes", "node-agents",
-                 "other-device-plugin"):
+                 "other-device-plugin", "admission-policies"):
         assert f"[PASS] {name}:" in out, out
     assert jcode == 0 and {c["name"] for c in json.loads(jout)} >= {"crds", "node-agents"}
 

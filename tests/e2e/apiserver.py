@@ -27,8 +27,8 @@ kube-apiserver does:
   the stored ValidatingAdmissionPolicies are enforced before any of the routes above (``kube_emulator``,
   ``kube_admission``).
 
-Usage: ``apiserver.py --url-file FILE [--node-root DIR] [--token-auth-file FILE]`` writes ``http://127.0.0.1:PORT`` to FILE once it serves,
-then runs until SIGTERM/SIGINT.
+Usage: ``apiserver.py --url-file FILE [--node-root DIR] [--token-auth-file FILE]`` writes ``http://127.0.0.1:PORT``
+to FILE once it serves, then runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations

@@ -114,6 +114,7 @@ class PolicyEvaluator:
                bindings: list[dict[str, Any]]) -> Denial | None:
         """The first refusal of ``attrs`` by a bound policy, or None when every bound policy admits it."""
         by_name = {(p.get("metadata") or {}).get("name"): p for p in policies}
+        base: dict[str, Any] = {}  # the CEL values of the request, converted once for every policy that applies
         for binding in sorted(bindings, key=lambda b: str((b.get("metadata") or {}).get("name"))):
             spec = binding.get("spec") or {}
             policy = by_name.get(spec.get("policyName"))
@@ -126,12 +127,17 @@ class PolicyEvaluator:
                 continue
             if spec.get("matchResources") and not matches(spec["matchResources"], attrs):
                 continue
-            denial = self._evaluate(policy, binding, attrs)
+            if not base:
+                base.update({"object": json_to_cel(attrs.object), "oldObject": json_to_cel(attrs.old_object),
+                             "request": json_to_cel(attrs.request()),
+                             "namespaceObject": json_to_cel(attrs.namespace_object)})
+            denial = self._evaluate(policy, binding, dict(base))
             if denial is not None:
                 return denial
         return None
 
-    def _evaluate(self, policy: dict[str, Any], binding: dict[str, Any], attrs: Attributes) -> Denial | None:
+    def _evaluate(self, policy: dict[str, Any], binding: dict[str, Any],
+                  activation: dict[str, Any]) -> Denial | None:
         pname = str(policy["metadata"]["name"])
         bname = str(binding["metadata"]["name"])
         pspec = policy.get("spec") or {}
@@ -144,10 +150,6 @@ class PolicyEvaluator:
 
         if pspec.get("paramKind"):
             return refuse("policy parameters (paramKind) are not emulated") if fail_closed else None
-        activation: dict[str, Any] = {
-            "object": json_to_cel(attrs.object), "oldObject": json_to_cel(attrs.old_object),
-            "request": json_to_cel(attrs.request()), "namespaceObject": json_to_cel(attrs.namespace_object),
-        }
         try:
             for cond in pspec.get("matchConditions") or []:
                 result = self._run(cond["expression"], activation)

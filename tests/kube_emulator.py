@@ -34,11 +34,12 @@ ways that break kopf or kubectl (DESIGN.md, "Facts checked here"). This subclass
   ``kube-node-lease``), namespaces have their short name ``ns``, and nothing is created in a namespace that does
   not exist (404 ``namespaces "x" not found``, as the NamespaceLifecycle admission plugin answers);
 * ``SelfSubjectAccessReview`` (``kubectl auth can-i``) answers allowed: there is no RBAC here;
-* with ``tokens`` set, a bearer token names its user (username, groups and ``extra``, as a projected service-account
-  token's claims do; an unknown token is 401, no token is ``system:anonymous``), and the stored
-  ValidatingAdmissionPolicies and their bindings are enforced on every create, update, patch and delete (and the
-  binding subresource) as kube-apiserver enforces them (``kube_admission``: CEL evaluated with celpy, a refusal is
-  ``ValidatingAdmissionPolicy 'P' with binding 'B' denied request: ...`` with the validation's reason and code).
+* with ``tokens`` set (none: no authentication, no admission), a bearer token names its user (username, groups and
+  ``extra``, as a projected service-account token's claims do; an unknown token is 401, no token is
+  ``system:anonymous``), and the ValidatingAdmissionPolicies and bindings stored through the API are enforced on
+  every create, update, patch and delete (and the binding subresource) as kube-apiserver enforces them
+  (``kube_admission``: CEL evaluated with celpy, a refusal is ``ValidatingAdmissionPolicy 'P' with binding 'B'
+  denied request: ...`` with the validation's reason and code).
 
 It is test infrastructure (imported by ``tests/`` and ``bench/``), not part of the package.
 """
@@ -104,6 +105,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
     # Bearer token -> user info ({"username", "uid", "groups", "extra"}); empty: every request is anonymous.
     tokens: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     _policies: kube_admission.PolicyEvaluator = attrs.field(factory=kube_admission.PolicyEvaluator, init=False)
+    # The stored policies and bindings, re-read after a write to their API group (not a scan per write).
+    _admission_cache: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = attrs.field(default=None, init=False)
 
     def _next_version(self) -> str:
         return str(next(self._versions))
@@ -178,6 +181,8 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         async with self._write_lock:
             self._prepare_write(request)
             response = await super()._handle(request)
+            if request.resource.group == kube_admission.ADMISSION_GROUP:
+                self._admission_cache = None
         if self.after_write is not None:
             await self.after_write(request)
         return response
@@ -189,14 +194,21 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             return dict(ANONYMOUS)
         return self.tokens.get(auth[len("Bearer "):].strip())
 
-    def _stored(self, plural: str) -> list[dict[str, Any]]:
-        return [o.raw for (res, _, _), o in self._objects.items()
-                if res.group == kube_admission.ADMISSION_GROUP and res.plural == plural and not o.deleted]
+    def _admission_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The stored ValidatingAdmissionPolicies and their bindings."""
+        if self._admission_cache is None:
+            stored: dict[str, list[dict[str, Any]]] = {kube_admission.POLICY_PLURAL: [],
+                                                       kube_admission.BINDING_PLURAL: []}
+            for (res, _, _), o in self._objects.items():
+                if res.group == kube_admission.ADMISSION_GROUP and res.plural in stored and not o.deleted:
+                    stored[str(res.plural)].append(json.loads(json.dumps(o.raw)))
+            self._admission_cache = (stored[kube_admission.POLICY_PLURAL], stored[kube_admission.BINDING_PLURAL])
+        return self._admission_cache
 
     def _admit(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
         """Authentication and ValidatingAdmissionPolicy admission of a write: a refusal's response, else None."""
-        if _ADMITTED.get() is request:
-            return None
+        if _ADMITTED.get() is request or not self.tokens:
+            return None  # without tokens: no identities to decide by, nothing enforced (the operator's unit tests)
         _ADMITTED.set(request)
         user = self._user(request)
         if user is None:
@@ -207,9 +219,11 @@ class StrictKubernetes(kmock.KubernetesEmulator):
             str(request.method.value) if request.method is not None else "")
         if res is None or operation is None:
             return None
-        policies = self._stored(kube_admission.POLICY_PLURAL)
-        bindings = self._stored(kube_admission.BINDING_PLURAL) if policies else []
-        if not bindings:
+        if res.group == kube_admission.ADMISSION_GROUP:
+            self._admission_cache = None  # re-read once this write is stored (and again after it: _handle)
+            return None
+        policies, bindings = self._admission_objects()
+        if not policies or not bindings:
             return None
         attrs = self._admission_attributes(request, operation, user)
         if attrs is None:

@@ -15,13 +15,20 @@ device footprint is 1.3× what the CPU counts (the caching allocator's reserved 
 user script's extra buffers), so a test can make a job overrun an estimate that is byte-exact on the CPU.
 
 Value grammar: ``enforce`` or ``enforce:FACTOR`` with 1.0 <= FACTOR <= 10.
+
+The driver's side of the same stand-in: NVML lists each process on a GPU with its used memory, whatever the process
+did with its limit, and the node agent stops one that holds more than it was admitted with (``node_agent.overrun``).
+:func:`write_usage` is how a process on a fake GPU shows its held bytes there: a file named after its pid in the usage
+directory (``FakeGPUBackend(usage_dir=...)``), read by ``FakeGPUBackend.processes`` and ``devices``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gnnsched.contract import ENV_FAKE_GPU_MEMORY
@@ -111,3 +118,13 @@ class FakeGPUMemory:
     def mode(self) -> Any:
         """A ``TorchDispatchMode`` that books every CPU storage an operator creates (enter one per thread)."""
         return storage_booking_mode(self._book, self._drop)
+
+
+def write_usage(usage_dir: str | Path, gpu_uuid: str, used_bytes: int, pid: int | None = None) -> None:
+    """Record that process ``pid`` (default: this one) holds ``used_bytes`` on fake GPU ``gpu_uuid`` (atomic
+    replace: the backend never reads half a file)."""
+    pid = os.getpid() if pid is None else pid
+    path = Path(usage_dir) / str(pid)
+    tmp = path.with_name(f".{pid}.tmp")
+    tmp.write_text(f"{gpu_uuid} {max(0, int(used_bytes))}\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -371,7 +371,7 @@ async def test_peer_cgroup_check(tmp_path) -> None:
             w.close()
         finally:
             await h.server.close()
-    assert seen == [os.getpid()]
+    assert set(seen) == {os.getpid()}  # the kernel's pid (read at accept for the connection cap, and to verify)
 
 
 @pytest.mark.asyncio

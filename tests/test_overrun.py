@@ -1,0 +1,145 @@
+"""A workload reaches only what it was admitted to (issue 39, item 2): the real agent loop on stand-in GPUs whose
+driver lists each process with its used memory (``FakeGPUBackend(usage_dir=...)``, as
+``nvmlDeviceGetMPSComputeRunningProcesses`` does), and real workload processes that go through the real gate socket.
+One drops its MPS limit and allocates past its admitted bytes; one uses memory on a GPU it was not admitted to; their
+neighbour keeps to its bytes. The agent stops the two offenders alone (SIGKILL, their bookings released), says why on
+their pods, and the neighbour runs on and finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gate_helpers import GiB, add_pods, job_pod, write_pods
+
+from gnnsched.contract import ANN_STOPPED
+from gnnsched.gpu.backend import FakeGPUBackend, GPUProcess
+from gnnsched.node_agent.agent import AgentOptions, NodeAgent
+from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier
+from gnnsched.node_agent.observe import ProcessTable
+from gnnsched.node_agent.overrun import DEFAULT_MARGIN_BYTES, Booked, find_overruns, margin_bytes
+from gnnsched.node_agent.status import FileStatusSink
+
+pytestmark = [pytest.mark.timeout(90)]
+
+WORKLOAD = """\
+import json, socket, sys
+from gnnsched.gpu.fake_memory import write_usage
+sock, req, usage_dir, where, nbytes, other_gpu = sys.argv[1:7]
+s = socket.socket(socket.AF_UNIX)
+s.connect(sock)
+s.sendall(req.encode() + b"\\n")
+f = s.makefile("rb")
+while True:
+    m = json.loads(f.readline())
+    if m["status"] != "queued":
+        break
+assert m["status"] == "admitted", m
+# "own": on the admitted GPU; "other": on the GPU it was not given. Its MPS limit (m["memLimit"]) is ignored: the
+# stand-in driver reports what the process holds, whatever limit it kept.
+write_usage(usage_dir, m["gpuUuid"] if where == "own" else other_gpu, int(nbytes))
+sys.stdout.write(m["gpuUuid"] + "\\n")
+sys.stdout.flush()
+sys.stdin.readline()  # runs until the test lets it finish
+"""
+
+
+def test_the_margin_is_the_larger_of_its_floor_and_its_fraction() -> None:
+    assert margin_bytes(GiB) == DEFAULT_MARGIN_BYTES
+    assert margin_bytes(40 * GiB) == 2 * GiB  # 5 %
+    table = ProcessTable(read_cgroup=lambda pid: "0::/\n", read_ppid=lambda pid: 1)
+    booked = [Booked("a", "uid-a", "ns", "a", 0, 20 * GiB, 100), Booked("b", "uid-b", "ns", "b", 1, 20 * GiB, 200)]
+    limit = 20 * GiB + margin_bytes(20 * GiB)
+    assert find_overruns({0: [GPUProcess(100, limit, "mps")], 1: [GPUProcess(200, None, "mps")]}, booked, table) == []
+    over = find_overruns({0: [GPUProcess(100, limit + 1, "mps")]}, booked, table)
+    assert [(o.pod_uid, o.reason, o.pids) for o in over] == [("uid-a", "GPUMemoryOverrun", (100,))]
+    wrong = find_overruns({0: [GPUProcess(200, 1, "mps")]}, booked, table)
+    assert [(o.pod_uid, o.reason, o.gpus) for o in wrong] == [("uid-b", "WrongGPU", (0,))]
+
+
+@pytest.mark.asyncio
+async def test_an_overrunning_client_is_stopped_alone_and_its_neighbour_finishes(tmp_path: Path) -> None:
+    usage = tmp_path / "usage"
+    usage.mkdir()
+    pods_file = tmp_path / "pods.json"
+    write_pods(pods_file, [], [])
+    neighbour, j1 = job_pod("neighbour", 20 * GiB)
+    greedy, j2 = job_pod("greedy", 20 * GiB)
+    wanderer, j3 = job_pod("wanderer", 8 * GiB)
+    add_pods(pods_file, [neighbour, greedy, wanderer], [j1, j2, j3])
+    backend = FakeGPUBackend(2, 80 * GiB, name="NVIDIA A100-SXM4-80GB", usage_dir=usage)
+    uuids = [d.uuid for d in backend.devices()]
+    opts = AgentOptions(node_name="node-a", gate_socket=tmp_path / "gate.sock", policy="base", reserve_bytes=2 * GiB,
+                        recovery_grace=0, status_interval=0.2, sample_interval=3600, metrics_port=None,
+                        reconcile_interval=0, end_wait=1.0, event_log=tmp_path / "events.jsonl",
+                        state_dir=str(tmp_path / "state"), measure_constants=False, live_memory_check=False)
+    agent = NodeAgent(opts, backend, FilePodLookup(pods_file), FileStatusSink(tmp_path / "status.json"),
+                      PeerVerifier(enabled=False))
+    await agent.start()
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    gpus: dict[str, str] = {}
+    try:
+        plan = {"neighbour": (neighbour, "own", 18 * GiB), "greedy": (greedy, "own", 30 * GiB),
+                "wanderer": (wanderer, "other", GiB)}
+        for name, (pod, where, nbytes) in plan.items():
+            m = pod["metadata"]
+            req = json.dumps({"op": "admit", "podUid": m["uid"], "podName": m["name"], "podNamespace": m["namespace"]})
+            p = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", WORKLOAD, str(opts.gate_socket), req, str(usage), where, str(nbytes), "?",
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            procs[name] = p
+            assert p.stdout is not None
+            gpus[name] = (await asyncio.wait_for(p.stdout.readline(), 30)).decode().strip()
+        # the wanderer was told where to go only after its admission: move its usage to the GPU it was not given
+        other = next(u for u in uuids if u != gpus["wanderer"])
+        (usage / str(procs["wanderer"].pid)).write_text(f"{other} {GiB}\n")
+        assert agent.gate is not None
+        assert len(agent.gate.books.running) == 3
+        await agent._sample()
+        codes = {}
+        for name in ("greedy", "wanderer"):
+            codes[name] = await asyncio.wait_for(procs[name].wait(), 10)
+        assert codes == {"greedy": -9, "wanderer": -9}  # SIGKILL, from the agent
+        assert procs["neighbour"].returncode is None  # untouched
+        for _ in range(200):
+            if len(agent.gate.books.running) == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert [e.name for e in agent.gate.books.running.values()] == ["neighbour"]
+        for _ in range(200):
+            pods = {p["metadata"]["name"]: p["metadata"].get("annotations", {})
+                    for p in json.loads(pods_file.read_text())["pods"]}
+            if ANN_STOPPED in pods["greedy"] and ANN_STOPPED in pods["wanderer"]:
+                break
+            await asyncio.sleep(0.02)
+        stopped = json.loads(pods["greedy"][ANN_STOPPED])
+        assert stopped["reason"] == "GPUMemoryOverrun" and stopped["usedBytes"] == 30 * GiB
+        assert stopped["admittedBytes"] == 20 * GiB and stopped["allowedBytes"] == 21 * GiB
+        assert json.loads(pods["wanderer"][ANN_STOPPED])["reason"] == "WrongGPU"
+        assert ANN_STOPPED not in pods["neighbour"]
+        sample = agent.metrics.registry.get_sample_value
+        assert sample("gnnsched_gate_stopped_clients_total", {"reason": "GPUMemoryOverrun"}) == 1
+        assert sample("gnnsched_gate_stopped_clients_total", {"reason": "WrongGPU"}) == 1
+        await agent._sample()  # a second sample stops nobody else and counts nothing twice
+        assert sample("gnnsched_gate_stopped_clients_total", {"reason": "GPUMemoryOverrun"}) == 1
+        assert procs["neighbour"].returncode is None
+        # the neighbour finishes on its own
+        assert procs["neighbour"].stdin is not None
+        procs["neighbour"].stdin.write(b"done\n")
+        await procs["neighbour"].stdin.drain()
+        assert await asyncio.wait_for(procs["neighbour"].wait(), 10) == 0
+        for _ in range(200):
+            if not agent.gate.books.running:
+                break
+            await asyncio.sleep(0.02)
+        assert not agent.gate.books.running
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+        await agent.close()

@@ -143,3 +143,28 @@ async def test_an_overrunning_client_is_stopped_alone_and_its_neighbour_finishes
                 p.kill()
                 await p.wait()
         await agent.close()
+
+
+def test_the_stop_reaches_the_job_as_its_failure_reason_and_is_not_a_resize() -> None:
+    """The operator's side: a failed pod the agent stopped fails with the stop's reason, is not waited on for an
+    attempt result, and is not read as memory-exceeded (which would grow the next attempt's reservation)."""
+    from gnnsched.closed_loop import AttemptResult
+    from gnnsched.contract import ANN_ADMITTED_AT, ANN_ATTEMPT_RESULT, ANN_GPU, JOB_CONTAINER_NAME
+    from gnnsched.operator.resize import attempt_facts
+    from gnnsched.operator.status import view_pod
+
+    stop = Booked("k", "u", "ns", "greedy", 0, 20 * GiB, 100)
+    [o] = find_overruns({0: [GPUProcess(100, 30 * GiB, "mps")]}, [stop],
+                        ProcessTable(read_cgroup=lambda pid: "0::/\n", read_ppid=lambda pid: 1))
+    result = AttemptResult(outcome="memory-exceeded", observed_peak_bytes=30 * GiB, limit_bytes=20 * GiB,
+                           source="gate").line()
+    pod = {"metadata": {"name": "greedy", "annotations": {ANN_STOPPED: o.annotation(), ANN_GPU: "GPU-0",
+                                                          ANN_ADMITTED_AT: "2026-01-01T00:00:00Z",
+                                                          ANN_ATTEMPT_RESULT: result}},
+           "spec": {"nodeName": "node-a"},
+           "status": {"phase": "Failed", "containerStatuses": [{"name": JOB_CONTAINER_NAME, "state": {
+               "terminated": {"exitCode": 137, "reason": "Error", "finishedAt": "2026-01-01T00:01:00Z"}}}]}}
+    view = view_pod(pod)
+    assert view.failure_reason == "GPUMemoryOverrun" and "over the 21474836480 bytes" in (view.failure_message or "")
+    facts = attempt_facts(pod)
+    assert facts.awaits is None and facts.outcome is None and facts.result is None

@@ -127,6 +127,24 @@ def node_agent(
         "--live-memory-check/--no-live-memory-check",
         help="Also admit only into memory the driver reports free (second check besides the books).",
     ),
+    stop_overruns: bool = typer.Option(
+        True,
+        "--stop-overruns/--no-stop-overruns",
+        help="Stop (SIGKILL) a gated pod whose processes hold more GPU memory than it was admitted with plus the "
+             "margin, or memory on a GPU it was not admitted to, with the reason on its pod; off: log and count only.",
+    ),
+    overrun_margin: float = typer.Option(
+        0.05, "--overrun-margin", min=0.0, max=1.0,
+        help="Fraction of a pod's admitted bytes it may hold over them before it is stopped (the larger of this and "
+             "--overrun-margin-bytes applies; why: docs/node-agent.md).",
+    ),
+    overrun_margin_bytes: str = typer.Option(
+        "512Mi", "--overrun-margin-bytes", help="Least margin over a pod's admitted bytes, a quantity.",
+    ),
+    max_gate_connections_per_pod: int = typer.Option(
+        8, "--max-gate-connections-per-pod", min=1, max=1024,
+        help="Concurrent gate connections one pod may hold; one more is refused (too-many-connections).",
+    ),
     pods_file: Path | None = typer.Option(
         None, "--pods-file", help="Read pods/GNNJobs from this JSON file instead of the API server (development)."
     ),
@@ -197,6 +215,12 @@ def node_agent(
         reserve = parse_bytes(reserve_bytes)
     except QuantityError as exc:
         fail(f"--reserve-bytes: {exc}")
+    try:
+        margin_floor = parse_bytes(overrun_margin_bytes)
+    except QuantityError as exc:
+        fail(f"--overrun-margin-bytes: {exc}")
+    if margin_floor < 0:
+        fail("--overrun-margin-bytes: must be >= 0")
     if reserve < 0:
         fail("--reserve-bytes: must be >= 0")
     if not 0.0 <= reserve_fraction < 1.0:
@@ -335,6 +359,8 @@ def node_agent(
         constants_timeout=gpu_constants_timeout,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
         mps_probe_interval=2.0 if mps == "external" else 10.0,
+        stop_overruns=stop_overruns, overrun_margin=overrun_margin, overrun_margin_bytes=margin_floor,
+        max_gate_connections_per_pod=max_gate_connections_per_pod,
     )
     agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr,
                       nodes=nodes)

@@ -191,6 +191,13 @@ def node_agent(
         help="With --gpus fake: enforce[:FACTOR] makes every admitted gnnsched worker enforce its MPS memory limit as "
              "a real GPU would (GNNSCHED_FAKE_GPU_MEMORY; development and tests).",
     ),
+    fake_gpu_usage: Path | None = typer.Option(
+        None,
+        "--fake-gpu-usage",
+        help="With --gpus fake and --fake-gpu-memory: a directory where admitted gnnsched workers record the device "
+             "bytes they hold, which the fake GPUs list per process as NVML does (the agent stops a pod over its "
+             "admitted bytes; GNNSCHED_FAKE_GPU_USAGE; development and tests).",
+    ),
     fake_gpu_faults: Path | None = typer.Option(
         None,
         "--fake-gpu-faults",
@@ -261,6 +268,15 @@ def node_agent(
         except ValueError as exc:
             fail(f"--fake-gpu-memory: {exc}")
         workload_env[ENV_FAKE_GPU_MEMORY] = fake_gpu_memory.strip()
+    if fake_gpu_usage is not None:
+        from gnnsched.contract import ENV_FAKE_GPU_USAGE
+
+        if not gpus.strip().startswith("fake:") or not fake_gpu_memory:
+            fail("--fake-gpu-usage: only with --gpus fake:NxSIZE and --fake-gpu-memory (the workers count their "
+                 "device bytes there; a real GPU's driver reports its own)")
+        if not fake_gpu_usage.is_dir():
+            fail(f"--fake-gpu-usage: {fake_gpu_usage} is not a directory")
+        workload_env[ENV_FAKE_GPU_USAGE] = str(fake_gpu_usage.resolve())
     if fake_gpu_faults is not None:
         from gnnsched.contract import ENV_FAKE_GPU_FAULTS
 
@@ -294,7 +310,7 @@ def node_agent(
         fail("--jobs-uid: the UID check needs Linux (SO_PEERCRED); use --jobs-uid -1 elsewhere")
     name = node_name or socket.gethostname()
     try:
-        backend = open_backend(gpus, node_name=name, fault_dir=fake_gpu_faults)
+        backend = open_backend(gpus, node_name=name, fault_dir=fake_gpu_faults, usage_dir=fake_gpu_usage)
     except BackendSpecError as exc:
         fail(str(exc))
     except GPUBackendError as exc:

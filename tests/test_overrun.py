@@ -168,3 +168,86 @@ def test_the_stop_reaches_the_job_as_its_failure_reason_and_is_not_a_resize() ->
     assert view.failure_reason == "GPUMemoryOverrun" and "over the 21474836480 bytes" in (view.failure_message or "")
     facts = attempt_facts(pod)
     assert facts.awaits is None and facts.outcome is None and facts.result is None
+
+
+JOB = """apiVersion: gnnsched.io/v1alpha1
+kind: GNNJob
+metadata: {name: j}
+spec:
+  mode: train
+  model: {arch: gcn, layers: 2, hidden: 64}
+  graph: {nodes: 15000, edges: 75000, features: 256, classes: 4}
+  epochs: EPOCHS
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not hasattr(__import__("os"), "pidfd_open"), reason="Linux pidfd")
+def test_real_agent_stops_a_worker_that_dropped_its_mps_limit_and_its_neighbour_succeeds(tmp_path: Path) -> None:
+    """The same with the real ``gnnsched node-agent`` (``--fake-gpu-memory enforce:10 --fake-gpu-usage``) and real
+    ``gnnsched gate -- gnnsched worker`` processes: each worker counts 10x its CPU tensor bytes as device bytes and
+    records its peak where the fake GPU lists it per process. The neighbour is admitted with enough for that and
+    keeps its MPS limit; the greedy one is admitted with its CPU peak, removes its limit from its own environment
+    (``env -u CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and so is not stopped by it: the agent kills it."""
+    import os
+
+    from fake_mps import start_agent, stop_agent
+    from gate_helpers import gnnsched_command
+
+    from gnnsched.closed_loop import AttemptResult
+    from gnnsched.contract import ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, ENV_RESULT_FILE
+    from gnnsched.estimator import estimate
+    from gnnsched.spec import load_job
+
+    short, long_ = tmp_path / "short.yaml", tmp_path / "long.yaml"
+    short.write_text(JOB.replace("EPOCHS", "2"))
+    long_.write_text(JOB.replace("EPOCHS", "500"))
+    cpu_peak = estimate(load_job(short).spec).pmc_bytes
+    assert 10 * cpu_peak > cpu_peak + margin_bytes(cpu_peak)  # the greedy one's device bytes pass admitted + margin
+    neighbour, j1 = job_pod("neighbour", 11 * cpu_peak)
+    greedy, j2 = job_pod("greedy", cpu_peak)
+    pods_file = tmp_path / "pods.json"
+    write_pods(pods_file, [neighbour, greedy], [j1, j2])
+    usage = tmp_path / "usage"
+    usage.mkdir()
+    sock = tmp_path / "gate.sock"
+    env = dict(os.environ)
+    agent = start_agent(gnnsched_command() + [
+        "node-agent", "--gpus", "fake:1x80Gi", "--fake-gpu-memory", "enforce:10", "--fake-gpu-usage", str(usage),
+        "--node-name", "node-a", "--gate-socket", str(sock), "--pods-file", str(pods_file),
+        "--status-file", str(tmp_path / "status.json"), "--state-dir", str(tmp_path / "state"),
+        "--jobs-uid", str(os.getuid()), "--mps", "off", "--peer-check", "off", "--recovery-grace", "0",
+        "--metrics-port", "-1", "--event-log", str(tmp_path / "events.jsonl"), "--no-measure-gpu-constants",
+        "--log-level", "warning",
+    ], env, tmp_path, sock, tmp_path / "agent.log", tmp_path / "mps")
+    runs = {}
+    try:
+        for pod, job_file, drop in ((greedy, long_, True), (neighbour, short, False)):
+            meta = pod["metadata"]
+            wenv = dict(env, **{ENV_POD_UID: meta["uid"], ENV_POD_NAME: meta["name"],
+                                ENV_POD_NAMESPACE: meta["namespace"],
+                                ENV_RESULT_FILE: str(tmp_path / f"{meta['name']}.result")})
+            workload = (["env", "-u", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] if drop else []) + gnnsched_command() + [
+                "worker", str(job_file), "--no-progress"]
+            runs[meta["name"]] = subprocess.Popen(
+                gnnsched_command() + ["gate", "--socket", str(sock), "--"] + workload, env=wenv, cwd=tmp_path,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        codes = {name: p.wait(timeout=240) for name, p in runs.items()}
+    finally:
+        for p in runs.values():
+            if p.poll() is None:
+                p.kill()
+        stop_agent(agent, tmp_path / "mps")
+    log = (tmp_path / "agent.log").read_text()
+    assert codes["greedy"] == -9, (codes, log, runs["greedy"].stderr.read() if runs["greedy"].stderr else "")
+    assert codes["neighbour"] == 0, (codes, log)
+    result = AttemptResult.model_validate_json((tmp_path / "neighbour.result").read_text())
+    assert result.outcome == "succeeded"
+    ann = {p["metadata"]["name"]: p["metadata"].get("annotations", {})
+           for p in json.loads(pods_file.read_text())["pods"]}
+    stopped = json.loads(ann["greedy"][ANN_STOPPED])
+    assert stopped["reason"] == "GPUMemoryOverrun" and stopped["admittedBytes"] == cpu_peak
+    assert stopped["usedBytes"] > stopped["allowedBytes"]
+    assert ANN_STOPPED not in ann["neighbour"]
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["pod"] for e in events if e["event"] == "stopped"] == [greedy["metadata"]["uid"]]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from gnnsched.errors import FieldError
 from gnnsched.storage_booking import storage_booking_mode
 
 MAX_FOOTPRINT = 10.0
+REPORT_STEP = 1 << 20  # the peak is reported once it grew by 1 MiB or 2 %, whichever is more (a few dozen writes)
 
 
 def parse_fake_gpu_memory(value: str) -> float:
@@ -80,6 +82,10 @@ class FakeGPUMemory:
     peak: int = 0
     failed_request: int | None = None
     held_at_failure: int | None = None
+    # Called with the peak whenever it grew by REPORT_STEP since the last call: what the driver would list for this
+    # process (the caching allocator keeps its segments, so NVML sees the peak, not the live bytes); write_usage.
+    on_peak: Callable[[int], None] | None = field(default=None, repr=False)
+    _reported: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _known: set[int] = field(default_factory=set, repr=False)
 
@@ -107,7 +113,12 @@ class FakeGPUMemory:
             self._known.add(key)
             self.held += device
             self.peak = max(self.peak, self.held)
-            return device
+            report = self.on_peak is not None and self.peak - self._reported >= max(REPORT_STEP, self._reported // 50)
+            if report:
+                self._reported = self.peak
+        if report and self.on_peak is not None:
+            self.on_peak(self._reported)
+        return device
 
     def _drop(self, key: int, device: int) -> None:
         with self._lock:

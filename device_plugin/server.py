@@ -308,6 +308,8 @@ class DevicePlugin:
         cfg = self.config
         # Every GPU the agent manages is made visible: the gate picks the GPU at container start and narrows
         # CUDA_VISIBLE_DEVICES (by UUID, which CUDA accepts whatever the container's numbering) in its reply.
+        # Kubelet calls Allocate at pod admission, before that choice, and names slots, not the pod, so nothing here
+        # can narrow it; the node agent's NVML check stops a pod on a GPU it was not admitted to (node_agent/overrun).
         envs = {
             ENV_GATE_SOCKET: cfg.gate_socket,
             ENV_MPS_PIPE_DIRECTORY: cfg.mps_pipe_dir,

@@ -87,6 +87,8 @@ ANN_RESERVATION = f"{GROUP}/reservation"  # JSON {"node", "gpu", "bytes", "at"}
 ANN_GPU = f"{GROUP}/gpu"  # uuid of the GPU the gate admitted the pod on
 ANN_GROUP = f"{GROUP}/group"  # id of the admission group
 ANN_ADMITTED_AT = f"{GROUP}/admitted-at"  # RFC 3339
+ANN_ADMISSION_SEAL = f"{GROUP}/admission-seal"  # the agent's HMAC over its admission (node_agent.gate_checks)
+ANN_STOPPED = f"{GROUP}/stopped"  # JSON: why the node agent stopped the pod's GPU processes (node_agent.overrun)
 ANN_STARTED_AT = f"{GROUP}/started-at"
 ANN_FINISHED_AT = f"{GROUP}/finished-at"
 ANN_OBSERVED_PEAK_BYTES = f"{GROUP}/observed-peak-bytes"  # int: NVML per-process used memory of the pod, sampled max
@@ -129,6 +131,10 @@ ENV_FAKE_GPU_FAULTS = "GNNSCHED_FAKE_GPU_FAULTS"
 (``gnnsched.gpu.fake_faults``): the node agent's fake backend reports them as Xid events, and a gated worker on that
 GPU fails as an MPS client of a terminated server does. Set only where the GPU is fake (``node-agent --gpus fake:...
 --fake-gpu-faults DIR`` hands it to the gated workload)."""
+ENV_FAKE_GPU_USAGE = "GNNSCHED_FAKE_GPU_USAGE"
+"""A directory where a gated worker on a fake GPU records the device bytes it holds (a file per pid,
+``gnnsched.gpu.fake_memory.write_usage``), which the node agent's fake backend lists as NVML lists per-process used
+memory. Set only where the GPU is fake (``node-agent --gpus fake:... --fake-gpu-usage DIR``)."""
 ENV_ADMITTED_AT = "GNNSCHED_ADMITTED_AT"
 """RFC 3339 time at which the gate admitted the workload to its GPU (set by ``gnnsched gate`` beside
 ``CUDA_VISIBLE_DEVICES``): a fake GPU's fault written after it terminates the workload

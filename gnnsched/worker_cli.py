@@ -34,6 +34,7 @@ from gnnsched.cliutil import UserError, user_errors
 from gnnsched.contract import (
     ENV_CPU_REQUEST,
     ENV_FAKE_GPU_MEMORY,
+    ENV_FAKE_GPU_USAGE,
     ENV_GATE_HANDOFF_FD,
     ENV_MPS_MEMORY_LIMIT,
     ENV_PRESTART_FALLBACK,
@@ -143,6 +144,14 @@ def worker_command(
             except ValueError as exc:
                 raise UserError(str(exc)) from None
             fake = FakeGPUMemory(limit_bytes=limit_bytes, footprint=footprint)
+            usage_dir = os.environ.get(ENV_FAKE_GPU_USAGE, "").strip()
+            gpu_uuid = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+            if usage_dir and gpu_uuid:  # the stand-in driver's per-process view (node agent --fake-gpu-usage)
+                from functools import partial
+
+                from gnnsched.gpu.fake_memory import write_usage
+
+                fake.on_peak = partial(write_usage, usage_dir, gpu_uuid)
         from gnnsched.gpu.fake_faults import watch_from_env
 
         try:

@@ -28,6 +28,7 @@ from wsgiref.simple_server import WSGIServer
 from gnnsched.contract import (
     ANN_ATTEMPT_RESULT,
     ANN_FAULT,
+    ANN_STOPPED,
     MPS_MAX_CLIENTS_PER_GPU,
     MPSStatus,
 )
@@ -47,6 +48,7 @@ from gnnsched.node_agent.constants import (
     torch_version,
 )
 from gnnsched.node_agent.gate import GateConfig, GateServer
+from gnnsched.node_agent.gate_checks import MAX_CONNECTIONS_PER_POD, load_seal_key
 from gnnsched.node_agent.identity import PeerVerifier, PodLookup
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.mps import MPSManager
@@ -60,6 +62,15 @@ from gnnsched.node_agent.observe import (
     container_end,
     gate_attempt_result,
     write_peak,
+)
+from gnnsched.node_agent.overrun import (
+    DEFAULT_MARGIN_BYTES,
+    DEFAULT_MARGIN_FRACTION,
+    Booked,
+    Overrun,
+    Stopper,
+    belongs_to,
+    find_overruns,
 )
 from gnnsched.node_agent.quarantine import (
     REASON_XID,
@@ -85,6 +96,8 @@ from gnnsched.return_to_service import (
 )
 
 log = logging.getLogger("gnnsched.node_agent")
+
+STOPPED_MEMORY_S = 600.0  # how long a stopped pod is remembered after its entries ended (its exit is judged by then)
 
 
 @dataclass(slots=True)
@@ -127,6 +140,12 @@ class AgentOptions:
     # seconds between reads of the driver version (a change measures the GPUs again); a driver changes with a module
     # reload, not between two samples, so the sample loop that also watches for Xids skips the NVML call otherwise
     driver_check_interval: float = 30.0
+    # A gated pod over its admitted bytes plus this margin (the larger of the two), or on a GPU it was not admitted to,
+    # is stopped (node_agent.overrun: why the margin). stop_overruns False: only the metric and the event.
+    stop_overruns: bool = True
+    overrun_margin: float = DEFAULT_MARGIN_FRACTION
+    overrun_margin_bytes: int = DEFAULT_MARGIN_BYTES
+    max_gate_connections_per_pod: int = MAX_CONNECTIONS_PER_POD
 
 
 def gpu_slots(backend: GPUBackend, opts: AgentOptions) -> list[GPUSlot]:
@@ -182,6 +201,10 @@ class NodeAgent:
     constants: ConstantsKeeper | None = None
     _driver: str | None = None  # the driver version last read (for the constants' re-measure on a change)
     _driver_read_at: float | None = None
+    stopper: Stopper = field(default_factory=Stopper)
+    # pod uid -> (monotonic time, why) of the pods stopped lately: stopped once, and no attempt-result of theirs is
+    # written after (their reason is the stop, not memory-exceeded, which would grow their next reservation)
+    _stopped: dict[str, tuple[float, Overrun]] = field(default_factory=dict)
 
     def alive(self) -> bool:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
@@ -212,11 +235,13 @@ class NodeAgent:
         self._dirty = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         restored = await asyncio.to_thread(self._restore_drains, books)
+        seal_key = await asyncio.to_thread(load_seal_key, self.opts.state_dir)
         cfg = GateConfig(
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,
             active_thread_percentage=self.opts.active_thread_percentage, recovery_grace=self.opts.recovery_grace,
             reconcile_seconds=self.opts.reconcile_interval, jobs_uid=self.opts.jobs_uid,
-            workload_env=dict(self.opts.workload_env),
+            workload_env=dict(self.opts.workload_env), seal_key=seal_key,
+            max_connections_per_pod=self.opts.max_gate_connections_per_pod,
         )
         self.gate = GateServer(books, cfg, pods=self.pods, verifier=self.verifier, metrics=self.metrics,
                                event_log=self.opts.event_log, on_change=self._dirty.set,
@@ -322,6 +347,7 @@ class NodeAgent:
         books = self.gate.books
         usage = await asyncio.to_thread(self._attribute, procs)
         await self._record_peaks(usage)
+        await self._stop_overruns(procs)
         became_healthy = False
         changed = False
         freed = False
@@ -359,6 +385,33 @@ class NodeAgent:
             if e is None or (written and peak <= written * growth) or peak <= written:
                 continue
             await self._write_peak(e, peak)
+
+    async def _stop_overruns(self, procs: dict[int, list[GPUProcess]]) -> None:
+        """Stop each gated pod whose processes hold more than it was admitted with (plus the margin) or hold memory
+        on a GPU it was not admitted to; the offender alone, with the reason on its pod (``node_agent.overrun``)."""
+        assert self.gate is not None
+        running = list(self.gate.books.running.values())
+        live = {e.pod_uid.lower() for e in running}
+        now = time.monotonic()
+        self._stopped = {uid: v for uid, v in self._stopped.items() if uid in live or now - v[0] < STOPPED_MEMORY_S}
+        booked = [Booked(e.key, e.pod_uid, e.namespace, e.name, e.gpu_index, e.bytes, self.gate.pids.get(e.key))
+                  for e in running]
+        found = await asyncio.to_thread(find_overruns, procs, booked, self.processes, self.opts.overrun_margin,
+                                        self.opts.overrun_margin_bytes)
+        for o in found:
+            if o.pod_uid not in self._stopped:
+                self._stopped[o.pod_uid] = (now, o)
+                self.metrics.stopped.labels(o.reason).inc()
+                self.gate.event("stopped", pod=o.pod_uid, keys=list(o.keys), reason=o.reason, used=o.used_bytes,
+                                allowed=o.allowed_bytes, gpus=list(o.gpus), enforced=self.opts.stop_overruns)
+                log.warning("pod %s/%s: %s%s", o.namespace, o.name, o.message(),
+                            "" if self.opts.stop_overruns else " (not stopped: --no-stop-overruns)")
+                if self.opts.stop_overruns:
+                    self.gate.annotate_pod(o.namespace, o.name, {ANN_STOPPED: o.annotation()})
+            if not self.opts.stop_overruns:
+                continue
+            gated = {self.gate.pids[k] for k in o.keys if k in self.gate.pids}
+            await asyncio.to_thread(self.stopper.stop, o.pids, belongs_to(o.pod_uid, gated, self.processes))
 
     async def _write_peak(self, e: Entry, peak: int) -> None:
         if not e.namespace or not e.name:
@@ -421,7 +474,7 @@ class NodeAgent:
         client_end = ClientEnd(end.exit_code, end.message) if end is not None else ClientEnd(None, None)
         if e.key in self._recent:
             self._recent[e.key] = (*self._recent[e.key][:4], client_end)
-        if end is not None:
+        if end is not None and e.pod_uid.lower() not in self._stopped:  # a stopped pod's reason is its stop
             result = gate_attempt_result(end, peak, e.bytes)
             if result is not None:
                 self.gate.annotate(e, {ANN_ATTEMPT_RESULT: result.line()})

@@ -127,6 +127,24 @@ def node_agent(
         "--live-memory-check/--no-live-memory-check",
         help="Also admit only into memory the driver reports free (second check besides the books).",
     ),
+    stop_overruns: bool = typer.Option(
+        True,
+        "--stop-overruns/--no-stop-overruns",
+        help="Stop (SIGKILL) a gated pod whose processes hold more GPU memory than it was admitted with plus the "
+             "margin, or memory on a GPU it was not admitted to, with the reason on its pod; off: log and count only.",
+    ),
+    overrun_margin: float = typer.Option(
+        0.05, "--overrun-margin", min=0.0, max=1.0,
+        help="Fraction of a pod's admitted bytes it may hold over them before it is stopped (the larger of this and "
+             "--overrun-margin-bytes applies; why: docs/node-agent.md).",
+    ),
+    overrun_margin_bytes: str = typer.Option(
+        "512Mi", "--overrun-margin-bytes", help="Least margin over a pod's admitted bytes, a quantity.",
+    ),
+    max_gate_connections_per_pod: int = typer.Option(
+        8, "--max-gate-connections-per-pod", min=1, max=1024,
+        help="Concurrent gate connections one pod may hold; one more is refused (too-many-connections).",
+    ),
     pods_file: Path | None = typer.Option(
         None, "--pods-file", help="Read pods/GNNJobs from this JSON file instead of the API server (development)."
     ),
@@ -173,6 +191,13 @@ def node_agent(
         help="With --gpus fake: enforce[:FACTOR] makes every admitted gnnsched worker enforce its MPS memory limit as "
              "a real GPU would (GNNSCHED_FAKE_GPU_MEMORY; development and tests).",
     ),
+    fake_gpu_usage: Path | None = typer.Option(
+        None,
+        "--fake-gpu-usage",
+        help="With --gpus fake and --fake-gpu-memory: a directory where admitted gnnsched workers record the device "
+             "bytes they hold, which the fake GPUs list per process as NVML does (the agent stops a pod over its "
+             "admitted bytes; GNNSCHED_FAKE_GPU_USAGE; development and tests).",
+    ),
     fake_gpu_faults: Path | None = typer.Option(
         None,
         "--fake-gpu-faults",
@@ -197,6 +222,12 @@ def node_agent(
         reserve = parse_bytes(reserve_bytes)
     except QuantityError as exc:
         fail(f"--reserve-bytes: {exc}")
+    try:
+        margin_floor = parse_bytes(overrun_margin_bytes)
+    except QuantityError as exc:
+        fail(f"--overrun-margin-bytes: {exc}")
+    if margin_floor < 0:
+        fail("--overrun-margin-bytes: must be >= 0")
     if reserve < 0:
         fail("--reserve-bytes: must be >= 0")
     if not 0.0 <= reserve_fraction < 1.0:
@@ -237,6 +268,15 @@ def node_agent(
         except ValueError as exc:
             fail(f"--fake-gpu-memory: {exc}")
         workload_env[ENV_FAKE_GPU_MEMORY] = fake_gpu_memory.strip()
+    if fake_gpu_usage is not None:
+        from gnnsched.contract import ENV_FAKE_GPU_USAGE
+
+        if not gpus.strip().startswith("fake:") or not fake_gpu_memory:
+            fail("--fake-gpu-usage: only with --gpus fake:NxSIZE and --fake-gpu-memory (the workers count their "
+                 "device bytes there; a real GPU's driver reports its own)")
+        if not fake_gpu_usage.is_dir():
+            fail(f"--fake-gpu-usage: {fake_gpu_usage} is not a directory")
+        workload_env[ENV_FAKE_GPU_USAGE] = str(fake_gpu_usage.resolve())
     if fake_gpu_faults is not None:
         from gnnsched.contract import ENV_FAKE_GPU_FAULTS
 
@@ -270,7 +310,7 @@ def node_agent(
         fail("--jobs-uid: the UID check needs Linux (SO_PEERCRED); use --jobs-uid -1 elsewhere")
     name = node_name or socket.gethostname()
     try:
-        backend = open_backend(gpus, node_name=name, fault_dir=fake_gpu_faults)
+        backend = open_backend(gpus, node_name=name, fault_dir=fake_gpu_faults, usage_dir=fake_gpu_usage)
     except BackendSpecError as exc:
         fail(str(exc))
     except GPUBackendError as exc:
@@ -335,6 +375,8 @@ def node_agent(
         constants_timeout=gpu_constants_timeout,
         # Reading the daemon's health file is cheap; probing a daemon of our own runs a process each time.
         mps_probe_interval=2.0 if mps == "external" else 10.0,
+        stop_overruns=stop_overruns, overrun_margin=overrun_margin, overrun_margin_bytes=margin_floor,
+        max_gate_connections_per_pod=max_gate_connections_per_pod,
     )
     agent = NodeAgent(opts, backend, pods, sink, PeerVerifier(enabled=peer_check == "cgroup"), mps=mps_mgr,
                       nodes=nodes)

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,8 +25,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gnnsched.contract import ANN_ADMITTED_AT, ANN_FINISHED_AT, ANN_GPU, ANN_GROUP, ANN_STARTED_AT
+from gnnsched.contract import (
+    ANN_ADMISSION_SEAL,
+    ANN_ADMITTED_AT,
+    ANN_FINISHED_AT,
+    ANN_GPU,
+    ANN_GROUP,
+    ANN_STARTED_AT,
+)
 from gnnsched.node_agent.books import Books, Decision, Entry, Rejected
+from gnnsched.node_agent.gate_checks import (
+    MAX_CONNECTIONS_PER_POD,
+    SEAL_KEY_BYTES,
+    AdmissionSeal,
+    ConnectionCap,
+    ProgressLimiter,
+    gate_key,
+    peer_pod,
+)
 from gnnsched.node_agent.identity import (
     Demand,
     IdentityError,
@@ -54,6 +71,8 @@ from gnnsched.progress import REPORT_INTERVAL_S, StepProgress
 
 log = logging.getLogger("gnnsched.node_agent.gate")
 
+_YIELD_EVERY = 64  # progress lines read back to back before the reader yields the event loop
+
 
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -80,6 +99,10 @@ class GateConfig:
     # Extra environment for every admitted workload; only ``--fake-gpu-memory`` sets it (the fake GPU's limit
     # enforcement, gnnsched.gpu.fake_memory): on a real GPU the MPS server enforces the limit by itself.
     workload_env: dict[str, str] = field(default_factory=dict)
+    # The key of the admission seal (gate_checks.AdmissionSeal); the agent reads it from its state directory so that
+    # its successor can check the seals it wrote. The default, a fresh one, suits a gate with no successor.
+    seal_key: bytes = field(default_factory=lambda: secrets.token_bytes(SEAL_KEY_BYTES), repr=False)
+    max_connections_per_pod: int = MAX_CONNECTIONS_PER_POD  # gate_checks.ConnectionCap
 
 
 @dataclass(slots=True)
@@ -123,6 +146,10 @@ class GateServer:
         self._annotations: asyncio.Queue[tuple[str, str, dict[str, str | None]]] | None = None
         self.decision_seconds: list[float] = []
         self.pids: dict[str, int] = {}  # key → pid of the gated process (for observed-peak attribution)
+        self.seal = AdmissionSeal(config.seal_key, config.node_name)
+        self.connections = ConnectionCap(config.max_connections_per_pod)
+        self.progress_parsed = 0  # progress lines parsed / dropped unread by the rate (gate_checks.ProgressLimiter)
+        self.progress_dropped = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -225,7 +252,9 @@ class GateServer:
             for e in d.entries:
                 if self.metrics is not None:
                     self.metrics.admitted(now - e.queued_at)
-                self._annotate(e, {ANN_GPU: d.gpu.uuid, ANN_GROUP: d.group, ANN_ADMITTED_AT: rfc3339(now),
+                at = rfc3339(now)
+                self._annotate(e, {ANN_GPU: d.gpu.uuid, ANN_GROUP: d.group, ANN_ADMITTED_AT: at,
+                                   ANN_ADMISSION_SEAL: self.seal.seal(e.pod_uid, e.key, d.gpu.uuid, at),
                                    ANN_FINISHED_AT: None, ANN_STARTED_AT: None})
                 conn = self._conns.get(e.key)
                 if conn is not None and not conn.admitted.done():
@@ -267,7 +296,17 @@ class GateServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
+        counted: str | None = None  # the pod this connection counts against (ConnectionCap), once identified
         try:
+            early = peer_pod(self.verifier, peer_cred(sock) if sock is not None else None)
+            if early is not None:
+                if not self.connections.take(early):
+                    self._reject("too-many-connections")
+                    await self._send(writer, RejectedReply(reason="too-many-connections", message=(
+                        f"pod {early} already holds {self.connections.limit} gate connections "
+                        "(--max-gate-connections-per-pod); this one is refused")))
+                    return
+                counted = early
             try:
                 line = await asyncio.wait_for(reader.readline(), self.config.first_message_timeout)
             except (asyncio.LimitOverrunError, ValueError):
@@ -291,15 +330,23 @@ class GateServer:
             try:
                 check_peer_uid(cred, self.config.jobs_uid)
                 self.verifier.verify(cred, req.pod_uid)
+                if counted is None:  # not identified at accept (peer check off): count the verified claim
+                    if not self.connections.take(req.pod_uid.lower()):
+                        raise IdentityError(
+                            "too-many-connections",
+                            f"pod {req.pod_namespace}/{req.pod_name} already holds {self.connections.limit} gate "
+                            "connections (--max-gate-connections-per-pod); this one is refused",
+                        )
+                    counted = req.pod_uid.lower()
                 pod = await asyncio.to_thread(self.pods.get, req.pod_namespace, req.pod_name)
                 demand = self._check_pod(pod, req)
+                assert pod is not None
+                key = gate_key(pod, req.container)
             except IdentityError as exc:
                 self._reject(exc.reason)
                 self._event("rejected", pod=req.pod_uid, reason=exc.reason)
                 await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
                 return
-            assert pod is not None
-            key = req.pod_uid if not req.container else f"{req.pod_uid}/{req.container}"
             if isinstance(req, ResumeRequest):
                 await self._resume(key, req, pod, demand, cred.pid if cred else None, reader, writer)
             else:
@@ -307,6 +354,8 @@ class GateServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            if counted is not None:
+                self.connections.give(counted)
             with contextlib.suppress(Exception):
                 writer.close()
 
@@ -333,7 +382,12 @@ class GateServer:
 
     async def _follow(self, key: str, reader: asyncio.StreamReader) -> None:
         """Until the connection ends (the release signal): take the workload's progress reports
-        (:meth:`progress`). A line longer than ``MAX_LINE`` ends the reports from this client, not its booking."""
+        (:meth:`progress`). A line longer than ``MAX_LINE`` ends the reports from this client, not its booking.
+
+        The rate comes first: a line sooner than the keeper's cadence allows is dropped unparsed (and a flood yields
+        the loop every ``_YIELD_EVERY`` lines, so that other pods' requests are served between its reads)."""
+        limiter = ProgressLimiter(min_gap=REPORT_INTERVAL_S / 2)
+        seen = 0
         while True:
             try:
                 line = await reader.readline()
@@ -345,9 +399,24 @@ class GateServer:
                 return
             if not line.endswith(b"\n"):  # EOF (a partial last line is not a report)
                 return
-            self.progress(key, line)
+            seen += 1
+            if seen % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if not limiter.admit(self._wall()):
+                self.progress_dropped += 1
+                if self.metrics is not None:
+                    self.metrics.progress_line("dropped")
+                if limiter.first_complaint():
+                    log.warning("%s: progress lines faster than one per %.1f s; the excess is dropped unread (logged "
+                                "once per connection)", key, limiter.min_gap)
+                    self._event("progress-flood", key=key)
+                continue
+            self.progress_parsed += 1
+            if self.metrics is not None:
+                self.metrics.progress_line("parsed")
+            self.progress(key, line, limiter)
 
-    def progress(self, key: str, line: bytes) -> StepProgress | None:
+    def progress(self, key: str, line: bytes, limiter: ProgressLimiter | None = None) -> StepProgress | None:
         """Record one progress line of ``key``'s workload; returns the report kept, None when it was dropped.
 
         Only a running entry reports. Reports closer together than half ``REPORT_INTERVAL_S`` are dropped (the keeper
@@ -360,8 +429,9 @@ class GateServer:
         try:
             report = parse_progress(line)
         except ValueError as exc:
-            log.warning("%s: progress report dropped: %s", key, exc)
-            self._event("progress-rejected", key=key, reason=str(exc))
+            if limiter is None or limiter.first_complaint():  # once per connection, then counted only
+                log.warning("%s: progress report dropped: %s", key, exc)
+                self._event("progress-rejected", key=key, reason=str(exc))
             return None
         now = self._wall()
         last = e.progress
@@ -397,7 +467,12 @@ class GateServer:
         except Rejected as exc:
             self._reject(exc.reason)
             self._event("rejected", key=key, reason=exc.reason)
-            await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
+            message = exc.message
+            if exc.reason == "duplicate":
+                which = f"container {req.container!r} of " if req.container else ""
+                message = (f"{which}pod {pod.namespace}/{pod.name} already has a live gate entry ({key}): one per "
+                           "container, until its process exits")
+            await self._send(writer, RejectedReply(reason=exc.reason, message=message))
             return
         conn = _Conn(key=key, writer=writer, pid=pid)
         self._conns[key] = conn
@@ -440,35 +515,23 @@ class GateServer:
         self, key: str, req: ResumeRequest, pod: PodInfo, demand: Demand, pid: int | None,
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     ) -> None:
-        recorded_gpu = pod.annotations.get(ANN_GPU)
-        if req.bytes != demand.bytes or (recorded_gpu and recorded_gpu != req.gpu_uuid):
-            self._reject("resume-mismatch")
-            await self._send(writer, RejectedReply(
-                reason="resume-mismatch",
-                message=f"claimed {req.bytes} B on {req.gpu_uuid}; the pod says {demand.bytes} B on {recorded_gpu}",
-            ))
-            return
         existing = self.books.running.get(key)
-        live = self._conns.get(key)
-        if existing is not None and live is not None:
+        if existing is not None and self._conns.get(key) is not None:
             self._reject("duplicate")
             await self._send(writer, RejectedReply(reason="duplicate", message=f"{key} already has a live connection"))
             return
-        if existing is None:
-            try:
-                self.books.restore(
-                    key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
-                    name=pod.name, job=demand.job, group=req.group, admitted_at=parse_rfc3339(req.admitted_at),
-                    qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive,
-                    apart=demand.apart,
-                )
-            except Rejected as exc:
-                self._reject(exc.reason)
-                await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
-                return
-            self._event("resumed", key=key, gpu=self.books.running[key].gpu_index, bytes=req.bytes)
-        else:
-            self._event("reattached", key=key, gpu=existing.gpu_index, bytes=existing.bytes)
+        try:
+            if existing is None:
+                self._restore_resumed(key, req, pod, demand)
+                self._event("resumed", key=key, gpu=self.books.running[key].gpu_index, bytes=req.bytes)
+            else:
+                self._check_reattach(existing, req)
+                self._event("reattached", key=key, gpu=existing.gpu_index, bytes=existing.bytes)
+        except Rejected as exc:
+            self._reject(exc.reason)
+            self._event("rejected", key=key, reason=exc.reason)
+            await self._send(writer, RejectedReply(reason=exc.reason, message=exc.message))
+            return
         conn = _Conn(key=key, writer=writer, pid=pid)
         conn.admitted.cancel()
         self._conns[key] = conn
@@ -485,6 +548,44 @@ class GateServer:
                 del self._conns[key]
                 self.release(key, "exit")
 
+    def _check_reattach(self, e: Entry, req: ResumeRequest) -> None:
+        """A keeper re-attaching to an entry in the books: only with the GPU and bytes the books hold for it."""
+        gpu = self.books.gpus.get(e.gpu_index) if e.gpu_index is not None else None
+        if gpu is None or gpu.uuid != req.gpu_uuid or req.bytes != e.bytes:
+            raise Rejected("resume-mismatch", f"claimed {req.bytes} B on {req.gpu_uuid}; this agent admitted "
+                                              f"{e.key} with {e.bytes} B on {gpu.uuid if gpu else '?'}")
+
+    def _restore_resumed(self, key: str, req: ResumeRequest, pod: PodInfo, demand: Demand) -> None:
+        """Book a resume that is not in the books: only a workload this node's agent admitted (its seal on the pod,
+        for this key and GPU, not finished since), within the recovery grace after a restart, on a healthy GPU that
+        has room; everything else asks with ``admit`` (gate_checks module docstring)."""
+        ann = pod.annotations
+        where = f"pod {pod.namespace}/{pod.name} ({key})"
+        if req.bytes != demand.bytes:
+            raise Rejected("resume-mismatch", f"claimed {req.bytes} B; the pod says {demand.bytes} B")
+        gpu = self.books.gpu_by_uuid(req.gpu_uuid)
+        if gpu is None:
+            raise Rejected("unknown-gpu", f"{req.gpu_uuid!r} is not a GPU of this node")
+        admitted_at = ann.get(ANN_ADMITTED_AT)
+        if ann.get(ANN_GPU) != req.gpu_uuid or not self.seal.verifies(ann.get(ANN_ADMISSION_SEAL), pod.uid, key,
+                                                                      req.gpu_uuid, admitted_at):
+            raise Rejected("not-admitted-here", f"{where} was not admitted on {req.gpu_uuid} by this node's agent: "
+                                                "resume only re-books a workload the agent admitted; ask with admit")
+        if ann.get(ANN_FINISHED_AT):
+            raise Rejected("not-admitted-here", f"{where}: its admission on {req.gpu_uuid} ended at "
+                                                f"{ann[ANN_FINISHED_AT]}; ask with admit")
+        if time.monotonic() >= self._hold_until:
+            raise Rejected("resume-late", f"{where}: a workload is re-booked only within the recovery grace after "
+                                          "an agent restart; an admission not in the books by then has ended")
+        if not gpu.healthy:
+            raise Rejected("gpu-unhealthy", f"{where}: GPU {gpu.index} ({gpu.uuid}) is out of service; nothing is "
+                                            "booked there")
+        self.books.restore(
+            key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
+            name=pod.name, job=demand.job, group=ann.get(ANN_GROUP), admitted_at=parse_rfc3339(admitted_at),
+            qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
+        )
+
     # --- pods: adoption after restart, release when gone ----------------------------------------------------------
 
     async def _adopt_pods(self) -> None:
@@ -499,15 +600,23 @@ class GateServer:
             gpu = pod.annotations.get(ANN_GPU)
             if not gpu or pod.terminated or pod.annotations.get(ANN_FINISHED_AT):
                 continue
+            # Only what this node's agent admitted: its seal names the key, the GPU and the admission time.
+            key = self.seal.sealed_key(pod, pod.annotations.get(ANN_ADMISSION_SEAL), gpu,
+                                       pod.annotations.get(ANN_ADMITTED_AT))
+            if key is None:
+                log.warning("pod %s/%s: not adopted: its %s annotation carries no admission seal of this node's "
+                            "agent", pod.namespace, pod.name, ANN_GPU)
+                self._event("not-adopted", pod=pod.uid, reason="no-seal")
+                continue
             try:
                 demand = trusted_demand(pod, whole)
                 self.books.restore(
-                    pod.uid, pod_uid=pod.uid, bytes=demand.bytes, gpu_uuid=gpu, namespace=pod.namespace,
+                    key, pod_uid=pod.uid, bytes=demand.bytes, gpu_uuid=gpu, namespace=pod.namespace,
                     name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
                     admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
                     intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
                 )
-                self._event("adopted", key=pod.uid, bytes=demand.bytes)
+                self._event("adopted", key=key, bytes=demand.bytes)
             except (Rejected, IdentityError) as exc:
                 log.warning("pod %s/%s: not adopted: %s", pod.namespace, pod.name, exc)
         self._changed()

@@ -216,6 +216,9 @@ class PodInfo:
     annotations: dict[str, str] = field(default_factory=dict)
     owner_job: str | None = None  # "<ns>/<name>" of an owning GNNJob that exists with the referenced UID
     ended: list[ContainerEnd] = field(default_factory=list)  # terminated containers (status.containerStatuses)
+    # spec.containers' names, then restartable init containers' (sidecars): what a gate request's ``container`` may
+    # name (node_agent.gate_checks.gate_key); empty for a pod object without a spec (a development pods file)
+    containers: tuple[str, ...] = ()
 
     @property
     def terminated(self) -> bool:
@@ -255,6 +258,10 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
                 message=str(term["message"]) if term.get("message") is not None else None,
                 reason=str(term["reason"]) if term.get("reason") is not None else None,
             ))
+    containers = tuple(str(c.get("name", "")) for c in spec.get("containers") or [] if isinstance(c, dict)) + tuple(
+        str(c.get("name", "")) for c in spec.get("initContainers") or []
+        if isinstance(c, dict) and c.get("restartPolicy") == "Always"
+    )
     return PodInfo(
         uid=str(meta.get("uid", "")),
         namespace=ns,
@@ -264,6 +271,7 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
         annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
         owner_job=owner_job,
         ended=ended,
+        containers=containers,
     )
 
 

@@ -89,6 +89,14 @@ class AgentMetrics:
         self.constants_measured = Gauge(
             "gnnsched_gpu_constants_measured",
             "1 when the GPU's device constants are measured and published in its GPUNode entry", g, registry=r)
+        self.progress_lines = Counter(
+            "gnnsched_gate_progress_lines",
+            "Progress lines from gated workloads: parsed, or dropped unread (faster than the keeper's cadence)",
+            ("result",), registry=r)
+        self.stopped = Counter(
+            "gnnsched_gate_stopped_clients",
+            "Gated pods whose GPU processes the agent stopped, by reason (over their admitted bytes plus the margin, "
+            "or on a GPU they were not admitted to)", ("reason",), registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
         self.mps_restarts = Gauge(
             "gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r
@@ -120,6 +128,9 @@ class AgentMetrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
+
+    def progress_line(self, result: str) -> None:
+        self.progress_lines.labels(result).inc()
 
     def job_finished(self, e: Entry, peak: int | None = None) -> int | None:
         """Close a pod's prediction record; returns its observed peak (None if never seen on a GPU). ``peak``: the

@@ -54,6 +54,7 @@ from gnnsched.contract import (
     ANN_FINISHED_AT,
     ANN_GPU,
     ANN_OBSERVED_PEAK_BYTES,
+    ANN_STOPPED,
     JOB_CONTAINER_NAME,
 )
 from gnnsched.fault_classes import ALONE_AFTER, may_requeue
@@ -136,7 +137,10 @@ def attempt_facts(pod: Any) -> AttemptFacts:
         except ValidationError:
             facts.result = None
     raw_result = annotations.get(ANN_ATTEMPT_RESULT)
-    if facts.result is None and isinstance(raw_result, str) and raw_result:
+    stopped = bool(annotations.get(ANN_STOPPED))  # the agent stopped it (node_agent.overrun): its verdict, no resize
+    if stopped:
+        facts.result = None
+    elif facts.result is None and isinstance(raw_result, str) and raw_result:
         try:
             facts.result = AttemptResult.model_validate(json.loads(raw_result))
         except (ValueError, ValidationError):
@@ -146,7 +150,7 @@ def attempt_facts(pod: Any) -> AttemptFacts:
         facts.needed_bytes = facts.result.needed_bytes()
         if facts.observed_peak_bytes is None:
             facts.observed_peak_bytes = facts.result.observed_peak_bytes
-    elif terminated.get("reason") != "OOMKilled":
+    elif terminated.get("reason") != "OOMKilled" and not stopped:
         # The kubelet's OOMKilled is the container's host-memory cgroup, not the GPU: never a GPU resize.
         facts.outcome = classify_log(message)
         if facts.outcome == "memory-exceeded":
@@ -164,7 +168,7 @@ def attempt_facts(pod: Any) -> AttemptFacts:
     failed = isinstance(code, int) and code != 0 and terminated.get("reason") != "OOMKilled"
     if facts.outcome == "fault" and facts.fault is None:
         facts.awaits = "fault"
-    elif gated and failed and facts.outcome is None and facts.result is None and facts.fault is None:
+    elif gated and failed and not stopped and facts.outcome is None and facts.result is None and facts.fault is None:
         facts.awaits = "attempt-result"
     if facts.outcome == "memory-exceeded":
         facts.detail = "out of GPU memory within its reservation" + (

@@ -30,6 +30,7 @@ from gnnsched.contract import (
     ANN_GROUP,
     ANN_OBSERVED_PEAK_BYTES,
     ANN_STARTED_AT,
+    ANN_STOPPED,
     JOB_CONTAINER_NAME,
 )
 
@@ -175,6 +176,11 @@ def view_pod(pod: Any) -> PodView:
         view.exit_code = code if isinstance(code, int) else None
         message = terminated.get("message") or status.get("message") or ""
         view.failure_message = str(message).strip()[-500:] if message else None
+        stopped = _json_object(annotations.get(ANN_STOPPED))
+        if isinstance(stopped.get("reason"), str) and stopped["reason"]:
+            # the node agent stopped it (over its admitted GPU memory, or on another GPU): that is why it failed
+            view.failure_reason = stopped["reason"][:64]
+            view.failure_message = str(stopped.get("message") or "")[:500] or view.failure_message
     elif node is None:
         for cond in _list(status.get("conditions")):
             cond = _dict(cond)
@@ -210,3 +216,12 @@ def set_condition(
 
 def now_rfc3339() -> str:
     return datetime.now(tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _json_object(raw: str | None) -> dict[str, Any]:
+    """A JSON object annotation, or {} when absent or malformed."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -318,19 +318,18 @@ async def test_fault_peers_are_admitted_on_different_gpus_or_wait(gate: Harness)
 
 @pytest.mark.asyncio
 async def test_resume_checks_the_pod(gate: Harness) -> None:
+    """A resume is checked before anything is booked: its bytes, its GPU, and that this agent admitted it (a pod it
+    never admitted is refused, whatever GPU it names; tests/test_gate_security.py has the re-attach after a
+    restart)."""
     pod, job = job_pod("r", 8 * GiB)
     gate.add(pod, job)
     r, _ = await gate.request(pod, op="resume", gpuUuid="GPU-fake-1", bytes=1)  # lies about its bytes
     assert (await gate.reply(r))["reason"] == "resume-mismatch"
     r, _ = await gate.request(pod, op="resume", gpuUuid="GPU-nope", bytes=8 * GiB)
     assert (await gate.reply(r))["reason"] == "unknown-gpu"
-    r, w = await gate.request(pod, op="resume", gpuUuid="GPU-fake-1", bytes=8 * GiB)
-    assert (await gate.reply(r))["status"] == "resumed"
-    assert gate.books.committed_bytes(1) == 8 * GiB
-    r2, _ = await gate.request(pod, op="resume", gpuUuid="GPU-fake-1", bytes=8 * GiB)
-    assert (await gate.reply(r2))["reason"] == "duplicate"
-    w.close()
-    await gate.settle(lambda: not gate.books.running)
+    r, _ = await gate.request(pod, op="resume", gpuUuid="GPU-fake-1", bytes=8 * GiB)
+    assert (await gate.reply(r))["reason"] == "not-admitted-here"
+    assert not gate.books.running
 
 
 def test_cgroup_parsing() -> None:
@@ -372,7 +371,7 @@ async def test_peer_cgroup_check(tmp_path) -> None:
             w.close()
         finally:
             await h.server.close()
-    assert seen == [os.getpid()]
+    assert set(seen) == {os.getpid()}  # the kernel's pid (read at accept for the connection cap, and to verify)
 
 
 @pytest.mark.asyncio

@@ -61,7 +61,9 @@ async def _create_job_pod(api, name: str, admit: int, node: str = "node-a", owne
 
 async def _server(tmp_path, api, name: str) -> GateServer:
     books = Books([GPUSlot(i, f"GPU-{i}", "Fake-GPU", 80 * GiB, 2 * GiB, 48) for i in range(2)], "base")
-    server = GateServer(books, GateConfig("node-a", "/run/mps", recovery_grace=0, reconcile_seconds=0),
+    # one seal key for both servers: the node's, which the agent reads from its state directory (gate_checks)
+    server = GateServer(books, GateConfig("node-a", "/run/mps", recovery_grace=0, reconcile_seconds=0,
+                                          seal_key=b"node-a-seal-key-for-this-test-32b"),
                         pods=KubePodLookup(api), verifier=PeerVerifier(enabled=False))
     await server.start(tmp_path / f"{name}.sock")
     return server

@@ -218,7 +218,8 @@ def parse_fake_spec(spec: str, field: str = "--gpus") -> tuple[int, int, str]:
     return count, total, model
 
 
-def open_backend(spec: str = "nvml", node_name: str | None = None, fault_dir: str | Path | None = None) -> GPUBackend:
+def open_backend(spec: str = "nvml", node_name: str | None = None, fault_dir: str | Path | None = None,
+                 usage_dir: str | Path | None = None) -> GPUBackend:
     """Open the backend named by ``spec`` (the ``--gpus`` flag); ``node_name`` names the node whose fake GPUs these
     are (default: :func:`local_node_name`), so that fake UUIDs differ between nodes.
 
@@ -230,12 +231,15 @@ def open_backend(spec: str = "nvml", node_name: str | None = None, fault_dir: st
     if s == "nvml":
         if fault_dir is not None:
             raise BackendSpecError("--fake-gpu-faults", "only with --gpus fake:NxSIZE (a real GPU faults by itself)")
+        if usage_dir is not None:
+            raise BackendSpecError("--fake-gpu-usage", "only with --gpus fake:NxSIZE (NVML reports real usage)")
         return NVMLBackend()
     if s.startswith("fake:"):
         count, total, model = parse_fake_spec(s)
         prefix = fake_uuid_prefix(node_name or local_node_name())
         return FakeGPUBackend(count=count, total_bytes=total, name=model, uuid_prefix=prefix,
-                              fault_dir=Path(fault_dir) if fault_dir is not None else None)
+                              fault_dir=Path(fault_dir) if fault_dir is not None else None,
+                              usage_dir=Path(usage_dir) if usage_dir is not None else None)
     raise BackendSpecError("--gpus", f"expected 'nvml' or 'fake:NxSIZE[xMODEL]' (e.g. fake:2x80Gi), got {spec!r}")
 
 
@@ -277,13 +281,16 @@ class FakeGPUBackend:
     """
 
     def __init__(self, count: int, total_bytes: int, name: str = DEFAULT_FAKE_MODEL, uuid_prefix: str = "00000000",
-                 fault_dir: Path | None = None):
+                 fault_dir: Path | None = None, usage_dir: Path | None = None):
         """``fault_dir``: a directory whose files named after a GPU's UUID, holding an Xid number, are that GPU's
         fatal faults (``gnnsched.gpu.fake_faults``): :meth:`health_events` reports each new or rewritten file once,
         as :meth:`inject_xid` would. Files present at start are old faults and are not reported again."""
         if count < 1:
             raise ValueError("count must be >= 1")
         self._fault_dir = fault_dir
+        # Per-process usage of processes outside this one (gnnsched.gpu.fake_memory.write_usage): a file per pid
+        # holding "<gpu uuid> <bytes>" lines, read at every query, as NVML lists the running processes.
+        self._usage_dir = usage_dir
         self._fault_seen: dict[str, float] = {}
         self._cond = threading.Condition()
         self._gpus = [
@@ -303,12 +310,23 @@ class FakeGPUBackend:
     def devices(self) -> list[GPUInfo]:
         with self._cond:
             self._check_open()
-            return [g.info for g in self._gpus]
+            if self._usage_dir is None:
+                return [g.info for g in self._gpus]
+            usage = read_usage_dir(self._usage_dir)
+            return [replace(g.info, used_bytes=min(g.info.total_bytes, g.info.used_bytes + sum(
+                n for n in usage.get(g.info.uuid, {}).values()))) for g in self._gpus]
 
     def processes(self, index: int) -> list[GPUProcess]:
+        """The processes tests registered (:meth:`add_process`) and, with a usage directory, the live processes that
+        report memory on this GPU there (``nvmlDeviceGetMPSComputeRunningProcesses``: pid and used bytes)."""
         with self._cond:
             self._check_open()
-            return sorted(self._gpu(index).processes.values(), key=lambda p: p.pid)
+            g = self._gpu(index)
+            found = dict(g.processes)
+            if self._usage_dir is not None:
+                for pid, used in read_usage_dir(self._usage_dir).get(g.info.uuid, {}).items():
+                    found.setdefault(pid, GPUProcess(pid=pid, used_bytes=used, kind="mps"))
+            return sorted(found.values(), key=lambda p: p.pid)
 
     def health_events(self, timeout_s: float) -> list[HealthEvent]:
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -446,6 +464,31 @@ class FakeGPUBackend:
     def _changed(self) -> None:
         self._changes += 1
         self._cond.notify_all()
+
+
+def read_usage_dir(usage_dir: Path) -> dict[str, dict[int, int]]:
+    """A fake GPU usage directory: GPU uuid -> {pid: used bytes} of the processes still alive (a dead process's
+    memory is freed by the driver, so its file no longer counts)."""
+    out: dict[str, dict[int, int]] = {}
+    try:
+        entries = list(usage_dir.iterdir())
+    except OSError:
+        return out
+    for path in entries:
+        if not path.name.isdigit():
+            continue
+        pid = int(path.name)
+        if not Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                out.setdefault(parts[0], {})[pid] = int(parts[1])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,13 +15,21 @@ device footprint is 1.3× what the CPU counts (the caching allocator's reserved 
 user script's extra buffers), so a test can make a job overrun an estimate that is byte-exact on the CPU.
 
 Value grammar: ``enforce`` or ``enforce:FACTOR`` with 1.0 <= FACTOR <= 10.
+
+The driver's side of the same stand-in: NVML lists each process on a GPU with its used memory, whatever the process
+did with its limit, and the node agent stops one that holds more than it was admitted with (``node_agent.overrun``).
+:func:`write_usage` is how a process on a fake GPU shows its held bytes there: a file named after its pid in the usage
+directory (``FakeGPUBackend(usage_dir=...)``), read by ``FakeGPUBackend.processes`` and ``devices``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gnnsched.contract import ENV_FAKE_GPU_MEMORY
@@ -29,6 +37,7 @@ from gnnsched.errors import FieldError
 from gnnsched.storage_booking import storage_booking_mode
 
 MAX_FOOTPRINT = 10.0
+REPORT_STEP = 1 << 20  # the peak is reported once it grew by 1 MiB or 2 %, whichever is more (a few dozen writes)
 
 
 def parse_fake_gpu_memory(value: str) -> float:
@@ -73,6 +82,10 @@ class FakeGPUMemory:
     peak: int = 0
     failed_request: int | None = None
     held_at_failure: int | None = None
+    # Called with the peak whenever it grew by REPORT_STEP since the last call: what the driver would list for this
+    # process (the caching allocator keeps its segments, so NVML sees the peak, not the live bytes); write_usage.
+    on_peak: Callable[[int], None] | None = field(default=None, repr=False)
+    _reported: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _known: set[int] = field(default_factory=set, repr=False)
 
@@ -100,7 +113,12 @@ class FakeGPUMemory:
             self._known.add(key)
             self.held += device
             self.peak = max(self.peak, self.held)
-            return device
+            report = self.on_peak is not None and self.peak - self._reported >= max(REPORT_STEP, self._reported // 50)
+            if report:
+                self._reported = self.peak
+        if report and self.on_peak is not None:
+            self.on_peak(self._reported)
+        return device
 
     def _drop(self, key: int, device: int) -> None:
         with self._lock:
@@ -111,3 +129,13 @@ class FakeGPUMemory:
     def mode(self) -> Any:
         """A ``TorchDispatchMode`` that books every CPU storage an operator creates (enter one per thread)."""
         return storage_booking_mode(self._book, self._drop)
+
+
+def write_usage(usage_dir: str | Path, gpu_uuid: str, used_bytes: int, pid: int | None = None) -> None:
+    """Record that process ``pid`` (default: this one) holds ``used_bytes`` on fake GPU ``gpu_uuid`` (atomic
+    replace: the backend never reads half a file)."""
+    pid = os.getpid() if pid is None else pid
+    path = Path(usage_dir) / str(pid)
+    tmp = path.with_name(f".{pid}.tmp")
+    tmp.write_text(f"{gpu_uuid} {max(0, int(used_bytes))}\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -168,6 +168,7 @@ class NodeSetup:
     event_log: Path
     metrics_port: int
     fault_dir: Path | None = None  # the fake GPUs' fault files (--fake-gpu-faults), when the cluster has them
+    usage_dir: Path | None = None  # the fake GPUs' per-process usage (--fake-gpu-usage), when the cluster has it
     agent: Proc | None = None
     plugin: Proc | None = None
     kubelet: Any = None
@@ -188,6 +189,7 @@ class ClusterOptions:
     quiet: bool = False
     fake_gpu_memory: str | None = None  # the agents' --fake-gpu-memory (enforce[:FACTOR]): workers enforce MPS limits
     fake_gpu_faults: bool = False  # the agents' --fake-gpu-faults: inject_fault() makes a fake GPU fail
+    fake_gpu_usage: bool = False  # the agents' --fake-gpu-usage (needs fake_gpu_memory): NVML's per-process view
     # the agents' --fake-gpu-constants (context=742Mi,cublas=32Mi,cublaslt=1Mi[,delay=S][,cc=9.0]): the fake GPUs'
     # stand-in measurement in GPUNode status (gpus[].measured); None: the catalogue's for a catalogued model
     fake_gpu_constants: str | None = None
@@ -515,9 +517,10 @@ class LocalCluster:
         node = NodeSetup(name=name, dir=d, plugin_dir=d / "device-plugins", gate_socket=d / "run" / "gate.sock",
                          mps_pipe_dir=d / "mps", mps_log_dir=d / "mps-log", mps_shm_dir=d / "mps-shm",
                          state_dir=d / "state", event_log=d / "gate-events.jsonl", metrics_port=_free_port(),
-                         fault_dir=d / "gpu-faults" if self.opts.fake_gpu_faults else None)
+                         fault_dir=d / "gpu-faults" if self.opts.fake_gpu_faults else None,
+                         usage_dir=d / "gpu-usage" if self.opts.fake_gpu_usage else None)
         for p in (node.plugin_dir, node.gate_socket.parent, node.mps_pipe_dir, node.mps_log_dir, node.mps_shm_dir,
-                  node.state_dir, node.fault_dir):
+                  node.state_dir, node.fault_dir, node.usage_dir):
             if p is not None:
                 p.mkdir(parents=True, exist_ok=True)
         mib = self.gpu_bytes // 2**20
@@ -575,6 +578,7 @@ class LocalCluster:
                 "--event-log", str(node.event_log), "--recovery-grace", "1", "--status-interval", "1",
                 *(["--fake-gpu-memory", self.opts.fake_gpu_memory] if self.opts.fake_gpu_memory else []),
                 *(["--fake-gpu-faults", str(node.fault_dir)] if node.fault_dir is not None else []),
+                *(["--fake-gpu-usage", str(node.usage_dir)] if node.usage_dir is not None else []),
                 *(["--fake-gpu-constants", self.opts.fake_gpu_constants] if self.opts.fake_gpu_constants else [])]
 
     def inject_fault(self, node_name: str, gpu_uuid: str, xid: int = 31) -> None:

@@ -40,6 +40,7 @@ from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
 from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
+from gnnsched.trust.domain import DomainResolver
 
 from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_apart, pod_resources
 
@@ -55,6 +56,7 @@ R_CLIENTS = "mps_clients"
 R_CPU = "cpu"
 R_MEMORY = "memory"
 R_FAULT_PEERS = "fault_peers"
+R_TRUST_DOMAIN = "trust_domain"
 R_NO_CONSTANTS = "gpu_constants"
 
 
@@ -67,6 +69,7 @@ class _Job:
     profile: JobProfile
     job: str | None = None  # its GNNJob, as the agent reports it (the apart rule's identity)
     apart: frozenset[str] = frozenset()  # the jobs it may not share a GPU with, as the agent's gate holds them
+    domain: str | None = None  # its trust domain (gnnsched.trust.domain), from the namespace the agent reports
 
 
 @dataclass(slots=True)
@@ -105,6 +108,7 @@ class _Node:
     # only slots with a client that has a job or peers
     occupants: dict[int, list[pl.Occupant]] = field(default_factory=dict)
     jobs: set[str] = field(default_factory=set)  # the jobs among ``occupants`` (the cache's job -> nodes index)
+    domains: set[str] = field(default_factory=set)  # the trust domains among ``occupants`` (domain -> nodes index)
 
 
 @dataclass(slots=True)
@@ -152,8 +156,12 @@ class ClusterCache:
         *,
         reservation_ttl: float = DEFAULT_RESERVATION_TTL,
         clock: Callable[[], float] = time.time,
+        domains: DomainResolver | None = None,
     ) -> None:
         self.interference = interference
+        # Whose pods may share a GPU (extender --trust-domain, gnnsched.trust.domain): a GPU with a client or a
+        # reservation of another domain is blocked for a pod as a fault peer's is (see _blocked).
+        self.domains = domains if domains is not None else DomainResolver()
         self.reservation_ttl = reservation_ttl
         self.clock = clock
         self.lock = threading.RLock()
@@ -174,6 +182,8 @@ class ClusterCache:
         # nodes with a client that has peers of its own. Only pods with peers, or whose job someone lists, look.
         self._job_nodes: dict[str, set[str]] = {}
         self._apart_nodes: set[str] = set()
+        # The trust-domain rule's index: domain -> nodes where a client of it runs or is reserved.
+        self._domain_nodes: dict[str, set[str]] = {}
         # The exclusive-only rule (docs/extender.md): GPUs without device constants, as a (gpus, rows) mask beside
         # the placement arrays, and the nodes that have one (empty on a described cluster: the rule then costs
         # nothing).
@@ -238,7 +248,8 @@ class ClusterCache:
             self._no_constants_nodes.discard(node.name)
         for slot, gpu in enumerate(node.gpus):
             running = [(j.end, j.bytes, j.profile.sm_util, j.profile.mem_util) for j in gpu.running]
-            occ = [pl.Occupant(j.job, j.apart, j.end) for j in gpu.running if j.job is not None or j.apart]
+            occ = [pl.Occupant(j.job, j.apart, j.end, j.domain) for j in gpu.running
+                   if j.job is not None or j.apart or j.domain is not None]
             used = gpu.committed
             qbytes = sum(j.bytes for j in gpu.queued)
             qsecs = sum(j.seconds for j in gpu.queued)
@@ -247,8 +258,9 @@ class ClusterCache:
                 if res.gpu != gpu.index:
                     continue
                 clients += 1
-                if res.job is not None or res.apart:
-                    occ.append(pl.Occupant(res.job, res.apart, res.at + res.runtime))
+                res_domain = self.domains.of(res.namespace)
+                if res.job is not None or res.apart or res_domain is not None:
+                    occ.append(pl.Occupant(res.job, res.apart, res.at + res.runtime, res_domain))
                 if res.immediate:
                     profile = self.interference.profile_for(res.intensity)
                     used += res.bytes
@@ -279,6 +291,16 @@ class ClusterCache:
         for job in jobs - node.jobs:
             self._job_nodes.setdefault(job, set()).add(node.name)
         node.jobs = jobs
+        domains = {o.domain for occ in occupants.values() for o in occ if o.domain is not None}
+        for d in node.domains - domains:
+            names = self._domain_nodes.get(d)
+            if names is not None:
+                names.discard(node.name)
+                if not names:
+                    del self._domain_nodes[d]
+        for d in domains - node.domains:
+            self._domain_nodes.setdefault(d, set()).add(node.name)
+        node.domains = domains
         node.occupants = occupants
         if any(o.apart for occ in occupants.values() for o in occ):
             self._apart_nodes.add(node.name)
@@ -286,20 +308,34 @@ class ClusterCache:
             self._apart_nodes.discard(node.name)
 
     def _blocked(self, demand: PodDemand) -> dict[tuple[int, int], float]:
-        """``(slot, row)`` of every GPU the pod may not join now under the apart rule (``pl.apart_blocked``), with
-        when its last peer is predicted to leave. Empty at once for a pod nobody is kept apart from (most pods)."""
+        """``(slot, row)`` of every GPU the pod may not join now under the apart rule or the trust-domain rule
+        (``pl.apart_blocked``), with when its last peer (or client of another domain) is predicted to leave. Empty at
+        once for a pod nobody is kept apart from on a cluster whose clients are all of its domain."""
         names: set[str] = set()
         for job in demand.apart:
             names |= self._job_nodes.get(job, set())
         if demand.job is not None:
             names |= self._apart_nodes
+        domain = self.domains.of(demand.namespace)
+        if domain is not None:
+            for other, nodes in self._domain_nodes.items():
+                if other != domain:
+                    names |= nodes
         if not names:
             return {}
         cells = ((
             (slot, node.row), occ) for node in map(self._nodes.__getitem__, sorted(names))
             for slot, occ in node.occupants.items()
         )
-        return pl.apart_blocked(demand.job, demand.apart, cells)
+        return pl.apart_blocked(demand.job, demand.apart, cells, domain)
+
+    def _has_peers(self, demand: PodDemand) -> bool:
+        """Whether the apart rule concerns the pod at all (it has fault peers, or a client lists its job)."""
+        if demand.apart:
+            return True
+        return demand.job is not None and any(
+            demand.job in o.apart for name in self._apart_nodes for occ in self._nodes[name].occupants.values()
+            for o in occ)
 
     def _derive(self, rows: slice) -> None:
         """Pod-independent per-GPU figures the hot path starts from, for the node rows ``rows``."""
@@ -327,7 +363,7 @@ class ClusterCache:
                     secs = j.predicted_remaining_seconds or 0.0
                     prof = self.interference.profile_for(j.intensity)
                     gpu.running.append(_Job(j.pod_uid, j.bytes, updated + secs, secs, prof, j.job,
-                                            frozenset(j.fault_peers)))
+                                            frozenset(j.fault_peers), self.domains.of(j.namespace)))
                     reported.add(j.pod_uid)
                 for j in g.queued:
                     secs = j.predicted_remaining_seconds or 0.0
@@ -565,10 +601,17 @@ class ClusterCache:
                 clear_good[list(slots), list(brows)] = False
                 ok, refused = pl.apart_filter(ok, passing(clear_good))
                 if refused.any():
-                    whom = (f"one of its fault peers ({', '.join(sorted(demand.apart))})" if demand.apart
-                            else f"a job whose fault peers list {demand.job}")
-                    msg = (R_FAULT_PEERS, f"every GPU here that can hold the pod runs {whom}: after an undecided MPS "
-                           "fault they must not share a GPU, and another node has one clear of them")
+                    if self._has_peers(demand):
+                        whom = (f"one of its fault peers ({', '.join(sorted(demand.apart))})" if demand.apart
+                                else f"a job whose fault peers list {demand.job}")
+                        msg = (R_FAULT_PEERS, f"every GPU here that can hold the pod runs {whom} (or a pod of "
+                               "another trust domain): after an undecided MPS fault they must not share a GPU, and "
+                               "another node has one clear of them")
+                    else:
+                        msg = (R_TRUST_DOMAIN, f"every GPU here that can hold the pod runs pods of another trust "
+                               f"domain than its own ({self.domains.of(demand.namespace)}, --trust-domain "
+                               f"{self.domains.setting}): MPS clients of one GPU can reach each other's shared "
+                               "memory, and another node has a GPU clear of them")
                     for i in np.flatnonzero(refused).tolist():
                         reasons[i] = msg
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)

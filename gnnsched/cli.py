@@ -397,6 +397,11 @@ def extender_cmd(
              "kube-scheduler's default) or MostAllocated (pack GNN pods, keeping whole nodes free for pods asking many "
              "cores: for clusters short of CPU).",
     ),
+    trust_domain: str = typer.Option(
+        "namespace", "--trust-domain",
+        help="Whose pods may share a GPU (docs/extender.md): namespace, label:<key> (namespaces with the same value "
+             "of Namespace label <key>; needs get on namespaces) or cluster (anyone). Match the node agents'.",
+    ),
 ) -> None:
     """kube-scheduler extender: filter, prioritize and bind GNN pods (HTTP, k8s.io/kube-scheduler/extender/v1)."""
     import sys
@@ -423,7 +428,7 @@ def extender_cmd(
     opts = ExtenderOptions(
         host=host, port=port, fake_cluster=fake_cluster, fake_state=Path(fake_state) if fake_state else None,
         fake_seed=fake_seed, reservation_ttl=reservation_ttl, kubeconfig=kubeconfig, log_level=log_level.lower(),
-        metrics_host=metrics_host, metrics_port=metrics_port, bind_timeout=bind_timeout,
+        metrics_host=metrics_host, metrics_port=metrics_port, bind_timeout=bind_timeout, trust_domain=trust_domain,
     )
     try:
         serve(opts)

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from gnnsched.fault_classes import must_stay_apart
+from gnnsched.trust.domain import may_share
 
 #: Weight of the fragmentation term (see module docstring).
 W_FRAG = 0.5
@@ -673,24 +674,29 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
 
 class Occupant(NamedTuple):
     """A client of a GPU as the apart rule sees it: its job (``<namespace>/<name>``, None when no GNNJob owns the
-    pod), the jobs it must stay apart from, and when it is predicted to leave (seconds since the epoch)."""
+    pod), the jobs it must stay apart from, when it is predicted to leave (seconds since the epoch), and its trust
+    domain (``gnnsched.trust.domain``; None: shares with anyone)."""
 
     job: str | None
     apart: frozenset[str]
     end: float
+    domain: str | None = None
 
 
 _Cell = TypeVar("_Cell", bound=Hashable)
 
 
 def apart_blocked(job: str | None, apart: frozenset[str],
-                  gpus: Iterable[tuple[_Cell, Iterable[Occupant]]]) -> dict[_Cell, float]:
-    """Which of ``gpus`` (each a key and its clients) the pod (``job`` and its ``apart`` peers) may not join now: a
-    client there must stay apart from it (:func:`~gnnsched.fault_classes.must_stay_apart`, both directions). Each
-    with the predicted time its last such client leaves (``inf`` when one never says)."""
+                  gpus: Iterable[tuple[_Cell, Iterable[Occupant]]], domain: str | None = None) -> dict[_Cell, float]:
+    """Which of ``gpus`` (each a key and its clients) the pod (``job`` and its ``apart`` peers, of trust domain
+    ``domain``) may not join now: a client there must stay apart from it
+    (:func:`~gnnsched.fault_classes.must_stay_apart`, both directions) or is of a trust domain it may not share
+    with (:func:`~gnnsched.trust.domain.may_share`). Each with the predicted time its last such client leaves
+    (``inf`` when one never says)."""
     out: dict[_Cell, float] = {}
     for key, clients in gpus:
-        ends = [c.end for c in clients if must_stay_apart(job, apart, c.job, c.apart)]
+        ends = [c.end for c in clients
+                if not may_share(domain, c.domain) or must_stay_apart(job, apart, c.job, c.apart)]
         if ends:
             out[key] = max(ends)
     return out

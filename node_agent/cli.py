@@ -75,6 +75,11 @@ def node_agent(
         "work sooner than waiting for an idle GPU (and an inference pod's latency target holds); default: on "
         "memory alone (the robustness grid: the rule does not pay, docs/node-agent.md).",
     ),
+    trust_domain: str = typer.Option(
+        "namespace", "--trust-domain",
+        help="Whose pods may share a GPU (docs/node-agent.md): namespace (each namespace alone), label:<key> (the "
+        "namespaces whose Namespace label <key> has the same value; needs get on namespaces) or cluster (anyone).",
+    ),
     reserve_bytes: str = typer.Option(
         "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
     ),
@@ -263,7 +268,12 @@ def node_agent(
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
     from gnnsched.node_agent.mps_external import ExternalMPS
     from gnnsched.node_agent.status import FileStatusSink, StatusSink
+    from gnnsched.trust.domain import parse_trust_domain
 
+    try:
+        trust = str(parse_trust_domain(trust_domain, "--trust-domain"))
+    except ValueError as exc:
+        fail(str(exc))
     if peer_check == "cgroup" and not IS_LINUX:
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")
     if jobs_uid >= 0 and not IS_LINUX:
@@ -329,7 +339,7 @@ def node_agent(
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
-        spread=spread, share_when_pays=share_when_pays, startup_seconds=startup_seconds,
+        spread=spread, share_when_pays=share_when_pays, startup_seconds=startup_seconds, trust_domain=trust,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
         workload_env=workload_env, measure_constants=measure_gpu_constants, fake_gpu_constants=fake_constants,
         constants_timeout=gpu_constants_timeout,

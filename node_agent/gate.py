@@ -51,6 +51,7 @@ from gnnsched.node_agent.protocol import (
     Rejected as RejectedReply,
 )
 from gnnsched.progress import REPORT_INTERVAL_S, StepProgress
+from gnnsched.trust.domain import DomainResolver
 
 log = logging.getLogger("gnnsched.node_agent.gate")
 
@@ -80,6 +81,9 @@ class GateConfig:
     # Extra environment for every admitted workload; only ``--fake-gpu-memory`` sets it (the fake GPU's limit
     # enforcement, gnnsched.gpu.fake_memory): on a real GPU the MPS server enforces the limit by itself.
     workload_env: dict[str, str] = field(default_factory=dict)
+    # whose pods may share a GPU (node-agent --trust-domain; gnnsched.trust.domain): a GPU holding a client of
+    # another domain is not eligible for a pod
+    domains: DomainResolver = field(default_factory=DomainResolver)
 
 
 @dataclass(slots=True)
@@ -392,7 +396,7 @@ class GateServer:
                 key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
                 exclusive=demand.exclusive, qos_seconds=demand.qos_seconds, prestarted=demand.prestarted,
-                apart=demand.apart,
+                apart=demand.apart, domain=await asyncio.to_thread(self.config.domains.of, pod.namespace),
             )
         except Rejected as exc:
             self._reject(exc.reason)
@@ -460,7 +464,7 @@ class GateServer:
                     key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
                     name=pod.name, job=demand.job, group=req.group, admitted_at=parse_rfc3339(req.admitted_at),
                     qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive,
-                    apart=demand.apart,
+                    apart=demand.apart, domain=await asyncio.to_thread(self.config.domains.of, pod.namespace),
                 )
             except Rejected as exc:
                 self._reject(exc.reason)
@@ -506,6 +510,7 @@ class GateServer:
                     name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
                     admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
                     intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
+                    domain=await asyncio.to_thread(self.config.domains.of, pod.namespace),
                 )
                 self._event("adopted", key=pod.uid, bytes=demand.bytes)
             except (Rejected, IdentityError) as exc:

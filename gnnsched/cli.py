@@ -120,6 +120,13 @@ def _operator(
         help="UID every job pod runs as (runAsUser; MPS serves one user at a time, so it "
         "must match the node side's; chart: jobs.runAsUser).",
     ),
+    memory_limit_factor: float = typer.Option(
+        2.0,
+        "--memory-limit-factor",
+        envvar="GNNSCHED_JOB_MEMORY_LIMIT_FACTOR",
+        help="Each job container's memory limit as a multiple of its right-sized memory request; 0 = no limit, "
+        "else >= 1 (chart: jobs.memoryLimitFactor; docs/operator.md says why twice).",
+    ),
     runtime_class_name: str = typer.Option(
         DEFAULT_JOB_RUNTIME_CLASS,
         "--runtime-class-name",
@@ -205,7 +212,7 @@ def _operator(
     from gnnsched.operator.probe import probe_settings
 
     try:
-        pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector)
+        pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector, memory_limit_factor)
         probe = probe_settings(probe_cpu, probe_memory, probe_deadline)
     except ValueError as exc:
         fail(str(exc))

@@ -405,6 +405,13 @@ def mps_daemon(
         help="Host tmpfs mounted at /dev/shm here and in every job; the health reports whether /dev/shm really is it "
              "('none': not checked).",
     ),
+    clean_shm_dir: str = typer.Option(
+        "none",
+        "--clean-shm",
+        help="The shared tmpfs as this container sees it (the chart: /dev/shm): emptied when this command starts an "
+             "MPS daemon, since no client can be using it then ('none': never cleaned; outside the daemon's own "
+             "container leave it so, or the host's /dev/shm is emptied).",
+    ),
     jobs_uid: int = typer.Option(
         DEFAULT_JOBS_UID,
         "--jobs-uid",
@@ -443,9 +450,10 @@ def mps_daemon(
         help="Make --mps-shm-dir a fresh tmpfs (privileged init container, Bidirectional mount propagation) and exit.",
     ),
     shm_size: str = typer.Option(
-        "auto",
+        "1Gi",
         "--shm-size",
-        help="With --mount-shm: tmpfs size (auto: half the node's memory, as NVIDIA's mount-shm; or a quantity).",
+        help="With --mount-shm: tmpfs size, a quantity (default 1Gi: docs/node-agent.md says why) or auto (half "
+             "the node's memory, as NVIDIA's mount-shm).",
     ),
     disable: bool = typer.Option(
         False,
@@ -532,7 +540,8 @@ def mps_daemon(
         default_active_thread_percentage=active_thread_percentage or None, pinned_mem_limits=limits,
         owner_uid=jobs_uid, start_timeout=start_timeout,
     )
-    service = MPSDaemonService(MPSManager(cfg), state_dir, jobs_uid, None if mps_shm_dir == "none" else mps_shm_dir)
+    service = MPSDaemonService(MPSManager(cfg), state_dir, jobs_uid, None if mps_shm_dir == "none" else mps_shm_dir,
+                               shm_mount=None if clean_shm_dir == "none" else Path(clean_shm_dir))
     if disable:
         problems = service.disable()
         if problems:

@@ -57,6 +57,10 @@ R_CPU = "cpu"
 R_MEMORY = "memory"
 R_FAULT_PEERS = "fault_peers"
 R_TRUST_DOMAIN = "trust_domain"
+
+#: ``ClusterCache._dom`` of a GPU whose clients are of several trust domains (only under ``cluster``, or after the
+#: setting changed): blocked for every pod of a domain (``pl.domain_blocked``).
+MIXED_DOMAINS = -2
 R_NO_CONSTANTS = "gpu_constants"
 
 
@@ -108,7 +112,6 @@ class _Node:
     # only slots with a client that has a job or peers
     occupants: dict[int, list[pl.Occupant]] = field(default_factory=dict)
     jobs: set[str] = field(default_factory=set)  # the jobs among ``occupants`` (the cache's job -> nodes index)
-    domains: set[str] = field(default_factory=set)  # the trust domains among ``occupants`` (domain -> nodes index)
 
 
 @dataclass(slots=True)
@@ -182,8 +185,10 @@ class ClusterCache:
         # nodes with a client that has peers of its own. Only pods with peers, or whose job someone lists, look.
         self._job_nodes: dict[str, set[str]] = {}
         self._apart_nodes: set[str] = set()
-        # The trust-domain rule's index: domain -> nodes where a client of it runs or is reserved.
-        self._domain_nodes: dict[str, set[str]] = {}
+        # The trust-domain rule (docs/extender.md): per GPU the one domain of its clients and reservations (an id of
+        # _domain_ids; -1: none, MIXED_DOMAINS: several) and when the last of them is predicted to leave, as
+        # (gpus, rows) arrays beside the placement arrays, so a pod's blocked GPUs are two array comparisons.
+        self._domain_ids: dict[str, int] = {}
         # The exclusive-only rule (docs/extender.md): GPUs without device constants, as a (gpus, rows) mask beside
         # the placement arrays, and the nodes that have one (empty on a described cluster: the rule then costs
         # nothing).
@@ -201,6 +206,14 @@ class ClusterCache:
             g, n = min(old.shape[0], gpus), min(old.shape[1], rows)
             shared_off[:g, :n] = old[:g, :n]
         self._shared_off = shared_off
+        dom = np.full((gpus, rows), -1, dtype=np.int32)
+        dom_end = np.zeros((gpus, rows))
+        old_dom, old_end = getattr(self, "_dom", None), getattr(self, "_dom_end", None)
+        if old_dom is not None and old_end is not None:
+            g, n = min(old_dom.shape[0], gpus), min(old_dom.shape[1], rows)
+            dom[:g, :n] = old_dom[:g, :n]
+            dom_end[:g, :n] = old_end[:g, :n]
+        self._dom, self._dom_end = dom, dom_end
         self._cap_rows = rows
         self._gmax = gpus
 
@@ -240,6 +253,7 @@ class ClusterCache:
                     np.inf if node.mem_alloc is None else node.mem_alloc - mem_used)
         occupants: dict[int, list[pl.Occupant]] = {}
         self._shared_off[:, r] = False
+        self._dom[:, r] = -1
         for slot, gpu in enumerate(node.gpus):
             self._shared_off[slot, r] = gpu.no_constants is not None
         if self._shared_off[:, r].any():
@@ -248,8 +262,10 @@ class ClusterCache:
             self._no_constants_nodes.discard(node.name)
         for slot, gpu in enumerate(node.gpus):
             running = [(j.end, j.bytes, j.profile.sm_util, j.profile.mem_util) for j in gpu.running]
-            occ = [pl.Occupant(j.job, j.apart, j.end, j.domain) for j in gpu.running
-                   if j.job is not None or j.apart or j.domain is not None]
+            occ = [pl.Occupant(j.job, j.apart, j.end) for j in gpu.running if j.job is not None or j.apart]
+            # the trust-domain rule's figures of this GPU (see _domain_cells)
+            doms = {j.domain for j in gpu.running if j.domain is not None}
+            dom_end = max([j.end for j in gpu.running if j.domain is not None], default=0.0)
             used = gpu.committed
             qbytes = sum(j.bytes for j in gpu.queued)
             qsecs = sum(j.seconds for j in gpu.queued)
@@ -258,9 +274,12 @@ class ClusterCache:
                 if res.gpu != gpu.index:
                     continue
                 clients += 1
+                if res.job is not None or res.apart:
+                    occ.append(pl.Occupant(res.job, res.apart, res.at + res.runtime))
                 res_domain = self.domains.of(res.namespace)
-                if res.job is not None or res.apart or res_domain is not None:
-                    occ.append(pl.Occupant(res.job, res.apart, res.at + res.runtime, res_domain))
+                if res_domain is not None:
+                    doms.add(res_domain)
+                    dom_end = max(dom_end, res.at + res.runtime)
                 if res.immediate:
                     profile = self.interference.profile_for(res.intensity)
                     used += res.bytes
@@ -275,6 +294,9 @@ class ClusterCache:
             )
             if occ:
                 occupants[slot] = occ
+            self._dom[slot, r] = (-1 if not doms else self._domain_id(doms.pop()) if len(doms) == 1
+                                  else MIXED_DOMAINS)
+            self._dom_end[slot, r] = dom_end
         self._index_occupants(node, occupants)
         self._derive(slice(r, r + 1))
         self.version += 1
@@ -291,16 +313,6 @@ class ClusterCache:
         for job in jobs - node.jobs:
             self._job_nodes.setdefault(job, set()).add(node.name)
         node.jobs = jobs
-        domains = {o.domain for occ in occupants.values() for o in occ if o.domain is not None}
-        for d in node.domains - domains:
-            names = self._domain_nodes.get(d)
-            if names is not None:
-                names.discard(node.name)
-                if not names:
-                    del self._domain_nodes[d]
-        for d in domains - node.domains:
-            self._domain_nodes.setdefault(d, set()).add(node.name)
-        node.domains = domains
         node.occupants = occupants
         if any(o.apart for occ in occupants.values() for o in occ):
             self._apart_nodes.add(node.name)
@@ -308,34 +320,39 @@ class ClusterCache:
             self._apart_nodes.discard(node.name)
 
     def _blocked(self, demand: PodDemand) -> dict[tuple[int, int], float]:
-        """``(slot, row)`` of every GPU the pod may not join now under the apart rule or the trust-domain rule
-        (``pl.apart_blocked``), with when its last peer (or client of another domain) is predicted to leave. Empty at
-        once for a pod nobody is kept apart from on a cluster whose clients are all of its domain."""
+        """``(slot, row)`` of every GPU the pod may not join now under the apart rule (``pl.apart_blocked``), with
+        when its last peer is predicted to leave. Empty at once for a pod nobody is kept apart from (most pods)."""
         names: set[str] = set()
         for job in demand.apart:
             names |= self._job_nodes.get(job, set())
         if demand.job is not None:
             names |= self._apart_nodes
-        domain = self.domains.of(demand.namespace)
-        if domain is not None:
-            for other, nodes in self._domain_nodes.items():
-                if other != domain:
-                    names |= nodes
         if not names:
             return {}
         cells = ((
             (slot, node.row), occ) for node in map(self._nodes.__getitem__, sorted(names))
             for slot, occ in node.occupants.items()
         )
-        return pl.apart_blocked(demand.job, demand.apart, cells, domain)
+        return pl.apart_blocked(demand.job, demand.apart, cells)
 
-    def _has_peers(self, demand: PodDemand) -> bool:
-        """Whether the apart rule concerns the pod at all (it has fault peers, or a client lists its job)."""
-        if demand.apart:
-            return True
-        return demand.job is not None and any(
-            demand.job in o.apart for name in self._apart_nodes for occ in self._nodes[name].occupants.values()
-            for o in occ)
+    def _domain_id(self, domain: str) -> int:
+        got = self._domain_ids.get(domain)
+        if got is None:
+            got = self._domain_ids[domain] = len(self._domain_ids)
+        return got
+
+    def _domain_cells(self, demand: PodDemand) -> tuple[np.ndarray, np.ndarray] | None:
+        """The trust-domain rule (``gnnsched.trust.domain``; ``pl.domain_blocked``): ``(mask, leave)`` over every
+        ``(gpus, rows)`` cell, the GPUs holding a client or reservation of a domain the pod may not share with and
+        when those are predicted to leave; None when no GPU is blocked (one domain on the cluster, or ``cluster``).
+        Caller holds the lock."""
+        domain = self.domains.of(demand.namespace)
+        if domain is None or not self._domain_ids or (len(self._domain_ids) == 1 and domain in self._domain_ids):
+            return None
+        mask = pl.domain_blocked(self._dom, self._domain_ids.get(domain, -1))
+        if not mask.any():
+            return None
+        return mask, self._dom_end
 
     def _derive(self, rows: slice) -> None:
         """Pod-independent per-GPU figures the hot path starts from, for the node rows ``rows``."""
@@ -595,25 +612,27 @@ class ClusterCache:
             reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max,
                                     fits_any)
             blocked = self._blocked(demand) if ok.any() else {}
-            if blocked:
+            domain_cells = self._domain_cells(demand) if ok.any() else None
+            if blocked or domain_cells is not None:
                 clear_good = good.copy()
-                slots, brows = zip(*blocked, strict=True)
-                clear_good[list(slots), list(brows)] = False
+                if blocked:
+                    slots, brows = zip(*blocked, strict=True)
+                    clear_good[list(slots), list(brows)] = False
+                if domain_cells is not None:
+                    clear_good &= ~domain_cells[0]  # the trust-domain rule, as the apart rule's blocked GPUs
                 ok, refused = pl.apart_filter(ok, passing(clear_good))
                 if refused.any():
-                    if self._has_peers(demand):
-                        whom = (f"one of its fault peers ({', '.join(sorted(demand.apart))})" if demand.apart
-                                else f"a job whose fault peers list {demand.job}")
-                        msg = (R_FAULT_PEERS, f"every GPU here that can hold the pod runs {whom} (or a pod of "
-                               "another trust domain): after an undecided MPS fault they must not share a GPU, and "
-                               "another node has one clear of them")
-                    else:
-                        msg = (R_TRUST_DOMAIN, f"every GPU here that can hold the pod runs pods of another trust "
-                               f"domain than its own ({self.domains.of(demand.namespace)}, --trust-domain "
-                               f"{self.domains.setting}): MPS clients of one GPU can reach each other's shared "
-                               "memory, and another node has a GPU clear of them")
+                    whom = (f"one of its fault peers ({', '.join(sorted(demand.apart))})" if demand.apart
+                            else f"a job whose fault peers list {demand.job}")
+                    peers = (R_FAULT_PEERS, f"every GPU here that can hold the pod runs {whom}: after an undecided "
+                             "MPS fault they must not share a GPU, and another node has one clear of them")
+                    other = (R_TRUST_DOMAIN, "every GPU here that can hold the pod runs pods of another trust domain "
+                             f"than its own ({self.domains.of(demand.namespace)}; --trust-domain "
+                             f"{self.domains.setting}): MPS clients of one GPU are not isolated from each other, "
+                             "and another node has a GPU clear of them")
+                    apart_rows = {row for _, row in blocked}
                     for i in np.flatnonzero(refused).tolist():
-                        reasons[i] = msg
+                        reasons[i] = peers if int(rows[i]) in apart_rows else other
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)
 
     def _reasons(
@@ -761,19 +780,33 @@ class ClusterCache:
 
     def _apart_costs(self, demand: PodDemand, cost: np.ndarray, rows: np.ndarray, now: float) -> np.ndarray | None:
         """The candidates' cost columns ``(gpus, len(rows))`` under the apart rule (``pl.apart_costs``,
-        ``pl.apart_ranked``); None when the rule blocks no GPU for this pod. Caller holds the lock."""
+        ``pl.apart_ranked``) and the trust-domain rule (``pl.blocked_costs``: the same ranking, over arrays); None
+        when neither blocks a GPU for this pod. Caller holds the lock."""
         blocked = self._blocked(demand)
-        if not blocked:
+        domain_cells = self._domain_cells(demand)
+        if not blocked and domain_cells is None:
             return None
         known_row = rows >= 0
-        sub = cost[:, np.where(known_row, rows, 0)]
+        r = np.where(known_row, rows, 0)
+        sub = cost[:, r]
         sub[:, ~known_row] = np.inf
-        cols: dict[int, list[int]] = {}
-        for i, row in enumerate(rows.tolist()):
-            cols.setdefault(row, []).append(i)
-        cells = {(slot, i): leave for (slot, row), leave in blocked.items() for i in cols.get(row, ())}
         big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
-        return pl.apart_ranked(*pl.apart_costs(sub, cells, big_r, now))
+        if domain_cells is None:
+            cols: dict[int, list[int]] = {}
+            for i, row in enumerate(rows.tolist()):
+                cols.setdefault(row, []).append(i)
+            cells = {(slot, i): leave for (slot, row), leave in blocked.items() for i in cols.get(row, ())}
+            return pl.apart_ranked(*pl.apart_costs(sub, cells, big_r, now))
+        mask = domain_cells[0][:, r]
+        mask[:, ~known_row] = False
+        leave = np.where(mask, domain_cells[1][:, r], -np.inf)
+        if blocked:  # a fault peer's GPU too: blocked until the later of the two leaves
+            where = {row: np.flatnonzero(r == row) for row in {row for _, row in blocked}}
+            for (slot, row), when in blocked.items():
+                idx = where[row][known_row[where[row]]]
+                mask[slot, idx] = True
+                leave[slot, idx] = np.maximum(leave[slot, idx], when)
+        return pl.apart_ranked(*pl.blocked_costs(sub, mask, leave, big_r, now))
 
     def score(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> np.ndarray:
         """0..10 per candidate row; the best candidate gets 10, a node twice as costly 5, unusable nodes 0. Under the

@@ -731,6 +731,25 @@ def apart_costs(cost: np.ndarray, blocked: Mapping[tuple[int, int], float], runt
     return clear, waiting
 
 
+def domain_blocked(domains: np.ndarray, mine: int) -> np.ndarray:
+    """The trust-domain rule (``gnnsched.trust.domain``) over arrays: ``domains`` holds per GPU the id of the one
+    domain of its clients (``-1``: none; any other negative value: clients of several domains), ``mine`` the pod's
+    domain id (``-1`` when no GPU holds it). True where the pod may not join: a GPU with a client of another domain.
+    A cache keeps ``domains`` beside the placement arrays, so a pod's blocked GPUs cost two comparisons instead of a
+    walk over every client (:func:`apart_blocked`'s ``domain`` is the same rule, one client at a time)."""
+    return (domains != -1) & (domains != mine)
+
+
+def blocked_costs(cost: np.ndarray, blocked: np.ndarray, leave: np.ndarray, runtime_seconds: float,
+                  now: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`apart_costs` with the blocked GPUs as a mask: ``blocked`` (``cost``'s shape) and ``leave`` (when each
+    blocked GPU's last client the pod may not join is predicted to leave). Returns ``clear`` (blocked GPUs ``inf``)
+    and ``waiting`` (a blocked GPU's cost plus ``max(leave - now, 0) / R``)."""
+    clear = np.where(blocked, np.inf, cost)
+    wait = np.where(blocked, np.maximum(leave - now, 0.0) / float(runtime_seconds), 0.0)
+    return clear, cost + wait
+
+
 def apart_ranked(clear: np.ndarray, waiting: np.ndarray) -> np.ndarray:
     """The costs the score and the bind rank candidates (columns) by: ``clear`` when a GPU of some candidate can take
     the pod clear of its peers (a blocked node then scores 0, as one that cannot hold the pod), else ``waiting``
@@ -740,7 +759,8 @@ def apart_ranked(clear: np.ndarray, waiting: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "Occupant", "PlacementState",
-    "apart_blocked", "apart_costs", "apart_filter", "apart_ranked", "best_gpu", "clear_row",
+    "apart_blocked", "apart_costs", "apart_filter", "apart_ranked", "best_gpu", "blocked_costs", "clear_row",
+    "domain_blocked",
     "candidate_costs", "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_costs", "fit_mask",
     "fit_summary", "frag",
     "intensity_key", "new_state",

@@ -116,7 +116,8 @@ def _namespace_labels(opts: ExtenderOptions) -> NamespaceLabels:
         from kubernetes.client.rest import ApiException
 
         try:
-            return dict(core.read_namespace(name).metadata.labels or {})
+            meta = core.read_namespace(name).metadata
+            return dict((meta.labels if meta is not None else None) or {})
         except ApiException as exc:
             if exc.status == 404:
                 return None

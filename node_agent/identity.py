@@ -399,7 +399,8 @@ class KubePodLookup:
             if exc.status == 404:
                 return None
             raise
-        return dict(ns.metadata.labels or {})
+        meta = ns.metadata
+        return dict((meta.labels if meta is not None else None) or {})
 
 
 @dataclass(frozen=True, slots=True)

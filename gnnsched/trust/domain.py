@@ -68,7 +68,7 @@ def parse_trust_domain(text: str | TrustDomainSetting, field: str = "trustDomain
         raise ValueError(f"{field}: must be a string (namespace, cluster or label:<key>), got {text!r}")
     value = text.strip()
     if value in ("namespace", "cluster"):
-        return TrustDomainSetting(kind=value)  # type: ignore[arg-type]
+        return TrustDomainSetting(kind=value)
     if value.startswith("label:"):
         key = value[len("label:"):]
         if not _LABEL_KEY.match(key):

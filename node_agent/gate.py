@@ -396,7 +396,7 @@ class GateServer:
                 key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
                 exclusive=demand.exclusive, qos_seconds=demand.qos_seconds, prestarted=demand.prestarted,
-                apart=demand.apart, domain=await asyncio.to_thread(self.config.domains.of, pod.namespace),
+                apart=demand.apart, domain=await self.config.domains.of_async(pod.namespace),
             )
         except Rejected as exc:
             self._reject(exc.reason)
@@ -464,7 +464,7 @@ class GateServer:
                     key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
                     name=pod.name, job=demand.job, group=req.group, admitted_at=parse_rfc3339(req.admitted_at),
                     qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive,
-                    apart=demand.apart, domain=await asyncio.to_thread(self.config.domains.of, pod.namespace),
+                    apart=demand.apart, domain=await self.config.domains.of_async(pod.namespace),
                 )
             except Rejected as exc:
                 self._reject(exc.reason)
@@ -510,7 +510,7 @@ class GateServer:
                     name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
                     admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
                     intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
-                    domain=await asyncio.to_thread(self.config.domains.of, pod.namespace),
+                    domain=await self.config.domains.of_async(pod.namespace),
                 )
                 self._event("adopted", key=pod.uid, bytes=demand.bytes)
             except (Rejected, IdentityError) as exc:

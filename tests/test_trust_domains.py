@@ -88,6 +88,9 @@ def test_resolver_caches_label_reads_and_falls_back_to_the_namespace() -> None:
     with pytest.raises(ValueError, match="trustDomain"):
         DomainResolver("label:tenant")  # no way to read labels
     assert not DomainResolver("cluster").enabled and DomainResolver().of("x") == "ns:x"
+    import asyncio
+
+    assert asyncio.run(r.of_async("team-b")) == "label:blue" and asyncio.run(DomainResolver().of_async("y")) == "ns:y"
 
 
 def test_the_gates_policies_never_group_two_domains() -> None:

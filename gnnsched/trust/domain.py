@@ -161,6 +161,15 @@ class DomainResolver:
             self._cache[namespace] = (now, domain)
         return domain
 
+    async def of_async(self, namespace: str) -> str | None:
+        """:meth:`of` from an event loop: the label read (a blocking API call) runs in a worker thread; the other
+        settings need no I/O and answer at once (the gate's admission path stays free of a thread hop)."""
+        if self.setting.kind != "label":
+            return self.of(namespace)
+        import asyncio
+
+        return await asyncio.to_thread(self.of, namespace)
+
 
 __all__ = [
     "DEFAULT_TRUST_DOMAIN", "LABEL_CACHE_SECONDS", "DomainResolver", "NamespaceLabels", "TrustDomainSetting",

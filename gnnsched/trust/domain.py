@@ -12,10 +12,12 @@ holding the usual namespace-scoped ``admin``/``edit`` role cannot (Namespaces ar
 Pod Security Admission puts in its ``pod-security.kubernetes.io/*`` namespace labels). A label on the GNNJob or the
 pod would be tenant-writable, so it is never read.
 
-The one rule, applied wherever co-location is decided (the node agent's gate through ``gnnsched.policies``, the
-extender's filter and score and the simulator through ``gnnsched.placement.apart_blocked``): a pod may join a GPU
-only when every client there, and every member of the group admitted with it, is of its own domain
-(:func:`may_share`). ``None`` is the domain under ``cluster`` (everyone shares).
+The one rule, applied wherever co-location is decided (the node agent's gate and the simulator's through
+``gnnsched.policies.apart_allows``, the simulator's extender through ``gnnsched.placement.apart_blocked``, the
+extender's filter, score and bind through ``gnnsched.placement.domain_blocked``, the same rule over arrays): a pod
+may join a GPU only when every client there, and every member of the group admitted with it, is of its own domain
+(:func:`may_share`). ``None`` is the domain under ``cluster`` (everyone shares). The operator decides no
+co-location (it plans each job alone), so it takes no setting.
 
 The setting is one string (chart ``sharing.trustDomain``, the components' ``--trust-domain``):
 

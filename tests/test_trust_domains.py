@@ -118,6 +118,28 @@ def test_the_gates_policies_never_group_two_domains() -> None:
         {"a1", "b1", "a2"}
 
 
+def test_the_array_form_is_the_apart_rules_ranking() -> None:
+    """``placement.domain_blocked`` / ``blocked_costs`` (the extender's trust-domain path) block the GPUs
+    ``apart_blocked`` with a domain blocks, and rank them as ``apart_costs`` does."""
+    import numpy as np
+
+    from gnnsched import placement as pl
+
+    dom = np.array([[-1, 0, 1], [-2, 1, -1]], dtype=np.int32)  # -1: no client, -2: clients of several domains
+    mask = pl.domain_blocked(dom, 1)
+    assert mask.tolist() == [[False, True, False], [True, False, False]]
+    assert pl.domain_blocked(dom, -1).tolist() == [[False, True, True], [True, True, False]]  # a new domain
+    cost = np.array([[1.0, 1.5, 2.0], [1.2, 3.0, 1.1]], dtype=np.float32)
+    leave = np.where(mask, 500.0, -np.inf)
+    clear, waiting = pl.blocked_costs(cost, mask, leave, 100.0, now=300.0)
+    cells = {(int(s), int(c)): 500.0 for s, c in zip(*np.nonzero(mask), strict=True)}
+    ref_clear, ref_waiting = pl.apart_costs(cost, cells, 100.0, 300.0)
+    assert np.array_equal(clear, ref_clear) and np.allclose(waiting, ref_waiting)
+    occupants = [((0, 1), [pl.Occupant(None, frozenset(), 500.0, "ns:a")]), ((0, 2), [pl.Occupant(None, frozenset(),
+                 500.0, "ns:b")])]
+    assert pl.apart_blocked(None, frozenset(), occupants, "ns:b") == {(0, 1): 500.0}
+
+
 # --- the node agent's gate: a real agent on fake GPUs -----------------------------------------------------------
 
 

@@ -164,6 +164,9 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=400, help="pods per client setting (split across clients)")
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--trust-domain", default="namespace",
+                    help="the extender's --trust-domain; the fake cluster's pods run in another namespace than the "
+                         "bench's, so under namespace every occupied GPU is another domain's (the rule's worst case)")
     args = ap.parse_args()
 
     port = _free_port()
@@ -171,7 +174,7 @@ def main() -> int:
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gnnsched.cli", "extender", "--host", "127.0.0.1", "--port", str(port),
-         "--fake-cluster", spec, "--log-level", "warning"],
+         "--fake-cluster", spec, "--log-level", "warning", "--trust-domain", args.trust_domain],
     )
     try:
         deadline = time.time() + 300

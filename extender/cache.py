@@ -40,6 +40,7 @@ from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
 from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
+from gnnsched.trust.domain import DomainResolver
 
 from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_apart, pod_resources
 
@@ -55,6 +56,11 @@ R_CLIENTS = "mps_clients"
 R_CPU = "cpu"
 R_MEMORY = "memory"
 R_FAULT_PEERS = "fault_peers"
+R_TRUST_DOMAIN = "trust_domain"
+
+#: ``ClusterCache._dom`` of a GPU whose clients are of several trust domains (only under ``cluster``, or after the
+#: setting changed): blocked for every pod of a domain (``pl.domain_blocked``).
+MIXED_DOMAINS = -2
 R_NO_CONSTANTS = "gpu_constants"
 
 
@@ -67,6 +73,7 @@ class _Job:
     profile: JobProfile
     job: str | None = None  # its GNNJob, as the agent reports it (the apart rule's identity)
     apart: frozenset[str] = frozenset()  # the jobs it may not share a GPU with, as the agent's gate holds them
+    domain: str | None = None  # its trust domain (gnnsched.trust.domain), from the namespace the agent reports
 
 
 @dataclass(slots=True)
@@ -152,8 +159,12 @@ class ClusterCache:
         *,
         reservation_ttl: float = DEFAULT_RESERVATION_TTL,
         clock: Callable[[], float] = time.time,
+        domains: DomainResolver | None = None,
     ) -> None:
         self.interference = interference
+        # Whose pods may share a GPU (extender --trust-domain, gnnsched.trust.domain): a GPU with a client or a
+        # reservation of another domain is blocked for a pod as a fault peer's is (see _blocked).
+        self.domains = domains if domains is not None else DomainResolver()
         self.reservation_ttl = reservation_ttl
         self.clock = clock
         self.lock = threading.RLock()
@@ -174,6 +185,10 @@ class ClusterCache:
         # nodes with a client that has peers of its own. Only pods with peers, or whose job someone lists, look.
         self._job_nodes: dict[str, set[str]] = {}
         self._apart_nodes: set[str] = set()
+        # The trust-domain rule (docs/extender.md): per GPU the one domain of its clients and reservations (an id of
+        # _domain_ids; -1: none, MIXED_DOMAINS: several) and when the last of them is predicted to leave, as
+        # (gpus, rows) arrays beside the placement arrays, so a pod's blocked GPUs are two array comparisons.
+        self._domain_ids: dict[str, int] = {}
         # The exclusive-only rule (docs/extender.md): GPUs without device constants, as a (gpus, rows) mask beside
         # the placement arrays, and the nodes that have one (empty on a described cluster: the rule then costs
         # nothing).
@@ -191,6 +206,14 @@ class ClusterCache:
             g, n = min(old.shape[0], gpus), min(old.shape[1], rows)
             shared_off[:g, :n] = old[:g, :n]
         self._shared_off = shared_off
+        dom = np.full((gpus, rows), -1, dtype=np.int32)
+        dom_end = np.zeros((gpus, rows))
+        old_dom, old_end = getattr(self, "_dom", None), getattr(self, "_dom_end", None)
+        if old_dom is not None and old_end is not None:
+            g, n = min(old_dom.shape[0], gpus), min(old_dom.shape[1], rows)
+            dom[:g, :n] = old_dom[:g, :n]
+            dom_end[:g, :n] = old_end[:g, :n]
+        self._dom, self._dom_end = dom, dom_end
         self._cap_rows = rows
         self._gmax = gpus
 
@@ -230,6 +253,7 @@ class ClusterCache:
                     np.inf if node.mem_alloc is None else node.mem_alloc - mem_used)
         occupants: dict[int, list[pl.Occupant]] = {}
         self._shared_off[:, r] = False
+        self._dom[:, r] = -1
         for slot, gpu in enumerate(node.gpus):
             self._shared_off[slot, r] = gpu.no_constants is not None
         if self._shared_off[:, r].any():
@@ -239,6 +263,9 @@ class ClusterCache:
         for slot, gpu in enumerate(node.gpus):
             running = [(j.end, j.bytes, j.profile.sm_util, j.profile.mem_util) for j in gpu.running]
             occ = [pl.Occupant(j.job, j.apart, j.end) for j in gpu.running if j.job is not None or j.apart]
+            # the trust-domain rule's figures of this GPU (see _domain_cells)
+            doms = {j.domain for j in gpu.running if j.domain is not None}
+            dom_end = max([j.end for j in gpu.running if j.domain is not None], default=0.0)
             used = gpu.committed
             qbytes = sum(j.bytes for j in gpu.queued)
             qsecs = sum(j.seconds for j in gpu.queued)
@@ -249,6 +276,10 @@ class ClusterCache:
                 clients += 1
                 if res.job is not None or res.apart:
                     occ.append(pl.Occupant(res.job, res.apart, res.at + res.runtime))
+                res_domain = self.domains.of(res.namespace)
+                if res_domain is not None:
+                    doms.add(res_domain)
+                    dom_end = max(dom_end, res.at + res.runtime)
                 if res.immediate:
                     profile = self.interference.profile_for(res.intensity)
                     used += res.bytes
@@ -263,6 +294,9 @@ class ClusterCache:
             )
             if occ:
                 occupants[slot] = occ
+            self._dom[slot, r] = (-1 if not doms else self._domain_id(doms.pop()) if len(doms) == 1
+                                  else MIXED_DOMAINS)
+            self._dom_end[slot, r] = dom_end
         self._index_occupants(node, occupants)
         self._derive(slice(r, r + 1))
         self.version += 1
@@ -301,6 +335,25 @@ class ClusterCache:
         )
         return pl.apart_blocked(demand.job, demand.apart, cells)
 
+    def _domain_id(self, domain: str) -> int:
+        got = self._domain_ids.get(domain)
+        if got is None:
+            got = self._domain_ids[domain] = len(self._domain_ids)
+        return got
+
+    def _domain_cells(self, demand: PodDemand) -> tuple[np.ndarray, np.ndarray] | None:
+        """The trust-domain rule (``gnnsched.trust.domain``; ``pl.domain_blocked``): ``(mask, leave)`` over every
+        ``(gpus, rows)`` cell, the GPUs holding a client or reservation of a domain the pod may not share with and
+        when those are predicted to leave; None when no GPU is blocked (one domain on the cluster, or ``cluster``).
+        Caller holds the lock."""
+        domain = self.domains.of(demand.namespace)
+        if domain is None or not self._domain_ids or (len(self._domain_ids) == 1 and domain in self._domain_ids):
+            return None
+        mask = pl.domain_blocked(self._dom, self._domain_ids.get(domain, -1))
+        if not mask.any():
+            return None
+        return mask, self._dom_end
+
     def _derive(self, rows: slice) -> None:
         """Pod-independent per-GPU figures the hot path starts from, for the node rows ``rows``."""
         pl.derive(self._a, rows, self._above, self.interference)
@@ -327,7 +380,7 @@ class ClusterCache:
                     secs = j.predicted_remaining_seconds or 0.0
                     prof = self.interference.profile_for(j.intensity)
                     gpu.running.append(_Job(j.pod_uid, j.bytes, updated + secs, secs, prof, j.job,
-                                            frozenset(j.fault_peers)))
+                                            frozenset(j.fault_peers), self.domains.of(j.namespace)))
                     reported.add(j.pod_uid)
                 for j in g.queued:
                     secs = j.predicted_remaining_seconds or 0.0
@@ -559,18 +612,27 @@ class ClusterCache:
             reasons = self._reasons(demand, rows, failed, good, cpu_free_override, mem_free_override, cluster_max,
                                     fits_any)
             blocked = self._blocked(demand) if ok.any() else {}
-            if blocked:
+            domain_cells = self._domain_cells(demand) if ok.any() else None
+            if blocked or domain_cells is not None:
                 clear_good = good.copy()
-                slots, brows = zip(*blocked, strict=True)
-                clear_good[list(slots), list(brows)] = False
+                if blocked:
+                    slots, brows = zip(*blocked, strict=True)
+                    clear_good[list(slots), list(brows)] = False
+                if domain_cells is not None:
+                    clear_good &= ~domain_cells[0]  # the trust-domain rule, as the apart rule's blocked GPUs
                 ok, refused = pl.apart_filter(ok, passing(clear_good))
                 if refused.any():
                     whom = (f"one of its fault peers ({', '.join(sorted(demand.apart))})" if demand.apart
                             else f"a job whose fault peers list {demand.job}")
-                    msg = (R_FAULT_PEERS, f"every GPU here that can hold the pod runs {whom}: after an undecided MPS "
-                           "fault they must not share a GPU, and another node has one clear of them")
+                    peers = (R_FAULT_PEERS, f"every GPU here that can hold the pod runs {whom}: after an undecided "
+                             "MPS fault they must not share a GPU, and another node has one clear of them")
+                    other = (R_TRUST_DOMAIN, "every GPU here that can hold the pod runs pods of another trust domain "
+                             f"than its own ({self.domains.of(demand.namespace)}; --trust-domain "
+                             f"{self.domains.setting}): MPS clients of one GPU are not isolated from each other, "
+                             "and another node has a GPU clear of them")
+                    apart_rows = {row for _, row in blocked}
                     for i in np.flatnonzero(refused).tolist():
-                        reasons[i] = msg
+                        reasons[i] = peers if int(rows[i]) in apart_rows else other
             return FilterOutcome(passed=ok, reasons=reasons, unresolvable=unresolvable)
 
     def _reasons(
@@ -718,19 +780,33 @@ class ClusterCache:
 
     def _apart_costs(self, demand: PodDemand, cost: np.ndarray, rows: np.ndarray, now: float) -> np.ndarray | None:
         """The candidates' cost columns ``(gpus, len(rows))`` under the apart rule (``pl.apart_costs``,
-        ``pl.apart_ranked``); None when the rule blocks no GPU for this pod. Caller holds the lock."""
+        ``pl.apart_ranked``) and the trust-domain rule (``pl.blocked_costs``: the same ranking, over arrays); None
+        when neither blocks a GPU for this pod. Caller holds the lock."""
         blocked = self._blocked(demand)
-        if not blocked:
+        domain_cells = self._domain_cells(demand)
+        if not blocked and domain_cells is None:
             return None
         known_row = rows >= 0
-        sub = cost[:, np.where(known_row, rows, 0)]
+        r = np.where(known_row, rows, 0)
+        sub = cost[:, r]
         sub[:, ~known_row] = np.inf
-        cols: dict[int, list[int]] = {}
-        for i, row in enumerate(rows.tolist()):
-            cols.setdefault(row, []).append(i)
-        cells = {(slot, i): leave for (slot, row), leave in blocked.items() for i in cols.get(row, ())}
         big_r = demand.runtime_seconds if demand.runtime_seconds > 0 else DEFAULT_RUNTIME_SECONDS
-        return pl.apart_ranked(*pl.apart_costs(sub, cells, big_r, now))
+        if domain_cells is None:
+            cols: dict[int, list[int]] = {}
+            for i, row in enumerate(rows.tolist()):
+                cols.setdefault(row, []).append(i)
+            cells = {(slot, i): leave for (slot, row), leave in blocked.items() for i in cols.get(row, ())}
+            return pl.apart_ranked(*pl.apart_costs(sub, cells, big_r, now))
+        mask = domain_cells[0][:, r]
+        mask[:, ~known_row] = False
+        leave = np.where(mask, domain_cells[1][:, r], -np.inf)
+        if blocked:  # a fault peer's GPU too: blocked until the later of the two leaves
+            where = {row: np.flatnonzero(r == row) for row in {row for _, row in blocked}}
+            for (slot, row), when in blocked.items():
+                idx = where[row][known_row[where[row]]]
+                mask[slot, idx] = True
+                leave[slot, idx] = np.maximum(leave[slot, idx], when)
+        return pl.apart_ranked(*pl.blocked_costs(sub, mask, leave, big_r, now))
 
     def score(self, demand: PodDemand, rows: np.ndarray, now: float | None = None) -> np.ndarray:
         """0..10 per candidate row; the best candidate gets 10, a node twice as costly 5, unusable nodes 0. Under the

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from gnnsched.contract import DEFAULT_EXTENDER_PORT
 from gnnsched.interference import load_default
+from gnnsched.trust.domain import DEFAULT_TRUST_DOMAIN, DomainResolver, NamespaceLabels, parse_trust_domain
 
 from .binder import DEFAULT_BIND_TIMEOUT, FakeBinder, KubeBinder
 from .cache import DEFAULT_RESERVATION_TTL, ClusterCache
@@ -40,6 +41,7 @@ class ExtenderOptions:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None  # None: /metrics, /healthz, /readyz only on the main port
     bind_timeout: float = DEFAULT_BIND_TIMEOUT  # seconds; below kube-scheduler's httpTimeout for the extender
+    trust_domain: str = DEFAULT_TRUST_DOMAIN  # whose pods may share a GPU (gnnsched.trust.domain)
 
 
 def build_app(opts: ExtenderOptions) -> FastAPI:
@@ -51,7 +53,17 @@ def build_app(opts: ExtenderOptions) -> FastAPI:
     if not 0 < opts.bind_timeout <= 60:
         raise OptionError("--bind-timeout", f"{opts.bind_timeout} must be 0..60 seconds (below the scheduler's "
                           "httpTimeout for the extender)")
-    cache = ClusterCache(load_default(), reservation_ttl=opts.reservation_ttl)
+    try:
+        trust = parse_trust_domain(opts.trust_domain, "--trust-domain")
+    except ValueError as exc:
+        raise OptionError("--trust-domain", str(exc).split(": ", 1)[1]) from None
+    if trust.kind == "label" and opts.fake_cluster is not None:
+        raise OptionError("--trust-domain", "label:<key> reads Namespace labels: not with --fake-cluster")
+    labels: NamespaceLabels | None = None
+    if trust.kind == "label":
+        labels = _namespace_labels(opts)
+    cache = ClusterCache(load_default(), reservation_ttl=opts.reservation_ttl,
+                         domains=DomainResolver(trust, labels))
     if opts.fake_cluster is not None:
         try:
             spec = parse_fake_cluster(opts.fake_cluster)
@@ -88,6 +100,30 @@ def build_app(opts: ExtenderOptions) -> FastAPI:
     watcher = ClusterWatcher(cache, api)
     kube_binder = KubeBinder(client.CoreV1Api(api), timeout=opts.bind_timeout)
     return create_app(cache, kube_binder, ready=False, background=[watcher.start])
+
+
+def _namespace_labels(opts: ExtenderOptions) -> NamespaceLabels:
+    """A Namespace-label reader on the extender's API client (``--trust-domain label:<key>``; get on
+    namespaces)."""
+    from gnnsched.kubeclient import api_client
+
+    try:
+        core = __import__("kubernetes").client.CoreV1Api(api_client(opts.kubeconfig))
+    except Exception as exc:
+        raise OptionError("--kubeconfig", f"no usable Kubernetes configuration: {exc}") from None
+
+    def labels(name: str) -> dict[str, str] | None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            meta = core.read_namespace(name).metadata
+            return dict((meta.labels if meta is not None else None) or {})
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    return labels
 
 
 def serve(opts: ExtenderOptions) -> None:

@@ -120,6 +120,13 @@ def _operator(
         help="UID every job pod runs as (runAsUser; MPS serves one user at a time, so it "
         "must match the node side's; chart: jobs.runAsUser).",
     ),
+    memory_limit_factor: float = typer.Option(
+        2.0,
+        "--memory-limit-factor",
+        envvar="GNNSCHED_JOB_MEMORY_LIMIT_FACTOR",
+        help="Each job container's memory limit as a multiple of its right-sized memory request; 0 = no limit, "
+        "else >= 1 (chart: jobs.memoryLimitFactor; docs/operator.md says why twice).",
+    ),
     runtime_class_name: str = typer.Option(
         DEFAULT_JOB_RUNTIME_CLASS,
         "--runtime-class-name",
@@ -205,7 +212,7 @@ def _operator(
     from gnnsched.operator.probe import probe_settings
 
     try:
-        pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector)
+        pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector, memory_limit_factor)
         probe = probe_settings(probe_cpu, probe_memory, probe_deadline)
     except ValueError as exc:
         fail(str(exc))
@@ -397,6 +404,11 @@ def extender_cmd(
              "kube-scheduler's default) or MostAllocated (pack GNN pods, keeping whole nodes free for pods asking many "
              "cores: for clusters short of CPU).",
     ),
+    trust_domain: str = typer.Option(
+        "namespace", "--trust-domain",
+        help="Whose pods may share a GPU (docs/extender.md): namespace, label:<key> (namespaces with the same value "
+             "of Namespace label <key>; needs get on namespaces) or cluster (anyone). Match the node agents'.",
+    ),
 ) -> None:
     """kube-scheduler extender: filter, prioritize and bind GNN pods (HTTP, k8s.io/kube-scheduler/extender/v1)."""
     import sys
@@ -423,7 +435,7 @@ def extender_cmd(
     opts = ExtenderOptions(
         host=host, port=port, fake_cluster=fake_cluster, fake_state=Path(fake_state) if fake_state else None,
         fake_seed=fake_seed, reservation_ttl=reservation_ttl, kubeconfig=kubeconfig, log_level=log_level.lower(),
-        metrics_host=metrics_host, metrics_port=metrics_port, bind_timeout=bind_timeout,
+        metrics_host=metrics_host, metrics_port=metrics_port, bind_timeout=bind_timeout, trust_domain=trust_domain,
     )
     try:
         serve(opts)

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from gnnsched.fault_classes import must_stay_apart
+from gnnsched.trust.domain import may_share
 
 #: Weight of the fragmentation term (see module docstring).
 W_FRAG = 0.5
@@ -673,24 +674,29 @@ def normalise_scores(best: np.ndarray) -> np.ndarray:
 
 class Occupant(NamedTuple):
     """A client of a GPU as the apart rule sees it: its job (``<namespace>/<name>``, None when no GNNJob owns the
-    pod), the jobs it must stay apart from, and when it is predicted to leave (seconds since the epoch)."""
+    pod), the jobs it must stay apart from, when it is predicted to leave (seconds since the epoch), and its trust
+    domain (``gnnsched.trust.domain``; None: shares with anyone)."""
 
     job: str | None
     apart: frozenset[str]
     end: float
+    domain: str | None = None
 
 
 _Cell = TypeVar("_Cell", bound=Hashable)
 
 
 def apart_blocked(job: str | None, apart: frozenset[str],
-                  gpus: Iterable[tuple[_Cell, Iterable[Occupant]]]) -> dict[_Cell, float]:
-    """Which of ``gpus`` (each a key and its clients) the pod (``job`` and its ``apart`` peers) may not join now: a
-    client there must stay apart from it (:func:`~gnnsched.fault_classes.must_stay_apart`, both directions). Each
-    with the predicted time its last such client leaves (``inf`` when one never says)."""
+                  gpus: Iterable[tuple[_Cell, Iterable[Occupant]]], domain: str | None = None) -> dict[_Cell, float]:
+    """Which of ``gpus`` (each a key and its clients) the pod (``job`` and its ``apart`` peers, of trust domain
+    ``domain``) may not join now: a client there must stay apart from it
+    (:func:`~gnnsched.fault_classes.must_stay_apart`, both directions) or is of a trust domain it may not share
+    with (:func:`~gnnsched.trust.domain.may_share`). Each with the predicted time its last such client leaves
+    (``inf`` when one never says)."""
     out: dict[_Cell, float] = {}
     for key, clients in gpus:
-        ends = [c.end for c in clients if must_stay_apart(job, apart, c.job, c.apart)]
+        ends = [c.end for c in clients
+                if not may_share(domain, c.domain) or must_stay_apart(job, apart, c.job, c.apart)]
         if ends:
             out[key] = max(ends)
     return out
@@ -725,6 +731,25 @@ def apart_costs(cost: np.ndarray, blocked: Mapping[tuple[int, int], float], runt
     return clear, waiting
 
 
+def domain_blocked(domains: np.ndarray, mine: int) -> np.ndarray:
+    """The trust-domain rule (``gnnsched.trust.domain``) over arrays: ``domains`` holds per GPU the id of the one
+    domain of its clients (``-1``: none; any other negative value: clients of several domains), ``mine`` the pod's
+    domain id (``-1`` when no GPU holds it). True where the pod may not join: a GPU with a client of another domain.
+    A cache keeps ``domains`` beside the placement arrays, so a pod's blocked GPUs cost two comparisons instead of a
+    walk over every client (:func:`apart_blocked`'s ``domain`` is the same rule, one client at a time)."""
+    return (domains != -1) & (domains != mine)
+
+
+def blocked_costs(cost: np.ndarray, blocked: np.ndarray, leave: np.ndarray, runtime_seconds: float,
+                  now: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`apart_costs` with the blocked GPUs as a mask: ``blocked`` (``cost``'s shape) and ``leave`` (when each
+    blocked GPU's last client the pod may not join is predicted to leave). Returns ``clear`` (blocked GPUs ``inf``)
+    and ``waiting`` (a blocked GPU's cost plus ``max(leave - now, 0) / R``)."""
+    clear = np.where(blocked, np.inf, cost)
+    wait = np.where(blocked, np.maximum(leave - now, 0.0) / float(runtime_seconds), 0.0)
+    return clear, cost + wait
+
+
 def apart_ranked(clear: np.ndarray, waiting: np.ndarray) -> np.ndarray:
     """The costs the score and the bind rank candidates (columns) by: ``clear`` when a GPU of some candidate can take
     the pod clear of its peers (a blocked node then scores 0, as one that cannot hold the pod), else ``waiting``
@@ -734,7 +759,8 @@ def apart_ranked(clear: np.ndarray, waiting: np.ndarray) -> np.ndarray:
 
 __all__ = [
     "END_SLOTS", "FRAG_BIN", "PROFILE_KEYS", "SIZE_QUANTILES", "W_FRAG", "Occupant", "PlacementState",
-    "apart_blocked", "apart_costs", "apart_filter", "apart_ranked", "best_gpu", "clear_row",
+    "apart_blocked", "apart_costs", "apart_filter", "apart_ranked", "best_gpu", "blocked_costs", "clear_row",
+    "domain_blocked",
     "candidate_costs", "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_costs", "fit_mask",
     "fit_summary", "frag",
     "intensity_key", "new_state",

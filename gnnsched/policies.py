@@ -51,6 +51,7 @@ from functools import lru_cache, partial
 from gnnsched.fault_classes import must_stay_apart
 from gnnsched.interference import load_default
 from gnnsched.progress import StepProgress, seconds_left
+from gnnsched.trust.domain import may_join, mixed
 
 #: The gate's backfill rule when none is given (``node-agent --bypass-limit``, the simulator without ``+bypassN``).
 DEFAULT_BYPASS_LIMIT = 4
@@ -85,6 +86,7 @@ class Task:
     qos_seconds: float | None = None  # inference: the latency target (GNNJob qosTargetSeconds); None = none
     job: str | None = None  # the job this attempt belongs to (the apart rule's identity)
     apart: frozenset[str] = frozenset()  # jobs it may not share a GPU with (its undecided fault's peers)
+    domain: str | None = None  # its trust domain (gnnsched.trust.domain); None: shares with anyone
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ class Client:
     remaining_seconds: float
     job: str | None = None
     apart: frozenset[str] = frozenset()
+    domain: str | None = None  # its trust domain (gnnsched.trust.domain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +325,12 @@ def apart_allows(task: Task, gpu: GPUFree, members: Sequence[Task]) -> bool:
     """The apart rule (``gnnsched.fault_classes.must_stay_apart``): ``task`` may join ``gpu`` only when neither a
     client running there nor a member of this decision's group there is one of its undecided fault's peers. A task
     refused here is treated as one that does not fit the GPU: it stays queued (or goes to another GPU), and the
-    backfill rule counts the tasks that overtake it. It needs ``GPUFree.running`` with the clients' jobs."""
+    backfill rule counts the tasks that overtake it. It needs ``GPUFree.running`` with the clients' jobs.
+
+    The trust-domain rule (``gnnsched.trust.domain.may_join``) is checked here too, the same way: a task joins only
+    a GPU whose clients and group members are all of its domain."""
+    if not may_join(task.domain, [c.domain for c in gpu.running] + [m.domain for m in members]):
+        return False
     for c in gpu.running:
         if must_stay_apart(task.job, task.apart, c.job, c.apart):
             return False
@@ -330,8 +338,10 @@ def apart_allows(task: Task, gpu: GPUFree, members: Sequence[Task]) -> bool:
 
 
 def _any_apart(items: Sequence[Task], gpus: Sequence[GPUFree]) -> bool:
-    """Whether the apart rule can refuse anything in this decision (a queued task or a running client has peers)."""
-    return any(t.apart for t in items) or any(c.apart for g in gpus for c in g.running)
+    """Whether the apart rule can refuse anything in this decision (a queued task or a running client has peers, or
+    two of them are of trust domains that may not share)."""
+    return (any(t.apart for t in items) or any(c.apart for g in gpus for c in g.running)
+            or mixed([t.domain for t in items] + [c.domain for g in gpus for c in g.running]))
 
 
 def _with_apart(allows: Allows | None, apart: bool) -> Allows | None:
@@ -535,7 +545,7 @@ def _solo(t: Task) -> float:
 
 
 def _as_client(t: Task) -> Client:
-    return Client(t.intensity, _solo(t), t.job, t.apart)
+    return Client(t.intensity, _solo(t), t.job, t.apart, t.domain)
 
 
 _CLASSES = ("memory", "compute")

@@ -94,6 +94,7 @@ from gnnsched.return_to_service import (
     reject_request,
     when,
 )
+from gnnsched.trust.domain import DEFAULT_TRUST_DOMAIN, DomainResolver
 
 log = logging.getLogger("gnnsched.node_agent")
 
@@ -123,6 +124,7 @@ class AgentOptions:
     spread: bool = True  # plan in rounds of one task per GPU, least loaded first (gnnsched.policies.plan_decision)
     share_when_pays: bool = False  # join running clients only when that pays (gnnsched.policies.share_pays)
     startup_seconds: float = STARTUP_SECONDS  # a pod's start-up after admission, as the spread rule assumes it
+    trust_domain: str = DEFAULT_TRUST_DOMAIN  # whose pods may share a GPU (gnnsched.trust.domain)
     end_wait: float = 30.0  # seconds to wait for a pod's container status after its gated process exited
     fault_window: float = 30.0  # a client that exited this recently on a GPU shares a fault found after it exited
     peak_write_growth: float = 0.01  # rewrite a pod's observed peak once it grew by this fraction (and at its end)
@@ -242,6 +244,7 @@ class NodeAgent:
             reconcile_seconds=self.opts.reconcile_interval, jobs_uid=self.opts.jobs_uid,
             workload_env=dict(self.opts.workload_env), seal_key=seal_key,
             max_connections_per_pod=self.opts.max_gate_connections_per_pod,
+            domains=DomainResolver(self.opts.trust_domain, getattr(self.pods, "namespace_labels", None)),
         )
         self.gate = GateServer(books, cfg, pods=self.pods, verifier=self.verifier, metrics=self.metrics,
                                event_log=self.opts.event_log, on_change=self._dirty.set,

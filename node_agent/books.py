@@ -29,6 +29,7 @@ from gnnsched.policies import (
     startup_left,
 )
 from gnnsched.progress import StepProgress
+from gnnsched.trust.domain import mixed
 
 
 class Rejected(Exception):
@@ -81,10 +82,12 @@ class Entry:
     prestarted: bool = False  # behind gate --prestart (ANN_PRESTART): its start-up began at queued_at
     progress: StepProgress | None = None  # its workload's last step report (gate connection; gnnsched.progress)
     apart: frozenset[str] = frozenset()  # jobs it may not share a GPU with (ANN_FAULT_PEERS: an undecided fault's)
+    domain: str | None = None  # its trust domain (gnnsched.trust.domain): it shares a GPU only within it
 
     def task(self) -> Task:
         return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
-                    bypassed=self.bypassed, qos_seconds=self.qos_seconds, job=self.job, apart=self.apart)
+                    bypassed=self.bypassed, qos_seconds=self.qos_seconds, job=self.job, apart=self.apart,
+                    domain=self.domain)
 
 
 @dataclass(slots=True)
@@ -197,11 +200,13 @@ class Books:
         qos_seconds: float | None = None,
         prestarted: bool = False,
         apart: frozenset[str] = frozenset(),
+        domain: str | None = None,
     ) -> Entry:
         """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it.
         ``qos_seconds``: an inference pod's latency target, which the share rule (``share_when_pays``) keeps.
         ``prestarted``: the pod runs behind ``gate --prestart`` (its start-up began now, not at its admission).
         ``apart``: the jobs it may not share a GPU with while it runs (``policies.apart_allows``).
+        ``domain``: its trust domain; it joins only GPUs whose clients are all of it (``gnnsched.trust.domain``).
 
         ``exclusive``: the pod runs alone on a whole GPU; it is booked at :meth:`whole_gpu_bytes` whatever ``bytes``
         says (its own estimate may exceed the shareable capacity: that is why it runs alone)."""
@@ -220,7 +225,7 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive, qos_seconds=qos_seconds,
-            prestarted=prestarted, apart=apart,
+            prestarted=prestarted, apart=apart, domain=domain,
         )
         self.queued[key] = e
         self._tasks[key] = e.task()
@@ -262,6 +267,8 @@ class Books:
         free = []
         # the apart rule reads the running clients' jobs whenever a queued or running entry has peers to keep apart
         apart = any(e.apart for e in self.queued.values()) or any(e.apart for e in self.running.values())
+        # ... and the trust-domain rule whenever the queue and the running clients hold domains that may not share
+        apart = apart or mixed([e.domain for e in self.queued.values()] + [e.domain for e in self.running.values()])
         for g in self.gpus.values():
             slots = g.max_clients - self.clients(g.index) if g.healthy else 0
             room = g.capacity_bytes - self.committed_bytes(g.index)
@@ -271,7 +278,7 @@ class Books:
                 room = min(room, g.total_bytes - g.used_bytes)
             running: tuple[Client, ...] = ()
             if self.spread or self.share_when_pays or apart:  # the load-aware and apart rules read the clients
-                running = tuple(Client(e.intensity, self.seconds_left(e, now), e.job, e.apart)
+                running = tuple(Client(e.intensity, self.seconds_left(e, now), e.job, e.apart, e.domain)
                                 for e in self.running.values() if e.gpu_index == g.index)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes, running))
         result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread,
@@ -311,6 +318,7 @@ class Books:
         intensity: str | None = None,
         exclusive: bool = False,
         apart: frozenset[str] = frozenset(),
+        domain: str | None = None,
     ) -> Entry:
         """Book a pod that was admitted before an agent restart (a reconnecting client or an annotated pod).
 
@@ -334,7 +342,7 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, gpu_index=gpu.index, group=group, admitted_at=admitted_at,
-            exclusive=exclusive, apart=apart,
+            exclusive=exclusive, apart=apart, domain=domain,
         )
         self.running[key] = e
         self.check()

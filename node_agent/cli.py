@@ -75,6 +75,11 @@ def node_agent(
         "work sooner than waiting for an idle GPU (and an inference pod's latency target holds); default: on "
         "memory alone (the robustness grid: the rule does not pay, docs/node-agent.md).",
     ),
+    trust_domain: str = typer.Option(
+        "namespace", "--trust-domain",
+        help="Whose pods may share a GPU (docs/node-agent.md): namespace (each namespace alone), label:<key> (the "
+        "namespaces whose Namespace label <key> has the same value; needs get on namespaces) or cluster (anyone).",
+    ),
     reserve_bytes: str = typer.Option(
         "1Gi", "--reserve-bytes", help="Memory per GPU the gate never commits (quantity)."
     ),
@@ -303,7 +308,12 @@ def node_agent(
     from gnnsched.node_agent.mps import MPSConfig, MPSManager
     from gnnsched.node_agent.mps_external import ExternalMPS
     from gnnsched.node_agent.status import FileStatusSink, StatusSink
+    from gnnsched.trust.domain import parse_trust_domain
 
+    try:
+        trust = str(parse_trust_domain(trust_domain, "--trust-domain"))
+    except ValueError as exc:
+        fail(str(exc))
     if peer_check == "cgroup" and not IS_LINUX:
         fail("--peer-check: cgroup needs Linux (SO_PEERCRED and /proc); use --peer-check off elsewhere")
     if jobs_uid >= 0 and not IS_LINUX:
@@ -369,7 +379,7 @@ def node_agent(
         pipe_directory=str(mps_pipe_dir), active_thread_percentage=atp, status_interval=status_interval,
         recovery_grace=recovery_grace, event_log=event_log, metrics_port=None if metrics_port < 0 else metrics_port,
         metrics_addr=metrics_addr, live_memory_check=live_memory_check, bypass_limit=bypass_limit,
-        spread=spread, share_when_pays=share_when_pays, startup_seconds=startup_seconds,
+        spread=spread, share_when_pays=share_when_pays, startup_seconds=startup_seconds, trust_domain=trust,
         state_dir=str(state_dir), jobs_uid=jobs_uid if jobs_uid >= 0 else None,
         workload_env=workload_env, measure_constants=measure_gpu_constants, fake_gpu_constants=fake_constants,
         constants_timeout=gpu_constants_timeout,
@@ -437,6 +447,13 @@ def mps_daemon(
         help="Host tmpfs mounted at /dev/shm here and in every job; the health reports whether /dev/shm really is it "
              "('none': not checked).",
     ),
+    clean_shm_dir: str = typer.Option(
+        "none",
+        "--clean-shm",
+        help="The shared tmpfs as this container sees it (the chart: /dev/shm): emptied when this command starts an "
+             "MPS daemon, since no client can be using it then ('none': never cleaned; outside the daemon's own "
+             "container leave it so, or the host's /dev/shm is emptied).",
+    ),
     jobs_uid: int = typer.Option(
         DEFAULT_JOBS_UID,
         "--jobs-uid",
@@ -475,9 +492,10 @@ def mps_daemon(
         help="Make --mps-shm-dir a fresh tmpfs (privileged init container, Bidirectional mount propagation) and exit.",
     ),
     shm_size: str = typer.Option(
-        "auto",
+        "1Gi",
         "--shm-size",
-        help="With --mount-shm: tmpfs size (auto: half the node's memory, as NVIDIA's mount-shm; or a quantity).",
+        help="With --mount-shm: tmpfs size, a quantity (default 1Gi: docs/node-agent.md says why) or auto (half "
+             "the node's memory, as NVIDIA's mount-shm).",
     ),
     disable: bool = typer.Option(
         False,
@@ -564,7 +582,8 @@ def mps_daemon(
         default_active_thread_percentage=active_thread_percentage or None, pinned_mem_limits=limits,
         owner_uid=jobs_uid, start_timeout=start_timeout,
     )
-    service = MPSDaemonService(MPSManager(cfg), state_dir, jobs_uid, None if mps_shm_dir == "none" else mps_shm_dir)
+    service = MPSDaemonService(MPSManager(cfg), state_dir, jobs_uid, None if mps_shm_dir == "none" else mps_shm_dir,
+                               shm_mount=None if clean_shm_dir == "none" else Path(clean_shm_dir))
     if disable:
         problems = service.disable()
         if problems:

@@ -68,6 +68,7 @@ from gnnsched.node_agent.protocol import (
     Rejected as RejectedReply,
 )
 from gnnsched.progress import REPORT_INTERVAL_S, StepProgress
+from gnnsched.trust.domain import DomainResolver
 
 log = logging.getLogger("gnnsched.node_agent.gate")
 
@@ -103,6 +104,9 @@ class GateConfig:
     # its successor can check the seals it wrote. The default, a fresh one, suits a gate with no successor.
     seal_key: bytes = field(default_factory=lambda: secrets.token_bytes(SEAL_KEY_BYTES), repr=False)
     max_connections_per_pod: int = MAX_CONNECTIONS_PER_POD  # gate_checks.ConnectionCap
+    # whose pods may share a GPU (node-agent --trust-domain; gnnsched.trust.domain): a GPU holding a client of
+    # another domain is not eligible for a pod
+    domains: DomainResolver = field(default_factory=DomainResolver)
 
 
 @dataclass(slots=True)
@@ -462,7 +466,7 @@ class GateServer:
                 key, pod_uid=req.pod_uid, bytes=demand.bytes, namespace=pod.namespace, name=pod.name,
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
                 exclusive=demand.exclusive, qos_seconds=demand.qos_seconds, prestarted=demand.prestarted,
-                apart=demand.apart,
+                apart=demand.apart, domain=await self.config.domains.of_async(pod.namespace),
             )
         except Rejected as exc:
             self._reject(exc.reason)
@@ -522,7 +526,8 @@ class GateServer:
             return
         try:
             if existing is None:
-                self._restore_resumed(key, req, pod, demand)
+                domain = await self.config.domains.of_async(pod.namespace)
+                self._restore_resumed(key, req, pod, demand, domain)
                 self._event("resumed", key=key, gpu=self.books.running[key].gpu_index, bytes=req.bytes)
             else:
                 self._check_reattach(existing, req)
@@ -555,7 +560,7 @@ class GateServer:
             raise Rejected("resume-mismatch", f"claimed {req.bytes} B on {req.gpu_uuid}; this agent admitted "
                                               f"{e.key} with {e.bytes} B on {gpu.uuid if gpu else '?'}")
 
-    def _restore_resumed(self, key: str, req: ResumeRequest, pod: PodInfo, demand: Demand) -> None:
+    def _restore_resumed(self, key: str, req: ResumeRequest, pod: PodInfo, demand: Demand, domain: str) -> None:
         """Book a resume that is not in the books: only a workload this node's agent admitted (its seal on the pod,
         for this key and GPU, not finished since), within the recovery grace after a restart, on a healthy GPU that
         has room; everything else asks with ``admit`` (gate_checks module docstring)."""
@@ -584,6 +589,7 @@ class GateServer:
             key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
             name=pod.name, job=demand.job, group=ann.get(ANN_GROUP), admitted_at=parse_rfc3339(admitted_at),
             qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
+            domain=domain,
         )
 
     # --- pods: adoption after restart, release when gone ----------------------------------------------------------
@@ -615,6 +621,7 @@ class GateServer:
                     name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
                     admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
                     intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
+                    domain=await self.config.domains.of_async(pod.namespace),
                 )
                 self._event("adopted", key=key, bytes=demand.bytes)
             except (Rejected, IdentityError) as exc:

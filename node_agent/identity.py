@@ -306,6 +306,16 @@ class FilePodLookup:
     def get(self, namespace: str, name: str) -> PodInfo | None:
         return next((p for p in self._infos() if p.namespace == namespace and p.name == name), None)
 
+    def namespace_labels(self, name: str) -> dict[str, str] | None:
+        """The labels of Namespace ``name`` from the file's ``namespaces`` list (``--trust-domain label:<key>``);
+        None when it is not listed."""
+        for ns in self._load().get("namespaces") or []:
+            meta = ns.get("metadata") if isinstance(ns, dict) else None
+            if isinstance(meta, dict) and meta.get("name") == name:
+                labels = meta.get("labels") or {}
+                return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+        return None
+
     def on_node(self, node_name: str) -> list[PodInfo]:
         return [p for p in self._infos() if p.node_name in (None, node_name)]
 
@@ -386,6 +396,19 @@ class KubePodLookup:
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
         self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+
+    def namespace_labels(self, name: str) -> dict[str, str] | None:
+        """Namespace ``name``'s labels (``--trust-domain label:<key>``; needs get on namespaces); None if absent."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            ns = self._core.read_namespace(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        meta = ns.metadata
+        return dict((meta.labels if meta is not None else None) or {})
 
 
 @dataclass(frozen=True, slots=True)

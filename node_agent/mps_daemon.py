@@ -88,6 +88,15 @@ def dev_shm_binding(shm_dir: str | os.PathLike[str], mountinfo: str | None = Non
 
 SHM_FALLBACK_SIZE = "65536k"
 
+DEFAULT_SHM_SIZE = "1Gi"
+"""The shared ``/dev/shm`` tmpfs's size by default (``--shm-size``, chart ``node.mps.shmSize``). Why bounded: the
+tmpfs is one for the node and outlives the pods that write to it, so at NVIDIA's "half the node's memory" one tenant
+could hold half the node's RAM past its pod's life (issue 39). Why 1 GiB: what MPS itself puts there is one 4 KiB
+``cuda.shm.*`` file per client (NVIDIA/k8s-device-plugin#467), 48 clients x 8 GPUs = 1.5 MiB; the built-in worker
+samples in threads and shares nothing through it; what is left is for custom entrypoints that share tensors between
+processes (torch DataLoader workers pass batches through ``/dev/shm``), the same order as a container's own
+``/dev/shm`` that Docker sizes at 64 MiB. An image that needs more: raise it (``auto`` restores half the memory)."""
+
 
 def shm_size_from_meminfo(meminfo: str) -> str:
     """Half the node's memory for the shared tmpfs, as NVIDIA's ``mount-shm`` sizes it (a tmpfs only takes what is
@@ -147,6 +156,33 @@ def mount_shm(shm_dir: str | os.PathLike[str], size: str | None = None, mountinf
     return commands
 
 
+def clean_shm(path: str | os.PathLike[str]) -> list[str]:
+    """Remove every entry of the shared ``/dev/shm`` (``path``: the daemon's view of it). Called when this daemon
+    starts a control daemon of its own: no MPS server runs then, so no client can be using anything there (every
+    client dies with its server), and what is left is an earlier run's: stale ``cuda.shm.*`` files and whatever a
+    tenant's pod wrote and never removed, which would otherwise hold node memory past the pods' lives. Returns the
+    names removed; an entry that cannot be removed is logged and left."""
+    root = Path(path)
+    removed: list[str] = []
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as exc:
+        log.warning("cannot list %s to clean it: %s", root, exc)
+        return removed
+    for entry in entries:
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            removed.append(entry.name)
+        except OSError as exc:
+            log.warning("cannot remove %s: %s", entry, exc)
+    if removed:
+        log.info("cleaned %d stale entries from %s", len(removed), root)
+    return removed
+
+
 def pinned_limit_mib(total_bytes: int, reserve_bytes: int) -> str:
     """The ``auto`` default limit for one GPU: its memory less the reserve no client may take, in whole MiB
     (``set_default_device_pinned_mem_limit`` takes M/G suffixes). Never above what the gate could ever admit, so it
@@ -163,6 +199,8 @@ class MPSDaemonService:
     state_dir: Path
     jobs_uid: int | None = None
     shm_dir: str | None = None  # host path of the shared tmpfs, to check /dev/shm against (None: not checked)
+    # the shared tmpfs as this container sees it, emptied when this service starts a daemon (clean_shm); None: never
+    shm_mount: Path | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -206,6 +244,8 @@ class MPSDaemonService:
     def run(self, interval: float) -> None:
         """Supervise until :meth:`stop`: probe, restart when gone, publish health every ``interval`` seconds."""
         self._prepare_state_dir()
+        if self.shm_mount is not None and not self.manager.probe():
+            clean_shm(self.shm_mount)  # no daemon, so no server and no client: what is there is stale
         while not self._stop.is_set():
             self.check()
             self._stop.wait(interval)

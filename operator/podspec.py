@@ -32,6 +32,7 @@ contradict the administrator's selector.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Collection
 from typing import Any
@@ -69,6 +70,7 @@ from gnnsched.contract import (
 )
 from gnnsched.errors import FieldError
 from gnnsched.fault_classes import format_fault_peers
+from gnnsched.quantity import parse_bytes
 from gnnsched.spec import DNS_SUBDOMAIN, GNNJobSpec, NodeSelector, SpecError, Toleration
 
 from .planning import Plan
@@ -80,6 +82,14 @@ LABEL_ATTEMPT = "gnnsched.io/attempt"
 TERMINATION_LOG = "/dev/termination-log"
 MAX_NAME = 253
 MAX_LABEL = 63
+DEFAULT_MEMORY_LIMIT_FACTOR = 2.0
+"""A job container's memory limit is this multiple of its right-sized memory request (``--memory-limit-factor``,
+chart ``jobs.memoryLimitFactor``; 0: no limit). Why a limit: without one a pod may take the node's memory, and the
+pages it writes to the MPS ``/dev/shm`` tmpfs are charged to its cgroup, so the limit also bounds what one tenant's
+pod puts there (issue 39). Why twice: the request is an estimate, not a measurement: its floor
+(``gnnsched.host_footprint``) has a measured loading-peak factor (2.3 on Cora against the 2.5 allowed) but an
+unverified 1 GiB CUDA allowance, and knows nothing of a custom entrypoint's own host memory; a limit at the request
+would turn every under-estimate into an OOMKilled attempt. The limit is there to bound a tenant, not to size a job."""
 
 
 def default_tolerations() -> list[Toleration]:
@@ -96,6 +106,22 @@ class JobPodSettings(BaseModel):
     runtime_class_name: str = Field(default=DEFAULT_JOB_RUNTIME_CLASS, max_length=253)  # "" = none
     tolerations: list[Toleration] = Field(default_factory=default_tolerations)
     node_selector: NodeSelector = Field(default_factory=dict)
+    # The job container's memory limit as a multiple of its right-sized memory request (0: no limit). See
+    # DEFAULT_MEMORY_LIMIT_FACTOR for the default's reason.
+    memory_limit_factor: float = Field(default=DEFAULT_MEMORY_LIMIT_FACTOR, ge=0, le=100)
+
+    @field_validator("memory_limit_factor")
+    @classmethod
+    def _limit_factor(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError(f"{value} would put the limit below the request (0 = no limit, else >= 1)")
+        return value
+
+    def memory_limit(self, request: str | None) -> str | None:
+        """The container's memory limit for the memory request ``request`` (a quantity), None for none."""
+        if request is None or not self.memory_limit_factor:
+            return None
+        return str(math.ceil(parse_bytes(request) * self.memory_limit_factor))
 
     @field_validator("runtime_class_name")
     @classmethod
@@ -148,7 +174,8 @@ class JobPodSettings(BaseModel):
 
 
 def job_pod_settings(run_as_user: int = DEFAULT_JOBS_UID, runtime_class_name: str = DEFAULT_JOB_RUNTIME_CLASS,
-                     tolerations_json: str | None = None, node_selector_json: str | None = None) -> JobPodSettings:
+                     tolerations_json: str | None = None, node_selector_json: str | None = None,
+                     memory_limit_factor: float = DEFAULT_MEMORY_LIMIT_FACTOR) -> JobPodSettings:
     """``JobPodSettings`` from the operator's flags (JSON for the list and the map, as the chart passes them).
 
     Raises ``FieldError`` naming the flag and the problem, for a one-line CLI error."""
@@ -156,7 +183,8 @@ def job_pod_settings(run_as_user: int = DEFAULT_JOBS_UID, runtime_class_name: st
 
     from pydantic import ValidationError
 
-    fields: dict[str, Any] = {"run_as_user": run_as_user, "runtime_class_name": runtime_class_name or ""}
+    fields: dict[str, Any] = {"run_as_user": run_as_user, "runtime_class_name": runtime_class_name or "",
+                              "memory_limit_factor": memory_limit_factor}
     for flag, key, text, kind in (("--tolerations", "tolerations", tolerations_json, list),
                                   ("--node-selector", "node_selector", node_selector_json, dict)):
         if text is None or not text.strip():
@@ -176,7 +204,8 @@ def job_pod_settings(run_as_user: int = DEFAULT_JOBS_UID, runtime_class_name: st
         err = exc.errors()[0]
         loc = [str(part) for part in err["loc"]]
         flag = {"run_as_user": "--run-as-user", "runtime_class_name": "--runtime-class-name",
-                "tolerations": "--tolerations", "node_selector": "--node-selector"}.get(loc[0], loc[0]) if loc else ""
+                "tolerations": "--tolerations", "node_selector": "--node-selector",
+                "memory_limit_factor": "--memory-limit-factor"}.get(loc[0], loc[0]) if loc else ""
         where = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc[1:])
         message = str(err["msg"]).removeprefix("Value error, ")
         raise FieldError(flag + where, message) from None
@@ -285,6 +314,9 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         requests["cpu"] = plan.scaled_cpu
     if plan.scaled_memory is not None:
         requests["memory"] = plan.scaled_memory
+    memory_limit = settings.memory_limit(plan.scaled_memory)
+    if memory_limit is not None:  # bounds what one tenant's pod takes of the node, /dev/shm pages included
+        limits["memory"] = memory_limit
     annotations = {
         ANN_JOB: f"{meta['namespace']}/{meta['name']}",
         ANN_ADMIT_BYTES: str(plan.admit_bytes),

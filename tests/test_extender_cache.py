@@ -24,6 +24,7 @@ from gnnsched.extender.fake import parse_fake_cluster, populate
 from gnnsched.extender.pods import PodError, parse_pod
 from gnnsched.gpu.catalogue import GiB, get_gpu_model
 from gnnsched.interference import load_default
+from gnnsched.trust.domain import DomainResolver
 
 NOW = 1_800_000_000.0
 
@@ -60,7 +61,9 @@ def gpu(index: int, model: str = "A100-80GB", *, running=(), queued=(), healthy=
 
 
 def job(uid: str, gib: float, remaining: float, intensity: str | None = None) -> GPUJob:
-    return GPUJob(pod_uid=uid, bytes=int(gib * GiB), predicted_remaining_seconds=remaining, intensity=intensity)
+    # in make_pod's namespace: the trust-domain rule (gnnsched.trust.domain) keeps other namespaces' pods apart
+    return GPUJob(pod_uid=uid, namespace="ns", bytes=int(gib * GiB), predicted_remaining_seconds=remaining,
+                  intensity=intensity)
 
 
 def status(name: str, *gpus: GPUStatus, mps_healthy: bool = True) -> GPUNodeStatus:
@@ -261,7 +264,8 @@ def test_fake_cluster_spec_and_population() -> None:
     for bad in ("", "x8", "0x8", "10x0", "10x8xNOPE"):
         with pytest.raises(ValueError):
             parse_fake_cluster(bad)
-    c = ClusterCache(load_default(), clock=lambda: NOW)
+    # the fake pods run in namespace "fake": without cluster-wide sharing every busy GPU is another domain's
+    c = ClusterCache(load_default(), clock=lambda: NOW, domains=DomainResolver("cluster"))
     populate(c, spec, anchor=NOW)
     assert c.node_count == 30
     d = parse_pod(make_pod("p", 8))

@@ -30,7 +30,8 @@ NODES = [f"node-{i}" for i in range(40)]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     state = tmp_path_factory.mktemp("fake") / "state.json"
-    app = build_app(ExtenderOptions(fake_cluster="40x4", fake_state=state))
+    # the fake cluster's pods run in namespace "fake": these tests are about the verbs, not the trust-domain rule
+    app = build_app(ExtenderOptions(fake_cluster="40x4", fake_state=state, trust_domain="cluster"))
     with LoopbackServer(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
         yield client
 

@@ -553,7 +553,9 @@ def test_the_simulated_extender_keeps_fault_peers_apart_as_the_extender_does(ix:
                     index=g.index, uuid=f"GPU-{row}-{g.index}", model=g.model, total_bytes=g.total,
                     reserve_bytes=g.reserve, committed_bytes=g.committed, healthy=g.quarantine_until <= sim.now,
                     max_clients=sim.per_gpu_cap or g.max_clients,
-                    running=[GPUJob(pod_uid=f"u{j.id}", job=str(j.id), bytes=j.profile(g.model).admit_bytes,
+                    # in the demand's namespace, as the simulated jobs all share one (the trust-domain rule agrees)
+                    running=[GPUJob(pod_uid=f"u{j.id}", namespace="sim", job=str(j.id),
+                                    bytes=j.profile(g.model).admit_bytes,
                                     predicted_remaining_seconds=60.0, fault_peers=sorted(apart.get(j.id, ())))
                              for j in clients]))
             cache.upsert_gpunode(GPUNodeStatus(node_name=f"n{row}", updated_at=stamp, mps=MPSStatus(), gpus=gpus),

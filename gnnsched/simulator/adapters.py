@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,7 +242,8 @@ class Integrations:
             if not fits:
                 return []
             apart = sim.loop.apart if sim.loop is not None else None  # job id -> jobs kept apart from it
-            if sim.policy.share or (sim.policy.spread and len(gpus) > 1) or apart:
+            domain_of = sim.job_domain if sim.domains_mixed else None  # the trust-domain rule reads clients too
+            if sim.policy.share or (sim.policy.spread and len(gpus) > 1) or apart or domain_of:
                 # the load-aware rules read each GPU's running clients: intensity and predicted seconds left, from
                 # what the gate knows (admission time and predicted solo runtime), not from the simulated truth.
                 # Each run's predicted end is fixed for its life (policies.predicted_end): kept on the run, so a
@@ -265,7 +267,8 @@ class Integrations:
                                     r.job.profile(g.model).predicted_s, start))
                             jid = r.job.id
                             running.append(client(c[0], seconds_left(c[1], now, progress_of(r)), str(jid),
-                                                  apart.get(jid, frozenset()) if apart else frozenset()))
+                                                  apart.get(jid, frozenset()) if apart else frozenset(),
+                                                  domain_of[jid] if domain_of else None))
                         f = pol.GPUFree(index=f.index, free_bytes=f.free_bytes, free_slots=f.free_slots,
                                         capacity_bytes=f.capacity_bytes, running=tuple(running))
                     with_clients.append(f)
@@ -300,7 +303,8 @@ class Integrations:
                                              qt_seconds=prof.predicted_s, intensity=prof.intensity,
                                              bypassed=sim.bypassed.get(jid, 0),
                                              qos_seconds=job.qos_target_s if job.mode == "infer" else None,
-                                             job=str(jid), apart=loop_apart.get(jid, frozenset())), job)
+                                             job=str(jid), apart=loop_apart.get(jid, frozenset()),
+                                             domain=sim.job_domain.get(jid) if sim.domains_mixed else None), job)
             append(hit[0])
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
@@ -329,7 +333,7 @@ class Integrations:
                 # replace(task, bypassed=count), built directly (replace() re-reads the fields at every call)
                 cache[jid] = (pol.Task(key=task.key, bytes=task.bytes, seq=task.seq, qt_seconds=task.qt_seconds,
                                        intensity=task.intensity, bypassed=count, qos_seconds=task.qos_seconds,
-                                       job=task.job, apart=task.apart), job)
+                                       job=task.job, apart=task.apart, domain=task.domain), job)
             if sim.bypassed:
                 for a in plan:
                     for t in a.tasks:
@@ -535,27 +539,32 @@ class PlacementView:
         (``sim.loop.apart``). Empty at once when nothing keeps this job apart (the simulator's common case)."""
         sim = self.sim
         apart = sim.loop.apart if sim.loop is not None else None
-        if not apart:
+        domains = sim.job_domain if sim.domains_mixed else None  # the trust-domain rule (ClusterCache._blocked)
+        if not apart and not domains:
             return {}
+        apart = apart or {}
         me, mine = str(job.id), apart.get(job.id, frozenset())
-        if not mine and not any(me in peers for peers in apart.values()):
+        if not domains and not mine and not any(me in peers for peers in apart.values()):
             return {}
         pl = self.pl
         none: frozenset[str] = frozenset()
+        domain = domains[job.id] if domains else None
+        dom: Mapping[int, str | None] = domains or {}
 
         def gpus() -> Any:
             for col, row in enumerate(cands.tolist()):
                 node = sim.nodes[row]
                 for slot, g in enumerate(node.gpus):
-                    occ = [pl.Occupant(str(r.job.id), apart.get(r.job.id, none), self._run_entry(r, g)[0])
-                           for r in g.running]
+                    occ = [pl.Occupant(str(r.job.id), apart.get(r.job.id, none), self._run_entry(r, g)[0],
+                                       dom.get(r.job.id)) for r in g.running]
                     for jid, j in sim.reserved_on.get((node.idx, g.index), {}).items():
                         occ.append(pl.Occupant(str(jid), apart.get(jid, none),
-                                               sim.reserved_at.get(jid, sim.now) + j.profile(g.model).predicted_s))
+                                               sim.reserved_at.get(jid, sim.now) + j.profile(g.model).predicted_s,
+                                               dom.get(jid)))
                     if occ:
                         yield (slot, col), occ
 
-        return pl.apart_blocked(me, mine, gpus())
+        return pl.apart_blocked(me, mine, gpus(), domain)
 
     def _apart_passed(self, passed: np.ndarray, good: np.ndarray, blocked: dict[tuple[int, int], float],
                       cols: slice | np.ndarray) -> np.ndarray:

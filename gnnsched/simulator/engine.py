@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,6 +34,7 @@ from gnnsched.simulator.faults import APP_FAULT_XID, HW_FAULT_XID, QUARANTINE_S,
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
 from gnnsched.simulator.runtime_loop import RuntimeLoop
+from gnnsched.trust.domain import DEFAULT_TRUST_DOMAIN, DomainResolver, mixed
 
 if TYPE_CHECKING:  # adapters imports this module's state classes at run time
     from gnnsched.simulator.adapters import Integrations
@@ -179,8 +180,17 @@ class Simulation:
     def __init__(self, jobs: list[SimJob], cluster: ClusterSpec, policy: PolicySpec, integrations: Integrations,
                  *, horizon: float | None = None, max_clients: int | None = None, reserve_bytes: int = 0,
                  startup_s: float = STARTUP_S, record_timeline: bool = True,
-                 progress: Callable[[int, int], None] | None = None, loop: LoopBooks | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, loop: LoopBooks | None = None,
+                 trust_domain: str = DEFAULT_TRUST_DOMAIN,
+                 namespace_labels: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
+        # The trust-domain rule (gnnsched.trust.domain), as the node agent and the extender apply it: each job's
+        # domain from its namespace (and, under label:<key>, ``namespace_labels``); ``domains_mixed``: the run has
+        # jobs of domains that may not share, so the gate's and the extender's views read every client's domain.
+        labels = namespace_labels or {}
+        resolver = DomainResolver(trust_domain, labels.get)
+        self.job_domain: dict[int, str | None] = {j.id: resolver.of(j.namespace) for j in self.jobs}
+        self.domains_mixed = mixed(self.job_domain.values())
         self.policy = policy
         self.base = policy.base
         # the policy's flags the per-event code tests (a frozen PolicySpec: fixed for the run; is_gnnsched is a

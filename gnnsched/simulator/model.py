@@ -56,6 +56,7 @@ class SimJob:
     scaled_memory_bytes: int | None = None
     scaled_solo_factor: float = 1.0
     labels: dict[str, str] = field(default_factory=dict)
+    namespace: str = "default"  # its namespace: the trust domain's (gnnsched.trust.domain; Simulation trust_domain)
 
     def profile(self, gpu_model: str) -> JobProfile:
         try:

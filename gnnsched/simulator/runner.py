@@ -37,6 +37,7 @@ from gnnsched.simulator.runtime_error import (
     with_true_runtimes,
 )
 from gnnsched.simulator.workload_types import Workload
+from gnnsched.trust.domain import DEFAULT_TRUST_DOMAIN
 
 MAX_EPOCHS = 1_000_000
 
@@ -154,7 +155,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         progress: Callable[[str, int, int], None] | None = None, jobs: list[SimJob] | None = None,
         estimate_error: EstimateError = NO_ERROR, faults: FaultModel = NO_FAULTS,
         backoff_limit: int | None = None, runtime_error: RuntimeErrorDist = NO_RUNTIME_ERROR,
-        engine: type[Simulation] = Simulation) -> Report:
+        engine: type[Simulation] = Simulation, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> Report:
     """Cost the workload once, then simulate it under every policy (with ``estimate_error`` / ``faults``, the closed
     loop of :mod:`gnnsched.simulator.faults`: the same true peaks, hardware faults and buggy jobs for every policy).
     ``backoff_limit``: every job's; without it the workload's, except a closed-loop run's baselines, which get
@@ -162,7 +163,8 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
     runtime while the policies see the prior's (:mod:`gnnsched.simulator.runtime_error`); the report then also holds
     the same run with exact predictions (``runtime_error["oracle"]``, ``oracle_results``). ``engine``: the simulation
     class; a what-if bench (``bench/fault_what_if.py``) passes a subclass that changes one rule, so that its figures
-    differ from the system's by that rule alone."""
+    differ from the system's by that rule alone. ``trust_domain``: whose jobs may share a GPU (``SimJob.namespace``,
+    :mod:`gnnsched.trust.domain`; the chart's ``sharing.trustDomain``)."""
     placement_only = [p for p in policies if p.base in PLACEMENT_ONLY]
     if placement_only:
         if runtime_error.active:
@@ -175,7 +177,7 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         truth = with_true_runtimes(jobs, runtime_multipliers(jobs, runtime_error, seed))
         again = partial(run, workload, cluster, policies, seed, ix, startup_s=startup_s,
                         record_timeline=record_timeline, progress=progress, estimate_error=estimate_error,
-                        faults=faults, backoff_limit=backoff_limit, engine=engine)
+                        faults=faults, backoff_limit=backoff_limit, engine=engine, trust_domain=trust_domain)
         report = again(jobs=truth)
         oracle = again(jobs=as_oracle(truth))
         report.oracle_results = oracle.results
@@ -207,7 +209,8 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
             run_jobs = baseline_jobs
         sim = engine(run_jobs, cluster, spec, ix, horizon=workload.horizon, max_clients=workload.max_clients,
                          startup_s=startup_s, record_timeline=record_timeline,
-                         progress=partial(progress, spec.text) if progress else None, loop=loop)
+                         progress=partial(progress, spec.text) if progress else None, loop=loop,
+                         trust_domain=trust_domain)
         result = sim.run()
         report.results[spec.text] = result
         report.policies[spec.text] = summarise(result)

@@ -1,0 +1,1 @@
+"""Trust: which tenants' workloads may share what (``gnnsched.trust.domain``)."""

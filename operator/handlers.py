@@ -58,6 +58,8 @@ from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, UNKNOWN_GPU_MODEL, measure
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
+from gnnsched.trust.job_facts import STATUS_FIELD as STATUS_FACTS
+from gnnsched.trust.job_facts import facts_patch, facts_status, with_annotations
 
 from .admission import (
     REFUSED,
@@ -681,6 +683,8 @@ class Operator:
         ``PodCreated=False`` condition and a ``FailedCreate`` Warning event."""
         name = obj["metadata"]["name"]
         generation = _dict(body.get("metadata")).get("generation")
+        if not is_probe_pod(obj):
+            self._write_facts(body, status, facts_status(obj))  # before the pod exists: see gnnsched.trust.job_facts
         try:
             pod = self._ensure(ref, body, obj, kind="Pod")
         except KubeError as exc:
@@ -709,7 +713,17 @@ class Operator:
                                               generation if isinstance(generation, int) else None)
             new["message"] = None
             self._write(body, status, new)
+        uid = _dict(pod.get("metadata")).get("uid")
+        if not is_probe_pod(obj) and isinstance(uid, str) and uid:
+            self._write_facts(body, status, {**facts_status(obj), "podUid": uid})
         return pod
+
+    def _write_facts(self, body: dict[str, Any], status: dict[str, Any], facts: dict[str, Any]) -> None:
+        """Record the attempt's pod and the facts it was planned with in ``status.podFacts``, the one place the
+        extender and the node agent read them from (a tenant cannot write a status subresource)."""
+        if status.get(STATUS_FACTS) != facts:
+            self._write(body, status, dict(status, **{STATUS_FACTS: facts_patch(status.get(STATUS_FACTS), facts)}))
+            status[STATUS_FACTS] = facts
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
                        pod: str, attempt_reason: str | None = None) -> str | None:
@@ -1249,12 +1263,21 @@ class Operator:
         current = _dict(meta.get("annotations"))
         if all(current.get(key) == value for key, value in annotations.items()):
             new.update(_plan_fields(updated))  # the pod was patched; the status had not caught up yet
+            self._follow_facts(new, annotations)
             return updated
         if not self._patch_waiting_pod(job, name, version, current, dict(annotations)):
             return plan
         new.update(_plan_fields(updated))
+        self._follow_facts(new, annotations)
         self._event(job, "Normal", "Replanned", f"pod {name} waits for a node: " + "; ".join(changes))
         return updated
+
+    @staticmethod
+    def _follow_facts(new: dict[str, Any], annotations: dict[str, str] | dict[str, str | None]) -> None:
+        """The status facts follow a waiting pod's re-planned annotations (written with the rest of ``new``)."""
+        facts = with_annotations(new.get(STATUS_FACTS), annotations)
+        if facts is not None:
+            new[STATUS_FACTS] = facts
 
     def _patch_waiting_pod(self, job: dict[str, Any], name: str, version: str, current: dict[str, Any],
                            wanted: dict[str, str | None]) -> bool:
@@ -1313,6 +1336,7 @@ class Operator:
                    f"{fresh.admit_bytes} bytes), " + ("it shares a GPU" if not fresh.exclusive
                                                       else f"alone for {fresh.exclusive_reason}"))
         new.update(_plan_fields(fresh))
+        self._follow_facts(new, wanted)
         new["conditions"] = set_condition(
             new.get("conditions"), "Exclusive", "True" if fresh.exclusive else "False",
             str(fresh.exclusive_reason) if fresh.exclusive else "DeviceConstantsKnown",

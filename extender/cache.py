@@ -45,6 +45,8 @@ from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_a
 
 #: Reservations not reported by the node agent within this many seconds are dropped.
 DEFAULT_RESERVATION_TTL = 300.0
+#: How far in the future a recorded reservation's ``at`` may lie and still count (clocks of extender replicas differ).
+RESERVATION_CLOCK_SKEW = 5.0
 
 # Reason codes, also the ``reason`` label of the nodes-filtered-out metric.
 R_UNKNOWN = "unknown_node"
@@ -395,7 +397,8 @@ class ClusterCache:
                 ann = (meta.get("annotations") or {}).get(ANN_RESERVATION)
                 if ann and uid not in self._reservations:
                     res = reservation_from_pod(pod, self.interference)
-                    if res is not None and not self._is_reported(res) and not self._expired(res, self.clock()):
+                    if res is not None and not self._is_reported(res) \
+                            and reservation_counts(res, node_name, self.clock(), self.reservation_ttl):
                         self._add_reservation(res, replay=True)
                         touched.add(res.node)
             for name in touched:
@@ -799,6 +802,23 @@ class ClusterCache:
             ]
 
 
+def reservation_counts(res: Reservation, node_name: str | None, now: float, ttl: float) -> bool:
+    """Whether a reservation read back from a pod's ``gnnsched.io/reservation`` annotation counts against its GPU.
+
+    The rule (issue 39, finding 3): it counts only for a pod whose ``spec.nodeName`` is the reservation's node, and
+    only while its ``at`` is past and unexpired: ``at <= now + RESERVATION_CLOCK_SKEW`` and ``now - at <= ttl``.
+
+    Why: the annotation is on the pod, and whoever can create or patch a pod can write it. The extender writes it
+    when it binds the pod, so an honest one names the node the pod is bound to and a time before now; once its TTL
+    is past the node agent's own report has taken over (or the pod never arrived). A hand-written one on a pod that
+    is never bound, with an ``at`` in the future, used to count for ever (``now - at`` never exceeded the TTL) and
+    dropped a node's score for everyone; one with an ``at`` far ahead would count until that time. Neither does now:
+    an unbound pod, a pod bound elsewhere, and a future ``at`` (beyond the clock skew allowed between extender
+    replicas) each make it count for nothing. The extender's own reservations, made at bind, are kept in memory and
+    do not go through this rule."""
+    return node_name == res.node and res.at <= now + RESERVATION_CLOCK_SKEW and now - res.at <= ttl
+
+
 def reservation_from_pod(pod: dict, interference: InterferenceModel | None = None) -> Reservation | None:
     """The reservation recorded on a pod's ``gnnsched.io/reservation`` annotation, or None if absent/invalid."""
     meta = pod.get("metadata") or {}
@@ -864,5 +884,6 @@ __all__ = [
     "W_FRAG",
     "node_allocatable",
     "parse_pod",
+    "reservation_counts",
     "reservation_from_pod",
 ]

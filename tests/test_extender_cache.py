@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import datetime, timezone
 
@@ -269,3 +270,37 @@ def test_fake_cluster_spec_and_population() -> None:
     assert c.filter(d, rows).passed.sum() >= 25
     scores = c.score(d, rows)
     assert scores.max() == 10 and len(set(scores.tolist())) > 1
+
+
+def test_a_hand_written_reservation_counts_only_bound_past_and_unexpired() -> None:
+    """Issue 39, finding 3: a ``gnnsched.io/reservation`` written by hand on a pod that is never bound, with an
+    ``at`` in the future, never expired and dropped node one's score for everyone. A reservation read back from a
+    pod counts only for a pod bound to its node, while its ``at`` is past and within the TTL
+    (``reservation_counts``): the forged ones leave the scores as they were, an honest one still counts."""
+    def fresh() -> ClusterCache:
+        c = ClusterCache(load_default(), clock=lambda: NOW, reservation_ttl=300)
+        c.upsert_gpunode(status("one", gpu(0)), now=NOW)
+        c.upsert_gpunode(status("two", gpu(0)), now=NOW)
+        return c
+
+    def forged(name: str, at: float, node: str | None) -> dict:
+        stamp = datetime.fromtimestamp(at, tz=timezone.utc).isoformat()
+        pod = make_pod(name, 70, annotations={ANN_RESERVATION: json.dumps(
+            {"node": "one", "gpu": 0, "bytes": 70 * GiB, "at": stamp})})
+        if node is not None:
+            pod["spec"] = {**pod["spec"], "nodeName": node}
+        return pod
+
+    c = fresh()
+    probe = parse_pod(make_pod("probe", 10))
+    rows = c.index_of(["one", "two"])
+    clean = c.score(probe, rows).tolist()
+    for pod in (forged("never-bound", NOW + 3600, None), forged("never-bound-past", NOW - 10, None),
+                forged("far-future", NOW + 86400 * 365, "one"), forged("elsewhere", NOW - 10, "two"),
+                forged("expired", NOW - 301, "one")):
+        c.upsert_pod(pod)
+        assert c.reservations() == [], pod["metadata"]["name"]
+        assert c.score(probe, rows).tolist() == clean
+    c.upsert_pod(forged("bound-now", NOW - 10, "one"))  # what the extender's own bind leaves: it counts
+    assert [r.name for r in c.reservations()] == ["bound-now"]
+    assert c.score(probe, rows).tolist() != clean

@@ -101,7 +101,7 @@ from .resize import (
     settle_without_verdict,
     verdict_wait_seconds,
 )
-from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
+from .status import TERMINAL, PodView, measured_peak, measured_runtime, now_rfc3339, set_condition, view_pod
 
 log = logging.getLogger("gnnsched.operator")
 
@@ -510,7 +510,7 @@ class Operator:
             conditions = list(status.get("conditions") or [])
         if plan is None:
             try:
-                table, runtime = self._calibration_tables() or (None, None)
+                table, runtime = self._calibration_tables(ref.namespace) or (None, None)
                 with self.metrics.plan_seconds.time():
                     plan = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(status),
                                              runtime_calibration=runtime)
@@ -898,11 +898,11 @@ class Operator:
             new.setdefault("finishedAt", now)
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None:  # its peak and its runtime, in one write of the calibration object
+                # measured by the node agent (NVML) and the kubelet, never what the container says about itself
+                peak, seconds = measured_peak(pod), measured_runtime(pod)
                 self._record([
-                    self._peak_sample(job, pod, plan, view.observed_peak_bytes, attempt)
-                    if view.observed_peak_bytes is not None else None,
-                    self._runtime_sample(job, pod, plan, view.observed_runtime_seconds, attempt)
-                    if view.observed_runtime_seconds is not None else None,
+                    self._peak_sample(job, pod, plan, peak, attempt) if peak is not None else None,
+                    self._runtime_sample(job, pod, plan, seconds, attempt) if seconds is not None else None,
                 ])
         self._write(job, status, new, message=message)
 
@@ -1086,11 +1086,11 @@ class Operator:
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)
 
-    def _calibration_tables(self) -> tuple[CalibrationTable, CalibrationTable] | None:
-        """The cluster's memory and runtime calibration tables; ``None`` (static factors) when they cannot be read
-        for a lasting reason."""
+    def _calibration_tables(self, namespace: str) -> tuple[CalibrationTable, CalibrationTable] | None:
+        """The memory and runtime calibration tables a job of ``namespace`` is planned with (its own samples and the
+        bounded cluster prior); ``None`` (static factors) when they cannot be read for a lasting reason."""
         try:
-            return self.calibration.tables()
+            return self.calibration.tables(namespace)
         except KubeError as exc:
             if exc.transient:
                 raise
@@ -1115,7 +1115,8 @@ class Operator:
             return None
         cls = CalibrationClass(gpu_model=model, arch=spec.model.model_class, mode=spec.mode, container=plan.container)
         uid = _dict(job.get("metadata")).get("uid")
-        return CalibrationSample(cls=cls, ratio=observed / need, attempt_key=f"{uid}/{attempt}", exceeded=exceeded)
+        return CalibrationSample(cls=cls, ratio=observed / need, attempt_key=f"{uid}/{attempt}", exceeded=exceeded,
+                                 namespace=_job_ref(job).namespace)
 
     def _attempt_gpu_model(self, pod: dict[str, Any]) -> str | None:
         """The model of the GPU the node agent says the pod ran on, ``None`` when unknown."""
@@ -1150,7 +1151,8 @@ class Operator:
         cls = runtime_class(spec, plan.runtime_gpu_model, plan.container)
         uid = _dict(job.get("metadata")).get("uid")
         return CalibrationSample(cls=cls, ratio=observed / (predicted / (plan.runtime_factor or 1.0)),
-                                 attempt_key=f"{uid}/{attempt}/runtime", runtime=True, model=plan.runtime_model)
+                                 attempt_key=f"{uid}/{attempt}/runtime", runtime=True, model=plan.runtime_model,
+                                 namespace=_job_ref(job).namespace)
 
     def _record(self, samples: list[CalibrationSample | None]) -> None:
         """Record an attempt's samples in one write; a factor that moved re-plans the pods still waiting for a node.
@@ -1200,7 +1202,7 @@ class Operator:
         next runtime sample is taken against the bare prediction. A reservation that is not the estimate's
         (``gpuMemory``, a resize, a whole GPU) is the user's or the loop's own and is kept. The pod's PriorityClass
         (kube-scheduler's queue order) cannot follow: a pod's priority is immutable. Returns the plan now in force."""
-        tables = self._calibration_tables()
+        tables = self._calibration_tables(_job_ref(job).namespace)
         alone = plan.exclusive and plan.exclusive_reason in (UNKNOWN_GPU_MODEL, ALLOCATOR_MISMATCH)
         if tables is None and not alone:
             return plan

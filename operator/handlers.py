@@ -580,7 +580,7 @@ class Operator:
         stored = _stored_probe(status)
         if stored is not None and stored.key == key and stored.state != "Running":
             return stored
-        cached = self.probes.get(key)
+        cached = self.probes.get(ref.namespace, key)
         if cached is not None:
             record = cached.model_copy(update={"source": "cache"})
             self._record_probe(body, status, conditions, record, generation)
@@ -609,12 +609,12 @@ class Operator:
             return None
         record = read_probe_pod(pod, key)
         if record.state != "Running":
-            self._record_probe(body, status, conditions, record, generation)
+            self._record_probe(body, status, conditions, record, generation, request)
             return None if record.reason == INVALID_ENTRYPOINT else record
         return None
 
     def _record_probe(self, body: dict[str, Any], status: dict[str, Any], conditions: list[dict[str, Any]],
-                      record: ProbeRecord, generation: int | None) -> None:
+                      record: ProbeRecord, generation: int | None, request: dict[str, Any] | None = None) -> None:
         """Write a finished probe into the status (``probe``, conditions ``Probed`` and ``ProbeFailed``), post its
         event, count it and cache it. An entrypoint the probe could not even load (``InvalidEntrypoint``) is a wrong
         spec, as for any other field: the job fails with ``Validated=False`` and gets no GPU pod."""
@@ -622,7 +622,7 @@ class Operator:
         new = dict(status, probe=record.status())
         self.metrics.probes.labels(record.state if record.source == "pod" else "Cached").inc()
         if record.source == "pod":
-            self.probes.put(record)
+            self.probes.put(_job_ref(body).namespace, record, request)
         if record.reason == INVALID_ENTRYPOINT:
             new["conditions"] = set_condition(conditions, "Probed", "False", INVALID_ENTRYPOINT,
                                               f"the probe of pod {record.pod} could not load the entrypoint", now,
@@ -670,8 +670,12 @@ class Operator:
             if fresh_status.get("phase") in TERMINAL or _stored_probe(fresh_status) != stored:
                 return  # finished meanwhile, or a resync recorded it first
             generation = _dict(fresh.get("metadata")).get("generation")
+            try:
+                request: dict[str, Any] | None = probe_request(parse_spec(fresh.get("spec")))
+            except (SpecError, ValueError):
+                request = None  # cached under the image as named only
             self._record_probe(fresh, fresh_status, list(fresh_status.get("conditions") or []), record,
-                               generation if isinstance(generation, int) else None)
+                               generation if isinstance(generation, int) else None, request)
             self.reconcile_job(fresh, fresh_status)
 
     def _create_pod(self, ref: JobRef, body: dict[str, Any], status: dict[str, Any],

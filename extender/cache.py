@@ -40,6 +40,8 @@ from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
 from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
+from gnnsched.trust.job_facts import STATUS_FIELD as STATUS_FACTS
+from gnnsched.trust.job_facts import owner_name, trusted_view
 
 from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_apart, pod_resources
 
@@ -180,6 +182,38 @@ class ClusterCache:
         # the placement arrays, and the nodes that have one (empty on a described cluster: the rule then costs
         # nothing).
         self._no_constants_nodes: set[str] = set()
+        # GNNJobs (namespace, name) -> the parts that say which pod they trust (gnnsched.trust.job_facts)
+        self._gnnjobs: dict[tuple[str, str], dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ GNNJobs: where a pod's facts come from
+
+    def upsert_gnnjob(self, job: dict, *, deleted: bool = False) -> None:
+        """Remember a GNNJob's uid and ``status.podFacts`` (the watch keeps them current), or forget it."""
+        meta = job.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        with self.lock:
+            if deleted:
+                self._gnnjobs.pop(key, None)
+                return
+            facts = (job.get("status") or {}).get(STATUS_FACTS) if isinstance(job.get("status"), dict) else None
+            self._gnnjobs[key] = {"metadata": {"name": key[1], "namespace": key[0], "uid": meta.get("uid")},
+                                  "status": {STATUS_FACTS: facts} if isinstance(facts, dict) else {}}
+
+    def gnnjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self._gnnjobs.get((namespace, name))
+
+    def trusted(self, pod: dict, job: dict[str, Any] | None = None) -> tuple[dict, bool]:
+        """``pod`` as the extender may read it (``gnnsched.trust.job_facts.trusted_view``): its facts from its
+        GNNJob's status (``job``, else the one the watch last saw), or none; and whether it was trusted."""
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(meta, dict):
+            return pod, False
+        owner = owner_name(pod)
+        if job is None and owner is not None:
+            job = self.gnnjob(str(meta.get("namespace") or "default"), owner)
+        view, facts = trusted_view(pod, job)
+        return view, facts is not None
 
     # ------------------------------------------------------------------ arrays
 
@@ -364,7 +398,9 @@ class ClusterCache:
             self._refresh(node)
 
     def upsert_pod(self, pod: dict, *, deleted: bool = False) -> None:
-        """Track a pod: its requests on its node, and its reservation annotation (rebuild after restart)."""
+        """Track a pod: its requests on its node, and its reservation annotation (rebuild after restart), read
+        through :meth:`trusted` (its runtime, intensity and fault peers only as its GNNJob's status states them)."""
+        pod = self.trusted(pod)[0]
         meta = pod.get("metadata") or {}
         uid = meta.get("uid")
         if not uid:
@@ -410,7 +446,7 @@ class ClusterCache:
         pods = list(pods)
         with_res = []
         for pod in pods:
-            res = reservation_from_pod(pod, self.interference)
+            res = reservation_from_pod(self.trusted(pod)[0], self.interference)
             if res is None:
                 self.upsert_pod(pod)
             else:

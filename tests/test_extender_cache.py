@@ -15,6 +15,8 @@ from gnnsched.contract import (
     ANN_INTENSITY,
     ANN_PREDICTED_RUNTIME,
     ANN_RESERVATION,
+    API_VERSION,
+    GNNJOB_KIND,
     GPUJob,
     GPUNodeStatus,
     GPUStatus,
@@ -25,6 +27,7 @@ from gnnsched.extender.fake import parse_fake_cluster, populate
 from gnnsched.extender.pods import PodError, parse_pod
 from gnnsched.gpu.catalogue import GiB, get_gpu_model
 from gnnsched.interference import load_default
+from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 
 NOW = 1_800_000_000.0
 
@@ -33,8 +36,8 @@ def make_pod(name: str, gib: float | None = None, *, runtime: float | None = 600
              uid: str | None = None, gpu_memory: str | None = None, cpu: str = "1", mem: str = "1Gi",
              annotations: dict | None = None) -> dict:
     ann: dict[str, str] = {}
-    if gib is not None:
-        ann[ANN_ADMIT_BYTES] = str(int(gib * GiB))
+    if gib is not None:  # a pod of its own: GNNJob pods' bytes come from the job's status (owned_pod)
+        ann[ANN_GPU_MEMORY] = str(int(gib * GiB))
     if gpu_memory is not None:
         ann[ANN_GPU_MEMORY] = gpu_memory
     if runtime is not None:
@@ -195,6 +198,23 @@ def test_reserve_refuses_a_node_that_cannot_hold_the_pod(cache: ClusterCache) ->
         cache.reserve(parse_pod(make_pod("p", 20)), "ghost")
 
 
+def owned(pod: dict, *caches: ClusterCache) -> dict:
+    """``pod`` as the operator makes it: owned by GNNJob ``ns/job-<name>``, its bytes as ``admit-bytes``, and that
+    GNNJob (status ``podFacts`` naming the pod) known to ``caches`` as their GNNJob watch would bring it."""
+    meta = pod["metadata"]
+    ann = dict(meta["annotations"])
+    if ANN_GPU_MEMORY in ann:
+        ann[ANN_ADMIT_BYTES] = ann.pop(ANN_GPU_MEMORY)
+    job = {"metadata": {"name": f"job-{meta['name']}", "namespace": meta["namespace"], "uid": f"juid-{meta['uid']}"}}
+    pod = {**pod, "metadata": {**meta, "annotations": ann, "ownerReferences": [
+        {"apiVersion": API_VERSION, "kind": GNNJOB_KIND, "name": job["metadata"]["name"],
+         "uid": job["metadata"]["uid"], "controller": True}]}}
+    job["status"] = {STATUS_FIELD: facts_status(pod)}
+    for c in caches:
+        c.upsert_gnnjob(job)
+    return pod
+
+
 def _bound_pods(c: ClusterCache, pods: list[dict]) -> list[dict]:
     out = []
     for p in pods:
@@ -213,11 +233,11 @@ def test_restart_rebuilds_reservations_and_decisions() -> None:
         c.upsert_gpunode(status("two", gpu(0)), now=NOW)
         return c
 
-    before = fresh()
-    pods = _bound_pods(before, [make_pod(f"p{i}", 15, intensity="memory" if i % 2 else "compute") for i in range(9)])
+    before, after = fresh(), fresh()
+    pods = _bound_pods(before, [owned(make_pod(f"p{i}", 15, intensity="memory" if i % 2 else "compute"), before,
+                                      after) for i in range(9)])
     probe = parse_pod(make_pod("probe", 12, intensity="memory"))
     rows = before.index_of(["one", "two"])
-    after = fresh()
     assert after.rebuild(list(reversed(pods))) == 9
     key = [(r.uid, r.gpu, r.bytes, r.immediate) for r in before.reservations()]
     assert [(r.uid, r.gpu, r.bytes, r.immediate) for r in after.reservations()] == key

@@ -34,6 +34,7 @@ from gnnsched.contract import (
     ANN_EXCLUSIVE,
     ANN_FAULT_PEERS,
     ANN_INTENSITY,
+    ANN_JOB,
     ANN_PREDICTED_RUNTIME,
     ANN_QOS_TARGET,
     MAX_FAULT_PEERS,
@@ -190,3 +191,39 @@ def owner_name(pod: Mapping[str, Any]) -> str | None:
     """The name of the GNNJob the pod's ownerReference names (what a consumer fetches before :func:`resolve`)."""
     owner = gnnjob_owner(_dict(pod.get("metadata")))
     return owner[0] if owner is not None else None
+
+
+FACT_ANNOTATIONS = (ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME, ANN_INTENSITY, ANN_QOS_TARGET, ANN_FAULT_PEERS, ANN_JOB)
+"""The pod annotations that state a trusted fact: :func:`trusted_view` sets them from the status, or drops them."""
+
+
+def trusted_view(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> tuple[dict[str, Any], JobFacts | None]:
+    """``pod`` as a consumer that parses annotations may read it, and its trusted facts: the fact annotations
+    (:data:`FACT_ANNOTATIONS`, and ``exclusive`` of a trusted pod) say what the GNNJob's status says, whatever the
+    pod itself carried; an untrusted pod loses them and its GNNJob ownerReferences (so no job identity), keeping only
+    what it may declare about itself (``gpu-memory``, ``exclusive``). For a component whose parser reads annotations
+    (the extender's :func:`extender.pods.parse_pod`): one boundary, and the parser stays the one that checks them."""
+    facts = resolve(pod, job)
+    meta = dict(_dict(pod.get("metadata")))
+    ann = {str(k): v for k, v in _dict(meta.get("annotations")).items() if k not in FACT_ANNOTATIONS}
+    if facts is None:
+        refs = meta.get("ownerReferences")
+        if isinstance(refs, list):
+            meta["ownerReferences"] = [r for r in refs if gnnjob_owner({"ownerReferences": [r]}) is None]
+    else:
+        ann[ANN_JOB] = facts.job
+        ann[ANN_ADMIT_BYTES] = str(facts.admit_bytes)
+        if facts.predicted_runtime_seconds is not None:
+            ann[ANN_PREDICTED_RUNTIME] = repr(facts.predicted_runtime_seconds)
+        if facts.intensity is not None:
+            ann[ANN_INTENSITY] = facts.intensity
+        if facts.qos_target_seconds is not None:
+            ann[ANN_QOS_TARGET] = repr(facts.qos_target_seconds)
+        if facts.fault_peers:
+            ann[ANN_FAULT_PEERS] = ",".join(sorted(facts.fault_peers))
+        if facts.exclusive:
+            ann[ANN_EXCLUSIVE] = "true"
+        else:
+            ann.pop(ANN_EXCLUSIVE, None)
+    meta["annotations"] = ann
+    return {**pod, "metadata": meta}, facts

@@ -38,7 +38,7 @@ def _table(ratios: list[float], exceeded: list[float], policy: CalibrationPolicy
 def worst_move(policy: CalibrationPolicy) -> tuple[float, list[str]]:
     """The largest relative move of the victim's factor over every forging pattern, and one line per case."""
     honest = [1.02, 1.05, 1.08, 1.1, 1.04, 1.07, 1.03, 1.06]
-    victims = {"no samples": ([], []), "3 samples": (honest[:3], []),
+    victims: dict[str, tuple[list[float], list[float]]] = {"no samples": ([], []), "3 samples": (honest[:3], []),
                "20 samples": ((honest * 3)[:20], []), "pool-mate only": ([], [])}
     forgeries = {
         "at the cap": lambda n: ([policy.cap * 5] * n, []),

@@ -49,7 +49,7 @@ def _pods(n: int, seed: int) -> list[dict]:
                     "labels": {"app.kubernetes.io/managed-by": "gnnsched", "gnnsched.io/job-name": f"gj-{i}"},
                     "annotations": {
                         "gnnsched.io/job": f"team-a/gj-{i}",
-                        "gnnsched.io/admit-bytes": str(int(gib * GiB)),
+                        "gnnsched.io/gpu-memory": str(int(gib * GiB)),
                         "gnnsched.io/pmc-bytes": str(int(gib * GiB * 0.8)),
                         "gnnsched.io/predicted-runtime-seconds": f"{rng.uniform(60, 7200):.1f}",
                         "gnnsched.io/intensity": "memory" if rng.random() < 0.6 else "compute",

@@ -32,6 +32,7 @@ from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import PeerVerifier, PodInfo
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT, Policy
+from gnnsched.trust.job_facts import JobFacts
 
 GiB = 2**30
 
@@ -104,9 +105,12 @@ async def bench_roundtrip(policy: str, queued: int, samples: int, rng: random.Ra
     times = []
     for i in range(samples):
         uid = str(uuid.uuid4())
-        pods.pods[("bench", f"p{i}")] = PodInfo(uid=uid, namespace="bench", name=f"p{i}", node_name="node-a",
-                                                annotations={ANN_ADMIT_BYTES: str(rng.randint(1, 40) * GiB),
-                                                             ANN_PREDICTED_RUNTIME: "60"}, owner_job="bench/j")
+        nbytes = rng.randint(1, 40) * GiB  # a GNNJob pod: its facts resolved from the job's status, as the agent does
+        pods.pods[("bench", f"p{i}")] = PodInfo(
+            uid=uid, namespace="bench", name=f"p{i}", node_name="node-a", owner_job="bench/j",
+            annotations={ANN_ADMIT_BYTES: str(nbytes), ANN_PREDICTED_RUNTIME: "60"},
+            facts=JobFacts(job="bench/j", attempt=1, admit_bytes=nbytes, predicted_runtime_seconds=60.0, intensity=None,
+                           qos_target_seconds=None, exclusive=False, fault_peers=frozenset()))
         msg = json.dumps({"op": "admit", "podUid": uid, "podName": f"p{i}", "podNamespace": "bench"}).encode() + b"\n"
         t0 = time.perf_counter()
         r, w = await asyncio.open_unix_connection(str(tmp / "gate.sock"))

@@ -36,6 +36,7 @@ from typing import Any
 
 from gnnsched.contract import ANN_ADMIT_BYTES, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID
 from gnnsched.node_agent.identity import gnnjob_owner_reference
+from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fakes"
@@ -66,8 +67,11 @@ def _pod(name: str, admit_bytes: int) -> tuple[dict[str, Any], dict[str, Any]]:
     meta = {"name": name, "namespace": "default", "uid": str(uuid.uuid4()),
             "annotations": {ANN_ADMIT_BYTES: str(admit_bytes)},
             "ownerReferences": [gnnjob_owner_reference(f"job-{name}", job_uid)]}
-    job = {"metadata": {"name": f"job-{name}", "namespace": "default", "uid": job_uid}}
-    return {"metadata": meta, "spec": {"nodeName": "node-a"}, "status": {"phase": "Running"}}, job
+    pod = {"metadata": meta, "spec": {"nodeName": "node-a"}, "status": {"phase": "Running"}}
+    # the job's status names the pod with its facts, as the operator writes it (gnnsched.trust.job_facts)
+    job = {"metadata": {"name": f"job-{name}", "namespace": "default", "uid": job_uid},
+           "status": {STATUS_FIELD: facts_status(pod)}}
+    return pod, job
 
 
 def _pod_env(base: dict[str, str], pod: dict[str, Any]) -> dict[str, str]:

@@ -28,6 +28,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gnnsched.trust.job_facts import owner_name
+
 from .binder import Binder, BindFailed
 from .cache import BindError, ClusterCache
 from .metrics import ExtenderMetrics
@@ -200,6 +202,22 @@ class ExtenderService:
 
     # ---------------------------------------------------------------- helpers
 
+    def _trusted(self, pod: Any) -> Any:
+        """``pod`` with its facts as its GNNJob's status states them, or none (``gnnsched.trust.job_facts``): the
+        watch's copy of the job first; a pod that names a GNNJob the copy does not trust it under (it arrived before
+        the watch brought the status the operator wrote ahead of it) costs one read of that job."""
+        if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+            return pod
+        view, trusted = self.cache.trusted(pod)
+        owner = owner_name(pod)
+        if trusted or owner is None:
+            return view
+        job = self.binder.get_gnnjob(str(pod["metadata"].get("namespace") or "default"), owner)
+        if job is None:
+            return view
+        self.cache.upsert_gnnjob(job)
+        return self.cache.trusted(pod, job)[0]
+
     def _remember(self, demand: PodDemand, pod: dict) -> None:
         key = demand.key
         self._pending[key] = (demand, pod)
@@ -218,6 +236,7 @@ class ExtenderService:
         if pod is None:
             raise _RequestError("Pod: missing (ExtenderArgs.Pod is required)")
         cands = _Candidates(args)
+        pod = self._trusted(pod)
         try:
             demand = whole_gpu(parse_pod(pod), self.cache.max_capacity())
         except PodError as exc:
@@ -333,6 +352,7 @@ class ExtenderService:
             )
         if pod is None:
             raise _RequestError(f"pod {key}: not found (the extender has not seen it in filter and cannot read it)")
+        pod = self._trusted(pod)
         try:
             return whole_gpu(parse_pod(pod), self.cache.max_capacity()), pod
         except PodError as exc:

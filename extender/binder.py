@@ -19,18 +19,21 @@ scheduler's cache and the cluster disagreeing until the pod's watch event arrive
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from gnnsched.contract import ANN_RESERVATION
+from gnnsched.contract import ANN_RESERVATION, GNNJOB_PLURAL, GROUP, VERSION
 
 from .cache import Reservation
 
 #: Seconds a bind's API call may take: below kube-scheduler's default extender ``httpTimeout`` (5 s), leaving it time
 #: to read our answer. The chart derives ``--bind-timeout`` from ``scheduler.extender.httpTimeout`` the same way.
 DEFAULT_BIND_TIMEOUT = 4.0
+
+log = logging.getLogger("gnnsched.extender")
 
 
 class BindFailed(Exception):
@@ -53,6 +56,10 @@ class Binder(Protocol):
 
     def get_pod(self, namespace: str, name: str) -> dict | None: ...
 
+    def get_gnnjob(self, namespace: str, name: str) -> dict | None:
+        """The GNNJob as the API server has it now (a pod's facts are in its status), or None."""
+        ...
+
 
 class FakeBinder:
     """Records binds as pod objects in memory, optionally persisted to a JSON file so a restarted
@@ -61,6 +68,7 @@ class FakeBinder:
     def __init__(self, state_file: Path | None = None) -> None:
         self._lock = threading.Lock()
         self._pods: dict[str, dict] = {}
+        self._jobs: dict[tuple[str, str], dict] = {}  # GNNJobs by (namespace, name): their status holds pod facts
         self.state_file = state_file
         self.anchor: float | None = None
         if state_file is not None and state_file.exists():
@@ -71,6 +79,18 @@ class FakeBinder:
     def pods(self) -> list[dict]:
         with self._lock:
             return [json.loads(json.dumps(p)) for p in self._pods.values()]
+
+    def add_gnnjob(self, job: dict) -> None:
+        """Store a GNNJob as the API server would (tests and tools that play the operator in a fake cluster)."""
+        meta = job.get("metadata") or {}
+        with self._lock:
+            self._jobs[(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))] = \
+                json.loads(json.dumps(job))
+
+    def get_gnnjob(self, namespace: str, name: str) -> dict | None:
+        with self._lock:
+            job = self._jobs.get((namespace, name))
+            return json.loads(json.dumps(job)) if job is not None else None
 
     def get_pod(self, namespace: str, name: str) -> dict | None:
         with self._lock:
@@ -139,6 +159,18 @@ class KubeBinder:
         except Exception as exc:  # connection errors and timeouts: report, never crash the request
             raise BindFailed(f"reading pod {namespace}/{name}: {exc}") from None
         return json.loads(resp.data)
+
+    def get_gnnjob(self, namespace: str, name: str) -> dict | None:
+        """Read a GNNJob (a pod arrived before the watch brought its job's status); None when it cannot be read."""
+        from kubernetes import client
+
+        try:
+            obj = client.CustomObjectsApi(self.core.api_client).get_namespaced_custom_object(
+                GROUP, VERSION, namespace, GNNJOB_PLURAL, name, _request_timeout=self.timeout)
+        except Exception as exc:  # 404, 403, a timeout: the pod is then read as untrusted, never a crash
+            log.info("reading GNNJob %s/%s: %s", namespace, name, exc)
+            return None
+        return obj if isinstance(obj, dict) else None
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, reservation: Reservation, pod: dict | None = None

@@ -41,11 +41,15 @@ from gnnsched.interference import InterferenceModel, JobProfile
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
 from gnnsched.trust.domain import DomainResolver
+from gnnsched.trust.job_facts import STATUS_FIELD as STATUS_FACTS
+from gnnsched.trust.job_facts import owner_name, trusted_view
 
 from .pods import DEFAULT_RUNTIME_SECONDS, PodDemand, PodError, parse_pod, pod_apart, pod_resources
 
 #: Reservations not reported by the node agent within this many seconds are dropped.
 DEFAULT_RESERVATION_TTL = 300.0
+#: How far in the future a recorded reservation's ``at`` may lie and still count (clocks of extender replicas differ).
+RESERVATION_CLOCK_SKEW = 5.0
 
 # Reason codes, also the ``reason`` label of the nodes-filtered-out metric.
 R_UNKNOWN = "unknown_node"
@@ -193,6 +197,38 @@ class ClusterCache:
         # the placement arrays, and the nodes that have one (empty on a described cluster: the rule then costs
         # nothing).
         self._no_constants_nodes: set[str] = set()
+        # GNNJobs (namespace, name) -> the parts that say which pod they trust (gnnsched.trust.job_facts)
+        self._gnnjobs: dict[tuple[str, str], dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ GNNJobs: where a pod's facts come from
+
+    def upsert_gnnjob(self, job: dict, *, deleted: bool = False) -> None:
+        """Remember a GNNJob's uid and ``status.podFacts`` (the watch keeps them current), or forget it."""
+        meta = job.get("metadata") or {}
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        with self.lock:
+            if deleted:
+                self._gnnjobs.pop(key, None)
+                return
+            facts = (job.get("status") or {}).get(STATUS_FACTS) if isinstance(job.get("status"), dict) else None
+            self._gnnjobs[key] = {"metadata": {"name": key[1], "namespace": key[0], "uid": meta.get("uid")},
+                                  "status": {STATUS_FACTS: facts} if isinstance(facts, dict) else {}}
+
+    def gnnjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self._gnnjobs.get((namespace, name))
+
+    def trusted(self, pod: dict, job: dict[str, Any] | None = None) -> tuple[dict, bool]:
+        """``pod`` as the extender may read it (``gnnsched.trust.job_facts.trusted_view``): its facts from its
+        GNNJob's status (``job``, else the one the watch last saw), or none; and whether it was trusted."""
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        if not isinstance(meta, dict):
+            return pod, False
+        owner = owner_name(pod)
+        if job is None and owner is not None:
+            job = self.gnnjob(str(meta.get("namespace") or "default"), owner)
+        view, facts = trusted_view(pod, job)
+        return view, facts is not None
 
     # ------------------------------------------------------------------ arrays
 
@@ -415,7 +451,9 @@ class ClusterCache:
             self._refresh(node)
 
     def upsert_pod(self, pod: dict, *, deleted: bool = False) -> None:
-        """Track a pod: its requests on its node, and its reservation annotation (rebuild after restart)."""
+        """Track a pod: its requests on its node, and its reservation annotation (rebuild after restart), read
+        through :meth:`trusted` (its runtime, intensity and fault peers only as its GNNJob's status states them)."""
+        pod = self.trusted(pod)[0]
         meta = pod.get("metadata") or {}
         uid = meta.get("uid")
         if not uid:
@@ -448,7 +486,8 @@ class ClusterCache:
                 ann = (meta.get("annotations") or {}).get(ANN_RESERVATION)
                 if ann and uid not in self._reservations:
                     res = reservation_from_pod(pod, self.interference)
-                    if res is not None and not self._is_reported(res) and not self._expired(res, self.clock()):
+                    if res is not None and not self._is_reported(res) \
+                            and reservation_counts(res, node_name, self.clock(), self.reservation_ttl):
                         self._add_reservation(res, replay=True)
                         touched.add(res.node)
             for name in touched:
@@ -460,7 +499,7 @@ class ClusterCache:
         pods = list(pods)
         with_res = []
         for pod in pods:
-            res = reservation_from_pod(pod, self.interference)
+            res = reservation_from_pod(self.trusted(pod)[0], self.interference)
             if res is None:
                 self.upsert_pod(pod)
             else:
@@ -875,6 +914,23 @@ class ClusterCache:
             ]
 
 
+def reservation_counts(res: Reservation, node_name: str | None, now: float, ttl: float) -> bool:
+    """Whether a reservation read back from a pod's ``gnnsched.io/reservation`` annotation counts against its GPU.
+
+    The rule (issue 39, finding 3): it counts only for a pod whose ``spec.nodeName`` is the reservation's node, and
+    only while its ``at`` is past and unexpired: ``at <= now + RESERVATION_CLOCK_SKEW`` and ``now - at <= ttl``.
+
+    Why: the annotation is on the pod, and whoever can create or patch a pod can write it. The extender writes it
+    when it binds the pod, so an honest one names the node the pod is bound to and a time before now; once its TTL
+    is past the node agent's own report has taken over (or the pod never arrived). A hand-written one on a pod that
+    is never bound, with an ``at`` in the future, used to count for ever (``now - at`` never exceeded the TTL) and
+    dropped a node's score for everyone; one with an ``at`` far ahead would count until that time. Neither does now:
+    an unbound pod, a pod bound elsewhere, and a future ``at`` (beyond the clock skew allowed between extender
+    replicas) each make it count for nothing. The extender's own reservations, made at bind, are kept in memory and
+    do not go through this rule."""
+    return node_name == res.node and res.at <= now + RESERVATION_CLOCK_SKEW and now - res.at <= ttl
+
+
 def reservation_from_pod(pod: dict, interference: InterferenceModel | None = None) -> Reservation | None:
     """The reservation recorded on a pod's ``gnnsched.io/reservation`` annotation, or None if absent/invalid."""
     meta = pod.get("metadata") or {}
@@ -940,5 +996,6 @@ __all__ = [
     "W_FRAG",
     "node_allocatable",
     "parse_pod",
+    "reservation_counts",
     "reservation_from_pod",
 ]

@@ -1,4 +1,5 @@
-"""Keeps the cache in step with the cluster: watches ``GPUNode``, ``Node`` and gnnsched pods in background threads.
+"""Keeps the cache in step with the cluster: watches ``GPUNode``, ``Node``, ``GNNJob`` (whose status holds its pod's
+facts: ``gnnsched.trust.job_facts``) and gnnsched pods in background threads.
 
 Nothing here runs in a request: kube-scheduler's calls read the cache only. Start-up lists all three kinds first
 (the pods through ``ClusterCache.rebuild`` so reservations come back in their original order), marks the service
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gnnsched.contract import GPUNODE_PLURAL, GROUP, SCHEDULER_NAME, VERSION, GPUNodeStatus
+from gnnsched.contract import GNNJOB_PLURAL, GPUNODE_PLURAL, GROUP, SCHEDULER_NAME, VERSION, GPUNodeStatus
 
 from .cache import ClusterCache, node_allocatable
 
@@ -87,6 +88,9 @@ class ClusterWatcher:
     def _apply_pod(self, obj: dict, deleted: bool) -> None:
         self.cache.upsert_pod(obj, deleted=deleted)
 
+    def _apply_gnnjob(self, obj: dict, deleted: bool) -> None:
+        self.cache.upsert_gnnjob(obj, deleted=deleted)
+
     # -------------------------------------------------------------- list / watch
 
     def _list_gpunodes(self) -> tuple[list[dict], str]:
@@ -97,6 +101,11 @@ class ClusterWatcher:
     def _list_nodes(self) -> tuple[list[dict], str]:
         resp = self.core.list_node()
         return [self.api.sanitize_for_serialization(n) for n in resp.items], _resource_version(resp)
+
+    def _list_gnnjobs(self) -> tuple[list[dict], str]:
+        resp = self.custom.list_cluster_custom_object(GROUP, VERSION, GNNJOB_PLURAL)
+        body: dict[str, Any] = resp if isinstance(resp, dict) else {}
+        return body.get("items", []), (body.get("metadata") or {}).get("resourceVersion", "")
 
     def _list_pods(self) -> tuple[list[dict], str]:
         resp = self.core.list_pod_for_all_namespaces(field_selector=f"spec.schedulerName={SCHEDULER_NAME}")
@@ -110,10 +119,13 @@ class ClusterWatcher:
         gpunodes, rv_gpu = self._list_gpunodes()
         for g in gpunodes:
             self._apply_gpunode(g, False)
+        jobs, rv_jobs = self._list_gnnjobs()  # before the pods: a pod's facts are in its GNNJob's status
+        for j in jobs:
+            self._apply_gnnjob(j, False)
         pods, rv_pods = self._list_pods()
         self.cache.rebuild(pods)
         self.cache.refresh_size_mix(force=True)
-        return {"nodes": rv_nodes, "gpunodes": rv_gpu, "pods": rv_pods}
+        return {"nodes": rv_nodes, "gpunodes": rv_gpu, "gnnjobs": rv_jobs, "pods": rv_pods}
 
     def _loop(self, kind: str, rv: str) -> None:
         from kubernetes import watch
@@ -124,6 +136,10 @@ class ClusterWatcher:
             "gpunodes": (
                 self.custom.list_cluster_custom_object, (GROUP, VERSION, GPUNODE_PLURAL), {}, self._apply_gpunode,
                 self._list_gpunodes,
+            ),
+            "gnnjobs": (
+                self.custom.list_cluster_custom_object, (GROUP, VERSION, GNNJOB_PLURAL), {}, self._apply_gnnjob,
+                self._list_gnnjobs,
             ),
             "pods": (
                 self.core.list_pod_for_all_namespaces, (), {"field_selector": f"spec.schedulerName={SCHEDULER_NAME}"},

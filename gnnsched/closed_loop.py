@@ -415,8 +415,9 @@ class CalibrationFactor(BaseModel):
     """The class's own recent ratios (the pool's are counted in ``pool_samples``)."""
     calibrated: bool
     """False while neither the class nor its pool has ``min_samples`` ratios and the static factor applies."""
-    source: Literal["class", "pool", "static"] = "static"
-    """Whose ratios gave the factor: the class's own, its pool's (too few of its own), or none (static)."""
+    source: Literal["class", "pool", "prior", "static"] = "static"
+    """Whose ratios gave the factor: the class's own, its pool's (too few of its own), the cluster prior (a namespace
+    with too few of its own: ``gnnsched.trust.tenant_calibration``), or none (static)."""
     pool_samples: int = 0
     """The pool's recent ratios (every class of the pool, this one included), when the pool was consulted."""
     lower_bounds: int = 0

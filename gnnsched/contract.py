@@ -59,15 +59,15 @@ ANN_FAULT_PEERS = f"{GROUP}/fault-peers"
 """Comma-separated ``<namespace>/<name>`` of the GNNJobs this attempt may not share a GPU with while it runs: the
 other clients of the undecided MPS fault that ended its last attempt (``gnnsched.fault_classes.undecided_peers``).
 Set by the operator on a requeued attempt; the gate refuses a group or a GPU that would put it beside one of them
-(``gnnsched.policies.apart_allows``), so the culprit's next fault names it alone. Trusted only on pods a GNNJob owns;
-it only ever keeps pods apart, never books memory. Written and read by ``gnnsched.fault_classes.format_fault_peers``
-and ``parse_fault_peers``."""
+(``gnnsched.policies.apart_allows``), so the culprit's next fault names it alone. Read from the GNNJob's
+``status.podFacts`` (``gnnsched.trust.job_facts``), never from the pod; it only ever keeps pods apart. Written and
+read by ``gnnsched.fault_classes.format_fault_peers`` and ``parse_fault_peers``."""
 
 
 def gnnjob_owner(meta: object) -> tuple[str, str] | None:
     """``(name, uid)`` of the GNNJob a pod's ``metadata.ownerReferences`` names (kind ``GNNJob`` in this API group),
-    or None. Only the reference: the node agent also checks that a GNNJob with that UID exists before it trusts the
-    operator's annotations; the extender, which reads no GNNJobs, trusts only what can merely keep pods apart."""
+    or None. Only the reference, which anyone who creates a pod can write: a pod's facts are believed only as
+    ``gnnsched.trust.job_facts.resolve`` says (that GNNJob's uid matches and its status names the pod)."""
     refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
     for ref in refs if isinstance(refs, list) else ():
         if (isinstance(ref, dict) and ref.get("kind") == GNNJOB_KIND

@@ -5,16 +5,18 @@ Two independent checks, because the gate's books are only as honest as their inp
 1. **The peer is the pod it says it is.** ``SO_PEERCRED`` gives the connecting process's pid from the kernel (a client
    cannot forge it); ``/proc/<pid>/cgroup`` names the pod's cgroup, which embeds the pod UID (``pod<uid>`` with dashes
    under the cgroupfs driver, underscores under systemd). The claimed downward-API UID must match.
-2. **The bytes come from the API server, not from the client.** ``admit-bytes`` is read from the pod's annotations and
-   trusted only if the pod is owned (``ownerReferences``) by a GNNJob that exists with that UID — the operator wrote
-   it. A pod that writes its own ``admit-bytes`` annotation gets no credit for it: non-GNNJob pods are booked at their
-   ``gpu-memory`` annotation (a user declaration, enforced by the MPS pinned-memory limit) or at a whole GPU.
+2. **The facts come from where a tenant cannot write them.** Admit bytes, predicted runtime, intensity, QoS target
+   and fault peers are read from the owning GNNJob's ``status.podFacts`` (a status subresource: only the operator
+   writes it), and only when the pod's ownerReference names that job by uid and the status names this pod
+   (:func:`gnnsched.trust.job_facts.resolve`). The pod's own annotations count for nothing: any pod creator can write
+   them and an ownerReference. An untrusted pod is booked at its ``gpu-memory`` annotation (a user declaration about
+   itself, enforced by the MPS pinned-memory limit) or at a whole GPU, with no runtime (``sqtf`` orders it last), no
+   intensity, no QoS target and no fault peers.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import socket
 import struct
@@ -25,14 +27,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gnnsched.contract import (
-    ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
     ANN_GPU_MEMORY,
-    ANN_INTENSITY,
-    ANN_JOB,
-    ANN_PREDICTED_RUNTIME,
     ANN_PRESTART,
-    ANN_QOS_TARGET,
     API_VERSION,
     GNNJOB_KIND,
     GNNJOB_PLURAL,
@@ -40,8 +37,8 @@ from gnnsched.contract import (
     VERSION,
     gnnjob_owner,
 )
-from gnnsched.fault_classes import apart_identity
 from gnnsched.quantity import QuantityError, parse_bytes
+from gnnsched.trust.job_facts import JobFacts, resolve
 
 
 class IdentityError(Exception):
@@ -214,7 +211,8 @@ class PodInfo:
     node_name: str | None = None
     phase: str = "Running"
     annotations: dict[str, str] = field(default_factory=dict)
-    owner_job: str | None = None  # "<ns>/<name>" of an owning GNNJob that exists with the referenced UID
+    owner_job: str | None = None  # "<ns>/<name>" of the GNNJob whose status names this pod (``facts.job``)
+    facts: JobFacts | None = None  # the trusted facts from that GNNJob's status; None: an untrusted (plain) pod
     ended: list[ContainerEnd] = field(default_factory=list)  # terminated containers (status.containerStatuses)
     # spec.containers' names, then restartable init containers' (sidecars): what a gate request's ``container`` may
     # name (node_agent.gate_checks.gate_key); empty for a pod object without a spec (a development pods file)
@@ -235,19 +233,17 @@ class PodLookup(Protocol):
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None: ...
 
 
-def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | None]) -> PodInfo:
-    """Build ``PodInfo`` from a pod object (``dict``, API shape). ``job_uid(ns, name)`` returns the GNNJob's UID or
-    ``None`` when it cannot be read; ownership counts only when it exists with the UID the pod references."""
+def pod_from_object(obj: dict[str, Any], job: Callable[[str, str], dict[str, Any] | None]) -> PodInfo:
+    """Build ``PodInfo`` from a pod object (``dict``, API shape). ``job(ns, name)`` returns the GNNJob object as the
+    API server has it, or ``None`` when it cannot be read; the pod's facts are trusted only as
+    :func:`gnnsched.trust.job_facts.resolve` says (the job's uid matches the ownerReference and its status names
+    this pod)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     ns = str(meta.get("namespace", "default"))
     owner = gnnjob_owner(meta)
-    owner_job = None
-    if owner is not None:
-        real = job_uid(ns, owner[0])
-        if real is not None and real == owner[1]:
-            owner_job = f"{ns}/{owner[0]}"
+    facts = resolve(obj, job(ns, owner[0])) if owner is not None else None
     ended = []
     for cs in status.get("containerStatuses") or []:
         term = ((cs or {}).get("state") or {}).get("terminated") if isinstance(cs, dict) else None
@@ -269,7 +265,8 @@ def pod_from_object(obj: dict[str, Any], job_uid: Callable[[str, str], str | Non
         node_name=spec.get("nodeName"),
         phase=str(status.get("phase", "Running")),
         annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
-        owner_job=owner_job,
+        owner_job=facts.job if facts is not None else None,
+        facts=facts,
         ended=ended,
         containers=containers,
     )
@@ -293,9 +290,7 @@ class FilePodLookup:
     def _infos(self) -> list[PodInfo]:
         data = self._load()
         jobs = {
-            (str(j.get("metadata", {}).get("namespace", "default")), str(j.get("metadata", {}).get("name"))): str(
-                j.get("metadata", {}).get("uid", "")
-            )
+            (str(j.get("metadata", {}).get("namespace", "default")), str(j.get("metadata", {}).get("name"))): j
             for j in data.get("gnnjobs") or []
             if isinstance(j, dict)
         }
@@ -363,21 +358,18 @@ class KubePodLookup:
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
 
-    def _job_uid(self, namespace: str, name: str) -> str | None:
+    def _job(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.rest import ApiException
 
         try:
             obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, GNNJOB_PLURAL, name)
         except ApiException:
             return None
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        if not isinstance(meta, dict):
-            return None
-        return str(meta.get("uid", "")) or None
+        return obj if isinstance(obj, dict) else None
 
     def _info(self, pod: Any) -> PodInfo:
         obj = self._core.api_client.sanitize_for_serialization(pod)
-        return pod_from_object(obj, self._job_uid)
+        return pod_from_object(obj, self._job)
 
     def get(self, namespace: str, name: str) -> PodInfo | None:
         from kubernetes.client.rest import ApiException
@@ -422,59 +414,40 @@ class Demand:
     qt_seconds: float | None
     intensity: str | None
     exclusive: bool = False
-    qos_seconds: float | None = None  # ANN_QOS_TARGET: an inference pod's latency target (the share rule keeps it)
+    qos_seconds: float | None = None  # an inference job's latency target (the share rule keeps it): trusted facts only
     prestarted: bool = False  # ANN_PRESTART: behind gate --prestart, its start-up runs while it waits at the gate
-    apart: frozenset[str] = frozenset()  # ANN_FAULT_PEERS: the jobs it may not share a GPU with (GNNJob pods only)
+    apart: frozenset[str] = frozenset()  # the jobs it may not share a GPU with (fault peers): trusted facts only
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
-    """The bytes to book for ``pod``: trusted ``admit-bytes`` only under a GNNJob owner (see module docstring).
-    Whether it was prestarted (``ANN_PRESTART``) only steers the spread rule's view of its start-up: any pod's
-    annotation is taken, since it books nothing."""
-    demand = _demand(pod, whole_gpu_bytes)
+    """What to book for ``pod``: its trusted facts (``pod.facts``, from its GNNJob's status) or, for an untrusted
+    pod, the conservative defaults of the module docstring. Whether it was prestarted (``ANN_PRESTART``) only steers
+    the spread rule's view of its start-up: any pod's annotation is taken, since it books nothing."""
+    demand = _trusted(pod.facts, whole_gpu_bytes) if pod.facts is not None else _untrusted(pod, whole_gpu_bytes)
     if pod.annotations.get(ANN_PRESTART) == "true":
         demand = replace(demand, prestarted=True)
-    _, peers = apart_identity(pod.annotations, pod.owner_job)
-    if peers:
-        demand = replace(demand, apart=peers)
     return demand
 
 
+def _trusted(facts: JobFacts, whole_gpu_bytes: int) -> Demand:
+    if facts.exclusive:
+        return Demand(whole_gpu_bytes, "exclusive", facts.job, facts.predicted_runtime_seconds, facts.intensity,
+                      exclusive=True, qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers)
+    return Demand(facts.admit_bytes, "admit-bytes", facts.job, facts.predicted_runtime_seconds, facts.intensity,
+                  qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers)
 
-def _demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
+
+def _untrusted(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
+    """A pod no GNNJob status names: no runtime (``sqtf`` admits it after every pod with one), no intensity, no QoS
+    target, no job and no fault peers, whatever its annotations say. Its bytes are its own declaration about itself
+    (``gpu-memory``), else a whole GPU; ``exclusive`` is honoured because running alone only ever books more."""
     ann = pod.annotations
-    qt: float | None = None
-    raw_rt = ann.get(ANN_PREDICTED_RUNTIME)
-    if raw_rt is not None:
-        try:
-            qt = float(raw_rt)
-            if not qt >= 0:
-                qt = None
-        except ValueError:
-            qt = None
-    intensity = ann.get(ANN_INTENSITY) if ann.get(ANN_INTENSITY) in ("memory", "compute") else None
-    qos = _qos_target(ann.get(ANN_QOS_TARGET))
     raw_x = ann.get(ANN_EXCLUSIVE)
     if raw_x is not None and raw_x not in ("true", "false"):
         raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_EXCLUSIVE}={raw_x!r} is not "
                                               "'true' or 'false'")
     if raw_x == "true":
-        # Trusted from any pod: running alone only ever books more than a shared slot would, never less.
-        job = ann.get(ANN_JOB, pod.owner_job) if pod.owner_job is not None else None
-        return Demand(whole_gpu_bytes, "exclusive", job, qt, intensity, exclusive=True, qos_seconds=qos)
-    if pod.owner_job is not None:
-        raw = ann.get(ANN_ADMIT_BYTES)
-        if raw is None:
-            raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_ADMIT_BYTES} is missing")
-        try:
-            value = int(raw)
-        except ValueError:
-            raise IdentityError(
-                "bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_ADMIT_BYTES}={raw!r} is not an integer"
-            ) from None
-        if value <= 0:
-            raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_ADMIT_BYTES} must be > 0")
-        return Demand(value, "admit-bytes", ann.get(ANN_JOB, pod.owner_job), qt, intensity, qos_seconds=qos)
+        return Demand(whole_gpu_bytes, "exclusive", None, None, None, exclusive=True)
     raw_mem = ann.get(ANN_GPU_MEMORY)
     if raw_mem is not None:
         try:
@@ -483,21 +456,8 @@ def _demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
             raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_GPU_MEMORY}: {exc}") from None
         if value <= 0:
             raise IdentityError("bad-annotation", f"pod {pod.namespace}/{pod.name}: {ANN_GPU_MEMORY} must be > 0")
-        return Demand(value, "gpu-memory", None, qt, intensity, qos_seconds=qos)
-    return Demand(whole_gpu_bytes, "whole-gpu", None, qt, intensity, qos_seconds=qos)
-
-
-def _qos_target(raw: str | None) -> float | None:
-    """``ANN_QOS_TARGET`` as seconds: a positive finite number, else None (no target). Like the predicted runtime, an
-    unreadable value is ignored rather than refused: the target only steers the share rule, it books no memory, so a
-    wrong one can cost latency but never break the gate's bound."""
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value if value > 0 and not math.isinf(value) else None
+        return Demand(value, "gpu-memory", None, None, None)
+    return Demand(whole_gpu_bytes, "whole-gpu", None, None, None)
 
 
 def gnnjob_owner_reference(name: str, uid: str) -> dict[str, Any]:

@@ -18,6 +18,12 @@ until it or its pool has ``min_samples`` again), or drop one class with a merge 
 ``status.ratios.<class>`` and ``status.exceeded.<class>`` (its memory-exceeded lower bounds) to null.
 The factors and the summary are recomputed from the ratios on every read, so a hand edit cannot leave them stale.
 
+Per namespace (issue 39): every sample is also kept in ``status.namespaces.<namespace>`` (``ratios``, ``exceeded``,
+``runtimeRatios``), and a job is planned with its own namespace's table and a bounded cluster prior
+(:mod:`gnnsched.trust.tenant_calibration`): no namespace moves another's factor by more than 5 %. The top-level maps
+stay the whole cluster's record (what ``kubectl get`` summarises); planning reads them no more. Reset a namespace
+with a merge patch setting ``status.namespaces.<namespace>`` to null.
+
 Runtime (issue 28): ``status.runtimeRatios`` holds observed ÷ predicted *runtime* ratios per runtime class
 (``gnnsched.closed_loop.runtime_class``: GPU model, model class and size bucket, mode, container), kept and read by
 the same table and quantile rule under ``RuntimeCalibrationPolicy`` (the median); ``status.runtimeFactors`` and
@@ -42,6 +48,7 @@ from gnnsched.closed_loop import (
     CalibrationTable,
 )
 from gnnsched.contract import API_VERSION, GNNCALIBRATION_KIND, GNNCALIBRATION_NAME
+from gnnsched.trust.tenant_calibration import tenant_table
 
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
@@ -73,6 +80,10 @@ def _planning_factors(table: CalibrationTable, keys: list[str],
     return out
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _replacing(stored: Any, new: dict[str, Any]) -> dict[str, Any]:
     """``new`` as a merge patch of the map ``stored``: its keys that ``new`` lacks set to null (removed)."""
     gone = {key: None for key in stored} if isinstance(stored, dict) else {}
@@ -98,6 +109,7 @@ def derived_fields(table: CalibrationTable, policy: CalibrationPolicy = DEFAULT_
                         "source": result.source, "lowerBounds": result.lower_bounds, "censored": result.censored,
                         "padded": result.padded}
         note = {"class": "", "pool": f" (pool, {result.samples} own samples)",
+                "prior": f" (cluster prior, {result.samples} own samples)",
                 "static": f" (static, {result.samples} samples)"}[result.source]
         if result.censored:
             note += " (above a lower bound)"
@@ -123,6 +135,7 @@ class CalibrationSample(BaseModel):
     exceeded: bool = False
     runtime: bool = False
     model: str = SHIPPED_MODEL  # a runtime sample: the runtime model that predicted it (Plan.runtime_model)
+    namespace: str | None = None  # the job's namespace: its own table (None: the cluster's record only)
 
 
 class CalibrationStore:
@@ -164,6 +177,27 @@ class CalibrationStore:
         recorded = [str(k) for k in status.get("recorded") or [] if isinstance(k, str)]
         return table, runtime_table, recorded
 
+    def _namespaces(self, obj: dict[str, Any] | None) -> dict[str, tuple[CalibrationTable, CalibrationTable]]:
+        """Each namespace's own (memory, runtime) tables from ``status.namespaces``; a malformed one is left out
+        (its jobs get the cluster prior or the static factor until it is fixed or reset)."""
+        status = obj.get("status") if isinstance(obj, dict) else None
+        raw = status.get("namespaces") if isinstance(status, dict) else None
+        same_model = isinstance(status, dict) and (status.get("runtimeModel") or SHIPPED_MODEL) == self._runtime_model()
+        out: dict[str, tuple[CalibrationTable, CalibrationTable]] = {}
+        for ns, entry in (raw.items() if isinstance(raw, dict) else ()):
+            if not isinstance(entry, dict):
+                continue
+            ratios, exceeded, runtime = ({k: v for k, v in (entry.get(name) or {}).items() if v is not None}
+                                         if isinstance(entry.get(name), dict) else {}
+                                         for name in ("ratios", "exceeded", "runtimeRatios"))
+            try:
+                out[str(ns)] = (CalibrationTable(ratios=ratios, exceeded=exceeded),
+                                CalibrationTable(ratios=runtime if same_model else {}))
+            except ValidationError as exc:
+                log.warning("GNNCalibration %s: namespace %s is malformed (%s); left out", self.name, ns,
+                            exc.errors()[0].get("msg"))
+        return out
+
     @property
     def policy(self) -> CalibrationPolicy:
         return self._policy()
@@ -190,11 +224,18 @@ class CalibrationStore:
         """The current memory table (empty when the object does not exist or cannot be read as one)."""
         return self.tables()[0]
 
-    def tables(self) -> tuple[CalibrationTable, CalibrationTable]:
-        """The current memory and runtime tables, from one read."""
-        table, runtime, _ = self._parse(self.kube.read_calibration(self.name))
+    def tables(self, namespace: str | None = None) -> tuple[CalibrationTable, CalibrationTable]:
+        """The current memory and runtime tables, from one read: with ``namespace``, the ones a job of that namespace
+        is planned with (its own samples and the bounded cluster prior, ``gnnsched.trust.tenant_calibration``);
+        without, the whole cluster's record."""
+        obj = self.kube.read_calibration(self.name)
+        table, runtime, _ = self._parse(obj)
         self._publish(table, runtime)
-        return table, runtime
+        if namespace is None:
+            return table, runtime
+        spaces = self._namespaces(obj)
+        return (tenant_table({ns: t[0] for ns, t in spaces.items()}, namespace),
+                tenant_table({ns: t[1] for ns, t in spaces.items()}, namespace))
 
     def record(self, cls: CalibrationClass, ratio: float, attempt_key: str, exceeded: bool = False,
                runtime: bool = False) -> bool:
@@ -221,17 +262,27 @@ class CalibrationStore:
             for _ in range(WRITE_TRIES):
                 obj = self.kube.read_calibration(self.name)
                 old_memory, old_times, recorded = self._parse(obj)
+                old_spaces = self._namespaces(obj)
                 model = self._runtime_model()
                 # a runtime ratio taken against a model no longer in use is dropped (it was predicted by another)
                 fresh = [s for s in samples if s.attempt_key not in recorded and (not s.runtime or s.model == model)]
                 if not fresh:
                     return set()
                 memory, times = old_memory, old_times
+                spaces = dict(old_spaces)
                 for sample in fresh:
+                    ns = sample.namespace
+                    own_memory, own_times = spaces.get(ns, (CalibrationTable(), CalibrationTable())) \
+                        if ns is not None else (CalibrationTable(), CalibrationTable())
                     if sample.runtime:
                         times = times.record(sample.cls, sample.ratio, self.runtime_policy)
+                        own_times = own_times.record(sample.cls, sample.ratio, self.runtime_policy)
                     else:
                         memory = memory.record(sample.cls, sample.ratio, self.policy, exceeded=sample.exceeded)
+                        own_memory = own_memory.record(sample.cls, sample.ratio, self.policy,
+                                                       exceeded=sample.exceeded)
+                    if ns is not None:
+                        spaces[ns] = (own_memory, own_times)
                 recorded = [*recorded, *(s.attempt_key for s in fresh)][-RECORDED_KEEP:]
                 derived_times = derived_fields(times, self.runtime_policy)
                 raw_status = obj.get("status") if isinstance(obj, dict) else None
@@ -242,6 +293,12 @@ class CalibrationStore:
                           "runtimeRatios": _replacing(stored.get("runtimeRatios"), times.ratios),
                           "runtimeFactors": _replacing(stored.get("runtimeFactors"), derived_times["factors"]),
                           "runtimeSummary": derived_times["summary"], "runtimeModel": model}
+                if spaces:
+                    status["namespaces"] = {ns: {"ratios": m.ratios, "exceeded": m.exceeded,
+                                                 "runtimeRatios": _replacing(
+                                                     _dict(_dict(_dict(stored.get("namespaces")).get(ns))
+                                                           .get("runtimeRatios")), t.ratios)}
+                                            for ns, (m, t) in spaces.items() if ns in {s.namespace for s in fresh}}
                 try:
                     if obj is None:
                         self.kube.create_calibration({
@@ -263,11 +320,18 @@ class CalibrationStore:
                     if not sample.runtime:
                         self.metrics.calibration_samples.labels(sample.cls.key()).inc()
                 changed = set()
-                for kind, old, new, policy, tolerance in (
-                        ("memory", old_memory, memory, self.policy, 0.0),
-                        ("runtime", old_times, times, self.runtime_policy, RUNTIME_REPLAN_TOLERANCE)):
-                    keys = new.classes()
-                    if _moved(_planning_factors(old, keys, policy), _planning_factors(new, keys, policy), tolerance):
-                        changed.add(kind)
+                views = [(old_memory, memory, old_times, times)] + [
+                    (tenant_table({n: t[0] for n, t in old_spaces.items()}, ns),
+                     tenant_table({n: t[0] for n, t in spaces.items()}, ns),
+                     tenant_table({n: t[1] for n, t in old_spaces.items()}, ns),
+                     tenant_table({n: t[1] for n, t in spaces.items()}, ns)) for ns in spaces]
+                for old_m, new_m, old_t, new_t in views:  # the cluster's, and each namespace's as it plans
+                    for kind, old, new, policy, tolerance in (
+                            ("memory", old_m, new_m, self.policy, 0.0),
+                            ("runtime", old_t, new_t, self.runtime_policy, RUNTIME_REPLAN_TOLERANCE)):
+                        keys = memory.classes() if kind == "memory" else times.classes()
+                        if _moved(_planning_factors(old, keys, policy), _planning_factors(new, keys, policy),
+                                  tolerance):
+                            changed.add(kind)
                 return changed
         raise KubeError(409, f"GNNCalibration {self.name}: still conflicting after {WRITE_TRIES} tries")

@@ -58,6 +58,8 @@ from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, UNKNOWN_GPU_MODEL, measure
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
 from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
+from gnnsched.trust.job_facts import STATUS_FIELD as STATUS_FACTS
+from gnnsched.trust.job_facts import facts_patch, facts_status, with_annotations
 
 from .admission import (
     REFUSED,
@@ -99,7 +101,7 @@ from .resize import (
     settle_without_verdict,
     verdict_wait_seconds,
 )
-from .status import TERMINAL, PodView, now_rfc3339, set_condition, view_pod
+from .status import TERMINAL, PodView, measured_peak, measured_runtime, now_rfc3339, set_condition, view_pod
 
 log = logging.getLogger("gnnsched.operator")
 
@@ -508,7 +510,7 @@ class Operator:
             conditions = list(status.get("conditions") or [])
         if plan is None:
             try:
-                table, runtime = self._calibration_tables() or (None, None)
+                table, runtime = self._calibration_tables(ref.namespace) or (None, None)
                 with self.metrics.plan_seconds.time():
                     plan = self.planner.plan(spec, self.cluster_gpus(), table, probe=_probe_result(status),
                                              runtime_calibration=runtime)
@@ -578,7 +580,7 @@ class Operator:
         stored = _stored_probe(status)
         if stored is not None and stored.key == key and stored.state != "Running":
             return stored
-        cached = self.probes.get(key)
+        cached = self.probes.get(ref.namespace, key)
         if cached is not None:
             record = cached.model_copy(update={"source": "cache"})
             self._record_probe(body, status, conditions, record, generation)
@@ -607,12 +609,12 @@ class Operator:
             return None
         record = read_probe_pod(pod, key)
         if record.state != "Running":
-            self._record_probe(body, status, conditions, record, generation)
+            self._record_probe(body, status, conditions, record, generation, request)
             return None if record.reason == INVALID_ENTRYPOINT else record
         return None
 
     def _record_probe(self, body: dict[str, Any], status: dict[str, Any], conditions: list[dict[str, Any]],
-                      record: ProbeRecord, generation: int | None) -> None:
+                      record: ProbeRecord, generation: int | None, request: dict[str, Any] | None = None) -> None:
         """Write a finished probe into the status (``probe``, conditions ``Probed`` and ``ProbeFailed``), post its
         event, count it and cache it. An entrypoint the probe could not even load (``InvalidEntrypoint``) is a wrong
         spec, as for any other field: the job fails with ``Validated=False`` and gets no GPU pod."""
@@ -620,7 +622,7 @@ class Operator:
         new = dict(status, probe=record.status())
         self.metrics.probes.labels(record.state if record.source == "pod" else "Cached").inc()
         if record.source == "pod":
-            self.probes.put(record)
+            self.probes.put(_job_ref(body).namespace, record, request)
         if record.reason == INVALID_ENTRYPOINT:
             new["conditions"] = set_condition(conditions, "Probed", "False", INVALID_ENTRYPOINT,
                                               f"the probe of pod {record.pod} could not load the entrypoint", now,
@@ -668,8 +670,12 @@ class Operator:
             if fresh_status.get("phase") in TERMINAL or _stored_probe(fresh_status) != stored:
                 return  # finished meanwhile, or a resync recorded it first
             generation = _dict(fresh.get("metadata")).get("generation")
+            try:
+                request: dict[str, Any] | None = probe_request(parse_spec(fresh.get("spec")))
+            except (SpecError, ValueError):
+                request = None  # cached under the image as named only
             self._record_probe(fresh, fresh_status, list(fresh_status.get("conditions") or []), record,
-                               generation if isinstance(generation, int) else None)
+                               generation if isinstance(generation, int) else None, request)
             self.reconcile_job(fresh, fresh_status)
 
     def _create_pod(self, ref: JobRef, body: dict[str, Any], status: dict[str, Any],
@@ -681,6 +687,8 @@ class Operator:
         ``PodCreated=False`` condition and a ``FailedCreate`` Warning event."""
         name = obj["metadata"]["name"]
         generation = _dict(body.get("metadata")).get("generation")
+        if not is_probe_pod(obj):
+            self._write_facts(body, status, facts_status(obj))  # before the pod exists: see gnnsched.trust.job_facts
         try:
             pod = self._ensure(ref, body, obj, kind="Pod")
         except KubeError as exc:
@@ -709,7 +717,17 @@ class Operator:
                                               generation if isinstance(generation, int) else None)
             new["message"] = None
             self._write(body, status, new)
+        uid = _dict(pod.get("metadata")).get("uid")
+        if not is_probe_pod(obj) and isinstance(uid, str) and uid:
+            self._write_facts(body, status, {**facts_status(obj), "podUid": uid})
         return pod
+
+    def _write_facts(self, body: dict[str, Any], status: dict[str, Any], facts: dict[str, Any]) -> None:
+        """Record the attempt's pod and the facts it was planned with in ``status.podFacts``, the one place the
+        extender and the node agent read them from (a tenant cannot write a status subresource)."""
+        if status.get(STATUS_FACTS) != facts:
+            self._write(body, status, dict(status, **{STATUS_FACTS: facts_patch(status.get(STATUS_FACTS), facts)}))
+            status[STATUS_FACTS] = facts
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
                        pod: str, attempt_reason: str | None = None) -> str | None:
@@ -884,11 +902,11 @@ class Operator:
             new.setdefault("finishedAt", now)
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None:  # its peak and its runtime, in one write of the calibration object
+                # measured by the node agent (NVML) and the kubelet, never what the container says about itself
+                peak, seconds = measured_peak(pod), measured_runtime(pod)
                 self._record([
-                    self._peak_sample(job, pod, plan, view.observed_peak_bytes, attempt)
-                    if view.observed_peak_bytes is not None else None,
-                    self._runtime_sample(job, pod, plan, view.observed_runtime_seconds, attempt)
-                    if view.observed_runtime_seconds is not None else None,
+                    self._peak_sample(job, pod, plan, peak, attempt) if peak is not None else None,
+                    self._runtime_sample(job, pod, plan, seconds, attempt) if seconds is not None else None,
                 ])
         self._write(job, status, new, message=message)
 
@@ -1072,11 +1090,11 @@ class Operator:
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)
 
-    def _calibration_tables(self) -> tuple[CalibrationTable, CalibrationTable] | None:
-        """The cluster's memory and runtime calibration tables; ``None`` (static factors) when they cannot be read
-        for a lasting reason."""
+    def _calibration_tables(self, namespace: str) -> tuple[CalibrationTable, CalibrationTable] | None:
+        """The memory and runtime calibration tables a job of ``namespace`` is planned with (its own samples and the
+        bounded cluster prior); ``None`` (static factors) when they cannot be read for a lasting reason."""
         try:
-            return self.calibration.tables()
+            return self.calibration.tables(namespace)
         except KubeError as exc:
             if exc.transient:
                 raise
@@ -1101,7 +1119,8 @@ class Operator:
             return None
         cls = CalibrationClass(gpu_model=model, arch=spec.model.model_class, mode=spec.mode, container=plan.container)
         uid = _dict(job.get("metadata")).get("uid")
-        return CalibrationSample(cls=cls, ratio=observed / need, attempt_key=f"{uid}/{attempt}", exceeded=exceeded)
+        return CalibrationSample(cls=cls, ratio=observed / need, attempt_key=f"{uid}/{attempt}", exceeded=exceeded,
+                                 namespace=_job_ref(job).namespace)
 
     def _attempt_gpu_model(self, pod: dict[str, Any]) -> str | None:
         """The model of the GPU the node agent says the pod ran on, ``None`` when unknown."""
@@ -1136,7 +1155,8 @@ class Operator:
         cls = runtime_class(spec, plan.runtime_gpu_model, plan.container)
         uid = _dict(job.get("metadata")).get("uid")
         return CalibrationSample(cls=cls, ratio=observed / (predicted / (plan.runtime_factor or 1.0)),
-                                 attempt_key=f"{uid}/{attempt}/runtime", runtime=True, model=plan.runtime_model)
+                                 attempt_key=f"{uid}/{attempt}/runtime", runtime=True, model=plan.runtime_model,
+                                 namespace=_job_ref(job).namespace)
 
     def _record(self, samples: list[CalibrationSample | None]) -> None:
         """Record an attempt's samples in one write; a factor that moved re-plans the pods still waiting for a node.
@@ -1186,7 +1206,7 @@ class Operator:
         next runtime sample is taken against the bare prediction. A reservation that is not the estimate's
         (``gpuMemory``, a resize, a whole GPU) is the user's or the loop's own and is kept. The pod's PriorityClass
         (kube-scheduler's queue order) cannot follow: a pod's priority is immutable. Returns the plan now in force."""
-        tables = self._calibration_tables()
+        tables = self._calibration_tables(_job_ref(job).namespace)
         alone = plan.exclusive and plan.exclusive_reason in (UNKNOWN_GPU_MODEL, ALLOCATOR_MISMATCH)
         if tables is None and not alone:
             return plan
@@ -1249,12 +1269,21 @@ class Operator:
         current = _dict(meta.get("annotations"))
         if all(current.get(key) == value for key, value in annotations.items()):
             new.update(_plan_fields(updated))  # the pod was patched; the status had not caught up yet
+            self._follow_facts(new, annotations)
             return updated
         if not self._patch_waiting_pod(job, name, version, current, dict(annotations)):
             return plan
         new.update(_plan_fields(updated))
+        self._follow_facts(new, annotations)
         self._event(job, "Normal", "Replanned", f"pod {name} waits for a node: " + "; ".join(changes))
         return updated
+
+    @staticmethod
+    def _follow_facts(new: dict[str, Any], annotations: dict[str, str] | dict[str, str | None]) -> None:
+        """The status facts follow a waiting pod's re-planned annotations (written with the rest of ``new``)."""
+        facts = with_annotations(new.get(STATUS_FACTS), annotations)
+        if facts is not None:
+            new[STATUS_FACTS] = facts
 
     def _patch_waiting_pod(self, job: dict[str, Any], name: str, version: str, current: dict[str, Any],
                            wanted: dict[str, str | None]) -> bool:
@@ -1313,6 +1342,7 @@ class Operator:
                    f"{fresh.admit_bytes} bytes), " + ("it shares a GPU" if not fresh.exclusive
                                                       else f"alone for {fresh.exclusive_reason}"))
         new.update(_plan_fields(fresh))
+        self._follow_facts(new, wanted)
         new["conditions"] = set_condition(
             new.get("conditions"), "Exclusive", "True" if fresh.exclusive else "False",
             str(fresh.exclusive_reason) if fresh.exclusive else "DeviceConstantsKnown",

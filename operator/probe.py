@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gnnsched.entrypoint_probe import LAUNCHER, ProbeError, ProbeRecord, parse_probe_result
+from gnnsched.entrypoint_probe import LAUNCHER, ProbeError, ProbeRecord, cache_key, parse_probe_result
 from gnnsched.spec import GNNJobSpec
 
 from .podspec import MAX_NAME, TERMINATION_LOG, JobPodSettings, _shorten, owned_metadata
@@ -190,27 +190,40 @@ def read_probe_pod(pod: dict[str, Any], key: str) -> ProbeRecord:
 
 
 class ProbeCache:
-    """Finished probes by ``cache_key``, bounded and thread-safe, owned by one operator. A re-submitted job (same
-    image, entrypoint and spec fields the probe depends on) skips its probe pod. In memory: a restarted operator
-    probes again (one CPU pod per distinct entrypoint spec)."""
+    """Finished probes by namespace and ``cache_key``, bounded and thread-safe, owned by one operator. A re-submitted
+    job (same namespace, image, entrypoint and spec fields the probe depends on) skips its probe pod. In memory: a
+    restarted operator probes again (one CPU pod per distinct entrypoint spec).
+
+    Why the namespace (issue 39, item 7): a probe's result sizes the job's GPU reservation, and the code it traced is
+    whatever the image held when that namespace's probe pod pulled it. Keyed by the image string alone, one
+    namespace's probe of a tag sized another namespace's job of the same tag, built from another push or another
+    registry credential. So an entry serves only its own namespace, under the image as the job names it and, once the
+    probe pod ran, also under the image ID its container status reports (the resolved digest), which a job that pins
+    that digest then hits."""
 
     def __init__(self, size: int = 1024) -> None:
         self._size = size
-        self._items: OrderedDict[str, ProbeRecord] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], ProbeRecord] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> ProbeRecord | None:
+    def get(self, namespace: str, key: str) -> ProbeRecord | None:
         with self._lock:
-            record = self._items.get(key)
+            record = self._items.get((namespace, key))
             if record is not None:
-                self._items.move_to_end(key)
+                self._items.move_to_end((namespace, key))
             return record
 
-    def put(self, record: ProbeRecord) -> None:
+    def put(self, namespace: str, record: ProbeRecord, request: dict[str, Any] | None = None) -> None:
+        """Keep ``record`` for ``namespace`` under its key and, with the probe's ``request`` and the image ID the
+        pod ran, under that resolved image's key too."""
         if record.state == "Running" or not record.cacheable:
             return
+        keys = [record.key]
+        if request is not None and record.image_id and "@sha256:" in record.image_id:
+            keys.append(cache_key(record.image_id.split("://")[-1], request))
         with self._lock:
-            self._items[record.key] = record
-            self._items.move_to_end(record.key)
+            for key in keys:
+                self._items[(namespace, key)] = record
+                self._items.move_to_end((namespace, key))
             while len(self._items) > self._size:
                 self._items.popitem(last=False)

@@ -117,6 +117,32 @@ def observed_peak(result: dict[str, Any] | None) -> int | None:
     return None
 
 
+def measured_peak(pod: Any) -> int | None:
+    """The pod's peak GPU memory as the node agent measured it (NVML, ``gnnsched.io/observed-peak-bytes``), the only
+    peak the calibration records. Why not the worker's result line: it is the container's own termination message,
+    which the tenant's code writes; after the chart's admission policy only gnnsched's service accounts may write a
+    ``gnnsched.io/*`` annotation (issue 39). ``None`` when the agent measured none."""
+    annotations = _dict(_dict(_dict(pod).get("metadata")).get("annotations"))
+    return _int(annotations.get(ANN_OBSERVED_PEAK_BYTES)) if ANN_OBSERVED_PEAK_BYTES in annotations else None
+
+
+def measured_runtime(pod: Any) -> float | None:
+    """The attempt's runtime as the node agent and the kubelet saw it, the only runtime the calibration records:
+    from the agent's started-at (else its admission, else the container's start in the kubelet's status) to the
+    agent's finished-at (else the container's end); never the result line's own ``runtimeSeconds``."""
+    pod = _dict(pod)
+    annotations = _dict(_dict(pod.get("metadata")).get("annotations"))
+    container = next((_dict(c) for c in _list(_dict(pod.get("status")).get("containerStatuses"))
+                      if _dict(c).get("name") == JOB_CONTAINER_NAME), {})
+    terminated = _dict(_dict(container.get("state")).get("terminated"))
+    start = parse_time(_rfc3339(annotations.get(ANN_STARTED_AT))) or parse_time(
+        _rfc3339(annotations.get(ANN_ADMITTED_AT))) or parse_time(_rfc3339(terminated.get("startedAt")))
+    end = parse_time(_rfc3339(annotations.get(ANN_FINISHED_AT))) or parse_time(_rfc3339(terminated.get("finishedAt")))
+    if start is None or end is None or end < start:
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
 def view_pod(pod: Any) -> PodView:
     """Derive the job-level facts from a pod, tolerating any missing or malformed field."""
     pod = _dict(pod)

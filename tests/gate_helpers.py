@@ -19,6 +19,7 @@ from gnnsched.contract import (
     ENV_RESULT_FILE,
 )
 from gnnsched.node_agent.identity import FilePodLookup, gnnjob_owner_reference
+from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 
 GiB = 2**30
 
@@ -69,10 +70,20 @@ def pod_object(
 
 
 def job_pod(name: str, admit_bytes: int, runtime: float | None = None, **kw: Any) -> tuple[dict, dict]:
-    """A pod owned by a GNNJob (and that GNNJob), as the operator creates them."""
+    """A pod owned by a GNNJob (and that GNNJob), as the operator creates them: the job's ``status.podFacts`` names
+    the pod with the facts on its annotations (``gnnsched.trust.job_facts``). Annotations added to the pod later by
+    a test are the pod's own; call :func:`name_in_status` after such a change to have the job's status say it too."""
     job_uid = str(uuid.uuid4())
     job = {"metadata": {"name": f"job-{name}", "namespace": kw.get("namespace", "default"), "uid": job_uid}}
-    return pod_object(name, admit_bytes=admit_bytes, runtime=runtime, owner=(f"job-{name}", job_uid), **kw), job
+    pod = pod_object(name, admit_bytes=admit_bytes, runtime=runtime, owner=(f"job-{name}", job_uid), **kw)
+    name_in_status(job, pod)
+    return pod, job
+
+
+def name_in_status(job: dict, pod: dict) -> dict:
+    """Write ``pod`` and its annotations' facts into ``job``'s ``status.podFacts``, as the operator does."""
+    job.setdefault("status", {})[STATUS_FIELD] = facts_status(pod)
+    return job
 
 
 def write_pods(path: Path, pods: list[dict], jobs: list[dict]) -> None:

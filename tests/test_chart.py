@@ -207,6 +207,7 @@ def test_each_component_gets_only_what_it_uses(chart):
     }
     # the scheduler + extender bind and read GPUNodes, never write them or create pods
     assert ("", "pods/binding", "create") in scheduler and ("gnnsched.io", "gpunodes", "watch") in scheduler
+    assert ("gnnsched.io", "gnnjobs", "watch") in scheduler  # a pod's facts are in its GNNJob's status
     assert not {p for p in scheduler if p[0] == "gnnsched.io" and p[2] not in ("get", "list", "watch")}
     assert ("", "pods", "create") not in scheduler
     # the node agent writes GPUNodes and reads GNNJobs; it never creates or deletes pods, nor binds

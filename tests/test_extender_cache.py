@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import datetime, timezone
 
@@ -14,6 +15,8 @@ from gnnsched.contract import (
     ANN_INTENSITY,
     ANN_PREDICTED_RUNTIME,
     ANN_RESERVATION,
+    API_VERSION,
+    GNNJOB_KIND,
     GPUJob,
     GPUNodeStatus,
     GPUStatus,
@@ -25,6 +28,7 @@ from gnnsched.extender.pods import PodError, parse_pod
 from gnnsched.gpu.catalogue import GiB, get_gpu_model
 from gnnsched.interference import load_default
 from gnnsched.trust.domain import DomainResolver
+from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 
 NOW = 1_800_000_000.0
 
@@ -33,8 +37,8 @@ def make_pod(name: str, gib: float | None = None, *, runtime: float | None = 600
              uid: str | None = None, gpu_memory: str | None = None, cpu: str = "1", mem: str = "1Gi",
              annotations: dict | None = None) -> dict:
     ann: dict[str, str] = {}
-    if gib is not None:
-        ann[ANN_ADMIT_BYTES] = str(int(gib * GiB))
+    if gib is not None:  # a pod of its own: GNNJob pods' bytes come from the job's status (owned_pod)
+        ann[ANN_GPU_MEMORY] = str(int(gib * GiB))
     if gpu_memory is not None:
         ann[ANN_GPU_MEMORY] = gpu_memory
     if runtime is not None:
@@ -197,6 +201,23 @@ def test_reserve_refuses_a_node_that_cannot_hold_the_pod(cache: ClusterCache) ->
         cache.reserve(parse_pod(make_pod("p", 20)), "ghost")
 
 
+def owned(pod: dict, *caches: ClusterCache) -> dict:
+    """``pod`` as the operator makes it: owned by GNNJob ``ns/job-<name>``, its bytes as ``admit-bytes``, and that
+    GNNJob (status ``podFacts`` naming the pod) known to ``caches`` as their GNNJob watch would bring it."""
+    meta = pod["metadata"]
+    ann = dict(meta["annotations"])
+    if ANN_GPU_MEMORY in ann:
+        ann[ANN_ADMIT_BYTES] = ann.pop(ANN_GPU_MEMORY)
+    job = {"metadata": {"name": f"job-{meta['name']}", "namespace": meta["namespace"], "uid": f"juid-{meta['uid']}"}}
+    pod = {**pod, "metadata": {**meta, "annotations": ann, "ownerReferences": [
+        {"apiVersion": API_VERSION, "kind": GNNJOB_KIND, "name": job["metadata"]["name"],
+         "uid": job["metadata"]["uid"], "controller": True}]}}
+    job["status"] = {STATUS_FIELD: facts_status(pod)}
+    for c in caches:
+        c.upsert_gnnjob(job)
+    return pod
+
+
 def _bound_pods(c: ClusterCache, pods: list[dict]) -> list[dict]:
     out = []
     for p in pods:
@@ -215,11 +236,11 @@ def test_restart_rebuilds_reservations_and_decisions() -> None:
         c.upsert_gpunode(status("two", gpu(0)), now=NOW)
         return c
 
-    before = fresh()
-    pods = _bound_pods(before, [make_pod(f"p{i}", 15, intensity="memory" if i % 2 else "compute") for i in range(9)])
+    before, after = fresh(), fresh()
+    pods = _bound_pods(before, [owned(make_pod(f"p{i}", 15, intensity="memory" if i % 2 else "compute"), before,
+                                      after) for i in range(9)])
     probe = parse_pod(make_pod("probe", 12, intensity="memory"))
     rows = before.index_of(["one", "two"])
-    after = fresh()
     assert after.rebuild(list(reversed(pods))) == 9
     key = [(r.uid, r.gpu, r.bytes, r.immediate) for r in before.reservations()]
     assert [(r.uid, r.gpu, r.bytes, r.immediate) for r in after.reservations()] == key
@@ -273,3 +294,37 @@ def test_fake_cluster_spec_and_population() -> None:
     assert c.filter(d, rows).passed.sum() >= 25
     scores = c.score(d, rows)
     assert scores.max() == 10 and len(set(scores.tolist())) > 1
+
+
+def test_a_hand_written_reservation_counts_only_bound_past_and_unexpired() -> None:
+    """Issue 39, finding 3: a ``gnnsched.io/reservation`` written by hand on a pod that is never bound, with an
+    ``at`` in the future, never expired and dropped node one's score for everyone. A reservation read back from a
+    pod counts only for a pod bound to its node, while its ``at`` is past and within the TTL
+    (``reservation_counts``): the forged ones leave the scores as they were, an honest one still counts."""
+    def fresh() -> ClusterCache:
+        c = ClusterCache(load_default(), clock=lambda: NOW, reservation_ttl=300)
+        c.upsert_gpunode(status("one", gpu(0)), now=NOW)
+        c.upsert_gpunode(status("two", gpu(0)), now=NOW)
+        return c
+
+    def forged(name: str, at: float, node: str | None) -> dict:
+        stamp = datetime.fromtimestamp(at, tz=timezone.utc).isoformat()
+        pod = make_pod(name, 70, annotations={ANN_RESERVATION: json.dumps(
+            {"node": "one", "gpu": 0, "bytes": 70 * GiB, "at": stamp})})
+        if node is not None:
+            pod["spec"] = {**pod["spec"], "nodeName": node}
+        return pod
+
+    c = fresh()
+    probe = parse_pod(make_pod("probe", 10))
+    rows = c.index_of(["one", "two"])
+    clean = c.score(probe, rows).tolist()
+    for pod in (forged("never-bound", NOW + 3600, None), forged("never-bound-past", NOW - 10, None),
+                forged("far-future", NOW + 86400 * 365, "one"), forged("elsewhere", NOW - 10, "two"),
+                forged("expired", NOW - 301, "one")):
+        c.upsert_pod(pod)
+        assert c.reservations() == [], pod["metadata"]["name"]
+        assert c.score(probe, rows).tolist() == clean
+    c.upsert_pod(forged("bound-now", NOW - 10, "one"))  # what the extender's own bind leaves: it counts
+    assert [r.name for r in c.reservations()] == ["bound-now"]
+    assert c.score(probe, rows).tolist() != clean

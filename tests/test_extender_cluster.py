@@ -62,6 +62,9 @@ def api(tmp_path: Path) -> Iterator[tuple[str, Path, object, _Hooks]]:
     async def main() -> None:
         async with StrictKubernetes(before_write=hooks.before, after_write=hooks.after) as km, \
                 kmock.Server(km) as srv:
+            # the GNNJob CRD, as the chart installs it: the extender lists and watches GNNJobs (their pods' facts)
+            km.resources[f"{GROUP}/{VERSION}/gnnjobs"] = kmock.ResourceInfo(
+                kind="GNNJob", singular="gnnjob", namespaced=True, verbs={"list", "watch", "get", "create", "patch"})
             box.update(url=str(srv.url).rstrip("/"), km=km, hooks=hooks)
             ready.set()
             while not box.get("stop"):

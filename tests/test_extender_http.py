@@ -14,7 +14,7 @@ import pytest
 import yaml
 from test_extender_cache import NOW, gpu, make_pod, status
 
-from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU_MEMORY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION
+from gnnsched.contract import ANN_ADMIT_BYTES, ANN_EXCLUSIVE, ANN_GPU_MEMORY, ANN_RESERVATION
 from gnnsched.extender import create_app
 from gnnsched.extender.binder import FakeBinder
 from gnnsched.extender.cache import ClusterCache
@@ -107,7 +107,7 @@ POD_LEVEL_ERRORS = [
     {"Pod": make_pod("x"), "NodeNames": NODES},
     {"Pod": make_pod("x", annotations={ANN_ADMIT_BYTES: "1e400"}), "NodeNames": NODES},
     {"Pod": make_pod("x", annotations={ANN_GPU_MEMORY: "-3Gi"}), "NodeNames": NODES},
-    {"Pod": make_pod("x", 1, annotations={ANN_PREDICTED_RUNTIME: "Infinity"}), "NodeNames": NODES},
+    {"Pod": make_pod("x", 1, annotations={ANN_EXCLUSIVE: "maybe"}), "NodeNames": NODES},
     {"Pod": make_pod("x", 1, cpu="many"), "NodeNames": NODES},
     {"Pod": {"metadata": {"name": "x", "annotations": ["a"]}}, "NodeNames": NODES},
     {"Pod": make_pod("x"), "Nodes": {"items": [{"metadata": {"name": n}} for n in NODES[:3]]}},
@@ -412,3 +412,35 @@ def test_exclusive_pod_passes_only_nodes_with_an_empty_gpu_and_books_the_whole_g
         bad = make_pod("bad", 1, annotations={ANN_EXCLUSIVE: "yes"})
         f3 = c.post("/filter", json={"Pod": bad, "NodeNames": ["empty"]}).json()
         assert "exclusive" in (f3["Error"] + json.dumps(f3["FailedAndUnresolvableNodes"])), f3
+
+
+def test_a_pods_facts_come_from_its_gnnjobs_status_never_its_own_annotations() -> None:
+    """Issue 39, finding 3 at the extender: a pod that writes ``admit-bytes``, a tiny predicted runtime and a GNNJob
+    ownerReference on itself gets no credit for them; a pod its GNNJob's status names is placed and reserved by the
+    status's facts, whatever its annotations claim. The job is read over the binder (the API server) when the
+    cache's watch has not brought it yet."""
+    from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
+
+    binder = FakeBinder()
+    app, cache = _single_gpu_app(binder)
+    job_meta = {"name": "job-real", "namespace": "ns", "uid": "juid-real"}
+    ref = [{"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob", "name": "job-real", "uid": "juid-real"}]
+    real = make_pod("real", None, runtime=40.0)
+    real["metadata"]["annotations"][ANN_ADMIT_BYTES] = str(6 * GiB)
+    real["metadata"]["ownerReferences"] = ref
+    binder.add_gnnjob({"metadata": job_meta, "status": {STATUS_FIELD: facts_status(real)}})
+    real["metadata"]["annotations"][ANN_ADMIT_BYTES] = str(GiB)  # a later hand edit of its own annotation
+    forger = make_pod("forger", None, runtime=0.001)
+    forger["metadata"]["annotations"][ANN_ADMIT_BYTES] = str(GiB)
+    forger["metadata"]["ownerReferences"] = ref  # names the real job, which does not name this pod
+    with LoopbackServer(app) as srv, httpx.Client(base_url=srv.url, timeout=10) as c:
+        refused = c.post("/filter", json={"Pod": forger, "NodeNames": ["solo"]}).json()
+        assert "declares no GPU memory" in refused["FailedAndUnresolvableNodes"]["solo"], refused
+        forger["metadata"]["annotations"][ANN_GPU_MEMORY] = "3Gi"  # what it may declare about itself
+        for pod in (real, forger):
+            assert c.post("/filter", json={"Pod": pod, "NodeNames": ["solo"]}).json()["NodeNames"] == ["solo"]
+            b = c.post("/bind", json={"PodName": pod["metadata"]["name"], "PodNamespace": "ns",
+                                      "PodUID": pod["metadata"]["uid"], "Node": "solo"}).json()
+            assert b["Error"] == "", b
+    booked = {r.name: (r.bytes, r.runtime, r.job) for r in cache.reservations()}
+    assert booked == {"real": (6 * GiB, 40.0, "ns/job-real"), "forger": (3 * GiB, 600.0, None)}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from gate_helpers import GiB, add_pods, gnnsched_command, job_pod, pod_object
+from gate_helpers import GiB, add_pods, gnnsched_command, job_pod, name_in_status, pod_object
 
 from gnnsched.contract import (
     ANN_ADMITTED_AT,
@@ -128,6 +128,7 @@ async def test_latency_target_reaches_the_books(gate: Harness) -> None:
     share rule reads it (``Entry.task().qos_seconds``); a pod without one books none."""
     with_target, job = job_pod("q", 10 * GiB, runtime=3)
     with_target["metadata"]["annotations"][ANN_QOS_TARGET] = "2.5"
+    name_in_status(job, with_target)  # the operator writes the target into the job's status with the pod
     plain, plain_job = job_pod("p", 10 * GiB, runtime=3)
     conns = []
     for pod, j in ((with_target, job), (plain, plain_job)):
@@ -186,13 +187,13 @@ async def test_admit_bytes_only_trusted_from_gnnjob_owner(gate: Harness) -> None
     fake_owner = gate.add(pod_object("fake-owner", admit_bytes=1, owner=("job-x", "uid-x")))
     r, _w2 = await gate.request(fake_owner)
     assert (await gate.reply(r, "admitted"))["bytes"] == 78 * GiB
-    bad, job = job_pod("bad", 1)
-    bad["metadata"]["annotations"]["gnnsched.io/admit-bytes"] = "lots"
-    gate.add(bad, job)
-    r, _ = await gate.request(bad)
-    msg = await gate.reply(r)
-    assert msg["reason"] == "bad-annotation" and "admit-bytes='lots'" in msg["message"]
-    assert sorted(e.bytes for e in gate.books.running.values()) == [20 * GiB, 78 * GiB]
+    # A pod of a real GNNJob is booked at what the job's status says, whatever its own annotation claims.
+    owned, job = job_pod("owned", 3 * GiB)
+    owned["metadata"]["annotations"]["gnnsched.io/admit-bytes"] = "lots"
+    gate.add(owned, job)
+    r, _w3 = await gate.request(owned)
+    assert (await gate.reply(r, "admitted"))["bytes"] == 3 * GiB
+    assert sorted(e.bytes for e in gate.books.running.values()) == [3 * GiB, 20 * GiB, 78 * GiB]
 
 
 @pytest.mark.asyncio
@@ -256,7 +257,7 @@ async def test_exclusive_pod_runs_alone_with_the_whole_gpu_as_its_limit(gate: Ha
     # 85 GiB of admit bytes exceed the shareable 78 GiB, but the pod is marked exclusive: queued, not refused.
     pod, job = job_pod("alone", 85 * GiB)
     pod["metadata"]["annotations"][ANN_EXCLUSIVE] = "true"
-    gate.add(pod, job)
+    gate.add(pod, name_in_status(job, pod))
     small, sjob = job_pod("small", 1 * GiB)
     gate.add(small, sjob)
     r1, _w1 = await gate.request(small)
@@ -272,9 +273,9 @@ async def test_exclusive_pod_runs_alone_with_the_whole_gpu_as_its_limit(gate: Ha
     assert (await gate.reply(r3, "admitted"))["gpuUuid"] == first["gpuUuid"]
     w2.close()
     await gate.settle(lambda: len(gate.books.running) == 2)
-    bad, bjob = job_pod("bad-x", GiB)
+    bad = pod_object("bad-x", gpu_memory="1Gi")  # a plain pod's own exclusive annotation is read, and checked
     bad["metadata"]["annotations"][ANN_EXCLUSIVE] = "yes"
-    gate.add(bad, bjob)
+    gate.add(bad)
     r4, _ = await gate.request(bad)
     reply = await gate.reply(r4)
     assert reply["reason"] == "bad-annotation" and "exclusive='yes'" in reply["message"]
@@ -291,7 +292,7 @@ async def test_fault_peers_are_admitted_on_different_gpus_or_wait(gate: Harness)
         pod, job = job_pod(name, GiB)
         others = ",".join(f"default/job-{o}" for o in names if o != name)
         pod["metadata"]["annotations"][ANN_FAULT_PEERS] = others
-        gate.add(pod, job)
+        gate.add(pod, name_in_status(job, pod))
         pods.append(pod)
     r1, w1 = await gate.request(pods[0])
     first = await gate.reply(r1, "admitted")
@@ -535,3 +536,33 @@ spec:
   graph: {nodes: 500, edges: 4000, features: 16, classes: 4}
   epochs: 30
 """
+
+
+@pytest.mark.asyncio
+async def test_a_forged_runtime_does_not_jump_the_sqtf_queue(tmp_path) -> None:
+    """Issue 39, finding 3: a plain pod in another namespace that writes ``predicted-runtime-seconds: "0.001"`` (and
+    a forged GNNJob ownerReference) on itself was admitted under ``sqtf`` ahead of an earlier GNNJob pod. Its
+    annotations are no facts: only a GNNJob's status names a pod's runtime, so the GNNJob pod is admitted first."""
+    h = Harness(tmp_path, policy="sqtf")
+    await h.server.start(h.sock)
+    try:
+        blockers = [h.add(*job_pod(f"full{i}", 70 * GiB, runtime=50)) for i in range(2)]
+        holders = [await h.request(p) for p in blockers]
+        for r, _ in holders:
+            await h.reply(r, "admitted")
+        earlier = h.add(*job_pod("earlier", 40 * GiB, runtime=100))
+        r_earlier, _w1 = await h.request(earlier)
+        assert (await h.reply(r_earlier))["status"] == "queued"
+        forger = pod_object("forger", namespace="tenant-b", gpu_memory="40Gi", runtime=0.001,
+                            owner=("job-earlier", "a-uid-it-read"))
+        forger["metadata"]["annotations"]["gnnsched.io/admit-bytes"] = str(GiB)
+        h.add(forger)
+        r_forger, _w2 = await h.request(forger)
+        assert (await h.reply(r_forger))["status"] == "queued"
+        booked = {e.name: (e.qt_seconds, e.bytes) for e in h.books.queued.values()}
+        assert booked == {"earlier": (100.0, 40 * GiB), "forger": (None, 40 * GiB)}
+        holders[0][1].close()  # one GPU frees: room for one of the two (2 x 40 GiB > 78 GiB)
+        assert (await h.reply(r_earlier, "admitted"))["status"] == "admitted"
+        assert [e.name for e in h.books.queued.values()] == ["forger"]
+    finally:
+        await h.server.close()

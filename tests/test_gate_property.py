@@ -332,14 +332,24 @@ def test_books_share_rule_keeps_an_inference_latency_target() -> None:
     joins busy GPU 0 when only joining meets its target (11.8 s: 10 s x its predicted slowdown 1.145 = 11.45 s beside a
     compute-bound client, against 2 s + 10 s waiting), and waits, as before, without one."""
     from gnnsched.contract import ANN_QOS_TARGET
-    from gnnsched.node_agent.identity import PodInfo, trusted_demand
+    from gnnsched.node_agent.identity import PodInfo, gnnjob_owner_reference, pod_from_object, trusted_demand
+    from gnnsched.trust.job_facts import STATUS_FIELD, FactsError, facts_status
 
     def demand(target: str | None) -> float | None:
         ann = {"gnnsched.io/admit-bytes": str(10 * UNIT)} | ({ANN_QOS_TARGET: target} if target else {})
-        return trusted_demand(PodInfo("q", "ns", "q", annotations=ann, owner_job="ns/j"), TOTAL).qos_seconds
+        pod = {"metadata": {"name": "q", "namespace": "ns", "uid": "q", "annotations": ann,
+                            "ownerReferences": [gnnjob_owner_reference("j", "ju")]}}
+        try:
+            job = {"metadata": {"name": "j", "namespace": "ns", "uid": "ju"},
+                   "status": {STATUS_FIELD: facts_status(pod)}}
+        except FactsError:
+            return None  # the operator never writes a target it cannot read (the CRD's schema refuses it too)
+        return trusted_demand(pod_from_object(pod, lambda ns, n: job), TOTAL).qos_seconds
 
     assert demand("11.8") == 11.8
     assert demand(None) is None and demand("soon") is None and demand("-1") is None and demand("inf") is None
+    # the same target on a pod that no GNNJob's status names is not read
+    assert trusted_demand(PodInfo("q", "ns", "q", annotations={ANN_QOS_TARGET: "11.8"}), TOTAL).qos_seconds is None
     for target, want in ((None, []), (demand("11.8"), [0])):
         # no start-up after admission, so the seconds above are the predicted ends (test_spread_counts_the_start_up...)
         b = Books([GPUSlot(0, "GPU-0", "Fake-GPU", 80 * UNIT, 0, 5), GPUSlot(1, "GPU-1", "Fake-GPU", 40 * UNIT, 0, 5)],

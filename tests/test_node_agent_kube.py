@@ -28,6 +28,7 @@ from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.gate import GateConfig, GateServer
 from gnnsched.node_agent.identity import KubePodLookup, PeerVerifier, gnnjob_owner_reference
 from gnnsched.node_agent.status import KubeStatusSink
+from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 
 pytestmark = [pytest.mark.timeout(30)]
 
@@ -44,12 +45,14 @@ async def _create_job_pod(api, name: str, admit: int, node: str = "node-a", owne
     from kubernetes import client
 
     job_uid = str(uuid.uuid4())
-    job = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GNNJob",
-           "metadata": {"name": f"job-{name}", "namespace": "default", "uid": job_uid}}
-    await asyncio.to_thread(client.CustomObjectsApi(api).create_namespaced_custom_object, GROUP, VERSION, "default",
-                            GNNJOB_PLURAL, job)
     meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": str(uuid.uuid4()),
             "annotations": {ANN_ADMIT_BYTES: str(admit)}}
+    # the operator's status names the pod with its facts (gnnsched.trust.job_facts), for the owned pod only
+    job = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GNNJob",
+           "metadata": {"name": f"job-{name}", "namespace": "default", "uid": job_uid},
+           "status": {STATUS_FIELD: facts_status({"metadata": meta})}}
+    await asyncio.to_thread(client.CustomObjectsApi(api).create_namespaced_custom_object, GROUP, VERSION, "default",
+                            GNNJOB_PLURAL, job)
     if owned:
         meta["ownerReferences"] = [gnnjob_owner_reference(f"job-{name}", job_uid)]
     pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,

@@ -90,6 +90,13 @@ async def test_create_makes_one_gated_pod_and_status_has_the_pmc(tmp_path: Path)
     assert status["pmcBytes"] == expected.pmc_bytes > 0
     assert status["admitBytes"] == expected.admit_bytes
     assert status["attempts"] == 1 and status["podName"] == "gcn-cora-0"
+    # The status (which a tenant cannot write) names the pod with the facts its annotations repeat: the extender and
+    # the node agent read them there (gnnsched.trust.job_facts), and they resolve for this pod only.
+    from gnnsched.trust.job_facts import resolve
+    assert status["podFacts"]["pod"] == "gcn-cora-0" and status["podFacts"]["admitBytes"] == expected.admit_bytes
+    trusted = resolve(pods[0], job)
+    assert trusted is not None and trusted.admit_bytes == expected.admit_bytes and trusted.job == "default/gcn-cora"
+    assert resolve(dict(pods[0], metadata={**pods[0]["metadata"], "name": "gcn-cora-9"}), job) is None
     assert status["requestedResources"] == {"cpu": "4", "memory": "8Gi"}
     assert condition(job, "Estimated")["reason"] == "PMCEstimated"
     assert str(expected.pmc_bytes) in condition(job, "Estimated")["message"]

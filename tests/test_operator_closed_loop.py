@@ -316,6 +316,8 @@ async def test_an_overrun_sizes_the_next_job_of_its_class_above_it(tmp_path: Pat
     need = status["predictedPeakBytes"]
     bound = round((held + requested) / need, 4)
     assert stored["status"]["exceeded"] == {key: [bound]} and not stored["status"]["ratios"].get(key)
+    # the namespace's own record, which its next job is planned with (gnnsched.trust.tenant_calibration)
+    assert stored["status"]["namespaces"]["default"]["exceeded"] == {key: [bound]}
     factor = stored["status"]["factors"][key]
     assert factor["censored"] is True and factor["lowerBounds"] == 1
     assert factor["factor"] == round(bound * 1.1, 4) and factor["padded"] is True  # above the bound: x static 1.1

@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 import yaml
 from fake_mps import stop_agent
-from gate_helpers import add_pods, run_gated_worker, write_pods
 from gate_helpers import gnnsched_command as _gnnsched
+from gate_helpers import run_gated_worker, write_pods
 from operator_harness import Cluster, GiB, emulated_cluster, running_operator, wait_for
 
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
 )
+from gnnsched.node_agent.identity import FilePodLookup
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300),
               pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="Linux pidfd")]
@@ -35,6 +36,13 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300),
 FAKES = Path(__file__).parent / "fakes"
 SPEC = {"mode": "train", "model": {"arch": "gcn", "layers": 2, "hidden": 16},
         "graph": {"nodes": 2000, "edges": 16000, "features": 32, "classes": 4}, "epochs": 2}
+
+
+async def _naming(cluster: Any, pod_name: str) -> Any:
+    """The GNNJob ``j`` once its status names ``pod_name`` (the agent reads the attempt's facts there)."""
+    job = await cluster.get_job("j")
+    facts = ((job or {}).get("status") or {}).get("podFacts") or {}
+    return job if facts.get("pod") == pod_name else None
 
 
 async def _pod(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -85,8 +93,8 @@ async def test_a_job_at_1_3x_its_estimate_succeeds_after_exactly_one_resize(tmp_
         await cluster.add_gpunode("node-a", [gpu])
         async with running_operator(cluster, planner=Planner(default_gpu_model="A100-80GB", estimate_device="cpu")):
             await cluster.create_job(manifest)
-            job = await wait_for(lambda: cluster.get_job("j"), 30, what="the job")
             first = await _pod(cluster, "j-0")
+            job = await wait_for(lambda: _naming(cluster, "j-0"), 30, what="the job's status naming j-0")
             bound = {**first, "spec": {**first["spec"], "nodeName": "node-a"}}  # as the scheduler binds it
             write_pods(pods_file, [bound], [job])
             with (tmp_path / "agent.log").open("w") as agent_log:
@@ -100,7 +108,12 @@ async def test_a_job_at_1_3x_its_estimate_succeeds_after_exactly_one_resize(tmp_
                     await cluster.patch_pod("j-0", _terminated(first_message))
                     second = await _pod(cluster, "j-1")
                     bound2 = {**second, "spec": {**second["spec"], "nodeName": "node-a"}}
-                    add_pods(pods_file, [bound2], [])
+                    job2 = await wait_for(lambda: _naming(cluster, "j-1"), 30, what="the job's status naming j-1")
+
+                    def next_attempt(data: dict[str, Any]) -> None:  # the API server's current job and pods
+                        data["pods"].append(bound2)
+                        data["gnnjobs"] = [job2]
+                    FilePodLookup(pods_file).mutate(next_attempt)
                     second_message = await asyncio.to_thread(_run_attempt, tmp_path, env, sock, job_file, bound2)
                     await cluster.patch_pod("j-1", _terminated(second_message))
 

@@ -158,6 +158,12 @@ async def test_fault_through_the_operator_requeues_two_victims_and_charges_the_s
                 pod = await _pod(cluster, f"{name}-0")
                 metas[name] = pod["metadata"]
                 bound.append({**pod, "spec": {**pod["spec"], "nodeName": "node-a"}})  # as the scheduler binds it
+            jobs = []  # as they are once the operator named each pod in its status (the agent reads its facts there)
+            for name in JOBS:
+                async def named(job_name: str = name) -> Any:
+                    job = await cluster.get_job(job_name)
+                    return job if ((job or {}).get("status") or {}).get("podFacts") else None
+                jobs.append(await wait_for(named, 30, what=f"job {name}'s podFacts"))
             late_pod, late_job = job_pod("late", 10 * GiB)
             write_pods(pods_file, [*bound, late_pod], [*jobs, late_job])
             logs.append((tmp_path / "agent.log").open("w"))

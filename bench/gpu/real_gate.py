@@ -28,7 +28,9 @@ for i, job in enumerate(jobs):
         est["admit_bytes"] = int(est["admit_bytes"] * SHRINK[i])
     name = f"job{i}-{Path(job).stem}"
     juid, puid = str(uuid.uuid4()), str(uuid.uuid4())
-    gnnjobs.append({"metadata": {"name": name, "namespace": "default", "uid": juid}})
+    # the job's status names the pod and its admit bytes, as the operator writes it (gnnsched.trust.job_facts)
+    gnnjobs.append({"metadata": {"name": name, "namespace": "default", "uid": juid},
+                    "status": {"podFacts": {"pod": name + "-0", "admitBytes": int(est["admit_bytes"])}}})
     pods.append({"metadata": {"name": name + "-0", "namespace": "default", "uid": puid,
                               "annotations": {"gnnsched.io/admit-bytes": str(est["admit_bytes"])},
                               "ownerReferences": [{"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob",

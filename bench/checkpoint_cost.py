@@ -18,12 +18,11 @@ import tempfile
 
 import torch
 
-from gnnsched.models import build_model
+from gnnsched.models import build_model, make_graph
 from gnnsched.portable.checkpoint import path_in, save
 from gnnsched.portable.step import run_step
 from gnnsched.simulator.cli import default_data_dir
 from gnnsched.simulator.workloads import resolve_workload
-from gnnsched.models import make_graph
 from gnnsched.spec import GraphSpec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from gnnsched.attempts.checkpointing import kept_fraction
+from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
     DEFAULT_RESIZE,
@@ -51,8 +53,6 @@ from gnnsched.closed_loop import (
     ResizePolicy,
     next_reservation,
 )
-from gnnsched.attempts.checkpointing import kept_fraction
-from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge
 from gnnsched.errors import FieldError
 from gnnsched.fault_classes import Charge, ClientError, FaultStep, fault_charges, fault_step, undecided_peers
 from gnnsched.simulator.model import JobProfile, SimJob

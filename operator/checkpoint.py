@@ -47,6 +47,26 @@ class CheckpointSettings(BaseModel):
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = "ReadWriteMany"
 
 
+def checkpoint_settings(every_s: int, storage_class: str, size: str, access_mode: str) -> CheckpointSettings:
+    """The operator's ``--checkpoint-*`` flags; a bad value is a ``FieldError`` naming its flag."""
+    from gnnsched.errors import FieldError
+    from gnnsched.quantity import parse_bytes
+
+    try:
+        positive = parse_bytes(size) > 0
+    except ValueError as exc:
+        raise FieldError("--checkpoint-size", str(exc)) from None
+    if not positive:
+        raise FieldError("--checkpoint-size", f"must be positive, got {size!r}")
+    if access_mode not in ("ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"):
+        raise FieldError("--checkpoint-access-mode",
+                         f"{access_mode!r}: one of ReadWriteMany, ReadWriteOnce, ReadWriteOncePod")
+    if not MIN_EVERY_S <= every_s <= MAX_EVERY_S:
+        raise FieldError("--checkpoint-every-seconds", f"{every_s}: must be {MIN_EVERY_S}..{MAX_EVERY_S}")
+    return CheckpointSettings(every_seconds=every_s, storage_class=storage_class or None, size=size,
+                              access_mode=access_mode)  # type: ignore[arg-type]  # checked above
+
+
 def every_seconds(spec: CheckpointSpec, settings: CheckpointSettings) -> int:
     return spec.every_seconds if spec.every_seconds is not None else settings.every_seconds
 

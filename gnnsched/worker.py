@@ -488,7 +488,7 @@ def run_job(
                     run_step(model, next(stream), spec.mode)
                 meter_.step_done(index - first)
                 if fault_watch is not None:
-                    fault_watch.check()
+                    fault_watch.check(index + 1)
                 if reached is not None:
                     reached[:] = [index + 1]
                 if progress is not None:

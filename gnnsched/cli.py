@@ -217,10 +217,10 @@ def _operator(
         flag = {"queuePriority.base": "--queue-priority-base", "queuePriority.prefix": "--queue-priority-prefix",
                 "queuePriority.perDoubling": "--queue-priority-per-doubling"}.get(exc.field, exc.field)
         fail(f"{flag}: {exc.message}")
+    from gnnsched.operator.checkpoint import checkpoint_settings
     from gnnsched.operator.handlers import OperatorConfig
     from gnnsched.operator.main import run
     from gnnsched.operator.podspec import job_pod_settings
-    from gnnsched.operator.checkpoint import checkpoint_settings
     from gnnsched.operator.probe import probe_settings
 
     try:
@@ -230,7 +230,8 @@ def _operator(
                                          checkpoint_access_mode)
     except ValueError as exc:
         fail(str(exc))
-    fields = {"pods": pods, "probe": probe, "checkpoint": checkpoint, "namespaces": list(namespace), "default_gpu_model": default_gpu_model,
+    fields = {"pods": pods, "probe": probe, "checkpoint": checkpoint, "namespaces": list(namespace),
+              "default_gpu_model": default_gpu_model,
               "workers": workers, "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
               "scheduler_name": scheduler_name, "worker_device": worker_device,
               "worker_prestart": worker_prestart, "health_port": health_port or None,

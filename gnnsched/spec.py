@@ -29,9 +29,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from gnnsched.contract import API_VERSION, GNNJOB_KIND
 from gnnsched.attempts.checkpointing import CheckpointSpec
 from gnnsched.attempts.failure_policy import FailurePolicy
+from gnnsched.contract import API_VERSION, GNNJOB_KIND
 from gnnsched.datasets import dataset_names, get_dataset
 from gnnsched.errors import FieldError
 from gnnsched.quantity import QuantityError, parse_bytes, parse_cpu

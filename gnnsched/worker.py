@@ -487,10 +487,10 @@ def run_job(
                 with torch.profiler.record_function(STEP_MARK):
                     run_step(model, next(stream), spec.mode)
                 meter_.step_done(index - first)
-                if fault_watch is not None:
-                    fault_watch.check(index + 1)
                 if reached is not None:
                     reached[:] = [index + 1]
+                if fault_watch is not None:
+                    fault_watch.check(index + 1)
                 if progress is not None:
                     progress(1)
                 if checkpointer is not None and index + 1 < total:

@@ -1,22 +1,22 @@
 """The operator's reading of a failed attempt for ``spec.failurePolicy`` (``gnnsched.attempts.failure_policy``): its
-exit code, its fault classes, the step it failed at, and the steps of the job's earlier faults of its own (kept in
-``status.suspectSteps``). The rule itself is the core's :func:`~gnnsched.attempts.failure_policy.judge`, which the
-simulator calls too; this module only turns a pod's facts into its input."""
+exit code, its fault classes, the step it failed at, and the steps of the job's earlier faults with its own fatal
+error (kept in ``status.faultSteps``). The rule itself is the core's
+:func:`~gnnsched.attempts.failure_policy.judge`, which the simulator calls too; this module only turns a pod's facts into its input."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge
+from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge, records_step
 from gnnsched.spec import GNNJobSpec
 
 from .resize import AttemptFacts
 
-MAX_SUSPECT_STEPS = 16
+MAX_FAULT_STEPS = 16
 
 
-def suspect_steps(status: dict[str, Any]) -> list[int]:
-    raw = status.get("suspectSteps")
+def fault_steps(status: dict[str, Any]) -> list[int]:
+    raw = status.get("faultSteps")
     return [s for s in raw if isinstance(s, int)] if isinstance(raw, list) else []
 
 
@@ -27,7 +27,7 @@ def failed_attempt(facts: AttemptFacts, exit_code: int | None, status: dict[str,
     charge = facts.fault.charge() if facts.fault is not None else None
     step = facts.result.steps if facts.result is not None and facts.result.outcome == "fault" else None
     own = facts.outcome == "fault" and not facts.victim_of_810
-    return FailedAttempt(exit_code=exit_code, classes=attempt_classes(charge, own, step, suspect_steps(status)),
+    return FailedAttempt(exit_code=exit_code, classes=attempt_classes(charge, own, step, fault_steps(status)),
                          step=step)
 
 
@@ -36,8 +36,9 @@ def verdict(spec: GNNJobSpec, attempt: FailedAttempt, status: dict[str, Any]) ->
     return judge(spec.failure_policy.rules, attempt, requeues if isinstance(requeues, int) else 0)
 
 
-def suspect_step_update(status: dict[str, Any], attempt: FailedAttempt) -> dict[str, Any]:
-    """``{"suspectSteps": [...]}`` with this attempt's step added when the fault was its own, else nothing."""
-    if "Suspect" not in attempt.classes or attempt.step is None:
+def fault_step_update(status: dict[str, Any], attempt: FailedAttempt) -> dict[str, Any]:
+    """``{"faultSteps": [...]}`` with this attempt's step added when it faulted with its own fatal error
+    (``records_step``), else nothing."""
+    if not records_step(attempt) or attempt.step is None:
         return {}
-    return {"suspectSteps": (suspect_steps(status) + [attempt.step])[-MAX_SUSPECT_STEPS:]}
+    return {"faultSteps": (fault_steps(status) + [attempt.step])[-MAX_FAULT_STEPS:]}

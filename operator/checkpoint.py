@@ -64,7 +64,7 @@ def checkpoint_settings(every_s: int, storage_class: str, size: str, access_mode
     if not MIN_EVERY_S <= every_s <= MAX_EVERY_S:
         raise FieldError("--checkpoint-every-seconds", f"{every_s}: must be {MIN_EVERY_S}..{MAX_EVERY_S}")
     return CheckpointSettings(every_seconds=every_s, storage_class=storage_class or None, size=size,
-                              access_mode=access_mode)  # type: ignore[arg-type]  # checked above
+                              access_mode=access_mode)
 
 
 def every_seconds(spec: CheckpointSpec, settings: CheckpointSettings) -> int:

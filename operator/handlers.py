@@ -717,6 +717,15 @@ class Operator:
             self._write(body, status, new)
         return pod
 
+    def _count_checkpoint(self, record: dict[str, Any], new: dict[str, Any]) -> None:
+        """Fold a finished attempt's checkpoint figures into the status patch ``new`` and the metrics."""
+        if not record:
+            return
+        new.update(record)
+        entry = record["checkpointAttempts"][-1]
+        self.metrics.checkpoint_resumed_steps.inc(entry.get("resumedFromStep", 0))
+        self.metrics.checkpoint_lost_seconds.inc(entry.get("lostSeconds", 0.0))
+
     def _with_checkpoint(self, ref: JobRef, body: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
         """A checkpointing job's pod (``spec.checkpoint``): its volume mounted, the claim the operator owns created
         first (``operator/checkpoint.py``); any other pod unchanged."""
@@ -902,7 +911,7 @@ class Operator:
                 new["prestartFallback"] = view.prestart_fallback
             new["conditions"] = set_condition(new.get("conditions"), "Complete", "True", "Succeeded",
                                               f"pod {view.name} succeeded; {detail}", now, generation)
-            new.update(checkpoint.attempt_record(status, attempt, attempt_facts(pod).result))
+            self._count_checkpoint(checkpoint.attempt_record(status, attempt, attempt_facts(pod).result), new)
             new.setdefault("finishedAt", now)
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None:  # its peak and its runtime, in one write of the calibration object
@@ -954,7 +963,7 @@ class Operator:
             seen = max(facts.observed_peak_bytes or 0, facts.needed_bytes or 0)
             if seen:
                 self._record([self._peak_sample(job, pod or {}, plan, seen, attempt, exceeded=True)])
-        new.update(checkpoint.attempt_record(status, attempt, facts.result))
+        self._count_checkpoint(checkpoint.attempt_record(status, attempt, facts.result), new)
         if spec is not None and plan is not None:
             largest = max((g.capacity_bytes for g in self.cluster_gpus() if g.healthy), default=None)
             decision = decide(facts, admit_bytes=plan.admit_bytes, resizes=_count(status, "resizes"),
@@ -964,8 +973,10 @@ class Operator:
             # gnnsched's defaults, on the attempt's exit code and fault classes; a resize is not a failure it judges
             failed = attempt_rules.failed_attempt(facts, view.exit_code, status)
             rule = attempt_rules.verdict(spec, failed, status) if decision.kind in ("requeue", "charge") else None
+            if rule is not None:
+                self.metrics.failure_rules.labels(rule.action, rule.rule.split("[")[0]).inc()
             if rule is not None and rule.action == "FailJob":
-                new.update(attempt_rules.suspect_step_update(status, failed))
+                new.update(attempt_rules.fault_step_update(status, failed))
                 if facts.fault is not None and facts.fault.role == "suspect":
                     new["suspected"] = _count(status, "suspected") + 1
                 self._finish_failed(job, new, view, now, rule.reason, f"{detail}; {describe(rule, failed)}")
@@ -974,14 +985,15 @@ class Operator:
                 message = f"{detail}; {describe(rule, failed)}; requeued without using backoffLimit"
                 self._next_attempt(job, status, new, spec, plan, attempt, now, ("Requeued", rule.reason, message),
                                    {"requeues": _count(status, "requeues") + 1,
-                                    **attempt_rules.suspect_step_update(status, failed)}, priority_class)
+                                    **attempt_rules.fault_step_update(status, failed)}, priority_class)
                 self.metrics.requeues.labels(rule.reason).inc()
                 return
             if decision.kind == "requeue" and rule is not None and rule.action == "Count":
                 decision = decision.model_copy(update={"kind": "charge", "suspect": False})
             if decision.kind == "requeue":
                 message = f"{detail}; {decision.message}; requeued without using backoffLimit"
-                requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
+                requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1,
+                                                 **attempt_rules.fault_step_update(status, failed)}
                 assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
                 step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
                                   _count(status, "undecidedFaults"), _count(status, "suspected"),
@@ -1044,7 +1056,7 @@ class Operator:
                 step = fault_step(facts.fault.charge(), True, _count(status, "undecidedFaults"), suspected)
                 suspected, alone_reason = step.suspected, step.alone_reason
             extra: dict[str, Any] = {"suspected": suspected} if decision.suspect else {}
-            extra.update(attempt_rules.suspect_step_update(status, failed))
+            extra.update(attempt_rules.fault_step_update(status, failed))
             if decision.suspect:
                 self._event(job, "Warning", "FaultSuspect",
                             f"pod {view.name} is the suspect of a fatal MPS fault on GPU "

@@ -17,7 +17,7 @@ from gnnsched.attempts.failure_policy import (
 )
 from gnnsched.closed_loop import AttemptResult, FaultRecord
 from gnnsched.fault_classes import MAX_REQUEUES, Charge
-from gnnsched.operator.attempt_rules import failed_attempt, suspect_step_update, verdict
+from gnnsched.operator.attempt_rules import failed_attempt, fault_step_update, verdict
 from gnnsched.operator.resize import AttemptFacts
 from gnnsched.simulator.faults import NO_ERROR, NO_FAULTS, LoopBooks
 from gnnsched.simulator.model import JobProfile, SimJob
@@ -112,9 +112,9 @@ def test_the_operator_and_the_simulator_decide_a_buggy_jobs_faults_alike() -> No
                                 (_facts("suspect", 13, 40), SUSPECT, 40)):
         attempt = failed_attempt(facts, 1, status)
         ours = verdict(spec, attempt, status)
-        status.update(suspect_step_update(status, attempt))
+        status.update(fault_step_update(status, attempt))
         if ours.action == "Ignore":
             status["requeues"] = status.get("requeues", 0) + 1
         _, sim = books.judged_step(job, charge, frozenset(), step)
         assert (ours.action, ours.reason) == (sim.action, sim.reason), (facts, ours, sim)
-    assert ours.action == "FailJob" and status["suspectSteps"] == [40, 40]
+    assert ours.action == "FailJob" and status["faultSteps"] == [40, 40]

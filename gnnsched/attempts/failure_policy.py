@@ -14,9 +14,9 @@ Rules are tried in order and the first that matches decides; a rule matches on t
 The job's own rules come first; gnnsched's defaults (:data:`DEFAULT_RULES`) follow them, so a user can override
 each default by naming the class first. The defaults keep what the fault rules did before (docs/faults.md): a GPU
 hardware fault and a neighbour's fault are ``Ignore``; and they add the rule issue 27 measured the need for: a job
-whose own fault (the suspect of a fault, i.e. the one client whose own error names it) happens at the same step as an
-earlier fault of its own is ``FailJob`` at once. A deterministic bug fails at the same step on every retry, so its
-remaining ``backoffLimit`` would only hold a whole GPU (it runs alone by then) until the same fault again.
+whose own fault (the suspect of a fault, i.e. the one client whose own error names it) happens at the same step as
+an earlier fault with its own fatal error is ``FailJob`` at once. A deterministic bug fails at the same step on every
+retry, so its remaining ``backoffLimit`` would only hold a whole GPU (it runs alone by then) until the same fault again.
 
 The fault classes an attempt is matched on (:func:`attempt_classes`):
 
@@ -25,7 +25,8 @@ The fault classes an attempt is matched on (:func:`attempt_classes`):
 * ``Undecided``: an application fault ended it with its own fatal error among several such clients, so nobody can be
   told apart (on the H100 every client gets 700);
 * ``Suspect``: the application fault is its own (the one client whose own error was fatal);
-* ``RepeatedFault``: a ``Suspect`` attempt that faulted at the same step as an earlier ``Suspect`` attempt of the job.
+* ``RepeatedFault``: a ``Suspect`` attempt that faulted at the step where an earlier attempt of the job faulted with
+  its own fatal error (``Suspect`` or ``Undecided``).
 
 One function decides for the operator (``operator/handlers.py``) and the simulator
 (``gnnsched.simulator.faults.LoopBooks``): :func:`judge`.
@@ -151,19 +152,27 @@ class Verdict:
 
 
 def attempt_classes(charge: Charge | None, own_fault: bool, step: int | None,
-                    earlier_suspect_steps: Collection[int]) -> frozenset[FaultCondition]:
+                    earlier_own_steps: Collection[int]) -> frozenset[FaultCondition]:
     """The fault classes of an attempt that ``charge`` (the core rule's verdict on its fault; None: no GPU fault
     ended it) ended, its own error a fatal fault (not 810) when ``own_fault``. ``step``: the step it faulted at;
-    ``earlier_suspect_steps``: the steps of the job's earlier ``Suspect`` faults."""
+    ``earlier_own_steps``: the steps of the job's earlier faults with its own fatal error (``Suspect`` or
+    ``Undecided``: :func:`records_step`)."""
     if charge is None:
         return frozenset()
     if charge.fault_class == "hardware":
         return frozenset({"HardwareFault"})
     if charge.role == "suspect":
-        if step is not None and step in earlier_suspect_steps:
+        if step is not None and step in earlier_own_steps:
             return frozenset({"Suspect", "RepeatedFault"})
         return frozenset({"Suspect"})
     return frozenset({"Undecided"}) if own_fault else frozenset({"Victim"})
+
+
+def records_step(attempt: FailedAttempt) -> bool:
+    """Whether the attempt's step joins the job's fault steps (``status.faultSteps``): a fault with its own fatal
+    error, alone (``Suspect``) or among several (``Undecided``). A deterministic bug faults at that step every time;
+    an innocent job is never a ``Suspect``, so its steps never make a ``RepeatedFault``."""
+    return attempt.step is not None and bool(attempt.classes & {"Suspect", "Undecided"})
 
 
 def judge(rules: Sequence[FailureRule], attempt: FailedAttempt, requeues: int = 0) -> Verdict:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from gnnsched.attempts.checkpointing import kept_fraction
-from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge
+from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge, records_step
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
     DEFAULT_RESIZE,
@@ -252,7 +252,7 @@ class LoopBooks:
     apart: dict[int, frozenset[str]] = field(default_factory=dict)
     # checkpointing (FaultModel.checkpoint_every_s): job id -> the share of its work its last checkpoint holds
     kept: dict[int, float] = field(default_factory=dict)
-    suspect_steps: dict[int, list[int]] = field(default_factory=dict)  # job id -> steps of its own faults so far
+    fault_steps: dict[int, list[int]] = field(default_factory=dict)  # job id -> steps of its own-error faults so far
     failed_by_rule: int = 0  # jobs a FailJob verdict failed (gnnsched.attempts.failure_policy)
     lost_work_s: float = 0.0  # solo-seconds of steps that ended attempts had done past their last checkpoint
     kept_work_s: float = 0.0  # solo-seconds of steps a later attempt did not run again (the refund)
@@ -437,10 +437,10 @@ class LoopBooks:
         the simulated jobs have none of their own); ``peers``: its undecided fault's peers (:meth:`fault_peers`),
         which its next attempt is kept apart from; ``at_step``: the step it faulted at."""
         requeues = self.requeues.get(job.id, 0)
-        earlier = self.suspect_steps.setdefault(job.id, [])
+        earlier = self.fault_steps.setdefault(job.id, [])
         attempt = FailedAttempt(classes=attempt_classes(charge, True, at_step, earlier), step=at_step)
-        if charge.role == "suspect" and at_step is not None:
-            earlier.append(at_step)
+        if records_step(attempt):
+            earlier.append(at_step)  # type: ignore[arg-type]  # records_step: a step is known
         verdict = judge((), attempt, requeues)
         step = fault_step(charge, True, self.undecided.get(job.id, 0), self.suspected.get(job.id, 0),
                           requeues, peers)

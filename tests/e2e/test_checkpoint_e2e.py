@@ -103,10 +103,13 @@ def test_b_a_job_whose_own_fault_comes_at_the_same_step_twice_fails_at_once(bugg
     assert st["phase"] == "Failed", gnnjob_table([job])
     failed = next(c for c in st["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "RepeatedFault" and "step 40" in failed["message"], failed
-    # its first own fault was charged (Count); the second, at the same step, failed the job with 4 retries left
-    assert st["retriesUsed"] == 1 and 5 - st["retriesUsed"] > 2 and st["attempts"] == 2, st
-    assert st["suspectSteps"] == [40, 40], st
-    for name in ("culprit-0-0", "culprit-0-1"):
-        pod = next(p for p in buggy_cluster.pods() if p["metadata"]["name"] == name)
-        record = FaultRecord.model_validate_json(pod["metadata"]["annotations"][ANN_FAULT])
-        assert (record.role, record.klass()) == ("suspect", "application"), record
+    # its first fault, alone, was its own and was charged (Count); a later one alone at the same step failed the job
+    # while its backoffLimit (5) still had more than 2 retries left
+    assert st["retriesUsed"] == 1 and 5 - st["retriesUsed"] > 2, st
+    assert set(st["faultSteps"]) == {40} and len(st["faultSteps"]) >= 2, st
+    pods = sorted((p for p in buggy_cluster.pods() if p["metadata"]["name"].startswith("culprit-0-")),
+                  key=lambda p: int(p["metadata"]["name"].rsplit("-", 1)[1]))
+    roles = [FaultRecord.model_validate_json(p["metadata"]["annotations"][ANN_FAULT]).role for p in pods]
+    # Between the two, the agent may count the attempt before as a client of the next fault on the GPU (it ended
+    # seconds earlier), making both undecided: requeued uncharged, their step kept. The first and the last are its own.
+    assert roles[0] == roles[-1] == "suspect" and len(pods) == st["attempts"], roles

@@ -1,7 +1,8 @@
 """The operator's reading of a failed attempt for ``spec.failurePolicy`` (``gnnsched.attempts.failure_policy``): its
 exit code, its fault classes, the step it failed at, and the steps of the job's earlier faults with its own fatal
 error (kept in ``status.faultSteps``). The rule itself is the core's
-:func:`~gnnsched.attempts.failure_policy.judge`, which the simulator calls too; this module only turns a pod's facts into its input."""
+:func:`~gnnsched.attempts.failure_policy.judge`, which the simulator calls too; this module only turns a pod's facts
+into its input."""
 
 from __future__ import annotations
 

@@ -728,7 +728,9 @@ class Operator:
 
     def _with_checkpoint(self, ref: JobRef, body: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
         """A checkpointing job's pod (``spec.checkpoint``): its volume mounted, the claim the operator owns created
-        first (``operator/checkpoint.py``); any other pod unchanged."""
+        first (``operator/checkpoint.py``); any other pod (a probe pod among them: it runs no steps) unchanged."""
+        if is_probe_pod(pod):
+            return pod
         try:
             spec = parse_spec(body.get("spec"))
         except SpecError:

@@ -10,6 +10,7 @@ then the resize retries with and without calibration.
 
     python bench/closed_loop.py [--workloads "cognn-mix;gnnsched-mix-high;BURST"] [--seeds 0,...,9]
         [--hw-fault-rate 1] [--hw-repair-seconds 600] [--buggy-jobs 0.05] [--backoff-limit N]
+        [--checkpoint-every S] [--checkpoint-write-seconds W]
 
 ``BURST`` (:data:`BURST`) is issue 27's burst workload: 48 generated jobs in clumps of 8, over 10-18 minutes.
 
@@ -62,13 +63,17 @@ def main() -> None:
     ap.add_argument("--hw-repair-seconds", type=float, default=DEFAULT_REPAIR_S)
     ap.add_argument("--buggy-jobs", type=float, default=0.05)
     ap.add_argument("--backoff-limit", type=int, default=None, help="every job's (default: the workload's, 3)")
+    ap.add_argument("--checkpoint-every", type=float, default=0.0,
+                    help="gnnsched jobs save every this many seconds and resume from it (0: none; the chart's 10)")
+    ap.add_argument("--checkpoint-write-seconds", type=float, default=0.06, help="one save's cost")
     args = ap.parse_args()
     ix = Integrations()
     data = default_data_dir()
     cl = parse_cluster(CLUSTER, data)
     noisy = parse_estimate_error("lognormal:0.2")
     biased = parse_estimate_error("lognormal:0.05:1.3")
-    faults = parse_faults(args.hw_fault_rate, args.hw_repair_seconds, args.buggy_jobs)
+    faults = parse_faults(args.hw_fault_rate, args.hw_repair_seconds, args.buggy_jobs, args.checkpoint_every,
+                          args.checkpoint_write_seconds if args.checkpoint_every else 0.0)
     limit = "the workload's" if args.backoff_limit is None else str(args.backoff_limit)
     print(f"cluster {CLUSTER}; errors lognormal:0.2 with --hw-fault-rate {faults.hw_rate:g} --hw-repair-seconds "
           f"{faults.hw_repair_s:g} --buggy-jobs {faults.buggy_fraction:g}; calibration with lognormal:0.05:1.3; "

@@ -161,6 +161,24 @@ def _operator(
         help="activeDeadlineSeconds of the probe pod; past it the job runs as a failed probe's does "
         "(chart: operator.probe.deadlineSeconds).",
     ),
+    checkpoint_every_seconds: int = typer.Option(
+        10, "--checkpoint-every-seconds", min=1, max=86400,
+        help="Seconds between a checkpointing job's saves when its spec.checkpoint.everySeconds is left out "
+        "(chart: checkpoint.everySeconds).",
+    ),
+    checkpoint_storage_class: str = typer.Option(
+        "", "--checkpoint-storage-class",
+        help="StorageClass of the PVC the operator creates for a checkpointing job without claimName (default: the "
+        "cluster's default class; chart: checkpoint.storageClass).",
+    ),
+    checkpoint_size: str = typer.Option(
+        "1Gi", "--checkpoint-size", help="Storage request of that PVC (chart: checkpoint.size)."
+    ),
+    checkpoint_access_mode: str = typer.Option(
+        "ReadWriteMany", "--checkpoint-access-mode",
+        help="Access mode of that PVC: ReadWriteMany where a job's attempts may run on different nodes "
+        "(chart: checkpoint.accessMode).",
+    ),
     kubeconfig: str = typer.Option(
         None, "--kubeconfig", help="Kubeconfig file (default: in-cluster, then $KUBECONFIG)."
     ),
@@ -206,6 +224,7 @@ def _operator(
         flag = {"queuePriority.base": "--queue-priority-base", "queuePriority.prefix": "--queue-priority-prefix",
                 "queuePriority.perDoubling": "--queue-priority-per-doubling"}.get(exc.field, exc.field)
         fail(f"{flag}: {exc.message}")
+    from gnnsched.operator.checkpoint import checkpoint_settings
     from gnnsched.operator.handlers import OperatorConfig
     from gnnsched.operator.main import run
     from gnnsched.operator.podspec import job_pod_settings
@@ -214,9 +233,12 @@ def _operator(
     try:
         pods = job_pod_settings(run_as_user, runtime_class_name, tolerations, node_selector, memory_limit_factor)
         probe = probe_settings(probe_cpu, probe_memory, probe_deadline)
+        checkpoint = checkpoint_settings(checkpoint_every_seconds, checkpoint_storage_class, checkpoint_size,
+                                         checkpoint_access_mode)
     except ValueError as exc:
         fail(str(exc))
-    fields = {"pods": pods, "probe": probe, "namespaces": list(namespace), "default_gpu_model": default_gpu_model,
+    fields = {"pods": pods, "probe": probe, "checkpoint": checkpoint, "namespaces": list(namespace),
+              "default_gpu_model": default_gpu_model,
               "workers": workers, "watch_client_timeout": watch_timeout, "resync_seconds": resync_seconds,
               "scheduler_name": scheduler_name, "worker_device": worker_device,
               "worker_prestart": worker_prestart, "health_port": health_port or None,

@@ -138,6 +138,15 @@ class AttemptResult(BaseModel):
     """For ``memory-exceeded``: the request that failed."""
     source: Literal["worker", "gate"] = "worker"
     message: str | None = Field(default=None, max_length=1024)
+    resumed_from_step: int | None = Field(default=None, ge=0)
+    """A checkpointing job's attempt (``spec.checkpoint``): the step it resumed from (0: from the beginning)."""
+    checkpoint_step: int | None = Field(default=None, ge=0)
+    """The last step the attempt's checkpoint holds (absent when it saved none and resumed from none)."""
+    lost_seconds: float | None = Field(default=None, ge=0)
+    """Seconds of steps since the attempt's last save when it ended: the work a failed attempt lost."""
+    checkpoint_saves: int | None = Field(default=None, ge=0)
+    checkpoint_seconds: float | None = Field(default=None, ge=0)
+    """Seconds the attempt's saves took in all (its steps waited for them)."""
     prestart_fallback: str | None = Field(default=None, max_length=1024)
     """Set when a prestarted worker (``gnnsched gate --prestart``) re-executed itself after its admission and this
     attempt ran as a plain admitted worker: why (``$GNNSCHED_PRESTART_FALLBACK``). Absent otherwise, so readers that

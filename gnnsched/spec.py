@@ -29,6 +29,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from gnnsched.attempts.checkpointing import CheckpointSpec
+from gnnsched.attempts.failure_policy import FailurePolicy
 from gnnsched.contract import API_VERSION, GNNJOB_KIND
 from gnnsched.datasets import dataset_names, get_dataset
 from gnnsched.errors import FieldError
@@ -387,6 +389,9 @@ class GNNJobSpec(_Spec):
     # a job may narrow where it runs (a GPU model's node pool), never widen what the administrator set.
     tolerations: list[Toleration] | None = Field(default=None, max_length=32)
     node_selector: NodeSelector | None = None
+    # Checkpoint and resume, and the failure rules (gnnsched.attempts: checkpointing, failure_policy).
+    checkpoint: CheckpointSpec | None = None
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
 
     @model_validator(mode="after")
     def _mode_fields(self) -> GNNJobSpec:

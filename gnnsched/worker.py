@@ -43,6 +43,7 @@ from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_byt
 from gnnsched.gpu.fake_faults import FakeGPUFaultWatch
 from gnnsched.gpu.fake_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph
+from gnnsched.portable.checkpoint import Checkpointer
 from gnnsched.portable.step import run_step
 from gnnsched.spec import GNNJobSpec
 from gnnsched.storage_booking import storage_booking_mode
@@ -440,6 +441,8 @@ def run_job(
     fault_watch: FakeGPUFaultWatch | None = None,
     limit_bytes: int | None = None,
     prepared: Prepared | None = None,
+    checkpointer: Checkpointer | None = None,
+    reached: list[int] | None = None,
 ) -> WorkerResult:
     """Run the job; ``progress(n)`` is called after every n finished steps, ``on_start(total)`` once before.
 
@@ -447,7 +450,11 @@ def run_job(
     ``fault_watch``: a fake GPU's fatal faults; checked after every step, it raises CUDA's MPS client-terminated
     error as the next CUDA call after a real fault would.
     ``prepared``: the graph and model :func:`prepare_job` built before admission (``seed`` and ``root`` are then
-    theirs); they are moved to ``device`` here."""
+    theirs); they are moved to ``device`` here.
+    ``checkpointer``: ``spec.checkpoint``'s contract (``gnnsched.portable.checkpoint``): resume from the last save,
+    save every interval and at SIGTERM (serial steps; parallel inference keeps no state worth saving and restarts).
+    ``reached``: a one-item list the run keeps at the number of steps done (resumed ones included), so a caller
+    learns the step an attempt failed at."""
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to this process")
     if prepared is None:
@@ -467,14 +474,27 @@ def run_job(
         workers = spec.parallelism if spec.mode == "infer" else 1
         if workers == 1:
             stream = inputs.stream()
-            for index in range(total):
+            optimizer = getattr(model, "optimizer", None)
+            first = checkpointer.resume(model, optimizer) if checkpointer is not None else 0
+            first = min(first, total)
+            for _ in range(first):
+                next(stream)  # the same inputs the resumed steps would see (mini-batches are seeded per epoch)
+            if first and progress is not None:
+                progress(first)
+            if reached is not None:
+                reached[:] = [first]
+            for index in range(first, total):
                 with torch.profiler.record_function(STEP_MARK):
                     run_step(model, next(stream), spec.mode)
-                meter_.step_done(index)
+                meter_.step_done(index - first)
+                if reached is not None:
+                    reached[:] = [index + 1]
                 if fault_watch is not None:
-                    fault_watch.check()
+                    fault_watch.check(index + 1)
                 if progress is not None:
                     progress(1)
+                if checkpointer is not None and index + 1 < total:
+                    checkpointer.after_step(model, optimizer, index + 1)
         else:
             meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
             with torch.profiler.record_function(STEP_MARK):
@@ -541,16 +561,22 @@ def run_attempt(
     fake_memory: FakeGPUMemory | None = None,
     fault_watch: FakeGPUFaultWatch | None = None,
     prepared: Prepared | None = None,
+    checkpointer: Checkpointer | None = None,
 ) -> AttemptResult:
     """One attempt of the job, ended as the closed loop sees it: ``succeeded``, ``memory-exceeded`` or ``fault``.
 
     ``limit_bytes`` is the MPS limit the gate set (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``), reported so the operator
     knows what the attempt ran under. Any other error is not an outcome of the loop and propagates (the pod fails as
-    an ordinary failure)."""
+    an ordinary failure).
+
+    With ``checkpointer`` the result line also says the step the attempt resumed from, the last step it saved and,
+    for a failed attempt, the seconds of steps it lost since that save (``steps``: the step it failed at)."""
+    reached = [0]
+    extra: dict[str, Any] = {}
     try:
         result = run_job(spec, device=device, epochs=epochs, seed=seed, root=root, progress=progress,
                          on_start=on_start, fake_memory=fake_memory, fault_watch=fault_watch,
-                         limit_bytes=limit_bytes, prepared=prepared)
+                         limit_bytes=limit_bytes, prepared=prepared, checkpointer=checkpointer, reached=reached)
     except torch.OutOfMemoryError as exc:
         text = str(exc)
         if fake_memory is not None:
@@ -562,8 +588,10 @@ def run_attempt(
             peak = int(torch.cuda.max_memory_reserved()) + context
         else:  # a host allocation failure reported as OOM without a device: what the message says is all there is
             held, requested, peak = None, failed_request_bytes(text), None
+        if checkpointer is not None:
+            extra = {**checkpointer.report(), "lost_seconds": round(checkpointer.lost_seconds(), 3)}
         return AttemptResult(outcome="memory-exceeded", observed_peak_bytes=peak, limit_bytes=limit_bytes,
-                             held_bytes=held, requested_bytes=requested, message=text[:1024])
+                             held_bytes=held, requested_bytes=requested, message=text[:1024], **extra)
     except RuntimeError as exc:
         text = str(exc)
         if classify_log(text) != "fault":
@@ -576,6 +604,11 @@ def run_attempt(
                 peak = None
         elif fake_memory is not None:
             peak = fake_memory.peak
-        return AttemptResult(outcome="fault", observed_peak_bytes=peak, limit_bytes=limit_bytes, message=text[:1024])
+        if checkpointer is not None:
+            extra = {**checkpointer.report(), "lost_seconds": round(checkpointer.lost_seconds(), 3)}
+        return AttemptResult(outcome="fault", observed_peak_bytes=peak, limit_bytes=limit_bytes, message=text[:1024],
+                             steps=reached[0], **extra)
+    if checkpointer is not None:
+        extra = {**checkpointer.report(), "lost_seconds": 0.0}
     return AttemptResult(outcome="succeeded", observed_peak_bytes=result.observed_peak_bytes, seconds=result.seconds,
-                         steps=result.steps, limit_bytes=limit_bytes)
+                         steps=result.steps, limit_bytes=limit_bytes, **extra)

@@ -21,10 +21,11 @@ result line's ``prestart_fallback`` too): the start-up is paid twice, the job is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,7 +193,10 @@ def worker_command(
         disable=not progress,
         transient=False,
     )
-    with bar:
+    checkpointer = _checkpointer()
+    from gnnsched.portable.checkpoint import Drained
+
+    with bar, _drained_exit(Drained):
         task = bar.add_task("steps", total=None)
         result = run_attempt(
             spec,
@@ -205,6 +209,7 @@ def worker_command(
             fake_memory=fake,
             fault_watch=fault_watch,
             prepared=prepared,
+            checkpointer=checkpointer,
         )
     if fallback is not None:
         result = result.model_copy(update={"prestart_fallback": fallback})
@@ -223,6 +228,31 @@ def worker_command(
         detail = (result.message or "").splitlines()[0] if result.message else ""
         typer.echo(f"gnnsched worker: {result.outcome}: {detail}", err=True)
         raise typer.Exit(EXIT_ATTEMPT_FAILED)
+
+
+@contextlib.contextmanager
+def _drained_exit(drained: type[BaseException]) -> Iterator[None]:
+    """A drain (SIGTERM) after the checkpoint was saved ends the worker with 143, the exit status of a process that
+    SIGTERM ended, and one line saying where it stopped; the next attempt resumes there."""
+    try:
+        yield
+    except drained as exc:
+        typer.echo(f"gnnsched worker: {exc}", err=True)
+        raise typer.Exit(143) from None
+
+
+def _checkpointer() -> Any:
+    """``spec.checkpoint``'s contract from the pod's environment (``gnnsched.portable.checkpoint``), with SIGTERM
+    turned into a save at the end of the current step; None when the job does not checkpoint."""
+    from gnnsched.portable.checkpoint import Checkpointer
+
+    try:
+        checkpointer = Checkpointer.from_env()
+    except (ValueError, OSError) as exc:
+        raise UserError(str(exc)) from None
+    if checkpointer is not None:
+        checkpointer.install_sigterm()
+    return checkpointer
 
 
 def _advance(bar: Any, task: Any, reporter: StepReporter | None, n: int) -> None:

@@ -678,6 +678,10 @@ class NodeAgent:
                 continue
             self._record_roles(uuid)  # the wait for an Xid is over: roles not written yet are written now
             self.quarantine.release(uuid)
+            for key in drain.affected:
+                # judged with this fault: a client that exited moments ago belongs to it, never to a later fault on
+                # the GPU (its next attempt, admitted after the drain, would otherwise share a fault it never saw)
+                self._recent.pop(key, None)
             waited = max(0.0, time.time() - drain.since)
             self.metrics.drain_seconds.observe(waited)
             self.metrics.faults_by_class.labels(counted_class(drain.xid)).inc()  # the Xid is final now

@@ -33,6 +33,7 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
+from gnnsched.attempts.failure_policy import describe
 from gnnsched.closed_loop import MEASURED_OVERPREDICTION, CalibrationClass, CalibrationTable, runtime_class
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
@@ -61,6 +62,7 @@ from gnnsched.spec import GNNJobSpec, SpecError, parse_spec
 from gnnsched.trust.job_facts import STATUS_FIELD as STATUS_FACTS
 from gnnsched.trust.job_facts import facts_patch, facts_status, with_annotations
 
+from . import attempt_rules, checkpoint
 from .admission import (
     REFUSED,
     PodCreateRefused,
@@ -72,6 +74,7 @@ from .admission import (
     rejected_fields,
 )
 from .calibration import CalibrationSample, CalibrationStore
+from .checkpoint import CheckpointSettings
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
 from .planning import ClusterGPU, Plan, PlanError, Planner, gpus_from_gpunode
@@ -153,6 +156,8 @@ class OperatorConfig(BaseModel):
     # model only.
     predictor_model_configmap: str | None = Field(default=None, pattern=r"^[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*$")
     predictor_reload_seconds: float = Field(default=60.0, gt=0)
+    # spec.checkpoint's volume and interval (operator/checkpoint.py; chart values checkpoint.*).
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
 
     @model_validator(mode="after")
     def _queue_order_valid(self) -> OperatorConfig:
@@ -690,6 +695,7 @@ class Operator:
         if not is_probe_pod(obj):
             self._write_facts(body, status, facts_status(obj))  # before the pod exists: see gnnsched.trust.job_facts
         try:
+            obj = self._with_checkpoint(ref, body, obj)
             pod = self._ensure(ref, body, obj, kind="Pod")
         except KubeError as exc:
             if exc.status not in REFUSED:
@@ -728,6 +734,31 @@ class Operator:
         if status.get(STATUS_FACTS) != facts:
             self._write(body, status, dict(status, **{STATUS_FACTS: facts_patch(status.get(STATUS_FACTS), facts)}))
             status[STATUS_FACTS] = facts
+
+    def _count_checkpoint(self, record: dict[str, Any], new: dict[str, Any]) -> None:
+        """Fold a finished attempt's checkpoint figures into the status patch ``new`` and the metrics."""
+        if not record:
+            return
+        new.update(record)
+        entry = record["checkpointAttempts"][-1]
+        self.metrics.checkpoint_resumed_steps.inc(entry.get("resumedFromStep", 0))
+        self.metrics.checkpoint_lost_seconds.inc(entry.get("lostSeconds", 0.0))
+
+    def _with_checkpoint(self, ref: JobRef, body: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+        """A checkpointing job's pod (``spec.checkpoint``): its volume mounted, the claim the operator owns created
+        first (``operator/checkpoint.py``); any other pod (a probe pod among them: it runs no steps) unchanged."""
+        if is_probe_pod(pod):
+            return pod
+        try:
+            spec = parse_spec(body.get("spec"))
+        except SpecError:
+            return pod
+        if spec.checkpoint is None:
+            return pod
+        pvc = checkpoint.claim(body, spec.checkpoint, self.config.checkpoint)
+        if pvc is not None:
+            self._ensure(ref, body, pvc, kind="PersistentVolumeClaim")
+        return checkpoint.mount(pod, ref.name, spec, self.config.checkpoint)
 
     def priority_class(self, body: dict[str, Any], spec: GNNJobSpec, plan: Plan, namespace: str,
                        pod: str, attempt_reason: str | None = None) -> str | None:
@@ -789,8 +820,9 @@ class Operator:
     def _ensure(self, ref: JobRef, body: dict[str, Any], obj: dict[str, Any], kind: str) -> dict[str, Any]:
         """Create ``obj``; on 409 adopt the existing one if this job owns it, else report the conflict."""
         name = obj["metadata"]["name"]
-        create = self.kube.create_pod if kind == "Pod" else self.kube.create_config_map
-        read = self.kube.read_pod if kind == "Pod" else self.kube.read_config_map
+        create, read = {"Pod": (self.kube.create_pod, self.kube.read_pod),
+                        "PersistentVolumeClaim": (self.kube.create_pvc, self.kube.read_pvc)}.get(
+            kind, (self.kube.create_config_map, self.kube.read_config_map))
         try:
             created = create(ref.namespace, obj)
             if kind == "Pod":
@@ -899,6 +931,7 @@ class Operator:
                 new["prestartFallback"] = view.prestart_fallback
             new["conditions"] = set_condition(new.get("conditions"), "Complete", "True", "Succeeded",
                                               f"pod {view.name} succeeded; {detail}", now, generation)
+            self._count_checkpoint(checkpoint.attempt_record(status, attempt, attempt_facts(pod).result), new)
             new.setdefault("finishedAt", now)
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None:  # its peak and its runtime, in one write of the calibration object
@@ -950,14 +983,37 @@ class Operator:
             seen = max(facts.observed_peak_bytes or 0, facts.needed_bytes or 0)
             if seen:
                 self._record([self._peak_sample(job, pod or {}, plan, seen, attempt, exceeded=True)])
+        self._count_checkpoint(checkpoint.attempt_record(status, attempt, facts.result), new)
         if spec is not None and plan is not None:
             largest = max((g.capacity_bytes for g in self.cluster_gpus() if g.healthy), default=None)
             decision = decide(facts, admit_bytes=plan.admit_bytes, resizes=_count(status, "resizes"),
                               max_resizes=spec.memory.max_resizes, requeues=_count(status, "requeues"),
                               largest_gpu_bytes=largest)
+            # spec.failurePolicy (gnnsched.attempts.failure_policy, the simulator's rule too): the job's rules, then
+            # gnnsched's defaults, on the attempt's exit code and fault classes; a resize is not a failure it judges
+            failed = attempt_rules.failed_attempt(facts, view.exit_code, status)
+            rule = attempt_rules.verdict(spec, failed, status) if decision.kind in ("requeue", "charge") else None
+            if rule is not None:
+                self.metrics.failure_rules.labels(rule.action, rule.rule.split("[")[0]).inc()
+            if rule is not None and rule.action == "FailJob":
+                new.update(attempt_rules.fault_step_update(status, failed))
+                if facts.fault is not None and facts.fault.role == "suspect":
+                    new["suspected"] = _count(status, "suspected") + 1
+                self._finish_failed(job, new, view, now, rule.reason, f"{detail}; {describe(rule, failed)}")
+                return
+            if rule is not None and rule.action == "Ignore" and decision.kind == "charge":
+                message = f"{detail}; {describe(rule, failed)}; requeued without using backoffLimit"
+                self._next_attempt(job, status, new, spec, plan, attempt, now, ("Requeued", rule.reason, message),
+                                   {"requeues": _count(status, "requeues") + 1,
+                                    **attempt_rules.fault_step_update(status, failed)}, priority_class)
+                self.metrics.requeues.labels(rule.reason).inc()
+                return
+            if decision.kind == "requeue" and rule is not None and rule.action == "Count":
+                decision = decision.model_copy(update={"kind": "charge", "suspect": False})
             if decision.kind == "requeue":
                 message = f"{detail}; {decision.message}; requeued without using backoffLimit"
-                requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1}
+                requeue_extra: dict[str, Any] = {"requeues": _count(status, "requeues") + 1,
+                                                 **attempt_rules.fault_step_update(status, failed)}
                 assert facts.fault is not None  # decide() requeues only a victim of a recorded fault
                 step = fault_step(facts.fault.charge(), facts.outcome == "fault" and not facts.victim_of_810,
                                   _count(status, "undecidedFaults"), _count(status, "suspected"),
@@ -1020,6 +1076,7 @@ class Operator:
                 step = fault_step(facts.fault.charge(), True, _count(status, "undecidedFaults"), suspected)
                 suspected, alone_reason = step.suspected, step.alone_reason
             extra: dict[str, Any] = {"suspected": suspected} if decision.suspect else {}
+            extra.update(attempt_rules.fault_step_update(status, failed))
             if decision.suspect:
                 self._event(job, "Warning", "FaultSuspect",
                             f"pod {view.name} is the suspect of a fatal MPS fault on GPU "

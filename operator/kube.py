@@ -172,6 +172,17 @@ class Kube:
                 return False
             raise
 
+    def create_pvc(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(self._core.create_namespaced_persistent_volume_claim, namespace, body)
+
+    def read_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call(self._core.read_namespaced_persistent_volume_claim, name, namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def post_event(self, target: dict[str, Any], type_: str, reason: str, message: str) -> dict[str, Any]:
         """A ``core/v1`` Event about ``target`` (apiVersion, kind, metadata name/namespace/uid), as kopf posts them,
         for code that runs outside kopf's handler context."""

@@ -54,6 +54,16 @@ class OperatorMetrics:
         self.requeues = Counter("gnnsched_operator_requeues",
                                 "Attempts requeued without using backoffLimit, by reason (GPUFault, CoLocatedFault)",
                                 ("reason",), registry=r)
+        # spec.checkpoint (operator/checkpoint.py): what finished attempts resumed from and lost (their result lines)
+        self.checkpoint_resumed_steps = Counter("gnnsched_operator_checkpoint_resumed_steps",
+                                                "Steps finished attempts of checkpointing jobs did not run again "
+                                                "(they resumed past them)", registry=r)
+        self.checkpoint_lost_seconds = Counter("gnnsched_operator_checkpoint_lost_seconds",
+                                               "Seconds of steps failed attempts of checkpointing jobs ran after "
+                                               "their last save", registry=r)
+        self.failure_rules = Counter("gnnsched_operator_failure_rule_verdicts",
+                                     "Failed attempts by the failure rule's action (spec.failurePolicy, gnnsched's "
+                                     "defaults) and rule", ("action", "rule"), registry=r)
         self.faults = Counter("gnnsched_operator_faults",
                               "Failed attempts that a fatal GPU fault ended, by class of the agent's fault record "
                               "(hardware, application; unknown: no Xid, or no record)", ("class",), registry=r)

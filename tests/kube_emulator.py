@@ -709,6 +709,9 @@ def declare_resources(k8s: StrictKubernetes) -> None:
                                                   subresources={"status", "binding", "log"})
     k8s.resources["v1/configmaps"] = kmock.ResourceInfo(kind="ConfigMap", singular="configmap", namespaced=True,
                                                         shortnames={"cm"}, verbs={"list", "get", "create", "delete"})
+    k8s.resources["v1/persistentvolumeclaims"] = kmock.ResourceInfo(
+        kind="PersistentVolumeClaim", singular="persistentvolumeclaim", namespaced=True, shortnames={"pvc"},
+        verbs={"list", "get", "create", "delete"})
     k8s.resources["v1/events"] = kmock.ResourceInfo(kind="Event", singular="event", namespaced=True,
                                                     shortnames={"ev"}, verbs={"list", "watch", "get", "create"})
     for plural, kind in ((kube_admission.POLICY_PLURAL, "ValidatingAdmissionPolicy"),

@@ -15,6 +15,11 @@ GPU's UUID whose content is an Xid number (``79``, or ``31`` for an application-
   the fault (the GPU released by the agent) runs normally: only a fault written after its admission
   (``GNNSCHED_ADMITTED_AT``, set by the gate) terminates it.
 
+* A deterministic bug (``GNNSCHED_FAKE_FAULT_AT_STEP=STEP[:XID]``, read only with ``GNNSCHED_FAKE_GPU_FAULTS``): the
+  worker makes its own GPU fail when it reaches step ``STEP`` (counted over the job, resumed steps included): it
+  writes the Xid (13, an application Xid, by default) into the fault directory, as a faulty kernel makes the driver
+  raise one, and fails with the client's error. Every attempt faults at the same step, as a buggy job does.
+
 Never a production code path: only a node agent with ``--gpus fake:...`` sets the variable.
 """
 
@@ -80,6 +85,8 @@ class FakeGPUFaultWatch:
     directory: Path
     uuid: str
     since: float | None = None
+    fault_at: tuple[int, int] | None = None
+    """``GNNSCHED_FAKE_FAULT_AT_STEP``: (step, Xid) at which this worker's own GPU fails."""
     _baseline: float | None = field(default=None, repr=False)
     _next_check: float = field(default=0.0, repr=False)
 
@@ -93,8 +100,15 @@ class FakeGPUFaultWatch:
         except OSError:
             return None
 
-    def check(self) -> None:
-        """Called between steps: raises ``RuntimeError`` (CUDA's text) when the GPU had a fatal fault meanwhile."""
+    def check(self, step: int | None = None) -> None:
+        """Called between steps (``step``: steps done so far, when the caller counts them): raises ``RuntimeError``
+        (CUDA's text) when the GPU had a fatal fault meanwhile, or when this worker's own bug strikes at ``step``."""
+        if self.fault_at is not None and step is not None and step >= self.fault_at[0]:
+            path = fault_path(self.directory, self.uuid)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(f"{self.fault_at[1]}\n", encoding="utf-8")
+            os.replace(tmp, path)  # whole at once: the agent's backend never reads it half-written
+            raise RuntimeError(client_error_message(self.uuid, self.fault_at[1]))
         now = time.monotonic()
         if now < self._next_check:
             return
@@ -126,4 +140,22 @@ def watch_from_env(environ: dict[str, str] | os._Environ[str]) -> FakeGPUFaultWa
             since = datetime.fromisoformat(admitted.replace("Z", "+00:00")).timestamp()
         except ValueError:
             raise FieldError(ENV_ADMITTED_AT, f"not an RFC 3339 time: {admitted!r}") from None
-    return FakeGPUFaultWatch(Path(raw), uuid, since)
+    return FakeGPUFaultWatch(Path(raw), uuid, since, _fault_at(environ.get(ENV_FAKE_FAULT_AT_STEP, "")))
+
+
+ENV_FAKE_FAULT_AT_STEP = "GNNSCHED_FAKE_FAULT_AT_STEP"
+
+
+def _fault_at(raw: str) -> tuple[int, int] | None:
+    """``STEP[:XID]`` of ``GNNSCHED_FAKE_FAULT_AT_STEP`` (Xid 13 when left out); None when unset."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    step, _, xid = raw.partition(":")
+    try:
+        at, code = int(step), int(xid or "13")
+    except ValueError:
+        raise FieldError(ENV_FAKE_FAULT_AT_STEP, f"expected STEP[:XID], got {raw!r}") from None
+    if at < 1 or code < 1:
+        raise FieldError(ENV_FAKE_FAULT_AT_STEP, f"STEP and XID must be positive, got {raw!r}")
+    return at, code

@@ -71,6 +71,12 @@ def simulate(
                                             "stays out of the pool."),
     buggy_jobs: float = typer.Option(0.0, "--buggy-jobs", help="Fraction of jobs (seeded) that carry a deterministic "
                                      "application fault at a fixed point of their run, on every attempt."),
+    checkpoint_every: float = typer.Option(0.0, "--checkpoint-every", help="gnnsched jobs save a checkpoint every "
+                                           "this many seconds and a requeued attempt resumes from the last one (0: "
+                                           "none, every attempt starts from step 0)."),
+    checkpoint_write_seconds: float = typer.Option(0.06, "--checkpoint-write-seconds", help="What one save costs "
+                                                   "the job, and what loading it costs a resumed attempt (default: "
+                                                   "the largest save bench/checkpoint_cost.py measured)."),
     runtime_error: str = typer.Option("none", "--runtime-error", help="Each job's true runtime against its "
                                       "prediction: none (the oracle), lognormal:SIGMA[:BIAS] (true = predicted x "
                                       "BIAS x exp(N(0, SIGMA)), seeded by --seed) or measured (drawn per arch from "
@@ -117,7 +123,8 @@ def simulate(
             specs = parse_policies(policies or ",".join(wl.policies))
             error = parse_estimate_error(estimate_error)
             runtime = parse_runtime_error(runtime_error)
-            faults = parse_faults(hw_fault_rate, hw_repair_seconds, buggy_jobs)
+            faults = parse_faults(hw_fault_rate, hw_repair_seconds, buggy_jobs, checkpoint_every,
+                                  checkpoint_write_seconds if checkpoint_every else 0.0)
             if backoff_limit is not None and not 0 <= backoff_limit <= 10:
                 raise FieldError("--backoff-limit", f"{backoff_limit}: must be between 0 and 10")
             if runtime.active and any(p.base in PLACEMENT_ONLY for p in specs):

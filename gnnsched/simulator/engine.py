@@ -104,7 +104,7 @@ class Run:
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
                  "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s", "gate_client", "work",
-                 "report")
+                 "report", "solo_full")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
                  out: JobOutcome) -> None:
@@ -128,6 +128,7 @@ class Run:
         self.gate_client: tuple[str | None, float | None] | None = None
         self.work = work  # solo-seconds of GPU work in all (``remaining`` counts down from it)
         self.report: StepProgress | None = None  # +progress: the worker's last step report (Simulation.progress_of)
+        self.solo_full = work  # solo-seconds of the whole job's steps (``work`` is less when it resumed)
 
 
 @dataclass
@@ -778,7 +779,10 @@ class Simulation:
         out.status = "running"
         out.ran = True
         solo = prof.solo_s * (job.scaled_solo_factor if self.policy.scaling else 1.0)
-        run = Run(job, gpu, solo, self.now, starting=startup > 0, out=out)
+        ckpt = self.loop is not None and self.loop.fault_model.checkpointing and self.loop_ours
+        run = Run(job, gpu, self.loop.attempt_work(job.id, solo) if ckpt else solo,  # type: ignore[union-attr]
+                  self.now, starting=startup > 0, out=out)
+        run.solo_full = solo
         run.startup_s = startup
         if startup > 0:
             self._push(self.now + startup, STARTED, run)
@@ -786,7 +790,9 @@ class Simulation:
             self.idle_gpus -= 1
         if self.loop is not None and job.id in self.loop.buggy:
             # its own application fault, at the same point of every attempt's run (after its start-up)
-            self._push(self.now + startup + self.loop.buggy[job.id] * prof.solo_s, APP_FAULT, run)
+            point = self.loop.buggy[job.id]
+            after = self.loop.fault_after(job.id, point, prof.solo_s) if ckpt else point * prof.solo_s
+            self._push(self.now + startup + after, APP_FAULT, run)
         if self.loop_ours and self.loop is not None and self.loop.exceeds(job, gpu.model):
             # its first step reaches the true peak, past its MPS limit: CUDA out of memory in its own process
             first = prof.solo_s / max(1, job.spec.steps) if job.spec is not None else 0.0
@@ -860,6 +866,10 @@ class Simulation:
         void, its GPU time so far is wasted, its node's books are freed. The caller re-rates the GPU."""
         gpu, job = run.gpu, run.job
         out = self.outcomes[job.id]
+        if self.loop is not None and self.loop_ours and self.loop.fault_model.checkpointing and not run.starting:
+            left = run.remaining - run.rate * (self.now - run.last)  # ``remaining`` is brought up to date lazily
+            began = (out.start if out.start is not None else self.now) + run.startup_s
+            self.loop.attempt_ended(job.id, run.solo_full, run.work - max(0.0, left), self.now - began)
         run.killed = True
         run.token += 1
         self._take_off_gpu(run)
@@ -987,7 +997,14 @@ class Simulation:
             if not self.loop_ours:
                 self._charge(job, "GPUFault" if charge.fault_class == "hardware" else "Error")
                 continue
-            step = loop.step(job, charge, peers[job.id])
+            at_step = None
+            if job.id == culprit:  # a buggy job faults at the same step of its run every attempt
+                at_step = int(loop.buggy[job.id] * (job.spec.steps if job.spec is not None else 1000))
+            step, verdict = loop.judged_step(job, charge, peers[job.id], at_step)
+            if verdict.action == "FailJob":  # gnnsched.attempts.failure_policy: the job fails now
+                loop.failed_by_rule += 1
+                self._give_up(job, f"{verdict.reason}: {verdict.rule} FailJob")
+                continue
             if step.requeue:
                 self._next_attempt(job, ahead=True)  # requeued, its backoffLimit untouched
                 continue

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from gnnsched.attempts.checkpointing import kept_fraction
+from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge, records_step
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
     DEFAULT_RESIZE,
@@ -137,28 +139,47 @@ class FaultModel:
     hw_rate: float = 0.0
     hw_repair_s: float = DEFAULT_REPAIR_S
     buggy_fraction: float = 0.0
+    checkpoint_every_s: float = 0.0
+    """``--checkpoint-every``: every gnnsched job saves its state this often while it runs (0: no checkpoints, a
+    requeued attempt starts from step 0); its next attempt resumes from the last save."""
+    checkpoint_write_s: float = 0.0
+    """``--checkpoint-write-seconds``: what one save costs the job (its steps wait for it), and what loading the
+    checkpoint costs a resumed attempt."""
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.checkpoint_every_s > 0
 
     @property
     def active(self) -> bool:
         return self.hw_rate > 0 or self.buggy_fraction > 0
 
     def text(self) -> dict[str, float]:
-        return {"hw_fault_rate": self.hw_rate, "hw_repair_seconds": self.hw_repair_s,
-                "buggy_jobs": self.buggy_fraction}
+        out = {"hw_fault_rate": self.hw_rate, "hw_repair_seconds": self.hw_repair_s,
+               "buggy_jobs": self.buggy_fraction}
+        if self.checkpointing:
+            out.update(checkpoint_every_s=self.checkpoint_every_s, checkpoint_write_s=self.checkpoint_write_s)
+        return out
 
 
 NO_FAULTS = FaultModel()
 
 
-def parse_faults(hw_rate: float, repair_s: float = DEFAULT_REPAIR_S, buggy: float = 0.0) -> FaultModel:
-    """The three options as a :class:`FaultModel`; a bad value is a :class:`FieldError` naming its option."""
+def parse_faults(hw_rate: float, repair_s: float = DEFAULT_REPAIR_S, buggy: float = 0.0,
+                 checkpoint_every_s: float = 0.0, checkpoint_write_s: float = 0.0) -> FaultModel:
+    """The options as a :class:`FaultModel`; a bad value is a :class:`FieldError` naming its option."""
     if not (math.isfinite(hw_rate) and 0.0 <= hw_rate <= 3600.0):
         raise FieldError("--hw-fault-rate", f"{hw_rate!r}: must be a number of hardware faults per GPU-hour in 0..3600")
     if not (math.isfinite(repair_s) and 0.0 < repair_s <= 30 * 86400.0):
         raise FieldError("--hw-repair-seconds", f"{repair_s!r}: must be > 0 and at most 30 days")
     if not (math.isfinite(buggy) and 0.0 <= buggy <= 1.0):
         raise FieldError("--buggy-jobs", f"{buggy!r}: must be a fraction of jobs in 0..1")
-    return FaultModel(float(hw_rate), float(repair_s), float(buggy))
+    if not (math.isfinite(checkpoint_every_s) and 0.0 <= checkpoint_every_s <= 86400.0):
+        raise FieldError("--checkpoint-every", f"{checkpoint_every_s!r}: must be seconds in 0..86400 (0: none)")
+    if not (math.isfinite(checkpoint_write_s) and 0.0 <= checkpoint_write_s <= 3600.0):
+        raise FieldError("--checkpoint-write-seconds", f"{checkpoint_write_s!r}: must be seconds in 0..3600")
+    return FaultModel(float(hw_rate), float(repair_s), float(buggy), float(checkpoint_every_s),
+                      float(checkpoint_write_s))
 
 
 def buggy_points(jobs: list[SimJob], fraction: float, seed: int) -> dict[int, float]:
@@ -229,6 +250,12 @@ class LoopBooks:
     # job id -> the jobs (str ids) its current attempt may not share a GPU with (fault_step's ``apart``); only
     # non-empty sets are kept, so an empty dict tells the gate's view that no decision needs the apart rule
     apart: dict[int, frozenset[str]] = field(default_factory=dict)
+    # checkpointing (FaultModel.checkpoint_every_s): job id -> the share of its work its last checkpoint holds
+    kept: dict[int, float] = field(default_factory=dict)
+    fault_steps: dict[int, list[int]] = field(default_factory=dict)  # job id -> steps of its own-error faults so far
+    failed_by_rule: int = 0  # jobs a FailJob verdict failed (gnnsched.attempts.failure_policy)
+    lost_work_s: float = 0.0  # solo-seconds of steps that ended attempts had done past their last checkpoint
+    kept_work_s: float = 0.0  # solo-seconds of steps a later attempt did not run again (the refund)
     hw_faults: int = 0
     app_faults: int = 0
     memory_exceeded: int = 0
@@ -400,10 +427,24 @@ class LoopBooks:
         return {j.id: peers.get(str(j.id), frozenset()) for j in runs}
 
     def step(self, job: SimJob, charge: Charge, peers: frozenset[str] = frozenset()) -> FaultStep:
-        """The operator's step for one faulted client (``gnnsched.fault_classes.fault_step``), kept in the books;
-        ``peers``: its undecided fault's peers (:meth:`fault_peers`), which its next attempt is kept apart from."""
+        """:meth:`judged_step` without the step the fault came at, its verdict left out."""
+        return self.judged_step(job, charge, peers)[0]
+
+    def judged_step(self, job: SimJob, charge: Charge, peers: frozenset[str] = frozenset(),
+                    at_step: int | None = None) -> tuple[FaultStep, Verdict]:
+        """The operator's step for one faulted client (``gnnsched.fault_classes.fault_step``), kept in the books,
+        and the failure rules' verdict on it (``gnnsched.attempts.failure_policy.judge``, gnnsched's default rules:
+        the simulated jobs have none of their own); ``peers``: its undecided fault's peers (:meth:`fault_peers`),
+        which its next attempt is kept apart from; ``at_step``: the step it faulted at."""
+        requeues = self.requeues.get(job.id, 0)
+        earlier = self.fault_steps.setdefault(job.id, [])
+        attempt = FailedAttempt(classes=attempt_classes(charge, True, at_step, earlier), step=at_step)
+        if records_step(attempt):
+            earlier.append(at_step)  # type: ignore[arg-type]  # records_step: a step is known
+        verdict = judge((), attempt, requeues)
         step = fault_step(charge, True, self.undecided.get(job.id, 0), self.suspected.get(job.id, 0),
-                          self.requeues.get(job.id, 0), peers)
+                          requeues, peers)
+        step = replace(step, requeue=verdict.action == "Ignore")
         if step.apart:
             self.apart[job.id] = step.apart
         else:
@@ -415,13 +456,51 @@ class LoopBooks:
             self.requeues[job.id] = self.requeues.get(job.id, 0) + 1
             if job.id not in self.buggy:
                 self.requeued_innocent.add(job.id)
-        return step
+        return step, verdict
+
+    # ------------------------------------------------------------------ checkpoints
+    def overhead(self) -> float:
+        """Wall seconds per solo-second of steps while checkpointing: each ``every`` seconds of steps pay one save."""
+        m = self.fault_model
+        return 1.0 + m.checkpoint_write_s / m.checkpoint_every_s if m.checkpointing and self.gnnsched else 1.0
+
+    def resume_cost(self, job_id: int) -> float:
+        """Seconds a resumed attempt spends loading its checkpoint before its first step (as long as a save)."""
+        return self.fault_model.checkpoint_write_s if self.kept.get(job_id, 0.0) > 0 else 0.0
+
+    def attempt_work(self, job_id: int, solo_s: float) -> float:
+        """The GPU work (solo-seconds) of a new attempt: what its checkpoint does not hold, with the saves' cost, and
+        the load of a checkpoint it resumes from."""
+        return solo_s * (1.0 - self.kept.get(job_id, 0.0)) * self.overhead() + self.resume_cost(job_id)
+
+    def fault_after(self, job_id: int, point: float, solo_s: float) -> float:
+        """A buggy job's fault, ``point`` of its steps in, comes this many solo-seconds into an attempt that resumed
+        from its checkpoint (the same step every attempt: the fault is deterministic)."""
+        return max(0.0, point - self.kept.get(job_id, 0.0)) * solo_s * self.overhead() + self.resume_cost(job_id)
+
+    def attempt_ended(self, job_id: int, solo_s: float, done_s: float, running_s: float) -> None:
+        """An attempt that did not complete ran ``done_s`` solo-seconds of its work (``attempt_work``) in
+        ``running_s`` seconds past its start-up: its last save holds ``kept_fraction`` of the steps it ran; the
+        rest is lost (all of it without checkpointing)."""
+        if solo_s <= 0:
+            return
+        m = self.fault_model
+        stepped = max(0.0, done_s - self.resume_cost(job_id)) / self.overhead()
+        kept = stepped * kept_fraction(running_s, m.checkpoint_every_s, m.checkpoint_write_s) \
+            if m.checkpointing and self.gnnsched else 0.0
+        self.lost_work_s += stepped - kept
+        self.kept_work_s += kept
+        if kept > 0:
+            self.kept[job_id] = min(0.999, self.kept.get(job_id, 0.0) + kept / solo_s)
 
     def summary(self) -> dict[str, Any]:
         return {"memory_exceeded": self.memory_exceeded, "resize_retries": self.resize_retries,
                 "fault_victims": self.fault_victims, "faults": self.faults, "hw_faults": self.hw_faults,
                 "app_faults": self.app_faults, "innocent_jobs_requeued": len(self.requeued_innocent),
                 "innocent_jobs_alone": len(self.alone - self.buggy.keys()),
+                "failed_by_rule": self.failed_by_rule,
+                **({"lost_work_s": self.lost_work_s, "kept_work_s": self.kept_work_s}
+                   if self.fault_model.checkpointing else {}),
                 "fault_log": list(self.fault_log),
                 "calibration": {k: self.table.factor(CalibrationClass.parse(k), self.calibration_policy).factor
                                 for k in self.table.classes()}}

@@ -24,6 +24,9 @@ Definitions (the README repeats them):
   beside the same buggy job; kept apart on their next attempts since issue 27, the culprit's next fault names it alone).
 * ``hw_out_share``: the share of the run's GPU capacity (GPUs x run time) that hardware faults kept out of the pool
   (each fault's repair, cut at the run's end): the capacity every policy lost, whatever it schedules.
+* ``failed_by_rule``: jobs a ``FailJob`` failure rule failed (``gnnsched.attempts.failure_policy``; by default a
+  job whose own fault came at the same step twice). With ``--checkpoint-every``: ``lost_work_s``, solo-seconds of
+  steps that ended attempts had done past their last save; ``kept_work_s``, those their saves kept (the refund).
 * ``wasted_gpu_seconds``: seconds held on a GPU by attempts that did not complete (each co-located attempt counts its
   own; an attempt OOM-killed at its first allocation counts its start-up).
 """
@@ -88,6 +91,10 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "app_faults": int(res.extra.get("app_faults", 0)),
         "hw_out_share": _r(res.extra.get("hw_out_share", 0.0), 4),
         "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),
+        # the failure rules (gnnsched.attempts.failure_policy) and checkpoints (--checkpoint-every): closed-loop runs
+        **({"failed_by_rule": int(res.extra["failed_by_rule"])} if "failed_by_rule" in res.extra else {}),
+        **({"lost_work_s": _r(res.extra["lost_work_s"], 1), "kept_work_s": _r(res.extra["kept_work_s"], 1)}
+           if "kept_work_s" in res.extra else {}),
         # the runtime loop (+rtcal, +progress; gnnsched.simulator.runtime_loop): only in runs that keep it
         **({"runtime_samples": int(res.extra["runtime_samples"]),
             "runtime_replans": int(res.extra.get("runtime_replans", 0))}

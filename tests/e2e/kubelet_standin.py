@@ -14,7 +14,8 @@ What it does, each step as kubelet does it (``pkg/kubelet``):
   ``env`` (``value``, downward-API ``fieldRef``: ``metadata.name``, ``metadata.namespace``, ``metadata.uid``,
   ``spec.nodeName``, ``spec.serviceAccountName``, ``status.hostIP``, ``status.podIP``, and ``metadata.labels['k']``/
   ``metadata.annotations['k']``, and ``resourceFieldRef`` for ``requests``/``limits`` ``cpu``/``memory``), later
-  names winning; ``command`` + ``args``; volumes (configMap files, emptyDir);
+  names winning; ``command`` + ``args``; volumes (configMap files, emptyDir, persistentVolumeClaim: a directory
+  shared by every node, ``<cluster root>/claims/<namespace>/<claim>``);
   the termination-message file. Init containers run first, one after another, each to success
   (``kuberuntime_manager.go`` ``computePodActions``), with ``initContainerStatuses``; a failed one fails the pod
   (``restartPolicy: Never``). ``activeDeadlineSeconds`` is enforced: past it the pod's processes are killed and it
@@ -549,8 +550,16 @@ class KubeletStandIn:
                 items = vol["configMap"].get("items") or [{"key": k, "path": k} for k in data]
                 for item in items:
                     (host / item["path"]).write_text(data[item["key"]])
+            elif "persistentVolumeClaim" in vol:
+                # A claim is a directory every node of the local cluster shares (as a ReadWriteMany volume is), kept
+                # under the cluster's root by namespace and claim name; the claim must exist, as kubelet requires.
+                claim = vol["persistentVolumeClaim"]["claimName"]
+                self.api.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{claim}")
+                host = self.dir.parent / "claims" / ns / claim
+                host.mkdir(parents=True, exist_ok=True)
             elif "emptyDir" not in vol:
-                raise ValueError(f"volume {vm['name']}: only configMap and emptyDir volumes are supported here")
+                raise ValueError(f"volume {vm['name']}: only configMap, emptyDir and persistentVolumeClaim volumes "
+                                 "are supported here")
             mounts[vm["mountPath"]] = str(host)
         return mounts
 

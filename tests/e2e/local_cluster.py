@@ -795,7 +795,9 @@ class LocalCluster:
             rows.append({"name": job["metadata"]["name"], "phase": st.get("phase"), "node": st.get("node"),
                          "gpu": st.get("gpu"), "admit_bytes": st.get("admitBytes"),
                          "observed_peak_bytes": st.get("observedPeakBytes"), "attempts": st.get("attempts"),
-                         "seconds": st.get("observedRuntimeSeconds")})
+                         "seconds": st.get("observedRuntimeSeconds"),
+                         # spec.checkpoint: the step the last attempt resumed from (None: the job does not checkpoint)
+                         "resumed_from_step": st.get("resumedFromStep")})
         loads = committed_series({n.name: n.event_log for n in self.nodes}, self.capacity())
         return {"jobs": rows, "max_committed_fraction": loads["max_committed_fraction"],
                 "violations": loads["violations"], "gate_events": loads["samples"]}

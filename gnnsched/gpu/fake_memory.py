@@ -9,8 +9,9 @@ bytes its tensors would hold and raises the same ``torch.OutOfMemoryError`` with
 allocation would pass the limit.
 
 The count: every tensor storage an operator creates, from its creation until its last reference dies (a dispatch
-mode, ``gnnsched.storage_booking``, shared with ``gnnsched.worker.ConcurrentMeter``), times the value's *footprint*
-factor: what the device holds per byte of live tensors. ``enforce`` is 1.0; ``enforce:1.3`` models a job whose real
+mode, ``gnnsched.portable.storage_booking``, shared with ``gnnsched.worker.ConcurrentMeter``), times the value's
+*footprint* factor: what the device holds per byte of live tensors. ``enforce`` is 1.0; ``enforce:1.3`` models a
+job whose real
 device footprint is 1.3× what the CPU counts (the caching allocator's reserved segments over allocated bytes, or a
 user script's extra buffers), so a test can make a job overrun an estimate that is byte-exact on the CPU.
 
@@ -19,95 +20,21 @@ Value grammar: ``enforce`` or ``enforce:FACTOR`` with 1.0 <= FACTOR <= 10.
 
 from __future__ import annotations
 
-import math
-import threading
-from dataclasses import dataclass, field
-from typing import Any
-
 from gnnsched.contract import ENV_FAKE_GPU_MEMORY
 from gnnsched.errors import FieldError
-from gnnsched.storage_booking import storage_booking_mode
+from gnnsched.portable.fake_memory import (
+    MAX_FOOTPRINT,
+    FakeGPUMemory,
+    FakeOutOfMemoryError,
+    format_size,
+    parse_footprint,
+)
 
-MAX_FOOTPRINT = 10.0
-
+__all__ = ["MAX_FOOTPRINT", "FakeGPUMemory", "FakeOutOfMemoryError", "format_size", "parse_fake_gpu_memory"]
 
 def parse_fake_gpu_memory(value: str) -> float:
     """The footprint factor ``GNNSCHED_FAKE_GPU_MEMORY`` asks for; :class:`FieldError` naming the variable otherwise."""
-    text = value.strip()
-    head, _, factor = text.partition(":")
-    if head != "enforce":
-        raise FieldError(ENV_FAKE_GPU_MEMORY, f"expected 'enforce' or 'enforce:FACTOR', got {value!r}")
-    if not factor:
-        return 1.0
     try:
-        number = float(factor)
-    except ValueError:
-        raise FieldError(ENV_FAKE_GPU_MEMORY, f"footprint factor {factor!r} is not a number") from None
-    if not (math.isfinite(number) and 1.0 <= number <= MAX_FOOTPRINT):
-        raise FieldError(ENV_FAKE_GPU_MEMORY, f"footprint factor must be between 1 and {MAX_FOOTPRINT:g}, got {factor}")
-    return number
-
-
-def format_size(nbytes: int) -> str:
-    """Bytes the way PyTorch's allocator messages print them (``20.00 MiB``), so log parsers see the same text."""
-    value = float(nbytes)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.2f} {unit}" if unit != "bytes" else f"{int(value)} bytes"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-class FakeOutOfMemoryError(Exception):
-    """Carries the exact bytes of the failed request into ``torch.OutOfMemoryError`` (whose message rounds them)."""
-
-
-@dataclass
-class FakeGPUMemory:
-    """The device-memory counter of one worker process under a fake GPU (thread-safe: parallel inference threads
-    each enter :meth:`mode` and share the count)."""
-
-    limit_bytes: int | None
-    footprint: float = 1.0
-    held: int = 0
-    peak: int = 0
-    failed_request: int | None = None
-    held_at_failure: int | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _known: set[int] = field(default_factory=set, repr=False)
-
-    def device_bytes(self, nbytes: int) -> int:
-        return math.ceil(nbytes * self.footprint)
-
-    def _book(self, key: int, nbytes: int) -> int | None:
-        """Book one new storage's device bytes (None: already booked, or empty); raises ``torch.OutOfMemoryError``
-        (booking nothing) when it would pass the limit."""
-        import torch
-
-        device = self.device_bytes(nbytes)
-        with self._lock:
-            if key in self._known or device == 0:
-                return None
-            if self.limit_bytes is not None and self.held + device > self.limit_bytes:
-                self.failed_request, self.held_at_failure = device, self.held
-                free = max(0, self.limit_bytes - self.held)
-                raise torch.OutOfMemoryError(
-                    f"CUDA out of memory. Tried to allocate {format_size(device)}. GPU 0 has a total capacity of "
-                    f"{format_size(self.limit_bytes)} of which {format_size(free)} is free. Of the allocated memory "
-                    f"{format_size(self.held)} is held by this process (fake GPU: {ENV_FAKE_GPU_MEMORY} enforces "
-                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)"
-                )
-            self._known.add(key)
-            self.held += device
-            self.peak = max(self.peak, self.held)
-            return device
-
-    def _drop(self, key: int, device: int) -> None:
-        with self._lock:
-            if key in self._known:
-                self._known.discard(key)
-                self.held -= device
-
-    def mode(self) -> Any:
-        """A ``TorchDispatchMode`` that books every CPU storage an operator creates (enter one per thread)."""
-        return storage_booking_mode(self._book, self._drop)
+        return parse_footprint(value)
+    except ValueError as exc:
+        raise FieldError(ENV_FAKE_GPU_MEMORY, str(exc)) from None

@@ -11,9 +11,9 @@ allocation would pass the limit.
 The count: every tensor storage an operator creates, from its creation until its last reference dies (a dispatch
 mode, ``gnnsched.portable.storage_booking``, shared with ``gnnsched.worker.ConcurrentMeter``), times the value's
 *footprint* factor: what the device holds per byte of live tensors. ``enforce`` is 1.0; ``enforce:1.3`` models a
-job whose real
-device footprint is 1.3× what the CPU counts (the caching allocator's reserved segments over allocated bytes, or a
-user script's extra buffers), so a test can make a job overrun an estimate that is byte-exact on the CPU.
+job whose real device footprint is 1.3× what the CPU counts (the caching allocator's reserved segments over
+allocated bytes, or a user script's extra buffers), so a test can make a job overrun an estimate that is byte-exact
+on the CPU.
 
 Value grammar: ``enforce`` or ``enforce:FACTOR`` with 1.0 <= FACTOR <= 10.
 """

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from gnnsched.datasets import get_dataset
+from gnnsched.portable.graph import synthetic_tensors
 from gnnsched.portable.step import (
     EntrypointError,
     GraphDims,
@@ -162,26 +163,9 @@ def graph_layout(spec: GNNJobSpec, root: str | Path | None = None) -> GraphLayou
 
 
 def synthetic_graph(layout: GraphLayout, seed: int) -> Graph:
-    """A random graph with the layout's shapes and no self-loops; works unchanged under ``FakeTensorMode``.
-
-    Every node is labelled (the loss covers all nodes). Features are standard normal, labels uniform. Edges are
-    uniform random pairs with ``dst = (src + offset) % nodes`` and ``offset`` in ``[1, nodes)``, so no self-loops
-    appear and no boolean filtering is needed (``edges`` may therefore exceed the number of distinct pairs only by
-    repeating pairs, which a multigraph allows).
-    """
-
-    generator = torch.Generator().manual_seed(seed)
-    n, e = layout.nodes, layout.edges
-    x = torch.randn(n, layout.features, generator=generator)
-    y = torch.randint(0, layout.classes, (n,), generator=generator)
-    edge_index = torch.empty(2, e, dtype=torch.long)
-    if n > 1:
-        torch.randint(0, n, (e,), generator=generator, out=edge_index[0])
-        torch.randint(1, n, (e,), generator=generator, out=edge_index[1])
-        edge_index[1].add_(edge_index[0]).remainder_(n)
-    else:
-        edge_index.zero_()
-    target = torch.arange(n)
+    """A random graph with the layout's shapes and no self-loops, every node labelled
+    (``gnnsched.portable.graph.synthetic_tensors``, which the portable step runner uses too)."""
+    x, edge_index, y, target = synthetic_tensors(layout.nodes, layout.edges, layout.features, layout.classes, seed)
     return Graph(x=x, edge_index=edge_index, y=y, target=target, layout=layout)
 
 

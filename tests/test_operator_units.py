@@ -13,11 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnsched.contract import ANN_ADMITTED_AT, ANN_GPU, ANN_JOB, ANN_OBSERVED_PEAK_BYTES, ANN_QOS_TARGET
+from gnnsched.operator.gpu_pod_tools import GATE_LAUNCHER
 from gnnsched.operator.history import record_from_job, records_from_jobs
 from gnnsched.operator.planning import Plan, gpus_from_gpunode, memory_key
 from gnnsched.operator.podspec import build_pod, config_map_name, container_command, pod_name
 from gnnsched.operator.status import last_json_object, set_condition, view_pod
 from gnnsched.spec import parse_spec
+
+GATE = ["python", GATE_LAUNCHER]
 
 SPEC = {"mode": "train", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}, "epochs": 10}
 
@@ -101,15 +104,15 @@ def test_builtin_worker_starts_up_behind_the_gate_and_a_user_command_never_does(
     """``gnnsched gate --prestart`` only for the built-in worker, which reads its admission before using the GPU; a
     user's command may not, and would run with no GPU visible, so it keeps the plain gate."""
     spec = parse_spec(SPEC)
-    assert container_command(spec, prestart=True)[:6] == ["gnnsched", "gate", "--prestart", "--", "gnnsched", "worker"]
-    assert container_command(spec)[:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]  # off by default
+    assert container_command(spec, prestart=True)[:6] == [*GATE, "--prestart", "--", "gnnsched", "worker"]
+    assert container_command(spec)[:5] == [*GATE, "--", "gnnsched", "worker"]  # off by default
     user = parse_spec({**SPEC, "command": ["python", "train.py"]})
-    assert container_command(user, prestart=True) == ["gnnsched", "gate", "--", "python", "train.py"]
+    assert container_command(user, prestart=True) == [*GATE, "--", "python", "train.py"]
 
 
 def test_user_command_is_wrapped_by_the_gate_and_unknown_runtime_leaves_no_annotation() -> None:
     spec = parse_spec({**SPEC, "image": "me/mine:1", "command": ["python", "train.py"], "args": ["--fast"]})
-    assert container_command(spec) == ["gnnsched", "gate", "--", "python", "train.py", "--fast"]
+    assert container_command(spec) == [*GATE, "--", "python", "train.py", "--fast"]
     job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": SPEC}
     body = build_pod(job, spec, _plan(predicted_runtime_seconds=None), 0, "default/image:1")
     assert body["spec"]["containers"][0]["image"] == "me/mine:1"

@@ -38,6 +38,15 @@ def parse_footprint(value: str) -> float:
     return number
 
 
+def out_of_memory_error() -> type[Exception]:
+    """torch's out-of-memory exception: ``torch.OutOfMemoryError`` where torch has the top-level name (2.5 on),
+    ``torch.cuda.OutOfMemoryError`` (the same class) on older releases."""
+    import torch
+
+    found = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    return found  # type: ignore[no-any-return]
+
+
 def format_size(nbytes: int) -> str:
     """Bytes the way PyTorch's allocator messages print them (``20.00 MiB``), so log parsers see the same text."""
     value = float(nbytes)
@@ -72,8 +81,6 @@ class FakeGPUMemory:
     def _book(self, key: int, nbytes: int) -> int | None:
         """Book one new storage's device bytes (None: already booked, or empty); raises ``torch.OutOfMemoryError``
         (booking nothing) when it would pass the limit."""
-        import torch
-
         device = self.device_bytes(nbytes)
         with self._lock:
             if key in self._known or device == 0:
@@ -81,7 +88,7 @@ class FakeGPUMemory:
             if self.limit_bytes is not None and self.held + device > self.limit_bytes:
                 self.failed_request, self.held_at_failure = device, self.held
                 free = max(0, self.limit_bytes - self.held)
-                raise torch.OutOfMemoryError(
+                raise out_of_memory_error()(
                     f"CUDA out of memory. Tried to allocate {format_size(device)}. GPU 0 has a total capacity of "
                     f"{format_size(self.limit_bytes)} of which {format_size(free)} is free. Of the allocated memory "
                     f"{format_size(self.held)} is held by this process (fake GPU: {ENV_FAKE_GPU_MEMORY} enforces "

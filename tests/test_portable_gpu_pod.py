@@ -1,0 +1,252 @@
+"""The GPU pod's gnnsched part, run from a copied ``gnnsched/portable`` in an image without gnnsched.
+
+* Import graph: every module of ``gnnsched/portable`` imports only the standard library, torch and its siblings; the
+  gate client imports no torch at all (it starts before every job and must start fast).
+* The names and rules the portable modules spell out agree with the core's (environment variables, the fault
+  patterns, the MPS limit grammar, the prestart hand-off line).
+* The step runner and the gate run from an installed copy under ``python -I`` with an import hook that fails any
+  import of gnnsched: a training and a parallel-inference job give the worker's result line, their progress reaches
+  the gate's pipe, a fake GPU's limit gives ``memory-exceeded``, a wrong entrypoint is one line naming the field.
+* One build path: the runner's observed peak equals the built-in worker's for the same job under a fake GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from crd_schema import ROOT
+from test_gate_client import ADMITTED, Successor
+
+from gnnsched import contract
+from gnnsched.closed_loop import _FAULT_PATTERNS, AttemptResult, parse_mps_memory_limit
+from gnnsched.entrypoint_probe import install_probe, run_request, runs_portable
+from gnnsched.gate_handoff import Handoff
+from gnnsched.portable import fake_memory, gate, progress, runner
+from gnnsched.spec import parse_job
+
+pytestmark = pytest.mark.timeout(300)
+
+PORTABLE = ROOT / "gnnsched" / "portable"
+EXAMPLE = ROOT / "examples" / "custom-entrypoint"
+
+BOOTSTRAP = """
+import importlib.abc, runpy, sys
+class NoGnnsched(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "gnnsched" or name.startswith("gnnsched."):
+            raise ImportError("the GPU pod's code imported " + name)
+        return None
+sys.meta_path.insert(0, NoGnnsched())
+import os
+script = sys.argv[1]
+sys.argv = [script, *sys.argv[3:]]
+# as ``python script`` in the image: the script's directory first, then the image's own path
+sys.path[:0] = [os.path.dirname(script), *os.environ["USER_PATH"].split(":")]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    leaked = sorted(m for m in sys.modules if m == "gnnsched" or m.startswith("gnnsched."))
+    print("LEAKED", leaked, file=sys.stderr)
+"""
+
+
+def _imports(path: Path) -> tuple[set[str], set[str]]:
+    """(absolute top-level modules, sibling modules imported relatively) of one source file."""
+    absolute: set[str] = set()
+    relative: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            absolute.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                relative.add((node.module or "").split(".")[0])
+            elif node.module != "gnnsched_portable.probe" and not (node.module or "").startswith("gnnsched_portable"):
+                absolute.add((node.module or "").split(".")[0])
+    return absolute, relative
+
+
+def test_the_portable_code_imports_only_the_standard_library_and_torch() -> None:
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PORTABLE.glob("*.py")):
+        absolute, relative = _imports(path)
+        assert absolute <= allowed, f"{path.name} imports {sorted(absolute - allowed)}"
+        for sibling in relative:
+            assert (PORTABLE / f"{sibling}.py").is_file(), f"{path.name}: no sibling {sibling}"
+        graph[path.stem] = relative | {m for m in absolute if m == "torch"}
+    # the gate and its launcher import no torch, directly or through a sibling
+    seen, todo = set(), ["gate", "gate_launch"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        assert "torch" not in graph[name], f"{name} imports torch: the gate must start without it"
+        todo.extend(graph[name] - {"torch"})
+
+
+def test_spelled_out_names_and_rules_agree_with_the_core() -> None:
+    for module in (gate, runner, progress, fake_memory):
+        for name in dir(module):
+            if (name.startswith("ENV_") or name == "DEFAULT_GATE_SOCKET") and hasattr(contract, name):
+                assert getattr(module, name) == getattr(contract, name), f"{module.__name__}.{name}"
+    assert runner.FAULT_PATTERNS.pattern == _FAULT_PATTERNS.pattern
+    for text in ("0=1024M", "2G", "1=512M,0=3G", "0=1536M,", "0 = 7 M"):
+        assert runner.mps_limit_bytes(text) == parse_mps_memory_limit(text), text
+    with pytest.raises(runner.RunError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+        runner.mps_limit_bytes("lots")
+    line = gate.handoff_line("admitted", env={"CUDA_VISIBLE_DEVICES": "GPU-1"}, unset=["X"])
+    assert Handoff.model_validate_json(line) == Handoff(status="admitted", env={"CUDA_VISIBLE_DEVICES": "GPU-1"},
+                                                        unset=["X"])
+    refused = Handoff.model_validate_json(gate.handoff_line("rejected", exit_code=3, message="no"))
+    assert (refused.status, refused.exit_code, refused.message) == ("rejected", 3, "no")
+
+
+def _spec(mode: str, **extra: object):
+    manifest = yaml.safe_load((EXAMPLE / "gnnjob.yaml").read_text())
+    manifest["spec"]["graph"] = {"nodes": 400, "edges": 3200, "features": 16, "classes": 4}
+    manifest["spec"]["mode"] = mode
+    if mode == "infer":
+        manifest["spec"].pop("optimizer")
+        manifest["spec"].pop("epochs")
+        manifest["spec"]["requests"] = 6
+    else:
+        manifest["spec"]["epochs"] = 4
+    manifest["spec"].update(extra)
+    return parse_job(manifest).spec
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's image, simulated: the tools as the init container installs them, and the user's package."""
+    root = tmp_path_factory.mktemp("image")
+    install_probe(root / "tools")  # the GPU pod's init container runs exactly this
+    (root / "user").mkdir()
+    import shutil
+
+    shutil.copytree(EXAMPLE / "my_gnn", root / "user" / "my_gnn")
+    return root
+
+
+def _run(image: Path, script: str, args: list[str], tmp_path: Path, env: dict[str, str] | None = None,
+         pass_fds: tuple[int, ...] = (), execs: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run a launcher from the copy under ``python -I`` with gnnsched's imports failing. ``execs``: the program
+    replaces itself (the gate), so no leak report prints; the import hook alone then stands guard."""
+    launcher = image / "tools" / "gnnsched_portable" / script
+    full_env = {"PATH": os.environ["PATH"], "USER_PATH": str(image / "user"), **(env or {})}
+    run = subprocess.run([sys.executable, "-I", "-c", BOOTSTRAP, str(launcher), "--", *args], capture_output=True,
+                         text=True, timeout=240, cwd=tmp_path, env=full_env, pass_fds=pass_fds)
+    if not execs or run.returncode != 0:
+        assert "LEAKED []" in run.stderr, run.stderr[-3000:]
+    return run
+
+
+def _result(run: subprocess.CompletedProcess[str]) -> dict:
+    line = [ln for ln in run.stdout.splitlines() if ln.startswith("{")][-1]
+    parsed = json.loads(line)
+    # the operator's reader takes every key, with the worker's meaning
+    assert set(parsed) <= set(AttemptResult.model_fields)
+    assert AttemptResult.model_validate(parsed).model_dump(include=set(parsed)) == parsed
+    return parsed
+
+
+@pytest.mark.parametrize("mode,extra", [("train", {}), ("infer", {"parallelism": 3})])
+def test_the_runner_from_a_copy_runs_the_job_and_reports_as_the_worker(image: Path, tmp_path: Path, mode: str,
+                                                                       extra: dict) -> None:
+    spec = _spec(mode, **extra)
+    assert runs_portable(spec)
+    result_file = tmp_path / "termination-log"
+    read_end, write_end = os.pipe()
+    try:
+        run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(spec)), "--device", "cpu"], tmp_path,
+                   env={"GNNSCHED_RESULT_FILE": str(result_file), "GNNSCHED_PROGRESS_FD": str(write_end),
+                        "GNNSCHED_CPU_REQUEST": "1"}, pass_fds=(write_end,))
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        reports = [json.loads(line) for line in pipe.read().splitlines()]
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = _result(run)
+    assert result["outcome"] == "succeeded" and result["steps"] == spec.steps and result["observed_peak_bytes"] > 0
+    assert result_file.read_text().strip() == run.stdout.strip().splitlines()[-1]
+    # the last step's report always goes out; every line has the gate's three numbers
+    assert reports and reports[-1]["steps"] == reports[-1]["total"] == spec.steps, reports
+    assert all(set(r) == {"steps", "total", "seconds"} for r in reports)
+
+
+def test_the_runners_peak_is_the_workers_for_the_same_job(image: Path, tmp_path: Path) -> None:
+    """One build path: graph, model and step are the same modules, so the bytes they hold are the same."""
+    from gnnsched.gpu.fake_memory import FakeGPUMemory
+    from gnnsched.worker import run_attempt
+
+    spec = _spec("train")
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        worker = run_attempt(spec, device="cpu", fake_memory=FakeGPUMemory(limit_bytes=None))
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(spec)), "--device", "cpu"], tmp_path,
+               env={"GNNSCHED_FAKE_GPU_MEMORY": "enforce"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _result(run)["observed_peak_bytes"] == worker.observed_peak_bytes
+
+
+def test_a_fake_gpus_limit_ends_in_memory_exceeded(image: Path, tmp_path: Path) -> None:
+    spec = _spec("train")
+    run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(spec)), "--device", "cpu"], tmp_path,
+               env={"GNNSCHED_FAKE_GPU_MEMORY": "enforce", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1M"})
+    assert run.returncode == 1, run.stderr[-3000:]
+    result = _result(run)
+    assert result["outcome"] == "memory-exceeded" and result["limit_bytes"] == 1 << 20
+    assert result["requested_bytes"] > 0 and result["held_bytes"] + result["requested_bytes"] > 1 << 20
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"entrypoint": "my_gnn.nowhere:build"}, "spec.model.entrypoint: cannot import 'my_gnn.nowhere'"),
+    ({"steps": 0}, "--request: steps: must be a whole number >= 1"),
+    ({"graph": {"nodes": 10}}, "--request: graph.edges"),
+])
+def test_bad_input_is_one_line_naming_the_field(image: Path, tmp_path: Path, change: dict, needle: str) -> None:
+    request = {**run_request(_spec("train")), **change}
+    run = _run(image, "run_launch.py", ["--request", json.dumps(request), "--device", "cpu"], tmp_path)
+    assert run.returncode == 2
+    lines = [ln for ln in run.stderr.splitlines() if not ln.startswith("LEAKED")]
+    assert len(lines) == 1 and needle in lines[0], run.stderr
+
+
+def test_the_gate_from_a_copy_waits_then_execs_the_workload_with_its_gpu(image: Path, tmp_path: Path) -> None:
+    sock = tmp_path / "gate.sock"
+    agent = Successor(sock, [{"status": "queued", "position": 1}, ADMITTED])
+    out = tmp_path / "env.json"
+    workload = [sys.executable, "-I", "-c",
+                "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))", str(out)]
+    try:
+        run = _run(image, "gate_launch.py", ["--socket", str(sock), "--", *workload], tmp_path,
+                   env={"GNNSCHED_POD_UID": "0b0e8a6e-5d1c-4a53-9f0a-1f7c2c5d9a10", "GNNSCHED_POD_NAME": "p-0",
+                        "GNNSCHED_POD_NAMESPACE": "team-b"}, execs=True)
+    finally:
+        agent.close()
+    assert run.returncode == 0, run.stderr
+    assert agent.requests == [{"op": "admit", "version": 1, "podUid": "0b0e8a6e-5d1c-4a53-9f0a-1f7c2c5d9a10",
+                               "podName": "p-0", "podNamespace": "team-b", "container": ""}]
+    env = json.loads(out.read_text())
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
+    assert env["GNNSCHED_PROGRESS_FD"].isdigit()
+    assert "queued at position 1" in run.stderr
+
+
+def test_the_gate_from_a_copy_without_an_agent_exits_4_in_one_line(image: Path, tmp_path: Path) -> None:
+    run = _run(image, "gate_launch.py", ["--socket", str(tmp_path / "none.sock"), "--wait-seconds", "0.3", "--",
+                                         "true"], tmp_path,
+               env={"GNNSCHED_POD_UID": "u-1", "GNNSCHED_POD_NAME": "p", "GNNSCHED_POD_NAMESPACE": "default"})
+    assert run.returncode == 4
+    assert "no node agent at" in run.stderr
+    missing = _run(image, "gate_launch.py", ["--", "true"], tmp_path)
+    assert missing.returncode == 2 and "GNNSCHED_POD_UID: not set" in missing.stderr

@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -61,7 +62,7 @@ sys.path.insert(0, str(HERE))
 
 import yaml  # noqa: E402
 from child_process import die_with_parent  # noqa: E402
-from kubeapi import ALL_JOBS, ALL_PODS, GPUNODES, JOBS, NODES, Api, ApiError  # noqa: E402
+from kubeapi import ALL_JOBS, ALL_PODS, GPUNODES, JOBS, NAMESPACES, NODES, Api, ApiError  # noqa: E402
 
 from gnnsched.contract import (  # noqa: E402
     ANN_ADMIT_BYTES,
@@ -270,6 +271,39 @@ def parse_image(text: str) -> tuple[str, str]:
     return name, str(Path(directory).resolve())
 
 
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_metadata(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """A GNNJob document's ``apiVersion`` and ``metadata`` as the API server would accept them (its name a DNS
+    subdomain, its namespace a DNS label, as ``kubectl apply`` is told); ``InputError`` naming the file and the field
+    otherwise, so a bad manifest is one line before any process starts, never the API server's refusal mid-run."""
+    from gnnsched.contract import API_VERSION
+    from gnnsched.spec import DNS_SUBDOMAIN
+
+    if doc.get("apiVersion") != API_VERSION:
+        raise InputError(f"{path}: apiVersion: expected {API_VERSION}, got {doc.get('apiVersion')!r}")
+    meta = doc.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: metadata: expected a mapping, got {type(meta).__name__}")
+    name = meta.get("name")
+    if not name:
+        raise InputError(f"{path}: metadata.name: required")
+    if not isinstance(name, str) or len(name) > 253 or not re.match(DNS_SUBDOMAIN, name):
+        raise InputError(f"{path}: metadata.name: {name!r} is not a lower-case DNS subdomain (a-z, 0-9, '-', '.'; "
+                         "at most 253 characters)")
+    namespace = meta.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or len(namespace) > 63
+                                  or not DNS_LABEL.match(namespace)):
+        raise InputError(f"{path}: metadata.namespace: {namespace!r} is not a lower-case DNS label (a-z, 0-9, '-'; "
+                         "at most 63 characters)")
+    if not isinstance(doc.get("spec") or {}, dict):
+        raise InputError(f"{path}: spec: expected a mapping, got {type(doc.get('spec')).__name__}")
+    return meta
+
+
 def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
     """Every GNNJob document in ``paths``; ``InputError`` naming the file and the problem."""
     from gnnsched.spec import GNNJobSpec
@@ -288,16 +322,14 @@ def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
                 continue
             if not isinstance(doc, dict) or doc.get("kind") != "GNNJob":
                 raise InputError(f"{path}: kind: expected GNNJob documents")
-            meta = doc.get("metadata") or {}
-            if not meta.get("name"):
-                raise InputError(f"{path}: metadata.name: required")
+            meta = check_metadata(path, doc)
             try:
                 GNNJobSpec.model_validate(doc.get("spec") or {})
             except Exception as exc:  # pydantic ValidationError: name the first field
                 errors: list[dict[str, Any]] = getattr(exc, "errors", list)()
                 where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "spec"
                 what = errors[0]["msg"] if errors else str(exc)
-                raise InputError(f"{path}: spec.{where}: {what}") from None
+                raise InputError(f"{path}: spec{'.' + where if where else ''}: {what}") from None
             key = (meta.get("namespace") or "default", meta["name"])
             if key in names:
                 raise InputError(f"{path}: metadata.name: {key[1]!r} appears twice")
@@ -640,11 +672,33 @@ class LocalCluster:
 
     # -- jobs ------------------------------------------------------------------------------------------------------
     def submit(self, manifests: list[dict[str, Any]]) -> None:
+        """Create the GNNJobs, first each namespace that does not exist yet (as an admin would with ``kubectl create
+        namespace``: the API server refuses objects in a missing namespace). An object the API server refuses is a
+        ``RuntimeError`` saying which and why (one line)."""
         assert self.api is not None
         for doc in manifests:
             ns = (doc.get("metadata") or {}).get("namespace") or "default"
-            self.api.post(JOBS.format(ns=ns), doc)
+            try:
+                self.ensure_namespace(ns)
+                self.api.post(JOBS.format(ns=ns), doc)
+            except ApiError as exc:
+                raise RuntimeError(f"gnnjob {ns}/{doc['metadata']['name']}: the API server refused it: {exc}"
+                                   ) from None
             self.say(f"created  gnnjob {ns}/{doc['metadata']['name']}")
+
+    def ensure_namespace(self, namespace: str) -> bool:
+        """Create ``namespace`` when it does not exist, saying so in one line; True when it was created."""
+        assert self.api is not None
+        if self.api.get_or_none(f"{NAMESPACES}/{namespace}") is not None:
+            return False
+        try:
+            self.api.post(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        except ApiError as exc:
+            if exc.status != 409:  # created meanwhile: as good
+                raise
+            return False
+        self.say(f"created  namespace {namespace} (it did not exist: as kubectl create namespace {namespace})")
+        return True
 
     def jobs(self) -> list[dict[str, Any]]:
         assert self.api is not None

@@ -12,7 +12,9 @@ objects; ``gnnsched operator``; ``gnnsched extender`` reading the cluster throug
 pipe directories. In this process run the two stand-ins for what is not ours: a kube-scheduler that drives the
 extender from the ``KubeSchedulerConfiguration`` that ``gnnsched extender --print-scheduler-config`` prints
 (``scheduler_standin.py``) and one kubelet per node that talks to its device plugin over real gRPC and runs the
-pods' commands (``gnnsched gate -- gnnsched worker ...``) as local processes (``kubelet_standin.py``).
+pods' commands (the gate and the worker or step runner, copied in by gnnsched's init container) as local processes
+(``kubelet_standin.py``); a user's image (``--image``, the examples') runs a Python with torch and PyG and no gnnsched
+(``bare_image.py``).
 
 Output: ``export KUBECONFIG=<path>`` as the first line on stdout once the cluster is up (kubectl works against it:
 ``docs/local-cluster.md``), a live timeline on stderr, then a table like ``kubectl get gj -o wide``; ``--json OUT``
@@ -194,6 +196,8 @@ class ClusterOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     # image -> directories of what it adds (its own packages); the kubelet stand-ins put them on PYTHONPATH
     images: dict[str, list[str]] = field(default_factory=lambda: example_images())
+    # images whose Python has torch and PyG but no gnnsched (bare_image.py): users' images, the examples' included
+    bare_images: frozenset[str] = field(default_factory=lambda: frozenset(example_images()))
 
     def validate(self) -> tuple[int, int, str]:
         if not 1 <= self.nodes <= 64:
@@ -457,6 +461,7 @@ class LocalCluster:
         self._seen: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._stopped = False
+        self._bare_bin: Path | None = None
         atexit.register(self.stop)
 
     # -- environment -------------------------------------------------------------------------------------------
@@ -470,6 +475,18 @@ class LocalCluster:
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.opts.extra_env)
         return env
+
+    def bare_bin(self) -> Path | None:
+        """The Python of the users' images (torch and PyG, no gnnsched), made once per cluster; None without such
+        images."""
+        if not self.opts.bare_images:
+            return None
+        if self._bare_bin is None:
+            from bare_image import make_bare_python
+
+            self.say("making the users' images' Python (torch and PyG, no gnnsched)")
+            self._bare_bin = make_bare_python(self.dir / "image-python")
+        return self._bare_bin
 
     def _proc(self, name: str, argv: list[str], log_name: str | None = None, node: str | None = None) -> Proc:
         """Start a process; ``node``: it is one of that node's processes (``NODE_NAME``, as the chart sets it)."""
@@ -617,7 +634,8 @@ class LocalCluster:
 
         assert self.api is not None
         node.kubelet = KubeletStandIn(self.api, node.name, node.dir, node.plugin_dir, self.env(), self._on_event,
-                                      poll=self.opts.poll, images=self.opts.images)
+                                      poll=self.opts.poll, images=self.opts.images,
+                                      bare_images=self.opts.bare_images, bare_bin=self.bare_bin())
         node.kubelet.start()
         node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node), node=node.name)
         node.plugin = self._proc(f"device-plugin-{node.name}", [
@@ -921,8 +939,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the fake GPUs' fault files (docs/faults.md); repeatable")
     parser.add_argument("--verbose", action="store_true", help="log the stand-ins' debug messages")
     parser.add_argument("--image", action="append", default=[], metavar="NAME=DIR",
-                        help="containers of image NAME find the Python packages under DIR (no container runtime "
-                        "here: every container runs this Python); examples/custom-entrypoint's image is preset")
+                        help="containers of image NAME find the Python packages under DIR, with torch and PyG and "
+                        "no gnnsched (no container runtime here: a Python made for users' images runs them); "
+                        "examples/custom-entrypoint's image is preset")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -937,6 +956,7 @@ def main(argv: list[str] | None = None) -> int:
             images.setdefault(name, []).append(directory)
         opts = ClusterOptions(nodes=args.nodes, gpus=args.gpus, policy=args.policy, timeout=args.timeout,
                               keep=args.keep, slots_per_gpu=args.slots_per_gpu, images=images,
+                              bare_images=frozenset(images),
                               fake_gpu_faults=bool(args.inject_xid))
         gpus, _, _ = opts.validate()
         injections = [parse_xid_injection(text, args.nodes, gpus) for text in args.inject_xid]

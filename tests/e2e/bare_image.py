@@ -51,7 +51,8 @@ def make_bare_python(directory: Path) -> Path:
     check = subprocess.run(
         [str(python), "-c", "import importlib.util, torch, torch_geometric; "
                             "print(importlib.util.find_spec('gnnsched') is None)"],
-        capture_output=True, text=True, timeout=300, env={"PATH": f"{directory / 'bin'}:/usr/bin:/bin"})
+        capture_output=True, text=True, timeout=300, env={"PATH": f"{directory / 'bin'}:/usr/bin:/bin"},
+        cwd=str(directory))  # not the checkout: ``-c`` puts the working directory first on sys.path
     if check.returncode != 0 or check.stdout.strip() != "True":
         raise BareImageError(f"{python}: expected torch and PyG without gnnsched: {check.stdout}{check.stderr}"[-800:])
     return directory / "bin"

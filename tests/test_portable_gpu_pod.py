@@ -250,3 +250,63 @@ def test_the_gate_from_a_copy_without_an_agent_exits_4_in_one_line(image: Path, 
     assert "no node agent at" in run.stderr
     missing = _run(image, "gate_launch.py", ["--", "true"], tmp_path)
     assert missing.returncode == 2 and "GNNSCHED_POD_UID: not set" in missing.stderr
+
+
+# What the GPU pod's portable modules use of torch, with the release that has it (docs/custom-models.md, "Oldest
+# versions"). Names every torch release since 1.0 has are (1, 0).
+GPU_POD_MODULES = ("runner", "step", "graph", "fake_memory", "storage_booking", "progress", "gate")
+TORCH_API = {
+    "F.cross_entropy": (1, 0), "torch.Generator": (1, 0), "torch.Tensor": (1, 0), "torch.arange": (1, 0),
+    "torch.cuda": (1, 0), "torch.cuda.is_available": (1, 0), "torch.cuda.synchronize": (1, 0),
+    "torch.cuda.max_memory_reserved": (1, 4), "torch.cuda.memory_reserved": (1, 4),
+    "torch.cuda.mem_get_info": (1, 11), "torch.cuda.OutOfMemoryError": (1, 13),
+    "torch.empty": (1, 0), "torch.long": (1, 0), "torch.manual_seed": (1, 0), "torch.nn": (1, 0),
+    "torch.nn.Module": (1, 0), "torch.nn.Parameter": (1, 0), "torch.no_grad": (1, 0), "torch.optim": (1, 0),
+    "torch.optim.Adam": (1, 0), "torch.optim.AdamW": (1, 2), "torch.optim.SGD": (1, 0),
+    "torch.optim.Optimizer": (1, 0), "torch.randint": (1, 0), "torch.randn": (1, 0), "torch.set_num_threads": (1, 0),
+    "torch.utils._python_dispatch.TorchDispatchMode": (1, 13), "torch.utils._pytree.tree_flatten": (1, 0),
+    # methods, found by name
+    "Tensor.untyped_storage": (2, 0), "Optimizer(foreach=True)": (2, 0),
+}
+OLDEST_TORCH = (2, 0)
+
+
+def _torch_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts, base = [], node
+            while isinstance(base, ast.Attribute):
+                parts.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in ("torch", "F"):
+                names.add(".".join([base.id, *reversed(parts)]))
+            if node.attr == "untyped_storage":
+                names.add("Tensor.untyped_storage")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch."):
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.keyword) and node.arg == "foreach":
+            names.add("Optimizer(foreach=True)")
+    return names
+
+
+def test_the_torch_api_used_is_the_stated_one() -> None:
+    """A portable module that starts using a torch name not in the table fails here until the table (and the docs'
+    oldest torch) says since when torch has it."""
+    used = set().union(*(_torch_names(PORTABLE / f"{m}.py") for m in GPU_POD_MODULES))
+    assert used - set(TORCH_API) == set(), "add these to TORCH_API with the torch release that has them"
+    assert max(TORCH_API[name] for name in used) == OLDEST_TORCH
+
+
+def test_the_runner_survives_a_torch_without_its_newer_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch before 2.5 has no top-level ``torch.OutOfMemoryError``: the runner catches ``torch.cuda``'s."""
+    import torch
+
+    monkeypatch.delattr(torch, "OutOfMemoryError")
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    request = runner.RunRequest.from_json(json.dumps(run_request(_spec("train"))))
+    result = runner.attempt(request, "cpu", {"GNNSCHED_FAKE_GPU_MEMORY": "enforce",
+                                             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1M"})
+    assert result["outcome"] == "memory-exceeded" and result["limit_bytes"] == 1 << 20, result
+    assert "CUDA out of memory. Tried to allocate" in result["message"]

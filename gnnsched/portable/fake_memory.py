@@ -44,7 +44,7 @@ def out_of_memory_error() -> type[Exception]:
     import torch
 
     found = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def format_size(nbytes: int) -> str:

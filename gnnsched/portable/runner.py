@@ -99,8 +99,9 @@ class RunRequest:
             raise RunError(f"--request: not JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise RunError("--request: must be a JSON object")
-        graph = raw.get("graph") if isinstance(raw.get("graph"), dict) else {}
-        opt = raw.get("optimizer") if isinstance(raw.get("optimizer"), dict) else {}
+        graph_raw, opt_raw = raw.get("graph"), raw.get("optimizer")
+        graph: dict[str, Any] = graph_raw if isinstance(graph_raw, dict) else {}
+        opt: dict[str, Any] = opt_raw if isinstance(opt_raw, dict) else {}
 
         def whole(where: str, value: Any, low: int) -> int:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

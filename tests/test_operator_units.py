@@ -58,6 +58,16 @@ def test_failed_pod_keeps_container_reason_exit_code_and_message() -> None:
     assert view_pod(evicted).failure_reason == "Evicted"
 
 
+def test_a_failed_install_of_the_gate_is_named_not_blamed_on_the_job() -> None:
+    """The init container that copies gnnsched's gate and runner failed: the job's container never ran."""
+    failed = {"status": {"phase": "Failed", "message": "init container install-gnnsched failed",
+                         "initContainerStatuses": [{"name": "install-gnnsched", "state": {"terminated": {
+                             "exitCode": 1, "reason": "Error", "message": "error: --install: No space left"}}}]}}
+    view = view_pod(failed)
+    assert view.failure_reason == "InstallFailed"
+    assert view.failure_message == "init container install-gnnsched: Error: error: --install: No space left"
+
+
 def test_observed_peak_comes_from_agent_annotation_first_then_worker_result_line() -> None:
     state = {"terminated": {"startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:30Z",
                             "message": 'noise\n{"observed_peak_bytes": 1000, "seconds": 29.0}\n'}}

@@ -19,6 +19,10 @@ workload from the first moment: a workload that exits while still queued closes 
 place in the queue; an agent restart before admission is answered by reconnecting (from the keeper) as the plain
 gate does.
 Nothing here is imported by ``gnnsched --help``.
+
+Portable: standard library only (no torch, no pydantic), so the operator's init container can copy it into a GPU pod
+whose image has no gnnsched (``operator/gpu_pod_tools.py``), where it runs as ``gate_launch.py`` (:func:`main`, the
+flags of ``gnnsched gate``). ``gnnsched gate`` (``node_agent/cli.py``) runs the same functions.
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ So gnnsched's part comes from gnnsched's image (the operator's ``--image``), as 
   image still needs gnnsched installed there (``docs/custom-models.md``).
 
 The copy is gnnsched's, not the user's: the volume is written by gnnsched's image and mounted read-only in the job's
-container, so what the gate does is what gnnsched shipped.
+container, so a ``gnnsched`` on the image's ``PATH`` (a stub that never asks) is never run. What it cannot stop: the
+copy runs under the image's own ``python``, and an image whose ``python`` ignores its script skips the gate as any
+process of a pod could; against that the gate is not the enforcement (the node agent's per-client memory check and
+the admission policies are, docs/security.md).
 """
 
 from __future__ import annotations

@@ -182,20 +182,22 @@ def test_the_runner_from_a_copy_runs_the_job_and_reports_as_the_worker(image: Pa
 
 
 def test_the_runners_peak_is_the_workers_for_the_same_job(image: Path, tmp_path: Path) -> None:
-    """One build path: graph, model and step are the same modules, so the bytes they hold are the same."""
-    from gnnsched.gpu.fake_memory import FakeGPUMemory
-    from gnnsched.worker import run_attempt
-
+    """One build path: graph, model and step are the same modules, so the bytes they hold are the same. Both run as
+    pods run them, each in a fresh process under a fake GPU: ``gnnsched worker JOB.yaml`` and the runner's copy."""
     spec = _spec("train")
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        worker = run_attempt(spec, device="cpu", fake_memory=FakeGPUMemory(limit_bytes=None))
-    finally:
-        sys.path.remove(str(EXAMPLE))
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump({"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob",
+                                        "metadata": {"name": "same"},
+                                        "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True)}))
+    env = {**os.environ, "GNNSCHED_FAKE_GPU_MEMORY": "enforce",
+           "PYTHONPATH": os.pathsep.join([str(EXAMPLE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    worker = subprocess.run([sys.executable, "-m", "gnnsched.cli", "worker", str(manifest), "--device", "cpu",
+                             "--no-progress"], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert worker.returncode == 0, worker.stderr[-3000:]
     run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(spec)), "--device", "cpu"], tmp_path,
                env={"GNNSCHED_FAKE_GPU_MEMORY": "enforce"})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert _result(run)["observed_peak_bytes"] == worker.observed_peak_bytes
+    assert _result(run)["observed_peak_bytes"] == _result(worker)["observed_peak_bytes"] > 0
 
 
 def test_a_fake_gpus_limit_ends_in_memory_exceeded(image: Path, tmp_path: Path) -> None:

@@ -214,10 +214,12 @@ def test_a_fake_gpus_limit_ends_in_memory_exceeded(image: Path, tmp_path: Path) 
     ({"entrypoint": "my_gnn.nowhere:build"}, "spec.model.entrypoint: cannot import 'my_gnn.nowhere'"),
     ({"steps": 0}, "--request: steps: must be a whole number >= 1"),
     ({"graph": {"nodes": 10}}, "--request: graph.edges"),
+    ({"steps": "args"}, "unrecognized arguments: --fast (spec.args)"),
 ])
 def test_bad_input_is_one_line_naming_the_field(image: Path, tmp_path: Path, change: dict, needle: str) -> None:
     request = {**run_request(_spec("train")), **change}
-    run = _run(image, "run_launch.py", ["--request", json.dumps(request), "--device", "cpu"], tmp_path)
+    extra = ["--fast"] if change.get("steps") == "args" else []
+    run = _run(image, "run_launch.py", ["--request", json.dumps(request), "--device", "cpu", *extra], tmp_path)
     assert run.returncode == 2
     lines = [ln for ln in run.stderr.splitlines() if not ln.startswith("LEAKED")]
     assert len(lines) == 1 and needle in lines[0], run.stderr

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -307,12 +307,22 @@ def attempt(request: RunRequest, device: str, environ: dict[str, str],
     return {k: v for k, v in result.items() if v is not None}
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad flags (``spec.args`` reach the runner) are one line naming the flag, as every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (spec.args)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="run_launch.py", description="Run an entrypoint job's steps (gnnsched).")
+    parser = _OneLineParser(prog="run_launch.py", description="Run an entrypoint job's steps (gnnsched).")
     parser.add_argument("--request", required=True, help="the operator's JSON run request")
     parser.add_argument("--device", default="cuda", help="cuda or cpu")
     parser.add_argument("--epochs", type=int, default=None, help="override the request's steps (training only)")
     parser.add_argument("--seed", type=int, default=None, help="override the request's seed")
+    parser.add_argument("--progress", "--no-progress", action="store_true", dest="ignored",
+                        help="accepted as gnnsched worker does; the runner draws no progress bar")
     args = parser.parse_args(argv)
     environ = dict(os.environ)
     try:

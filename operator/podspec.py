@@ -9,7 +9,8 @@ it is garbage-collected with it.
 Why the gate wraps the command: the node agent admits the process onto a GPU only while the group's predicted peaks
 fit; a user's own command is wrapped the same way. The gate client (and an entrypoint job's step runner) is copied
 from gnnsched's image by an init container into a volume the job's container mounts read-only
-(``operator/gpu_pod_tools.py``), so a user's image needs no gnnsched and cannot swap the gate for its own.
+(``operator/gpu_pod_tools.py``), so a user's image needs no gnnsched, and a ``gnnsched`` on its ``PATH`` is never
+the gate (``gpu_pod_tools`` says what the copy cannot stop).
 
 How the worker's measurement flows back: the operator sets ``GNNSCHED_RESULT_FILE=/dev/termination-log``
 (``contract.ENV_RESULT_FILE``), the container's termination-message path; the worker writes its final JSON result

@@ -120,6 +120,31 @@ def test_builtin_worker_starts_up_behind_the_gate_and_a_user_command_never_does(
     assert container_command(user, prestart=True) == [*GATE, "--", "python", "train.py"]
 
 
+def test_an_entrypoint_job_runs_the_copied_runner_behind_the_copied_gate_and_never_prestarts() -> None:
+    """Nothing of gnnsched is looked up in the user's image: the gate and the step runner come from the volume the
+    init container fills; the request carries what the worker would read from the manifest."""
+    from gnnsched.entrypoint_probe import run_request
+    from gnnsched.operator.gpu_pod_tools import RUN_LAUNCHER, TOOLS_DIR
+
+    entry = {**SPEC, "image": "me/mine:1", "model": {"entrypoint": "my_gnn.model:build"},
+             "graph": {"nodes": 100, "edges": 400, "features": 8, "classes": 3}, "args": ["--seed", "3"]}
+    spec = parse_spec(entry)
+    command = container_command(spec, worker_device="cpu", prestart=True)
+    assert command[:3] == [*GATE, "--"] and command[3:5] == ["python", RUN_LAUNCHER]
+    assert json.loads(command[command.index("--request") + 1]) == run_request(spec)
+    assert command[-4:] == ["--device", "cpu", "--seed", "3"]
+    pod = build_pod({"metadata": {"name": "e", "namespace": "team-b", "uid": "u1"}, "spec": entry}, spec, _plan(), 0,
+                    "gnnsched:1", worker_prestart=True)
+    assert "gnnsched.io/prestart" not in pod["metadata"]["annotations"]
+    init = pod["spec"]["initContainers"][0]
+    assert init["image"] == "gnnsched:1" and init["command"][-2:] == ["--install", TOOLS_DIR]
+    assert pod["spec"]["containers"][0]["image"] == "me/mine:1"
+    # a mini-batch entrypoint job still runs the worker (its sampler is not portable yet)
+    mini = parse_spec({**entry, "batching": {"mode": "minibatch", "batchSize": 32, "fanouts": [5, 5]},
+                       "model": {"entrypoint": "my_gnn.model:build", "layers": 2}})
+    assert container_command(mini)[3:5] == ["gnnsched", "worker"]
+
+
 def test_user_command_is_wrapped_by_the_gate_and_unknown_runtime_leaves_no_annotation() -> None:
     spec = parse_spec({**SPEC, "image": "me/mine:1", "command": ["python", "train.py"], "args": ["--fast"]})
     assert container_command(spec) == [*GATE, "--", "python", "train.py", "--fast"]

@@ -118,9 +118,8 @@ def probe_request(spec: GNNJobSpec, gpus: Iterable[GPUModel] | None = None) -> d
 
 def runs_portable(spec: GNNJobSpec) -> bool:
     """Whether the job's GPU pod runs the portable step runner (``gnnsched/portable/runner.py``) in the user's image,
-    where gnnsched need not be installed: an entrypoint job without a command of its own, full-batch. A mini-batch
-    entrypoint job still runs ``gnnsched worker`` (its sampler is not portable yet)."""
-    return (spec.model.entrypoint is not None and not spec.command and spec.batching.mode != "minibatch")
+    where gnnsched need not be installed: an entrypoint job without a command of its own."""
+    return spec.model.entrypoint is not None and not spec.command
 
 
 def run_request(spec: GNNJobSpec, seed: int = 0) -> dict[str, Any]:
@@ -128,7 +127,7 @@ def run_request(spec: GNNJobSpec, seed: int = 0) -> dict[str, Any]:
     read from the manifest, as JSON the runner reads with the standard library. The graph is the synthetic one of the
     spec's dimensions, as the worker builds in an image without the dataset's files."""
     if not runs_portable(spec):
-        raise ValueError("run_request: only a full-batch entrypoint job without spec.command runs the portable runner")
+        raise ValueError("run_request: only an entrypoint job without spec.command runs the portable runner")
     dims = spec.graph.resolve()
     request: dict[str, Any] = {
         "entrypoint": spec.model.entrypoint,
@@ -138,6 +137,8 @@ def run_request(spec: GNNJobSpec, seed: int = 0) -> dict[str, Any]:
         "parallelism": spec.parallelism if spec.mode == "infer" else 1,
         "seed": seed,
     }
+    if spec.batching.mode == "minibatch":
+        request["batching"] = {"batchSize": int(spec.batching.batch_size or dims.nodes), "fanouts": spec.fanouts}
     if spec.mode == "train":
         opt = spec.training_optimizer
         request["optimizer"] = {"name": opt.name, "learningRate": opt.learning_rate, "weightDecay": opt.weight_decay,

@@ -139,10 +139,12 @@ def test_an_entrypoint_job_runs_the_copied_runner_behind_the_copied_gate_and_nev
     init = pod["spec"]["initContainers"][0]
     assert init["image"] == "gnnsched:1" and init["command"][-2:] == ["--install", TOOLS_DIR]
     assert pod["spec"]["containers"][0]["image"] == "me/mine:1"
-    # a mini-batch entrypoint job still runs the worker (its sampler is not portable yet)
+    # a mini-batch entrypoint job too: the sampler is portable, its batching travels in the request
     mini = parse_spec({**entry, "batching": {"mode": "minibatch", "batchSize": 32, "fanouts": [5, 5]},
                        "model": {"entrypoint": "my_gnn.model:build", "layers": 2}})
-    assert container_command(mini)[3:5] == ["gnnsched", "worker"]
+    command = container_command(mini)
+    assert command[3:5] == ["python", RUN_LAUNCHER]
+    assert json.loads(command[command.index("--request") + 1])["batching"] == {"batchSize": 32, "fanouts": [5, 5]}
 
 
 def test_user_command_is_wrapped_by_the_gate_and_unknown_runtime_leaves_no_annotation() -> None:

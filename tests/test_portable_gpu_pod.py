@@ -157,7 +157,11 @@ def _result(run: subprocess.CompletedProcess[str]) -> dict:
     return parsed
 
 
-@pytest.mark.parametrize("mode,extra", [("train", {}), ("infer", {"parallelism": 3})])
+MINIBATCH = {"batching": {"mode": "minibatch", "batchSize": 128, "fanouts": [4, 3]}}
+
+
+@pytest.mark.parametrize("mode,extra", [("train", {}), ("infer", {"parallelism": 3}), ("train", MINIBATCH),
+                                        ("infer", {"parallelism": 2, **MINIBATCH})])
 def test_the_runner_from_a_copy_runs_the_job_and_reports_as_the_worker(image: Path, tmp_path: Path, mode: str,
                                                                        extra: dict) -> None:
     spec = _spec(mode, **extra)
@@ -174,17 +178,21 @@ def test_the_runner_from_a_copy_runs_the_job_and_reports_as_the_worker(image: Pa
         reports = [json.loads(line) for line in pipe.read().splitlines()]
     assert run.returncode == 0, run.stderr[-3000:]
     result = _result(run)
-    assert result["outcome"] == "succeeded" and result["steps"] == spec.steps and result["observed_peak_bytes"] > 0
+    # a mini-batch training epoch is one step per batch of seed nodes (every node of the synthetic graph is one)
+    steps = spec.steps * -(-400 // 128) if (mode == "train" and "batching" in extra) else spec.steps
+    assert result["outcome"] == "succeeded" and result["steps"] == steps and result["observed_peak_bytes"] > 0
     assert result_file.read_text().strip() == run.stdout.strip().splitlines()[-1]
     # the last step's report always goes out; every line has the gate's three numbers
-    assert reports and reports[-1]["steps"] == reports[-1]["total"] == spec.steps, reports
+    assert reports and reports[-1]["steps"] == reports[-1]["total"] == steps, reports
     assert all(set(r) == {"steps", "total", "seconds"} for r in reports)
 
 
-def test_the_runners_peak_is_the_workers_for_the_same_job(image: Path, tmp_path: Path) -> None:
-    """One build path: graph, model and step are the same modules, so the bytes they hold are the same. Both run as
-    pods run them, each in a fresh process under a fake GPU: ``gnnsched worker JOB.yaml`` and the runner's copy."""
-    spec = _spec("train")
+@pytest.mark.parametrize("extra", [{}, MINIBATCH])
+def test_the_runners_peak_is_the_workers_for_the_same_job(image: Path, tmp_path: Path, extra: dict) -> None:
+    """One build path: graph, sampler, model and step are the same modules, so the bytes they hold are the same. Both
+    run as pods run them, each in a fresh process under a fake GPU: ``gnnsched worker JOB.yaml`` and the runner's
+    copy."""
+    spec = _spec("train", **extra)
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump({"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob",
                                         "metadata": {"name": "same"},
@@ -197,7 +205,9 @@ def test_the_runners_peak_is_the_workers_for_the_same_job(image: Path, tmp_path:
     run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(spec)), "--device", "cpu"], tmp_path,
                env={"GNNSCHED_FAKE_GPU_MEMORY": "enforce"})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert _result(run)["observed_peak_bytes"] == _result(worker)["observed_peak_bytes"] > 0
+    ours, theirs = _result(run), _result(worker)
+    assert ours["steps"] == theirs["steps"]
+    assert ours["observed_peak_bytes"] == theirs["observed_peak_bytes"] > 0
 
 
 def test_a_fake_gpus_limit_ends_in_memory_exceeded(image: Path, tmp_path: Path) -> None:
@@ -258,7 +268,7 @@ def test_the_gate_from_a_copy_without_an_agent_exits_4_in_one_line(image: Path, 
 
 # What the GPU pod's portable modules use of torch, with the release that has it (docs/custom-models.md, "Oldest
 # versions"). Names every torch release since 1.0 has are (1, 0).
-GPU_POD_MODULES = ("runner", "step", "graph", "fake_memory", "storage_booking", "progress", "gate")
+GPU_POD_MODULES = ("runner", "step", "graph", "sampler", "fake_memory", "storage_booking", "progress", "gate")
 TORCH_API = {
     "F.cross_entropy": (1, 0), "torch.Generator": (1, 0), "torch.Tensor": (1, 0), "torch.arange": (1, 0),
     "torch.cuda": (1, 0), "torch.cuda.is_available": (1, 0), "torch.cuda.synchronize": (1, 0),
@@ -269,6 +279,10 @@ TORCH_API = {
     "torch.optim.Adam": (1, 0), "torch.optim.AdamW": (1, 2), "torch.optim.SGD": (1, 0),
     "torch.optim.Optimizer": (1, 0), "torch.randint": (1, 0), "torch.randn": (1, 0), "torch.set_num_threads": (1, 0),
     "torch.utils._python_dispatch.TorchDispatchMode": (1, 13), "torch.utils._pytree.tree_flatten": (1, 0),
+    "torch.argsort": (1, 13),  # its stable= keyword (the sampler's CSR)
+    "torch.cat": (1, 0), "torch.device": (1, 0), "torch.full": (1, 0), "torch.ones_like": (1, 0),
+    "torch.rand": (1, 0), "torch.randperm": (1, 0), "torch.repeat_interleave": (1, 1), "torch.stack": (1, 0),
+    "torch.unique": (1, 0), "torch.where": (1, 0), "torch.zeros": (1, 0),
     # methods, found by name
     "Tensor.untyped_storage": (2, 0), "Optimizer(foreach=True)": (2, 0),
 }

@@ -11,7 +11,7 @@ limits in its environment. The request (``gnnsched.entrypoint_probe.run_request`
 spec) carries what the image cannot read itself (it has no YAML parser and no gnnsched): the entrypoint, the mode,
 the optimizer, the graph's dimensions, the number of steps and inference workers, and the seed.
 
-What it does is the built-in worker's (``gnnsched worker``) loop for a full-batch job, from the same modules: the
+What it does is the built-in worker's (``gnnsched worker``) loop, from the same modules: the
 synthetic graph (``graph.py``), the user's model and the step (``step.py``), the progress lines on the gate's pipe
 (``progress.py``), and a fake GPU's limit when the agent asks for one (``fake_memory.py``). Its one JSON result line
 (stdout and ``$GNNSCHED_RESULT_FILE``, the termination message) has the worker's keys and meaning
@@ -25,8 +25,8 @@ client holds beyond it: limit - free - reserved, the CUDA context and kernels; w
 alone, and the node agent's NVML measurement, which wins over this number anyway); on the CPU the peak of live tensor
 bytes, counted by the storage-booking dispatch mode from the graph's creation on (the fake GPU's count).
 
-Not here (the operator runs these jobs with ``gnnsched worker`` from the image, which then needs gnnsched):
-mini-batch sampling, the start-up-first gate (``--prestart``) and a fake GPU's injected faults.
+Mini-batch jobs sample with the worker's own sampler (``sampler.py``). Not here: the start-up-first gate
+(``--prestart``: the runner starts after its admission) and a fake GPU's injected faults.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -90,6 +90,8 @@ class RunRequest:
     weight_decay: float = 0.0
     momentum: float | None = None
     seed: int = 0
+    batch_size: int | None = None  # mini-batch jobs: seed nodes per batch, and the fanout of each hop
+    fanouts: tuple[int, ...] = ()
 
     @classmethod
     def from_json(cls, text: str) -> RunRequest:
@@ -123,8 +125,18 @@ class RunRequest:
         name = opt.get("name", "adam")
         if mode == "train" and name not in ("adam", "adamw", "sgd"):
             raise RunError(f"--request: optimizer.name: must be adam, adamw or sgd, got {name!r}")
+        batching_raw = raw.get("batching")
+        batch_size, fanouts = None, ()
+        if batching_raw is not None:
+            if not isinstance(batching_raw, dict):
+                raise RunError("--request: batching: must be an object")
+            batch_size = whole("batching.batchSize", batching_raw.get("batchSize"), 1)
+            hops = batching_raw.get("fanouts")
+            if not isinstance(hops, list) or not hops:
+                raise RunError(f"--request: batching.fanouts: must be a non-empty list, got {hops!r}")
+            fanouts = tuple(whole(f"batching.fanouts[{i}]", f, 1) for i, f in enumerate(hops))
         return cls(
-            entrypoint=entrypoint, mode=mode,
+            entrypoint=entrypoint, mode=mode, batch_size=batch_size, fanouts=fanouts,
             nodes=whole("graph.nodes", graph.get("nodes"), 1), edges=whole("graph.edges", graph.get("edges"), 0),
             features=whole("graph.features", graph.get("features"), 1),
             classes=whole("graph.classes", graph.get("classes"), 1),
@@ -211,26 +223,71 @@ def run(request: RunRequest, device: str, limit_bytes: int | None, meter: FakeGP
             raise RunError(f"spec.model.entrypoint: {exc}") from None
         if device != "cpu":
             model = model.to(device)
-            graph = graph.to(device)
+        inputs = _StepInputs(request, graph, device)
+        del graph
         optimizer = None
         if request.mode == "train":
             optimizer = make_optimizer(model.parameters(), request.optimizer, request.learning_rate,
                                        request.weight_decay, request.momentum)
         attach_optimizer(model, optimizer)
-        on_start(request.steps)
+        total = inputs.total_steps()
+        on_start(total)
         started = time.perf_counter()
         workers = request.parallelism if request.mode == "infer" else 1
         if workers == 1:
-            for _ in range(request.steps):
-                run_step(model, graph, request.mode)
+            stream = inputs.stream()
+            for _ in range(total):
+                run_step(model, next(stream), request.mode)
                 progress(1)
         else:
-            _serve_parallel(model, graph, request.steps, workers, progress, meter)
+            _serve_parallel(model, inputs, total, workers, progress, meter)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
     peak = _cuda_peak(limit_bytes) if device == "cuda" else meter.peak
-    return {"observed_peak_bytes": peak, "seconds": round(seconds, 6), "steps": request.steps}
+    return {"observed_peak_bytes": peak, "seconds": round(seconds, 6), "steps": total}
+
+
+class _StepInputs:
+    """What each step consumes, as the worker's ``_StepInputs``: the whole graph every step (full-batch, moved to the
+    device once), or sampled batches from one sampler that lives for the whole job (mini-batch: the full graph stays
+    in host memory and only batches move to the device; each inference worker reshuffles with its own seed)."""
+
+    def __init__(self, request: RunRequest, graph: StepGraphTensors, device: str) -> None:
+        self.request = request
+        self.device = device
+        self.lock = threading.Lock()
+        self.sampler: Any = None
+        if request.batch_size is not None:
+            from .sampler import PortableSampler
+
+            self.sampler = PortableSampler(graph.x, graph.edge_index, graph.y, graph.target, request.nodes,
+                                           request.batch_size, list(request.fanouts))
+            self.graph = graph
+        else:
+            self.graph = graph.to(device)
+
+    def total_steps(self) -> int:
+        """Epochs (times batches per epoch for mini-batch training), or inference requests (``steps_for``)."""
+        r = self.request
+        if r.mode == "train" and r.batch_size is not None:
+            return r.steps * -(-int(self.graph.target.numel()) // r.batch_size)
+        return r.steps
+
+    def stream(self, rank: int = 0) -> Iterator[Any]:
+        if self.sampler is None:
+            while True:
+                yield self.graph
+        epoch = 0
+        while True:
+            batches = self.sampler.batches(seed=self.request.seed + 1000 * rank + epoch)
+            while True:
+                with self.lock:  # one sampler's id map is a scratch buffer: one thread samples at a time
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                yield batch.to(self.device)
+            epoch += 1
 
 
 def _synthetic(request: RunRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -239,7 +296,7 @@ def _synthetic(request: RunRequest) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return synthetic_tensors(request.nodes, request.edges, request.features, request.classes, request.seed)
 
 
-def _serve_parallel(model: torch.nn.Module, graph: StepGraphTensors, total: int, workers: int,
+def _serve_parallel(model: torch.nn.Module, inputs: _StepInputs, total: int, workers: int,
                     progress: Callable[[int], None], meter: FakeGPUMemory) -> None:
     """N threads share the model and the graph; thread i serves requests i, i+N, ... (the worker's rule)."""
     lock = threading.Lock()
@@ -248,8 +305,9 @@ def _serve_parallel(model: torch.nn.Module, graph: StepGraphTensors, total: int,
     def serve(rank: int) -> None:
         try:
             with meter.mode():
+                stream = inputs.stream(rank)
                 for _ in range(rank, total, workers):
-                    run_step(model, graph, "infer")
+                    run_step(model, next(stream), "infer")
                     with lock:
                         progress(1)
         except BaseException as exc:  # re-raised in the caller's thread

@@ -7,12 +7,12 @@ So gnnsched's part comes from gnnsched's image (the operator's ``--image``), as 
 
 * **the gate client** (``gnnsched_portable/gate_launch.py``) for every job: the gate is never looked up on the user's
   ``PATH``, where an image could put a ``gnnsched`` that never asks the node agent;
-* **the step runner** (``gnnsched_portable/run_launch.py``) behind the gate for a full-batch entrypoint job
+* **the step runner** (``gnnsched_portable/run_launch.py``) behind the gate for an entrypoint job
   (``gnnsched.entrypoint_probe.runs_portable``), with its request (``run_request``) on the command line;
 * a job's own ``spec.command`` behind the gate;
 * the built-in worker (``gnnsched worker``) behind the gate otherwise: built-in models run in gnnsched's own image
-  (no ``spec.image``), where the worker is gnnsched's; a built-in model or a mini-batch entrypoint job in a user's
-  image still needs gnnsched installed there (``docs/custom-models.md``).
+  (no ``spec.image``), where the worker is gnnsched's; a built-in model in a user's image still needs gnnsched
+  installed there (``docs/custom-models.md``).
 
 The copy is gnnsched's, not the user's: the volume is written by gnnsched's image and mounted read-only in the job's
 container, so a ``gnnsched`` on the image's ``PATH`` (a stub that never asks) is never run. What it cannot stop: the

@@ -255,7 +255,7 @@ WORKER_DEVICES = ("cuda", "cpu")
 
 def container_command(spec: GNNJobSpec, worker_device: str = "cuda", prestart: bool = False) -> list[str]:
     """The gate copied from gnnsched's image, then the workload: the user's command when given, the portable step
-    runner for a full-batch entrypoint job, else the worker (``operator/gpu_pod_tools.py``).
+    runner for an entrypoint job, else the worker (``operator/gpu_pod_tools.py``).
 
     ``worker_device``: where the built-in worker runs its model, ``cuda`` on GPU nodes; ``cpu`` for clusters whose
     nodes have no CUDA device behind the (fake) GPUs the agents manage, such as the local cluster of ``tests/e2e``.

@@ -126,7 +126,8 @@ class RunRequest:
         if mode == "train" and name not in ("adam", "adamw", "sgd"):
             raise RunError(f"--request: optimizer.name: must be adam, adamw or sgd, got {name!r}")
         batching_raw = raw.get("batching")
-        batch_size, fanouts = None, ()
+        batch_size: int | None = None
+        fanouts: tuple[int, ...] = ()
         if batching_raw is not None:
             if not isinstance(batching_raw, dict):
                 raise RunError("--request: batching: must be an object")

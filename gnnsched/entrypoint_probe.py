@@ -116,6 +116,36 @@ def probe_request(spec: GNNJobSpec, gpus: Iterable[GPUModel] | None = None) -> d
     return request
 
 
+def runs_portable(spec: GNNJobSpec) -> bool:
+    """Whether the job's GPU pod runs the portable step runner (``gnnsched/portable/runner.py``) in the user's image,
+    where gnnsched need not be installed: an entrypoint job without a command of its own."""
+    return spec.model.entrypoint is not None and not spec.command
+
+
+def run_request(spec: GNNJobSpec, seed: int = 0) -> dict[str, Any]:
+    """The portable step runner's request (``gnnsched/portable/runner.py``, ``RunRequest``): what the worker would
+    read from the manifest, as JSON the runner reads with the standard library. The graph is the synthetic one of the
+    spec's dimensions, as the worker builds in an image without the dataset's files."""
+    if not runs_portable(spec):
+        raise ValueError("run_request: only an entrypoint job without spec.command runs the portable runner")
+    dims = spec.graph.resolve()
+    request: dict[str, Any] = {
+        "entrypoint": spec.model.entrypoint,
+        "mode": spec.mode,
+        "graph": {"nodes": dims.nodes, "edges": dims.edges, "features": dims.features, "classes": dims.classes},
+        "steps": spec.steps,
+        "parallelism": spec.parallelism if spec.mode == "infer" else 1,
+        "seed": seed,
+    }
+    if spec.batching.mode == "minibatch":
+        request["batching"] = {"batchSize": int(spec.batching.batch_size or dims.nodes), "fanouts": spec.fanouts}
+    if spec.mode == "train":
+        opt = spec.training_optimizer
+        request["optimizer"] = {"name": opt.name, "learningRate": opt.learning_rate, "weightDecay": opt.weight_decay,
+                                "momentum": opt.momentum}
+    return request
+
+
 def parse_probe_result(text: str) -> ProbeResult:
     """The probe's termination message as a ``ProbeResult``; ``ProbeError`` with the probe's own error lines, or
     with why the message is not a result."""

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from gnnsched.datasets import get_dataset
+from gnnsched.portable.graph import synthetic_tensors
+from gnnsched.portable.sampler import PortableSampler, incoming_csr
 from gnnsched.portable.step import (
     EntrypointError,
     GraphDims,
@@ -162,26 +164,9 @@ def graph_layout(spec: GNNJobSpec, root: str | Path | None = None) -> GraphLayou
 
 
 def synthetic_graph(layout: GraphLayout, seed: int) -> Graph:
-    """A random graph with the layout's shapes and no self-loops; works unchanged under ``FakeTensorMode``.
-
-    Every node is labelled (the loss covers all nodes). Features are standard normal, labels uniform. Edges are
-    uniform random pairs with ``dst = (src + offset) % nodes`` and ``offset`` in ``[1, nodes)``, so no self-loops
-    appear and no boolean filtering is needed (``edges`` may therefore exceed the number of distinct pairs only by
-    repeating pairs, which a multigraph allows).
-    """
-
-    generator = torch.Generator().manual_seed(seed)
-    n, e = layout.nodes, layout.edges
-    x = torch.randn(n, layout.features, generator=generator)
-    y = torch.randint(0, layout.classes, (n,), generator=generator)
-    edge_index = torch.empty(2, e, dtype=torch.long)
-    if n > 1:
-        torch.randint(0, n, (e,), generator=generator, out=edge_index[0])
-        torch.randint(1, n, (e,), generator=generator, out=edge_index[1])
-        edge_index[1].add_(edge_index[0]).remainder_(n)
-    else:
-        edge_index.zero_()
-    target = torch.arange(n)
+    """A random graph with the layout's shapes and no self-loops, every node labelled
+    (``gnnsched.portable.graph.synthetic_tensors``, which the portable step runner uses too)."""
+    x, edge_index, y, target = synthetic_tensors(layout.nodes, layout.edges, layout.features, layout.classes, seed)
     return Graph(x=x, edge_index=edge_index, y=y, target=target, layout=layout)
 
 
@@ -333,26 +318,17 @@ class GNN(torch.nn.Module):
 
 
 @dataclass(frozen=True)
+@dataclass
 class IncomingCSR:
-    """Incoming edges grouped by target node: the sources of node v are ``sources[rowptr[v]:rowptr[v + 1]]``.
-
-    Built with static-shape operations only (``scatter_add_`` instead of ``bincount``), so the estimator can build it
-    under ``FakeTensorMode`` and count it as resident memory of a mini-batch job.
-    """
+    """Incoming edges grouped by target node: the sources of node v are ``sources[rowptr[v]:rowptr[v + 1]]``
+    (``gnnsched.portable.sampler.incoming_csr``, static shapes only, so the estimator builds it on fake tensors)."""
 
     rowptr: torch.Tensor
     sources: torch.Tensor
 
 
 def build_incoming_csr(graph: Graph) -> IncomingCSR:
-    n = graph.layout.nodes
-    src, dst = graph.edge_index[0], graph.edge_index[1]
-    order = torch.argsort(dst, stable=True)
-    sources = src[order]
-    del order
-    counts = torch.zeros(n + 1, dtype=torch.long)
-    counts.scatter_add_(0, dst + 1, torch.ones_like(dst))
-    rowptr = counts.cumsum_(0)
+    rowptr, sources = incoming_csr(graph.edge_index, graph.layout.nodes)
     return IncomingCSR(rowptr=rowptr, sources=sources)
 
 
@@ -370,7 +346,8 @@ def minibatch_bound(layout: GraphLayout, batch_size: int, fanouts: list[int]) ->
 
 
 class NeighborSampler:
-    """Pure-torch neighbour sampler: batches of seed nodes expanded hop by hop through incoming edges.
+    """Pure-torch neighbour sampler (``gnnsched.portable.sampler.PortableSampler``, which the portable step runner uses
+    too): batches of seed nodes expanded hop by hop through incoming edges, as ``Graph``s with their layout.
 
     The constructor allocates everything the sampler keeps for the whole job (the incoming-edge CSR and a
     global-to-local id map) with static shapes only, so the estimator can construct it on fake tensors and count it
@@ -381,73 +358,25 @@ class NeighborSampler:
         self.graph = graph
         self.batch_size = int(spec.batching.batch_size or graph.layout.nodes)
         self.fanouts = spec.fanouts
-        self.csr = build_incoming_csr(graph)
-        self.position = torch.full((graph.layout.nodes,), -1, dtype=torch.long)  # global id -> batch-local id
+        self.core = PortableSampler(graph.x, graph.edge_index, graph.y, graph.target, graph.layout.nodes,
+                                    self.batch_size, self.fanouts)
+
+    @property
+    def csr(self) -> IncomingCSR:
+        return IncomingCSR(rowptr=self.core.rowptr, sources=self.core.sources)
+
+    @property
+    def position(self) -> torch.Tensor:
+        return self.core.position
 
     def batches(self, seed: int = 0) -> Iterator[Graph]:
         """One pass over ``graph.target`` in shuffled batches (see ``sample_batches``)."""
-        graph = self.graph
-        generator = torch.Generator().manual_seed(seed)
-        order = graph.target[torch.randperm(graph.target.numel(), generator=generator)]
-        for start in range(0, order.numel(), self.batch_size):
-            seeds = order[start : start + self.batch_size]
-            yield self._expand(seeds, generator)
-            del seeds
-
-    def _expand(self, seeds: torch.Tensor, generator: torch.Generator) -> Graph:
-        graph, csr, position = self.graph, self.csr, self.position
-        nodes = [seeds]
-        position[seeds] = torch.arange(seeds.numel())
-        count = seeds.numel()
-        frontier = seeds
-        sources: list[torch.Tensor] = []
-        targets: list[torch.Tensor] = []
-        try:
-            for fanout in self.fanouts:
-                first = csr.rowptr[frontier]
-                degree = csr.rowptr[frontier + 1] - first
-                take = degree.clamp(max=fanout)
-                owner = torch.repeat_interleave(torch.arange(frontier.numel()), take)
-                offset_in_group = torch.arange(owner.numel()) - torch.repeat_interleave(take.cumsum(0) - take, take)
-                deg_e = degree[owner]
-                drawn = (torch.rand(owner.numel(), generator=generator) * deg_e).long()
-                offset = torch.where(deg_e <= fanout, offset_in_group, drawn)
-                src = csr.sources[first[owner] + offset]
-                dst = frontier[owner]
-                n = graph.layout.nodes
-                if n < 3_000_000_000:  # n * n fits in int64: a 1-D key sorts much faster than unique(dim=1)
-                    keys = torch.unique(src * n + dst)
-                    src, dst = keys // n, keys % n
-                else:
-                    pairs = torch.unique(torch.stack([src, dst]), dim=1)
-                    src, dst = pairs[0], pairs[1]
-                new = torch.unique(src[position[src] < 0])
-                position[new] = torch.arange(count, count + new.numel())
-                count += new.numel()
-                nodes.append(new)
-                sources.append(src)
-                targets.append(dst)
-                frontier = new
-            all_nodes = torch.cat(nodes)
-            edge_index = torch.stack([position[torch.cat(sources)], position[torch.cat(targets)]])
-        finally:
-            for part in nodes:
-                position[part] = -1
-        layout = replace(
-            graph.layout,
-            nodes=all_nodes.numel(),
-            edges=edge_index.size(1),
-            labelled=seeds.numel(),
-            self_loops=0,
-            source=graph.layout.source + ":batch",
-        )
-        return Graph(
-            x=graph.x[all_nodes],
-            edge_index=edge_index,
-            y=graph.y[all_nodes],
-            target=torch.arange(seeds.numel()),
-            layout=layout,
-        )
+        layout = self.graph.layout
+        for b in self.core.batches(seed):
+            yield Graph(x=b.x, edge_index=b.edge_index, y=b.y, target=b.target,
+                        layout=replace(layout, nodes=b.nodes, edges=b.edges, labelled=b.labelled, self_loops=0,
+                                       source=layout.source + ":batch"))
+            del b
 
 
 def sample_batches(graph: Graph, spec: GNNJobSpec, seed: int = 0) -> Iterator[Graph]:

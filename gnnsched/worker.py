@@ -45,8 +45,8 @@ from gnnsched.gpu.fake_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph
 from gnnsched.portable.checkpoint import Checkpointer
 from gnnsched.portable.step import run_step
+from gnnsched.portable.storage_booking import storage_booking_mode
 from gnnsched.spec import GNNJobSpec
-from gnnsched.storage_booking import storage_booking_mode
 
 
 @dataclass(frozen=True)

@@ -420,7 +420,7 @@ def gate(
 ) -> None:
     """Wait at the node agent's gate, then exec CMD with the admitted GPU and MPS limits: gnnsched gate -- CMD
     [ARGS]."""
-    from gnnsched.node_agent.gate_client import EXIT_NO_AGENT, GateUsageError, run
+    from gnnsched.portable.gate import EXIT_NO_AGENT, GateUsageError, run
 
     try:
         run(list(ctx.args), socket_path, wait_seconds, container, prestart)

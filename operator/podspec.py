@@ -7,7 +7,10 @@ on exactly the manifest the user applied (the same file format as the CLI), and 
 it is garbage-collected with it.
 
 Why the gate wraps the command: the node agent admits the process onto a GPU only while the group's predicted peaks
-fit (``gnnsched gate -- ...``); a user's own command is wrapped the same way, so no pod bypasses the gate.
+fit; a user's own command is wrapped the same way. The gate client (and an entrypoint job's step runner) is copied
+from gnnsched's image by an init container into a volume the job's container mounts read-only
+(``operator/gpu_pod_tools.py``), so a user's image needs no gnnsched, and a ``gnnsched`` on its ``PATH`` is never
+the gate (``gpu_pod_tools`` says what the copy cannot stop).
 
 How the worker's measurement flows back: the operator sets ``GNNSCHED_RESULT_FILE=/dev/termination-log``
 (``contract.ENV_RESULT_FILE``), the container's termination-message path; the worker writes its final JSON result
@@ -22,11 +25,11 @@ Why every pod looks the same to the node (``JobPodSettings``): an MPS control da
 (``runAsUser``, default 65532), whatever its image says. The same security context satisfies the Pod Security
 ``restricted`` profile (https://kubernetes.io/docs/concepts/security/pod-security-standards/): ``runAsNonRoot``,
 ``seccompProfile: RuntimeDefault`` at pod and container level, no privilege escalation, every capability dropped, and
-only configMap/downwardAPI volumes (the device plugin's ``Allocate`` adds the MPS pipe directory, ``/dev/shm`` and the
-gate socket at container creation, outside the pod spec). The GPU itself comes from the RuntimeClass (``nvidia`` by
-default) or the device plugin's CDI devices; the tolerations and nodeSelector let the pod land on tainted GPU node
-pools. A job's own tolerations and nodeSelector are added to the operator's; a job may narrow where it runs, never
-contradict the administrator's selector.
+only configMap, emptyDir and downwardAPI volumes (the device plugin's ``Allocate`` adds the MPS pipe directory,
+``/dev/shm`` and the gate socket at container creation, outside the pod spec). The GPU itself comes from the
+RuntimeClass (``nvidia`` by default) or the device plugin's CDI devices; the tolerations and nodeSelector let the pod
+land on tainted GPU node pools. A job's own tolerations and nodeSelector are added to the operator's; a job may narrow
+where it runs, never contradict the administrator's selector.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ from gnnsched.fault_classes import format_fault_peers
 from gnnsched.quantity import parse_bytes
 from gnnsched.spec import DNS_SUBDOMAIN, GNNJobSpec, NodeSelector, SpecError, Toleration
 
+from .gpu_pod_tools import add_gpu_pod_tools, gpu_pod_command, uses_prestart
 from .planning import Plan
 
 SPEC_DIR = "/etc/gnnsched"
@@ -279,20 +283,17 @@ WORKER_DEVICES = ("cuda", "cpu")
 
 
 def container_command(spec: GNNJobSpec, worker_device: str = "cuda", prestart: bool = False) -> list[str]:
-    """``gnnsched gate -- <workload>``: the workload is the user's command when given, else the worker.
+    """The gate copied from gnnsched's image, then the workload: the user's command when given, the portable step
+    runner for an entrypoint job, else the worker (``operator/gpu_pod_tools.py``).
 
     ``worker_device``: where the built-in worker runs its model, ``cuda`` on GPU nodes; ``cpu`` for clusters whose
     nodes have no CUDA device behind the (fake) GPUs the agents manage, such as the local cluster of ``tests/e2e``.
     The gate still admits the job's predicted GPU bytes either way.
 
-    ``prestart``: the built-in worker runs behind ``gnnsched gate --prestart``, so its imports, graph load and model
-    build overlap its wait at the gate (it reads its admission before it touches the GPU). A user's command never
-    does: it may not know the hand-off, and would then run with no GPU visible."""
-    if spec.command:
-        return ["gnnsched", "gate", "--", *spec.command, *(spec.args or [])]
-    workload = ["gnnsched", "worker", f"{SPEC_DIR}/{SPEC_FILE}", "--device", worker_device, "--no-progress",
-                *(spec.args or [])]
-    return ["gnnsched", "gate", *(["--prestart"] if prestart else []), "--", *workload]
+    ``prestart``: the built-in worker runs behind ``gate --prestart``, so its imports, graph load and model build
+    overlap its wait at the gate (it reads its admission before it touches the GPU). A user's command never does: it
+    may not know the hand-off, and would then run with no GPU visible."""
+    return gpu_pod_command(spec, f"{SPEC_DIR}/{SPEC_FILE}", worker_device, prestart)
 
 
 def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, image: str,
@@ -334,7 +335,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
     if spec.mode == "infer" and spec.qos_target_seconds is not None:  # the gate's share rule keeps it
         annotations[ANN_QOS_TARGET] = repr(float(spec.qos_target_seconds))
     command = container_command(spec, worker_device, worker_prestart)
-    if worker_prestart and not spec.command:  # container_command's rule: the built-in worker only
+    if uses_prestart(spec, worker_prestart):  # container_command's rule: the built-in worker only
         annotations[ANN_PRESTART] = "true"  # the gate's spread rule: its start-up runs while it waits, not after
     env = [
         {"name": ENV_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
@@ -382,6 +383,7 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
             "tolerations": settings.tolerations_for(spec),
         },
     }
+    add_gpu_pod_tools(pod["spec"], pod["spec"]["containers"][0], image, settings.container_security_context())
     if node_selector:
         pod["spec"]["nodeSelector"] = node_selector
     if settings.runtime_class_name:

@@ -207,6 +207,8 @@ def view_pod(pod: Any) -> PodView:
             # the node agent stopped it (over its admitted GPU memory, or on another GPU): that is why it failed
             view.failure_reason = stopped["reason"][:64]
             view.failure_message = str(stopped.get("message") or "")[:500] or view.failure_message
+        if not terminated:  # the job's container never ran: say which init container failed (gnnsched's install)
+            _failed_init(status, view)
     elif node is None:
         for cond in _list(status.get("conditions")):
             cond = _dict(cond)
@@ -221,6 +223,19 @@ def view_pod(pod: Any) -> PodView:
     else:
         view.phase = "Scheduled"
     return view
+
+
+def _failed_init(status: dict[str, Any], view: PodView) -> None:
+    """A pod whose init container failed (the copy of gnnsched's gate and runner, ``operator/gpu_pod_tools.py``): the
+    failure is ``InstallFailed``, naming the container and its own reason, not the job's code."""
+    for init in _list(status.get("initContainerStatuses")):
+        done = _dict(_dict(_dict(init).get("state")).get("terminated"))
+        if done.get("exitCode") not in (None, 0):
+            view.failure_reason = "InstallFailed"
+            detail = str(done.get("message") or "").strip()[-400:]
+            view.failure_message = (f"init container {_dict(init).get('name')}: {done.get('reason') or 'Error'}"
+                                    f"{': ' + detail if detail else ''}")
+            return
 
 
 def set_condition(

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from gnnsched.node_agent import gate_client
-from gnnsched.node_agent.gate_client import PodIdentity, _resume_reply, wait_admission
+from gnnsched.portable import gate as gate_client
+from gnnsched.portable.gate import PodIdentity, _resume_reply, wait_admission
 
 pytestmark = pytest.mark.timeout(30)
 

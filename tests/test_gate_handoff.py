@@ -24,7 +24,7 @@ from gnnsched.gate_handoff import (
     reexec_admitted,
     reexec_command,
 )
-from gnnsched.node_agent.gate_client import prestart_env
+from gnnsched.portable.gate import prestart_env
 
 
 def _pipe_with(data: bytes) -> int:

@@ -35,6 +35,7 @@ from gnnsched.contract import (
     GPU_SHARE_RESOURCE,
     SCHEDULER_NAME,
 )
+from gnnsched.operator.gpu_pod_tools import GATE_LAUNCHER
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 pytest.importorskip("gnnsched.estimator", reason="the PMC estimator (helper 'estimator') is not merged yet")
@@ -115,7 +116,7 @@ async def test_create_makes_one_gated_pod_and_status_has_the_pmc(tmp_path: Path)
     assert requests[GPU_SHARE_RESOURCE] == "1" and container["resources"]["limits"][GPU_SHARE_RESOURCE] == "1"
     assert requests.get("cpu") == status["scaledResources"]["cpu"]
     assert requests.get("memory") == status["scaledResources"]["memory"]
-    assert container["command"][:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]  # no --prestart by default
+    assert container["command"][:5] == ["python", GATE_LAUNCHER, "--", "gnnsched", "worker"]  # no --prestart by default
     assert container["command"][5:] == ["/etc/gnnsched/job.yaml", "--device", "cuda", "--no-progress"]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "fieldRef" in
            e.get("valueFrom", {})}
@@ -125,7 +126,11 @@ async def test_create_makes_one_gated_pod_and_status_has_the_pmc(tmp_path: Path)
         "containerName": container["name"], "resource": "requests.cpu", "divisor": "1"}}} in container["env"]
     assert {"name": ENV_RESULT_FILE, "value": container["terminationMessagePath"]} in container["env"]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert spec["volumes"] == [{"name": "job-spec", "configMap": {"name": "gcn-cora-spec"}}]
+    # the gate comes from gnnsched's image through an init container, never from the job image's PATH
+    assert spec["volumes"] == [{"name": "job-spec", "configMap": {"name": "gcn-cora-spec"}},
+                               {"name": "gnnsched-tools", "emptyDir": {"sizeLimit": "64Mi"}}]
+    assert [c["name"] for c in spec["initContainers"]] == ["install-gnnsched"]
+    assert {"name": "gnnsched-tools", "mountPath": "/gnnsched-tools", "readOnly": True} in container["volumeMounts"]
 
 
 @pytest.mark.parametrize("fallback", [None, "start-up tried to initialise CUDA before admission: torch.cuda.init"])

@@ -13,11 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gnnsched.contract import ANN_ADMITTED_AT, ANN_GPU, ANN_JOB, ANN_OBSERVED_PEAK_BYTES, ANN_QOS_TARGET
+from gnnsched.operator.gpu_pod_tools import GATE_LAUNCHER
 from gnnsched.operator.history import record_from_job, records_from_jobs
 from gnnsched.operator.planning import Plan, gpus_from_gpunode, memory_key
 from gnnsched.operator.podspec import build_pod, config_map_name, container_command, pod_name
 from gnnsched.operator.status import last_json_object, set_condition, view_pod
 from gnnsched.spec import parse_spec
+
+GATE = ["python", GATE_LAUNCHER]
 
 SPEC = {"mode": "train", "model": {"arch": "gcn"}, "graph": {"dataset": "cora"}, "epochs": 10}
 
@@ -53,6 +56,16 @@ def test_failed_pod_keeps_container_reason_exit_code_and_message() -> None:
     # No container status at all (e.g. evicted): the pod's own reason, else "Error".
     evicted = {"status": {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"}}
     assert view_pod(evicted).failure_reason == "Evicted"
+
+
+def test_a_failed_install_of_the_gate_is_named_not_blamed_on_the_job() -> None:
+    """The init container that copies gnnsched's gate and runner failed: the job's container never ran."""
+    failed = {"status": {"phase": "Failed", "message": "init container install-gnnsched failed",
+                         "initContainerStatuses": [{"name": "install-gnnsched", "state": {"terminated": {
+                             "exitCode": 1, "reason": "Error", "message": "error: --install: No space left"}}}]}}
+    view = view_pod(failed)
+    assert view.failure_reason == "InstallFailed"
+    assert view.failure_message == "init container install-gnnsched: Error: error: --install: No space left"
 
 
 def test_observed_peak_comes_from_agent_annotation_first_then_worker_result_line() -> None:
@@ -101,15 +114,42 @@ def test_builtin_worker_starts_up_behind_the_gate_and_a_user_command_never_does(
     """``gnnsched gate --prestart`` only for the built-in worker, which reads its admission before using the GPU; a
     user's command may not, and would run with no GPU visible, so it keeps the plain gate."""
     spec = parse_spec(SPEC)
-    assert container_command(spec, prestart=True)[:6] == ["gnnsched", "gate", "--prestart", "--", "gnnsched", "worker"]
-    assert container_command(spec)[:5] == ["gnnsched", "gate", "--", "gnnsched", "worker"]  # off by default
+    assert container_command(spec, prestart=True)[:6] == [*GATE, "--prestart", "--", "gnnsched", "worker"]
+    assert container_command(spec)[:5] == [*GATE, "--", "gnnsched", "worker"]  # off by default
     user = parse_spec({**SPEC, "command": ["python", "train.py"]})
-    assert container_command(user, prestart=True) == ["gnnsched", "gate", "--", "python", "train.py"]
+    assert container_command(user, prestart=True) == [*GATE, "--", "python", "train.py"]
+
+
+def test_an_entrypoint_job_runs_the_copied_runner_behind_the_copied_gate_and_never_prestarts() -> None:
+    """Nothing of gnnsched is looked up in the user's image: the gate and the step runner come from the volume the
+    init container fills; the request carries what the worker would read from the manifest."""
+    from gnnsched.entrypoint_probe import run_request
+    from gnnsched.operator.gpu_pod_tools import RUN_LAUNCHER, TOOLS_DIR
+
+    entry = {**SPEC, "image": "me/mine:1", "model": {"entrypoint": "my_gnn.model:build"},
+             "graph": {"nodes": 100, "edges": 400, "features": 8, "classes": 3}, "args": ["--seed", "3"]}
+    spec = parse_spec(entry)
+    command = container_command(spec, worker_device="cpu", prestart=True)
+    assert command[:3] == [*GATE, "--"] and command[3:5] == ["python", RUN_LAUNCHER]
+    assert json.loads(command[command.index("--request") + 1]) == run_request(spec)
+    assert command[-4:] == ["--device", "cpu", "--seed", "3"]
+    pod = build_pod({"metadata": {"name": "e", "namespace": "team-b", "uid": "u1"}, "spec": entry}, spec, _plan(), 0,
+                    "gnnsched:1", worker_prestart=True)
+    assert "gnnsched.io/prestart" not in pod["metadata"]["annotations"]
+    init = pod["spec"]["initContainers"][0]
+    assert init["image"] == "gnnsched:1" and init["command"][-2:] == ["--install", TOOLS_DIR]
+    assert pod["spec"]["containers"][0]["image"] == "me/mine:1"
+    # a mini-batch entrypoint job too: the sampler is portable, its batching travels in the request
+    mini = parse_spec({**entry, "batching": {"mode": "minibatch", "batchSize": 32, "fanouts": [5, 5]},
+                       "model": {"entrypoint": "my_gnn.model:build", "layers": 2}})
+    command = container_command(mini)
+    assert command[3:5] == ["python", RUN_LAUNCHER]
+    assert json.loads(command[command.index("--request") + 1])["batching"] == {"batchSize": 32, "fanouts": [5, 5]}
 
 
 def test_user_command_is_wrapped_by_the_gate_and_unknown_runtime_leaves_no_annotation() -> None:
     spec = parse_spec({**SPEC, "image": "me/mine:1", "command": ["python", "train.py"], "args": ["--fast"]})
-    assert container_command(spec) == ["gnnsched", "gate", "--", "python", "train.py", "--fast"]
+    assert container_command(spec) == [*GATE, "--", "python", "train.py", "--fast"]
     job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": SPEC}
     body = build_pod(job, spec, _plan(predicted_runtime_seconds=None), 0, "default/image:1")
     assert body["spec"]["containers"][0]["image"] == "me/mine:1"

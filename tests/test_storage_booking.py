@@ -1,4 +1,5 @@
-"""gnnsched.storage_booking: the one dispatch mode behind the worker's parallel-inference meter and the fake GPU."""
+"""gnnsched.portable.storage_booking: the one dispatch mode behind the worker's parallel-inference meter and the fake
+GPU."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gnnsched.storage_booking import storage_booking_mode  # noqa: E402
+from gnnsched.portable.storage_booking import storage_booking_mode  # noqa: E402
 
 
 def test_each_new_storage_is_booked_once_and_released_when_it_dies():

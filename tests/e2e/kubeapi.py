@@ -24,6 +24,7 @@ ALL_PODS = "/api/v1/pods"
 NODES = "/api/v1/nodes"
 EVENTS = "/api/v1/namespaces/{ns}/events"
 ALL_EVENTS = "/api/v1/events"
+NAMESPACES = "/api/v1/namespaces"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
 

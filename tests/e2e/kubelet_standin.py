@@ -41,7 +41,9 @@ Without a container runtime there are no namespaces or cgroups. So:
   peer, via SO_PEERCRED) cannot match, so the local cluster runs the agents with ``--peer-check off``.
 * No image: every container runs the local ``gnnsched`` (the harness' Python environment) whatever ``image`` says;
   ``images`` maps an image name to the directories of what that image adds (a user's own package), which go on the
-  container's ``PYTHONPATH``, as they would be on the image's path.
+  container's ``PYTHONPATH``, as they would be on the image's path. A user's image (``bare_images``) runs instead a
+  Python with torch and PyG and no gnnsched at all (``bare_image.py``), with only its own directories on
+  ``PYTHONPATH``: what a GPU pod needs of gnnsched must come from gnnsched's init container, as on a real node.
 """
 
 from __future__ import annotations
@@ -159,9 +161,15 @@ class KubeletStandIn:
 
     def __init__(self, api: Api, node_name: str, node_dir: Path, plugin_dir: Path, base_env: dict[str, str],
                  on_event: Callable[[str, dict[str, Any], str], None], poll: float = 0.2,
-                 host_ip: str = "127.0.0.1", images: dict[str, list[str]] | None = None) -> None:
+                 host_ip: str = "127.0.0.1", images: dict[str, list[str]] | None = None,
+                 bare_images: frozenset[str] = frozenset(), bare_bin: Path | None = None) -> None:
         self.api = api
         self.images = images or {}  # image -> directories its Python finds beyond the harness' (its own packages)
+        # images whose Python has torch and PyG but no gnnsched (bare_image.py), run with the Python in bare_bin
+        self.bare_images = bare_images
+        self.bare_bin = bare_bin
+        if bare_images and bare_bin is None:
+            raise ValueError("bare_images need bare_bin (bare_image.make_bare_python)")
         self.node = node_name
         self.dir = node_dir
         self.plugin_dir = plugin_dir
@@ -322,7 +330,12 @@ class KubeletStandIn:
         env["HOSTNAME"] = pod["metadata"]["name"]
         env["HOME"] = str(pod_dir)
         content = self.images.get(str(c.get("image", "")))
-        if content:  # what the image holds beyond the harness' environment (its own packages)
+        if str(c.get("image", "")) in self.bare_images:  # torch, PyG and its own packages; nothing of gnnsched
+            from bare_image import bare_env
+
+            assert self.bare_bin is not None
+            env = bare_env(env, self.bare_bin, list(content or []))
+        elif content:  # what the image holds beyond the harness' environment (its own packages)
             env["PYTHONPATH"] = os.pathsep.join([*content, *filter(None, [env.get("PYTHONPATH")])])
         env.update(allocated_env)
         for item in c.get("env") or []:

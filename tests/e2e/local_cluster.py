@@ -12,7 +12,9 @@ objects; ``gnnsched operator``; ``gnnsched extender`` reading the cluster throug
 pipe directories. In this process run the two stand-ins for what is not ours: a kube-scheduler that drives the
 extender from the ``KubeSchedulerConfiguration`` that ``gnnsched extender --print-scheduler-config`` prints
 (``scheduler_standin.py``) and one kubelet per node that talks to its device plugin over real gRPC and runs the
-pods' commands (``gnnsched gate -- gnnsched worker ...``) as local processes (``kubelet_standin.py``).
+pods' commands (the gate and the worker or step runner, copied in by gnnsched's init container) as local processes
+(``kubelet_standin.py``); a user's image (``--image``, the examples') runs a Python with torch and PyG and no gnnsched
+(``bare_image.py``).
 
 Output: ``export KUBECONFIG=<path>`` as the first line on stdout once the cluster is up (kubectl works against it:
 ``docs/local-cluster.md``), a live timeline on stderr, then a table like ``kubectl get gj -o wide``; ``--json OUT``
@@ -41,6 +43,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -62,7 +65,7 @@ sys.path.insert(0, str(HERE))
 import yaml  # noqa: E402
 from child_process import die_with_parent  # noqa: E402
 from identities import cluster_identities, write_kubeconfig, write_token_file  # noqa: E402
-from kubeapi import ALL_JOBS, ALL_PODS, GPUNODES, JOBS, NODES, Api, ApiError  # noqa: E402
+from kubeapi import ALL_JOBS, ALL_PODS, GPUNODES, JOBS, NAMESPACES, NODES, Api, ApiError  # noqa: E402
 
 from gnnsched.contract import (  # noqa: E402
     ANN_ADMIT_BYTES,
@@ -199,6 +202,8 @@ class ClusterOptions:
     # the chart's ValidatingAdmissionPolicies, installed and enforced by the API server; every component acts as its
     # own identity (identities.py, docs/security.md)
     admission_policies: bool = True
+    # images whose Python has torch and PyG but no gnnsched (bare_image.py): users' images, the examples' included
+    bare_images: frozenset[str] = field(default_factory=lambda: frozenset(example_images()))
 
     def validate(self) -> tuple[int, int, str]:
         if not 1 <= self.nodes <= 64:
@@ -276,6 +281,39 @@ def parse_image(text: str) -> tuple[str, str]:
     return name, str(Path(directory).resolve())
 
 
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_metadata(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """A GNNJob document's ``apiVersion`` and ``metadata`` as the API server would accept them (its name a DNS
+    subdomain, its namespace a DNS label, as ``kubectl apply`` is told); ``InputError`` naming the file and the field
+    otherwise, so a bad manifest is one line before any process starts, never the API server's refusal mid-run."""
+    from gnnsched.contract import API_VERSION
+    from gnnsched.spec import DNS_SUBDOMAIN
+
+    if doc.get("apiVersion") != API_VERSION:
+        raise InputError(f"{path}: apiVersion: expected {API_VERSION}, got {doc.get('apiVersion')!r}")
+    meta = doc.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: metadata: expected a mapping, got {type(meta).__name__}")
+    name = meta.get("name")
+    if not name:
+        raise InputError(f"{path}: metadata.name: required")
+    if not isinstance(name, str) or len(name) > 253 or not re.match(DNS_SUBDOMAIN, name):
+        raise InputError(f"{path}: metadata.name: {name!r} is not a lower-case DNS subdomain (a-z, 0-9, '-', '.'; "
+                         "at most 253 characters)")
+    namespace = meta.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or len(namespace) > 63
+                                  or not DNS_LABEL.match(namespace)):
+        raise InputError(f"{path}: metadata.namespace: {namespace!r} is not a lower-case DNS label (a-z, 0-9, '-'; "
+                         "at most 63 characters)")
+    if not isinstance(doc.get("spec") or {}, dict):
+        raise InputError(f"{path}: spec: expected a mapping, got {type(doc.get('spec')).__name__}")
+    return meta
+
+
 def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
     """Every GNNJob document in ``paths``; ``InputError`` naming the file and the problem."""
     from gnnsched.spec import GNNJobSpec
@@ -294,16 +332,14 @@ def load_manifests(paths: list[Path]) -> list[dict[str, Any]]:
                 continue
             if not isinstance(doc, dict) or doc.get("kind") != "GNNJob":
                 raise InputError(f"{path}: kind: expected GNNJob documents")
-            meta = doc.get("metadata") or {}
-            if not meta.get("name"):
-                raise InputError(f"{path}: metadata.name: required")
+            meta = check_metadata(path, doc)
             try:
                 GNNJobSpec.model_validate(doc.get("spec") or {})
             except Exception as exc:  # pydantic ValidationError: name the first field
                 errors: list[dict[str, Any]] = getattr(exc, "errors", list)()
                 where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "spec"
                 what = errors[0]["msg"] if errors else str(exc)
-                raise InputError(f"{path}: spec.{where}: {what}") from None
+                raise InputError(f"{path}: spec{'.' + where if where else ''}: {what}") from None
             key = (meta.get("namespace") or "default", meta["name"])
             if key in names:
                 raise InputError(f"{path}: metadata.name: {key[1]!r} appears twice")
@@ -432,6 +468,7 @@ class LocalCluster:
         self._seen: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._stopped = False
+        self._bare_bin: Path | None = None
         atexit.register(self.stop)
 
     # -- environment -------------------------------------------------------------------------------------------
@@ -454,6 +491,18 @@ class LocalCluster:
     def api_as(self, identity: str) -> Api:
         """A REST client acting as ``identity``."""
         return Api(self.url, token=self.identities[identity].token)
+
+    def bare_bin(self) -> Path | None:
+        """The Python of the users' images (torch and PyG, no gnnsched), made once per cluster; None without such
+        images."""
+        if not self.opts.bare_images:
+            return None
+        if self._bare_bin is None:
+            from bare_image import make_bare_python
+
+            self.say("making the users' images' Python (torch and PyG, no gnnsched)")
+            self._bare_bin = make_bare_python(self.dir / "image-python")
+        return self._bare_bin
 
     def _proc(self, name: str, argv: list[str], log_name: str | None = None, node: str | None = None,
               identity: str | None = None) -> Proc:
@@ -619,7 +668,8 @@ class LocalCluster:
 
         assert self.api is not None
         node.kubelet = KubeletStandIn(self.api_as(f"kubelet-{node.name}"), node.name, node.dir, node.plugin_dir,
-                                      self.env(), self._on_event, poll=self.opts.poll, images=self.opts.images)
+                                      self.env(), self._on_event, poll=self.opts.poll, images=self.opts.images,
+                                      bare_images=self.opts.bare_images, bare_bin=self.bare_bin())
         node.kubelet.start()
         node.agent = self._proc(f"agent-{node.name}", self.agent_argv(node), node=node.name,
                                 identity=f"agent-{node.name}")
@@ -677,11 +727,33 @@ class LocalCluster:
 
     # -- jobs ------------------------------------------------------------------------------------------------------
     def submit(self, manifests: list[dict[str, Any]]) -> None:
+        """Create the GNNJobs, first each namespace that does not exist yet (as an admin would with ``kubectl create
+        namespace``: the API server refuses objects in a missing namespace). An object the API server refuses is a
+        ``RuntimeError`` saying which and why (one line)."""
         assert self.api is not None
         for doc in manifests:
             ns = (doc.get("metadata") or {}).get("namespace") or "default"
-            self.api.post(JOBS.format(ns=ns), doc)
+            try:
+                self.ensure_namespace(ns)
+                self.api.post(JOBS.format(ns=ns), doc)
+            except ApiError as exc:
+                raise RuntimeError(f"gnnjob {ns}/{doc['metadata']['name']}: the API server refused it: {exc}"
+                                   ) from None
             self.say(f"created  gnnjob {ns}/{doc['metadata']['name']}")
+
+    def ensure_namespace(self, namespace: str) -> bool:
+        """Create ``namespace`` when it does not exist, saying so in one line; True when it was created."""
+        assert self.api is not None
+        if self.api.get_or_none(f"{NAMESPACES}/{namespace}") is not None:
+            return False
+        try:
+            self.api.post(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        except ApiError as exc:
+            if exc.status != 409:  # created meanwhile: as good
+                raise
+            return False
+        self.say(f"created  namespace {namespace} (it did not exist: as kubectl create namespace {namespace})")
+        return True
 
     def jobs(self) -> list[dict[str, Any]]:
         assert self.api is not None
@@ -908,8 +980,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-admission-policies", action="store_true",
                         help="do not install the chart's ValidatingAdmissionPolicies (docs/security.md)")
     parser.add_argument("--image", action="append", default=[], metavar="NAME=DIR",
-                        help="containers of image NAME find the Python packages under DIR (no container runtime "
-                        "here: every container runs this Python); examples/custom-entrypoint's image is preset")
+                        help="containers of image NAME find the Python packages under DIR, with torch and PyG and "
+                        "no gnnsched (no container runtime here: a Python made for users' images runs them); "
+                        "examples/custom-entrypoint's image is preset")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -924,7 +997,7 @@ def main(argv: list[str] | None = None) -> int:
             images.setdefault(name, []).append(directory)
         opts = ClusterOptions(nodes=args.nodes, gpus=args.gpus, policy=args.policy, timeout=args.timeout,
                               keep=args.keep, slots_per_gpu=args.slots_per_gpu, images=images,
-                              fake_gpu_faults=bool(args.inject_xid),
+                              bare_images=frozenset(images), fake_gpu_faults=bool(args.inject_xid),
                               admission_policies=not args.no_admission_policies)
         gpus, _, _ = opts.validate()
         injections = [parse_xid_injection(text, args.nodes, gpus) for text in args.inject_xid]

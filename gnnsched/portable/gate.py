@@ -19,6 +19,10 @@ workload from the first moment: a workload that exits while still queued closes 
 place in the queue; an agent restart before admission is answered by reconnecting (from the keeper) as the plain
 gate does.
 Nothing here is imported by ``gnnsched --help``.
+
+Portable: standard library only (no torch, no pydantic), so the operator's init container can copy it into a GPU pod
+whose image has no gnnsched (``operator/gpu_pod_tools.py``), where it runs as ``gate_launch.py`` (:func:`main`, the
+flags of ``gnnsched gate``). ``gnnsched gate`` (``node_agent/cli.py``) runs the same functions.
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from gnnsched.contract import (
-    DEFAULT_GATE_SOCKET,
-    ENV_ADMITTED_AT,
-    ENV_GATE_HANDOFF_FD,
-    ENV_GATE_SOCKET,
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_POD_UID,
-    ENV_PROGRESS_FD,
-)
+# The contract's names (``gnnsched.contract``), spelled out: this module is copied into the user's image, where no
+# gnnsched is importable. ``tests/test_portable_gpu_pod.py`` checks each equals the contract's.
+DEFAULT_GATE_SOCKET = "/var/run/gnnsched/gate.sock"
+ENV_ADMITTED_AT = "GNNSCHED_ADMITTED_AT"
+ENV_GATE_HANDOFF_FD = "GNNSCHED_GATE_HANDOFF_FD"
+ENV_GATE_SOCKET = "GNNSCHED_GATE_SOCKET"
+ENV_POD_NAME = "GNNSCHED_POD_NAME"
+ENV_POD_NAMESPACE = "GNNSCHED_POD_NAMESPACE"
+ENV_POD_UID = "GNNSCHED_POD_UID"
+ENV_PROGRESS_FD = "GNNSCHED_PROGRESS_FD"
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""torch's switch that makes ``torch.cuda.is_available()`` ask NVML instead of initialising the CUDA driver
+(``gnnsched.gate_handoff.NVML_CHECK_ENV``)."""
 
 EXIT_USAGE = 2
 EXIT_REJECTED = 3
@@ -72,7 +79,7 @@ class WorkloadGone(Exception):
     """The workload the keeper waits for (``--prestart``) exited before its admission."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PodIdentity:
     uid: str
     name: str
@@ -489,8 +496,6 @@ def prestart_env(env: dict[str, str], handoff_fd: int) -> tuple[dict[str, str], 
     Until admitted it sees no GPU (``CUDA_VISIBLE_DEVICES`` empty) and ``torch.cuda.is_available()`` asks NVML
     instead of initialising the CUDA driver (``PYTORCH_NVML_BASED_CUDA_CHECK=1``): a library that probes CUDA at import
     neither reaches a GPU nor fixes the driver's device list before the admitted one is set."""
-    from gnnsched.gate_handoff import NVML_CHECK_ENV
-
     before = dict(env)
     before[ENV_GATE_HANDOFF_FD] = str(handoff_fd)
     before["CUDA_VISIBLE_DEVICES"] = ""
@@ -537,8 +542,6 @@ def _prestart_keeper(sock: socket.socket, handoff: int, ppid: int, ident: PodIde
                      wait_seconds: float, restore: dict[str, str], unset: list[str],
                      progress_fd: int | None = None) -> None:
     """Wait at the gate for the workload (our parent), hand the admission over on ``handoff``, then keep it."""
-    from gnnsched.gate_handoff import Handoff
-
     pidfd, gone_now = _parent_gone_waiter(ppid)
     if gone_now:
         return
@@ -553,15 +556,25 @@ def _prestart_keeper(sock: socket.socket, handoff: int, ppid: int, ident: PodIde
     except NotAdmitted as exc:
         _log(str(exc))
         status = "rejected" if exc.code == EXIT_REJECTED else "no-agent"
-        _write_all(handoff, Handoff(status=status, exit_code=exc.code, message=f"gnnsched gate: {exc}").line())
+        _write_all(handoff, handoff_line(status, exit_code=exc.code, message=f"gnnsched gate: {exc}"))
         return
-    message = Handoff(status="admitted", env={**workload_env({}, admitted), **restore}, unset=unset)
-    if not _write_all(handoff, message.line()):
+    message = handoff_line("admitted", env={**workload_env({}, admitted), **restore}, unset=unset)
+    if not _write_all(handoff, message):
         return  # the workload is gone (nobody reads): closing the connection releases the admission
     os.close(handoff)
     if pidfd is not None:
         os.close(pidfd)
     keeper(sock, ppid, ident, admitted, path, progress_fd)
+
+
+def handoff_line(status: str, env: dict[str, str] | None = None, unset: list[str] | None = None, exit_code: int = 0,
+                 message: str = "") -> bytes:
+    """The keeper's one line to a prestarted workload, in ``gnnsched.gate_handoff.Handoff``'s wire form (written here
+    with ``json`` because this module runs where pydantic is not installed; the test suite parses it with the
+    model)."""
+    body = {"status": status, "env": dict(env or {}), "unset": list(unset or []), "exit_code": exit_code,
+            "message": message}
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
 
 
 def _write_all(fd: int, data: bytes) -> bool:
@@ -571,3 +584,34 @@ def _write_all(fd: int, data: bytes) -> bool:
     except OSError:
         return False
     return True
+
+
+DEFAULT_WAIT_SECONDS = 7 * 24 * 3600.0
+"""``--wait-seconds``: give up (exit 4) when no agent answers for this long (``gnnsched gate``'s default)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The gate as the GPU pod runs it from the operator's volume (``gate_launch.py``), with the flags of
+    ``gnnsched gate``: ``[--socket PATH] [--wait-seconds S] [--container NAME] [--prestart] -- CMD [ARGS]``. It
+    returns only on bad input (exit 2); otherwise it becomes the workload or exits with the gate's status."""
+    import argparse
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd: list[str] = []
+    if "--" in args:
+        cut = args.index("--")
+        args, cmd = args[:cut], args[cut + 1:]
+    parser = argparse.ArgumentParser(prog="gate", description="Wait at the node agent's gate, then exec CMD.")
+    parser.add_argument("--socket", dest="socket_path", default=None)
+    parser.add_argument("--wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS)
+    parser.add_argument("--container", default="")
+    parser.add_argument("--prestart", action="store_true")
+    opts = parser.parse_args(args)
+    try:
+        run(cmd, opts.socket_path, opts.wait_seconds, opts.container, opts.prestart)
+    except GateUsageError as exc:
+        _log(str(exc))
+        return EXIT_USAGE
+    except OSError as exc:  # say what broke rather than a traceback
+        _log(str(exc))
+        return EXIT_NO_AGENT

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .storage_booking import storage_booking_mode

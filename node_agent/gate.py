@@ -560,7 +560,8 @@ class GateServer:
             raise Rejected("resume-mismatch", f"claimed {req.bytes} B on {req.gpu_uuid}; this agent admitted "
                                               f"{e.key} with {e.bytes} B on {gpu.uuid if gpu else '?'}")
 
-    def _restore_resumed(self, key: str, req: ResumeRequest, pod: PodInfo, demand: Demand, domain: str) -> None:
+    def _restore_resumed(self, key: str, req: ResumeRequest, pod: PodInfo, demand: Demand,
+                         domain: str | None) -> None:
         """Book a resume that is not in the books: only a workload this node's agent admitted (its seal on the pod,
         for this key and GPU, not finished since), within the recovery grace after a restart, on a healthy GPU that
         has room; everything else asks with ``admit`` (gate_checks module docstring)."""

@@ -62,12 +62,19 @@ QUICK = (
 CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gnnsched" / "values.yaml"
 
 
-def chart_default_policy(values: Path = CHART_VALUES) -> str:
+#: What a running cluster always does and no chart value turns off: the operator's runtime calibration (``+rtcal``)
+#: and the node agent's reading of the workers' step reports (``+progress``), docs/simulator.md *The runtime loop*.
+CLUSTER_LOOPS = "+rtcal+progress"
+
+
+def chart_default_policy(values: Path = CHART_VALUES, loops: bool = True) -> str:
     """The simulator policy that runs what the chart installs by default: the gate's grouping policy and backfill
     limit, ``+spread`` when ``node.agent.spread``, ``+pays`` when ``node.agent.shareWhenPays``, the operator's
     runtime-bucket PriorityClasses (``+sjfN``) when ``queuePriority.enabled``, ``+pack`` when kube-scheduler scores
-    ``MostAllocated``, and ``+prestart`` when the operator runs the built-in worker behind ``gnnsched gate
-    --prestart`` (``operator.workerPrestart``)."""
+    ``MostAllocated``, ``+prestart`` when the operator runs the built-in worker behind ``gnnsched gate
+    --prestart`` (``operator.workerPrestart``), and the loops a cluster always runs (:data:`CLUSTER_LOOPS`; issue 37:
+    the grid used to leave them out, so it did not simulate what a cluster runs). ``loops=False``: the open loop,
+    for the benches that compare it with the closed one (``bench/runtime_loop.py``)."""
     doc = yaml.safe_load(values.read_text(encoding="utf-8"))
     agent = doc["node"]["agent"]
     text = str(agent["policy"])
@@ -83,7 +90,7 @@ def chart_default_policy(values: Path = CHART_VALUES) -> str:
         text += "+pack"
     if (doc.get("operator") or {}).get("workerPrestart", False):
         text += "+prestart"
-    return text
+    return text + CLUSTER_LOOPS if loops else text
 
 
 @dataclass

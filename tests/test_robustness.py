@@ -191,7 +191,11 @@ def test_chart_default_reads_the_share_rule(tmp_path: Path):
     doc = yaml.safe_load(robustness.CHART_VALUES.read_text())
     assert robustness.chart_default_policy().startswith("sqtf+sjf2+bypass4+spread")
     assert "+pays" not in robustness.chart_default_policy()
-    assert robustness.chart_default_policy().endswith("+prestart")  # operator.workerPrestart: true
+    # operator.workerPrestart: true, then the loops a cluster always runs (issue 37)
+    assert robustness.chart_default_policy().endswith("+prestart+rtcal+progress")
+    assert robustness.chart_default_policy(loops=False).endswith("+prestart")
+    spec_ = robustness.parse_policies(robustness.chart_default_policy())[0]
+    assert spec_.runtime_calibration and spec_.progress
     doc["operator"]["workerPrestart"] = False
     off = tmp_path / "off.yaml"
     off.write_text(yaml.safe_dump(doc))

@@ -89,6 +89,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         "hw_out_share": _r(res.extra.get("hw_out_share", 0.0), 4),
         "wasted_gpu_seconds": _r(res.extra.get("wasted_gpu_seconds", 0.0), 1),
         # the runtime loop (+rtcal, +progress; gnnsched.simulator.runtime_loop): only in runs that keep it
+        **({"slowdown_samples": int(res.extra["slowdown_samples"])} if "slowdown_samples" in res.extra else {}),
         **({"runtime_samples": int(res.extra["runtime_samples"]),
             "runtime_replans": int(res.extra.get("runtime_replans", 0))}
            if "runtime_samples" in res.extra else {}),

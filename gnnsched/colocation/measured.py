@@ -129,8 +129,10 @@ def fit_pairs(rows: Sequence[MeasuredSlowdown], source: str) -> GNNFit:
     loo = []
     for i, row in enumerate(rows):
         rest = [r for k, r in enumerate(rows) if k != i]
-        seen = {r.job for r in rest} | {o for r in rest for o in r.others}
-        if row.job not in seen or any(o not in seen for o in row.others):
+        # the held-out row's sensitivity needs its job measured as a job, its co-runners' pressure as co-runners
+        jobs_seen = {r.job for r in rest}
+        mates_seen = {o for r in rest for o in r.others}
+        if row.job not in jobs_seen or any(o not in mates_seen for o in row.others):
             raise ValueError(f"row {i}: leaving it out leaves a class unmeasured; add rows")
         held = _solve(rest, classes)
         loo.append(round((_predict(held, row) - row.slowdown) / row.slowdown, 4))

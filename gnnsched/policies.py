@@ -459,7 +459,8 @@ def _spread_one(p: Policy, task: Task, gpus: list[GPUFree], share: bool, apart: 
         return Plan([], {})
     if not share:
         return Plan([Admission(gpu_index=min(fits, key=load_key).index, tasks=(task,))], {})
-    allows = _share_rule(p, [task], gpus, slowdown)  # reads the GPUs' capacity and busy seconds: not the round's slot cap
+    # reads the GPUs' capacity and busy seconds: not the round's slot cap
+    allows = _share_rule(p, [task], gpus, slowdown)
     for g in sorted(fits, key=load_key):
         if allows(task, g, ()):
             return Plan([Admission(gpu_index=g.index, tasks=(task,))], {})

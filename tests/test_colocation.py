@@ -71,7 +71,7 @@ def test_the_learned_value_takes_over_once_a_class_pair_has_three_samples() -> N
     model = load_default()
     book = SlowdownBook()
     prior = book.slowdown_fn("V100-32GB", model)("compute", (1, 0, 0))
-    for i in range(3):
+    for _ in range(3):
         before = book.slowdown_fn("V100-32GB", model)("compute", (1, 0, 0))
         assert before == pytest.approx(prior)  # fewer than min_samples: the prior stands
         book = book.record("V100-32GB", "compute", ["memory"], 2.0, prior)
@@ -116,3 +116,42 @@ def test_a_pair_observed_at_2x_where_the_prior_says_1_2x_stops_being_co_located(
     after = plan_decision("sqtf", [task], gpus, 0, share_when_pays=True, slowdown=learned)
     assert after.admissions == []  # it waits for an idle GPU instead
     assert prior_fn("compute", (1, 0, 0)) > 1.0  # the shipped model's prior is a slowdown too
+
+
+def test_the_gate_learns_a_pair_from_progress_and_stops_sharing_it() -> None:
+    """The node agent's books: a pod's step reports, alone and then beside another class, give the pair's observed
+    slowdown; once the pair runs at 2x the gate's share rule keeps the next pod of that class off the busy GPU."""
+    from node_agent.books import Books, GPUSlot
+
+    from gnnsched.progress import StepProgress
+
+    gpus = [GPUSlot(index=i, uuid=f"GPU-{i}", model="V100-32GB", total_bytes=32 * GIB, reserve_bytes=0, max_clients=4)
+            for i in range(2)]
+    books = Books(gpus, "sqtf", share_when_pays=True)
+    assert books.learned_slowdowns() == {}
+    books.enqueue("long", pod_uid="u-long", bytes=4 * GIB, qt_seconds=1000.0, intensity="memory", now=0.0)
+    books.enqueue("hog", pod_uid="u-hog", bytes=4 * GIB, qt_seconds=10_000.0, intensity="memory", now=0.0)
+    assert {e.key for d in books.decide(0.0) for e in d.entries} == {"long", "hog"}  # one per idle GPU
+    hog = books.running["hog"]
+    # the other GPU's client: a compute pod that shares with 'long' (predicted 1 s per step alone)
+    books.enqueue("c", pod_uid="u-c", bytes=4 * GIB, qt_seconds=100.0, intensity="compute", now=0.0)
+    first = books.decide(0.0)
+    assert len(first) == 1
+    c = books.running["c"]
+    mate = books.running["long" if c.gpu_index == books.running["long"].gpu_index else "hog"]
+    # progress: 2 s per step beside a memory pod where 1 s was predicted -> 2x, three reports
+    books.report_progress(c, StepProgress(steps=5, total=100, seconds=10.0, at=10.0))
+    for k in range(1, 4):
+        books.report_progress(c, StepProgress(steps=5 + 5 * k, total=100, seconds=10.0 + 10.0 * k, at=10.0 + 10 * k))
+    learned = books.learned_slowdowns()
+    assert learned[pair_class("V100-32GB", "compute", [mate.intensity]).key()] == pytest.approx(2.0, rel=1e-3)
+    # a new compute pod: both GPUs run a memory pod, 'long' ends in 120 s (30 steps left at 4 s). Under the prior
+    # (compute beside memory 1.29x) joining costs ~65 s and pays; at the learned 2x it costs ~136 s: it waits
+    books.release(c.key)
+    books.enqueue("c2", pod_uid="u-c2", bytes=4 * GIB, qt_seconds=100.0, intensity="compute", now=40.0)
+    books.running["long"].progress = StepProgress(steps=70, total=100, seconds=280.0, at=40.0)
+    task = books.queued["c2"].task()
+    clients = (Client(intensity="memory", remaining_seconds=books.seconds_left(books.running["long"], 40.0)),)
+    assert share_pays(task, clients, 120.0)  # the prior would co-locate it
+    assert hog.gpu_index is not None
+    assert books.decide(40.0) == []

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gnnsched.closed_loop import CalibrationClass, CalibrationTable, RuntimeCalibrationPolicy
 from gnnsched.interference import SlowdownModel
+from gnnsched.progress import StepProgress
 
 #: The runtime loop's rule (median, window 50, factor within [0.1, 10]) without the pool: a class pair's slowdown is
 #: its own (pooling every pair of a GPU model would let a cheap pair hide a costly one), taken once 3 samples agree.
@@ -106,3 +107,11 @@ class SlowdownBook(BaseModel):
             return self.slowdown(gpu_model, intensity, others, prior)
 
         return fn
+
+
+def interval_step_seconds(before: StepProgress | None, after: StepProgress) -> float | None:
+    """Seconds per step between two progress reports of one pod (None when no step was done between them or the
+    reports are not usable): the pace of that interval alone, so a pod whose group changed is measured per group."""
+    if before is None or after.steps <= before.steps or after.seconds <= before.seconds:
+        return None
+    return (after.seconds - before.seconds) / (after.steps - before.steps)

@@ -26,16 +26,16 @@ import numpy as np
 
 from gnnsched import queue_order
 from gnnsched.gpu.catalogue import get_gpu_model
+from gnnsched.interference import load_default as load_interference
 from gnnsched.progress import StepProgress
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
+from gnnsched.simulator.coloc_loop import ColocLoop
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
 from gnnsched.simulator.faults import APP_FAULT_XID, HW_FAULT_XID, QUARANTINE_S, HardwareFaultClock, LoopBooks
 from gnnsched.simulator.model import JobOutcome, SimJob
 from gnnsched.simulator.policyspec import PolicySpec
 from gnnsched.simulator.runtime_loop import RuntimeLoop
-from gnnsched.simulator.coloc_loop import ColocLoop
-from gnnsched.interference import load_default as load_interference
 
 if TYPE_CHECKING:  # adapters imports this module's state classes at run time
     from gnnsched.simulator.adapters import Integrations

@@ -4,7 +4,7 @@ Why a new model
 ---------------
 ``gnnsched.interference``'s first fit came from Lucid's non-GNN jobs, and GNN jobs reached it only through an assumed
 intensity mapping. The first GNN co-locations measured on a GPU (H200, ``bench/gpu/colocation.py --steps 20``,
-time-slicing, ``docs/measurements/h200-2026-11-28-colocation.txt``) were off in both directions by up to 0.7x: two
+time-slicing, ``docs/measurements/h200-2026-11-28/colocation.txt``) were off in both directions by up to 0.7x: two
 training jobs slowed each other 1.84x and 1.64x (predicted 1.15x, 1.24x), a training job beside an inference job only
 1.05-1.22x (predicted 1.15-1.34x). What separates them is the *mode* as much as the roofline class, so the classes
 here are ``<intensity>-<mode>``: ``memory-train`` (the bench's gcn-train), ``compute-train`` (gin-train),
@@ -50,7 +50,7 @@ class MeasuredSlowdown(BaseModel):
 
 
 H200_SOURCE = ("H200 2026-11-28, bench/gpu/colocation.py --steps 20, time-slicing "
-               "(docs/measurements/h200-2026-11-28-colocation.txt)")
+               "(docs/measurements/h200-2026-11-28/colocation.txt)")
 
 #: The six measured rows (gcn-train = memory-train, gin-train = compute-train, sage-infer = memory-infer, as the
 #: bench's ``intensity_class`` and mode name them).

@@ -121,8 +121,7 @@ def test_a_pair_observed_at_2x_where_the_prior_says_1_2x_stops_being_co_located(
 def test_the_gate_learns_a_pair_from_progress_and_stops_sharing_it() -> None:
     """The node agent's books: a pod's step reports, alone and then beside another class, give the pair's observed
     slowdown; once the pair runs at 2x the gate's share rule keeps the next pod of that class off the busy GPU."""
-    from node_agent.books import Books, GPUSlot
-
+    from gnnsched.node_agent.books import Books, GPUSlot
     from gnnsched.progress import StepProgress
 
     gpus = [GPUSlot(index=i, uuid=f"GPU-{i}", model="V100-32GB", total_bytes=32 * GIB, reserve_bytes=0, max_clients=4)
@@ -144,7 +143,17 @@ def test_the_gate_learns_a_pair_from_progress_and_stops_sharing_it() -> None:
     for k in range(1, 4):
         books.report_progress(c, StepProgress(steps=5 + 5 * k, total=100, seconds=10.0 + 10.0 * k, at=10.0 + 10 * k))
     learned = books.learned_slowdowns()
-    assert learned[pair_class("V100-32GB", "compute", [mate.intensity]).key()] == pytest.approx(2.0, rel=1e-3)
+    key = pair_class("V100-32GB", "compute", [mate.intensity]).key()
+    assert learned[key] == pytest.approx(2.0, rel=1e-3)
+    # the agent's metrics show it
+    from prometheus_client import generate_latest
+
+    from gnnsched.node_agent.metrics import AgentMetrics
+
+    metrics = AgentMetrics()
+    metrics.books_changed(books)
+    text = generate_latest(metrics.registry).decode()
+    assert f'gnnsched_colocation_learned_slowdown{{pair="{key}"}} 2.0' in text
     # a new compute pod: both GPUs run a memory pod, 'long' ends in 120 s (30 steps left at 4 s). Under the prior
     # (compute beside memory 1.29x) joining costs ~65 s and pays; at the learned 2x it costs ~136 s: it waits
     books.release(c.key)

@@ -154,10 +154,10 @@ def covered(cls: str | None, fitted: Sequence[str]) -> list[str]:
     """The fitted classes a class stands for: itself when fitted; ``memory`` -> every fitted ``memory-*``;
     an unmeasured ``<intensity>-<mode>`` -> the fitted classes of its mode (an inference job's exposure is its
     mode's more than its roofline's, as the measured pairs show), else of its intensity; None -> all."""
-    if cls in fitted:
-        return [cls]
     if cls is None:
         return list(fitted)
+    if cls in fitted:
+        return [cls]
     if "-" in cls:
         intensity, mode = cls.split("-", 1)
         same_mode = [c for c in fitted if c.endswith("-" + mode)]

@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the CI slice: 4 cells, 1 seed, 24 jobs each")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per cell (full grid)")
+    ap.add_argument("--first-seed", type=int, default=0, help="full grid: seeds first-seed .. first-seed + seeds - 1 "
+                    "(to split a long grid into runs)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per cell (default 40; 24 with --quick)")
     ap.add_argument("--mix", action="append", choices=MIXES, default=None,
                     help="full grid: only these mixes (repeatable; default all)")
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         grid = [(ld, a, m, s, c, seed) for c, ld, a, m, s, seed in
                 itertools.product(args.cluster or CLUSTERS, LOADS, ARRIVALS, args.mix or MIXES, SIZES,
-                                  range(args.seeds))]
+                                  range(args.first_seed, args.first_seed + args.seeds))]
     ix = Integrations()
     started = time.perf_counter()
     print(f"gnnsched default configuration: {ours} (chart {CHART_VALUES.name}); baselines {', '.join(BASELINES)}; "

@@ -171,7 +171,10 @@ def test_pays_suffix_runs_the_share_rule_in_the_simulator(tmp_path: Path):
             parse_policy(bad)
     ix = Integrations()
     cl = parse_cluster("1x2xV100-32GB")
-    wl = resolve_workload("gen:arrival=burst,burst=6,jobs=6,size=medium,mix=train", 0, tmp_path, fits=fits_on(cl, ix))
+    # issue 37: under the GNN-measured truth the archs-only burst of seed 0 no longer groups three costly jobs; this
+    # one (every model family) does
+    wl = resolve_workload("gen:arrival=burst,burst=6,jobs=6,size=medium,mix=train,models=all", 0, tmp_path,
+                          fits=fits_on(cl, ix))
     rep = run(wl, cl, parse_policies("sqtf+spread,sqtf+spread+pays"), 0, ix, record_timeline=False)
     plain, pays = rep.policies["sqtf+spread"], rep.policies["sqtf+spread+pays"]
     assert pays["max_slowdown"] < plain["max_slowdown"]

@@ -62,12 +62,19 @@ QUICK = (
 CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "gnnsched" / "values.yaml"
 
 
-def chart_default_policy(values: Path = CHART_VALUES) -> str:
+#: What a running cluster always does and no chart value turns off: the operator's runtime calibration (``+rtcal``)
+#: and the node agent's reading of the workers' step reports (``+progress``), docs/simulator.md *The runtime loop*.
+CLUSTER_LOOPS = "+rtcal+progress"
+
+
+def chart_default_policy(values: Path = CHART_VALUES, loops: bool = True) -> str:
     """The simulator policy that runs what the chart installs by default: the gate's grouping policy and backfill
     limit, ``+spread`` when ``node.agent.spread``, ``+pays`` when ``node.agent.shareWhenPays``, the operator's
     runtime-bucket PriorityClasses (``+sjfN``) when ``queuePriority.enabled``, ``+pack`` when kube-scheduler scores
-    ``MostAllocated``, and ``+prestart`` when the operator runs the built-in worker behind ``gnnsched gate
-    --prestart`` (``operator.workerPrestart``)."""
+    ``MostAllocated``, ``+prestart`` when the operator runs the built-in worker behind ``gnnsched gate
+    --prestart`` (``operator.workerPrestart``), and the loops a cluster always runs (:data:`CLUSTER_LOOPS`; issue 37:
+    the grid used to leave them out, so it did not simulate what a cluster runs). ``loops=False``: the open loop,
+    for the benches that compare it with the closed one (``bench/runtime_loop.py``)."""
     doc = yaml.safe_load(values.read_text(encoding="utf-8"))
     agent = doc["node"]["agent"]
     text = str(agent["policy"])
@@ -83,7 +90,7 @@ def chart_default_policy(values: Path = CHART_VALUES) -> str:
         text += "+pack"
     if (doc.get("operator") or {}).get("workerPrestart", False):
         text += "+prestart"
-    return text
+    return text + CLUSTER_LOOPS if loops else text
 
 
 @dataclass
@@ -187,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the CI slice: 4 cells, 1 seed, 24 jobs each")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per cell (full grid)")
+    ap.add_argument("--first-seed", type=int, default=0, help="full grid: seeds first-seed .. first-seed + seeds - 1 "
+                    "(to split a long grid into runs)")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per cell (default 40; 24 with --quick)")
     ap.add_argument("--mix", action="append", choices=MIXES, default=None,
                     help="full grid: only these mixes (repeatable; default all)")
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         grid = [(ld, a, m, s, c, seed) for c, ld, a, m, s, seed in
                 itertools.product(args.cluster or CLUSTERS, LOADS, ARRIVALS, args.mix or MIXES, SIZES,
-                                  range(args.seeds))]
+                                  range(args.first_seed, args.first_seed + args.seeds))]
     ix = Integrations()
     started = time.perf_counter()
     print(f"gnnsched default configuration: {ours} (chart {CHART_VALUES.name}); baselines {', '.join(BASELINES)}; "

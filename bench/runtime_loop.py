@@ -58,7 +58,7 @@ def main() -> None:
     data = default_data_dir()
     cl = parse_cluster(args.cluster, data)
     error = parse_runtime_error(args.runtime_error)
-    base = chart_default_policy()
+    base = chart_default_policy(loops=False)  # the open loop; LOOPS adds the loops one by one
     names = [base + loop for loop in LOOPS]
     policies = parse_policies(",".join(names))
     print(f"cluster {args.cluster}; runtime error {error.text()}; chart default {base}; closed loop "

@@ -37,7 +37,7 @@ import numpy as np
 from gnnsched import placement as pl
 from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
-from gnnsched.interference import InterferenceModel, JobProfile
+from gnnsched.interference import JobProfile, SlowdownModel
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
 from gnnsched.trust.domain import DomainResolver
@@ -159,7 +159,7 @@ class ClusterCache:
 
     def __init__(
         self,
-        interference: InterferenceModel,
+        interference: SlowdownModel,
         *,
         reservation_ttl: float = DEFAULT_RESERVATION_TTL,
         clock: Callable[[], float] = time.time,
@@ -931,7 +931,7 @@ def reservation_counts(res: Reservation, node_name: str | None, now: float, ttl:
     return node_name == res.node and res.at <= now + RESERVATION_CLOCK_SKEW and now - res.at <= ttl
 
 
-def reservation_from_pod(pod: dict, interference: InterferenceModel | None = None) -> Reservation | None:
+def reservation_from_pod(pod: dict, interference: SlowdownModel | None = None) -> Reservation | None:
     """The reservation recorded on a pod's ``gnnsched.io/reservation`` annotation, or None if absent/invalid."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}

@@ -41,7 +41,7 @@ import csv
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,6 +59,9 @@ class JobProfile(BaseModel):
 
     sm_util: float = Field(ge=0.0, le=1.0)
     mem_util: float = Field(ge=0.0, le=1.0)
+    sensitivity: float | None = Field(default=None, ge=0.0)
+    """The GNN-measured model's (:mod:`gnnsched.colocation.measured`): how exposed the job is to its co-runners'
+    summed ``sm_util`` (there: their pressure). None for the Lucid fit, whose sensitivity comes from ``coef``."""
 
 
 class FitReport(BaseModel):
@@ -86,6 +89,18 @@ class InterferenceCoefficients(BaseModel):
     default_profile: JobProfile
     report: FitReport
     source: str = "lucid_colocate_info.csv"
+
+
+class SlowdownModel(Protocol):
+    """What the extender, the gate's share rule and the simulator call on an interference model."""
+
+    def profile_for(self, intensity: str | None) -> JobProfile: ...
+
+    def sensitivity(self, job: JobProfile) -> tuple[float, float]: ...
+
+    def slowdown(self, job: JobProfile, others: Sequence[JobProfile]) -> float: ...
+
+    def slowdown_many(self, job: JobProfile, sum_sm: np.ndarray, sum_mem: np.ndarray) -> np.ndarray: ...
 
 
 class InterferenceModel:
@@ -277,9 +292,18 @@ DEFAULT_COEFFICIENTS = InterferenceCoefficients.model_validate(
 )
 
 
-def load_default() -> InterferenceModel:
-    """The model with the shipped coefficients."""
+def load_lucid() -> InterferenceModel:
+    """The first fit, on Lucid's non-GNN pairs (kept for comparison: ``bench/gpu/colocation.py`` prints both)."""
     return InterferenceModel(DEFAULT_COEFFICIENTS)
+
+
+def load_default(gpu_model: str | None = None) -> SlowdownModel:
+    """The model the scheduler uses: the fit on measured GNN co-locations (:mod:`gnnsched.colocation.measured`,
+    issue 37), for ``gpu_model`` where it was measured, else the H200's fit (its ``source`` says ``transferred``).
+    The Lucid fit mispredicted the six measured H200 GNN pairs by up to 0.7x; see :func:`load_lucid`."""
+    from gnnsched.colocation.measured import GNNInterferenceModel, fit_for
+
+    return GNNInterferenceModel(fit_for(gpu_model))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

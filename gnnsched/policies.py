@@ -278,7 +278,7 @@ def plan_admissions(
 
 def plan_decision(
     policy: Policy | str, queue: Iterable[Task], gpus: Iterable[GPUFree], bypass_limit: int = 0, *,
-    spread: bool = False, share_when_pays: bool = False,
+    spread: bool = False, share_when_pays: bool = False, slowdown: SlowdownFn | None = None,
 ) -> Plan:
     """``plan_admissions`` plus the bypass counts the caller must keep for the next decision.
 
@@ -296,6 +296,8 @@ def plan_decision(
     earlier in this decision) only when :func:`share_pays` predicts that finishes the work sooner than waiting for
     an idle GPU; otherwise it is treated as not fitting that GPU (it stays queued, the backfill rule counts the tasks
     that overtake it). It needs ``GPUFree.running``; tasks without a predicted runtime are admitted on memory alone.
+    ``slowdown``: the slowdowns the share rule decides with (the cluster's learned ones,
+    :meth:`gnnsched.colocation.learned.SlowdownBook.slowdown_fn`); None: the interference model's prior.
 
     Bounded-bypass backfill (``bypass_limit > 0``): each GPU scans what remains of the order; a task that does not
     fit the group's remaining room is skipped and stays queued, a later task that fits joins — overtaking every task
@@ -312,8 +314,8 @@ def plan_decision(
     gpus = list(gpus)
     apart = _any_apart(items, gpus)
     if spread and sum(1 for g in gpus if g.free_slots > 0) > 1:
-        return _plan_spread(p, items, gpus, bypass_limit, share_when_pays, apart)
-    allows = _with_apart(_share_rule(p, items, gpus) if share_when_pays else None, apart)
+        return _plan_spread(p, items, gpus, bypass_limit, share_when_pays, apart, slowdown)
+    allows = _with_apart(_share_rule(p, items, gpus, slowdown) if share_when_pays else None, apart)
     return _plan_ordered(p, items, gpus, bypass_limit, ordered=False, allows=allows)
 
 
@@ -404,18 +406,18 @@ def load_key(g: GPUFree) -> tuple[float, int, int, int]:
 
 
 def _plan_spread(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool,
-                 apart: bool = False) -> Plan:
+                 apart: bool = False, slowdown: SlowdownFn | None = None) -> Plan:
     """``plan_decision(..., spread=True)``: rounds of one free slot per GPU, GPUs least loaded first
     (:func:`load_key`), the GPUs' free bytes, slots and running clients and the tasks' bypass counts carried from
     round to round (a task admitted in an earlier round counts as a client with its predicted runtime left); a GPU's
     admissions over the rounds are one group (one :class:`Admission` per GPU, tasks in the order they joined)."""
     if len(items) == 1:
-        return _spread_one(p, items[0], gpus, share, apart)
-    return _plan_rounds(p, items, gpus, bypass_limit, share, apart)
+        return _spread_one(p, items[0], gpus, share, apart, slowdown)
+    return _plan_rounds(p, items, gpus, bypass_limit, share, apart, slowdown)
 
 
 def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit: int, share: bool,
-                 apart: bool = False) -> Plan:
+                 apart: bool = False, slowdown: SlowdownFn | None = None) -> Plan:
     """``_plan_spread``'s rounds, for any queue (``_spread_one`` answers a queue of one task the same, faster).
 
     Every round takes the tasks left in the decision's order, the policy's traversal of the whole queue, not a
@@ -431,7 +433,7 @@ def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     counts: dict[str, int] = {}
     while left:
         round_gpus = sorted((replace(g, free_slots=min(g.free_slots, 1)) for g in free.values()), key=load_key)
-        allows = _with_apart(_share_rule(p, left, round_gpus) if share else None, apart)
+        allows = _with_apart(_share_rule(p, left, round_gpus, slowdown) if share else None, apart)
         keys = {t.key for t in left}
         plan = _plan_ordered(p, left, round_gpus, bypass_limit, ordered=True, allows=allows,
                              order=[by_key[t.key] for t in full if t.key in keys])
@@ -454,7 +456,8 @@ def _plan_rounds(p: Policy, items: list[Task], gpus: list[GPUFree], bypass_limit
     return Plan(out, {k: c for k, c in counts.items() if k not in admitted})
 
 
-def _spread_one(p: Policy, task: Task, gpus: list[GPUFree], share: bool, apart: bool = False) -> Plan:
+def _spread_one(p: Policy, task: Task, gpus: list[GPUFree], share: bool, apart: bool = False,
+                slowdown: SlowdownFn | None = None) -> Plan:
     """``_plan_spread`` for a queue of one task (the common decision on a busy node): the task goes to the least
     loaded GPU (:func:`load_key`) with a free slot, room for its bytes and, under ``share``, the share rule's
     consent; no task is overtaken. That is what the rounds compute for one task (their first round admits it there
@@ -466,7 +469,8 @@ def _spread_one(p: Policy, task: Task, gpus: list[GPUFree], share: bool, apart: 
         return Plan([], {})
     if not share:
         return Plan([Admission(gpu_index=min(fits, key=load_key).index, tasks=(task,))], {})
-    allows = _share_rule(p, [task], gpus)  # reads the GPUs' capacity and busy seconds: not the round's slot cap
+    # reads the GPUs' capacity and busy seconds: not the round's slot cap
+    allows = _share_rule(p, [task], gpus, slowdown)
     for g in sorted(fits, key=load_key):
         if allows(task, g, ()):
             return Plan([Admission(gpu_index=g.index, tasks=(task,))], {})
@@ -567,7 +571,12 @@ def _slowdown(intensity: str | None, others: tuple[int, int, int]) -> float:
     return model.slowdown(model.profile_for(intensity), profiles)
 
 
-def share_pays(task: Task, clients: Sequence[Client], wait_seconds: float) -> bool:
+#: ``(intensity, (memory, compute, unknown) co-runner counts) -> slowdown`` (gnnsched.colocation.learned.SlowdownFn)
+SlowdownFn = Callable[[str | None, tuple[int, int, int]], float]
+
+
+def share_pays(task: Task, clients: Sequence[Client], wait_seconds: float, slowdown: SlowdownFn | None = None
+               ) -> bool:
     """Whether ``task`` joining a GPU where ``clients`` run is predicted to finish the work sooner than waiting
     ``wait_seconds`` for an idle GPU and running alone there.
 
@@ -579,13 +588,15 @@ def share_pays(task: Task, clients: Sequence[Client], wait_seconds: float) -> bo
     waiting costs the task ``wait_seconds``. Joining pays when its cost is no larger. For inference with a latency
     target (``Task.qos_seconds``) the target decides first: a join that would miss it while waiting would meet it
     is refused, a join that meets it where waiting would not is taken. A task without a predicted runtime, or a GPU
-    with no clients, is decided on memory alone, as before.
+    with no clients, is decided on memory alone, as before. ``slowdown``: the learned slowdowns (issue 37; a class
+    pair observed at 2x where the model says 1.2x stops joining once sharing no longer pays); None: the model's.
     """
+    slow = _slowdown if slowdown is None else slowdown
     r = task.qt_seconds
     if not clients or r is None or not r > 0 or math.isinf(r):
         return True
     kinds = [c.intensity for c in clients]
-    finish = r * _slowdown(task.intensity, _counts(kinds))
+    finish = r * slow(task.intensity, _counts(kinds))
     qos = task.qos_seconds
     if qos is not None and qos > 0:
         if finish > qos >= wait_seconds + r:
@@ -595,13 +606,14 @@ def share_pays(task: Task, clients: Sequence[Client], wait_seconds: float) -> bo
     extra = finish - r
     for i, c in enumerate(clients):
         others = kinds[:i] + kinds[i + 1:]
-        before = _slowdown(c.intensity, _counts(others))
-        after = _slowdown(c.intensity, _counts([*others, task.intensity]))
+        before = slow(c.intensity, _counts(others))
+        after = slow(c.intensity, _counts([*others, task.intensity]))
         extra += min(c.remaining_seconds, finish) * (1.0 - before / after)
     return extra <= wait_seconds
 
 
-def _share_rule(p: Policy, queue: Sequence[Task], gpus: Sequence[GPUFree]) -> Allows:
+def _share_rule(p: Policy, queue: Sequence[Task], gpus: Sequence[GPUFree], slowdown: SlowdownFn | None = None
+                ) -> Allows:
     """The ``allows`` of one decision under ``share_when_pays``: :func:`share_pays` against the GPU's running
     clients plus this decision's group there. The wait for running alone is the queue's: the first of ``gpus``
     large enough for the task to become idle (0 when one is idle), plus the predicted solo seconds of the tasks
@@ -619,7 +631,7 @@ def _share_rule(p: Policy, queue: Sequence[Task], gpus: Sequence[GPUFree]) -> Al
             return True
         fit = [h.busy_seconds for h in gpus if h.capacity_bytes >= t.bytes]
         wait = min(fit, default=0.0) + ahead.get(t.key, 0.0) / max(1, len(fit))
-        return share_pays(t, clients, wait)
+        return share_pays(t, clients, wait, slowdown)
 
     return allows
 

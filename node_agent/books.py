@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gnnsched.colocation.learned import SlowdownBook, SlowdownFn, interval_step_seconds, observed_slowdown
+from gnnsched.interference import load_default as load_interference
 from gnnsched.policies import (
     DEFAULT_BYPASS_LIMIT,
     STARTUP_SECONDS,
@@ -83,6 +85,8 @@ class Entry:
     progress: StepProgress | None = None  # its workload's last step report (gate connection; gnnsched.progress)
     apart: frozenset[str] = frozenset()  # jobs it may not share a GPU with (ANN_FAULT_PEERS: an undecided fault's)
     domain: str | None = None  # its trust domain (gnnsched.trust.domain): it shares a GPU only within it
+    mates: tuple[str, ...] | None = None  # co-runners' classes at its last progress report (learned slowdowns)
+    solo_step_s: float | None = None  # its seconds per step measured while it ran alone
 
     def task(self) -> Task:
         return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
@@ -136,6 +140,9 @@ class Books:
         self.share_when_pays = share_when_pays
         self.queued: dict[str, Entry] = {}
         self.running: dict[str, Entry] = {}
+        # co-location slowdowns learned from progress (gnnsched.colocation.learned; issue 37), the model as prior
+        self.slowdowns = SlowdownBook()
+        self.interference = load_interference()
         self._tasks: dict[str, Task] = {}  # the policies' view of each queued entry, built once per request
         self._seq = 0
         self._groups = 0
@@ -260,6 +267,39 @@ class Books:
         start (:func:`gnnsched.policies.remaining_seconds`, the one estimator the simulator calls too)."""
         return remaining_seconds(e.qt_seconds, self._work_from(e), now, e.progress)
 
+    def report_progress(self, e: Entry, progress: StepProgress) -> None:
+        """A running pod's new step report: its pace since the last report is a slowdown sample of its class beside
+        the classes that ran with it throughout (``Entry.mates`` unchanged since then), or its solo pace when none
+        did (gnnsched.colocation.learned: over that pace, else over its predicted solo step)."""
+        mates = tuple(sorted(x.intensity or "none" for x in self.running.values()
+                             if x.gpu_index == e.gpu_index and x.key != e.key))
+        step = interval_step_seconds(e.progress, progress) if e.mates == mates else None
+        if step is not None and e.gpu_index in self.gpus:
+            if not mates:
+                e.solo_step_s = step
+            else:
+                predicted = e.qt_seconds / progress.total if e.qt_seconds and progress.total > 0 else None
+                observed = observed_slowdown(step, e.solo_step_s, predicted)
+                if observed is not None:
+                    others = [None if m == "none" else m for m in mates]
+                    model = self.interference
+                    prior = model.slowdown(model.profile_for(e.intensity), [model.profile_for(o) for o in others])
+                    self.slowdowns = self.slowdowns.record(self.gpus[e.gpu_index].model, e.intensity, others,
+                                                           observed, prior)
+        e.mates = mates
+        e.progress = progress
+
+    def learned_slowdowns(self) -> dict[str, float]:
+        """Every class pair's learned slowdown (status and metrics)."""
+        return self.slowdowns.learned(self.interference)
+
+    def _learned(self) -> SlowdownFn | None:
+        """The share rule's slowdowns: the learned ones on this node's GPU model (its first GPU's: a node has one
+        model), None (the model's prior) before any sample."""
+        if not self.share_when_pays or not self.slowdowns.table.ratios:
+            return None
+        return self.slowdowns.slowdown_fn(next(iter(self.gpus.values())).model, self.interference)
+
     def decide(self, now: float = 0.0) -> list[Decision]:
         """Apply the policy once: move every group it admits from the queue to the running set."""
         if not self.queued:
@@ -282,7 +322,7 @@ class Books:
                                 for e in self.running.values() if e.gpu_index == g.index)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes, running))
         result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread,
-                               share_when_pays=self.share_when_pays)
+                               share_when_pays=self.share_when_pays, slowdown=self._learned())
         plan: list[Admission] = result.admissions
         for key, count in result.bypassed.items():  # overtaken entries stay queued; keep their counts
             e = self.queued[key]

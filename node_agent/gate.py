@@ -441,11 +441,12 @@ class GateServer:
         last = e.progress
         if last is not None and now - last.at < REPORT_INTERVAL_S / 2:
             return None
-        e.progress = StepProgress(steps=report.steps, total=report.total, seconds=report.seconds, at=now)
+        progress = StepProgress(steps=report.steps, total=report.total, seconds=report.seconds, at=now)
+        self.books.report_progress(e, progress)  # sets e.progress; also a co-location slowdown sample (issue 37)
         if (last is None or last.steps == 0) and report.steps > 0:
-            self._annotate(e, {ANN_STARTED_AT: rfc3339(e.progress.work_started_at)})
+            self._annotate(e, {ANN_STARTED_AT: rfc3339(progress.work_started_at)})
         self._changed()
-        return e.progress
+        return progress
 
     async def _admit(
         self, key: str, req: AdmitRequest, pod: PodInfo, demand: Demand, pid: int | None,

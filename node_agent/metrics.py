@@ -46,6 +46,10 @@ class AgentMetrics:
                                ("namespace", "pod"), registry=r)
         self.observed = Gauge("gnnsched_job_observed_peak_bytes", "Observed peak GPU memory of a running pod",
                               ("namespace", "pod"), registry=r)
+        # issue 37: the co-location slowdowns learned from progress, per calibration class (GPU model, class pair)
+        self.slowdown = Gauge("gnnsched_colocation_learned_slowdown",
+                              "Learned slowdown of a class beside its co-runners (prior x observed/prior median)",
+                              ("pair",), registry=r)
         self.error_ratio = Histogram("gnnsched_job_prediction_error_ratio",
                                      "observed peak / predicted admit-bytes, per finished pod", buckets=RATIO_BUCKETS,
                                      registry=r)
@@ -116,6 +120,8 @@ class AgentMetrics:
             self.reserved.labels(*lab).set(gpu.reserve_bytes)
             self.committed.labels(*lab).set(books.committed_bytes(gpu.index))
             self.clients.labels(*lab).set(books.clients(gpu.index))
+        for pair, value in books.learned_slowdowns().items():
+            self.slowdown.labels(pair).set(value)
         with self._lock:
             for e in books.running.values():
                 if e.key not in self._labels:

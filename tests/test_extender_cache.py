@@ -26,7 +26,7 @@ from gnnsched.extender.cache import BindError, ClusterCache, reservation_from_po
 from gnnsched.extender.fake import parse_fake_cluster, populate
 from gnnsched.extender.pods import PodError, parse_pod
 from gnnsched.gpu.catalogue import GiB, get_gpu_model
-from gnnsched.interference import load_default
+from gnnsched.interference import load_default, load_lucid
 from gnnsched.trust.domain import DomainResolver
 from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 
@@ -141,7 +141,9 @@ def test_absurd_annotations_name_the_field(ann: dict, field: str) -> None:
 
 
 def test_score_prefers_free_gpu_over_waiting_and_mixed_intensity() -> None:
-    c = ClusterCache(load_default(), clock=lambda: NOW)
+    # the cache's mechanics with the Lucid fit, whose memory-beside-compute pairing this test was written for (the
+    # GNN-measured default says the opposite for training pairs: tests/test_colocation.py)
+    c = ClusterCache(load_lucid(), clock=lambda: NOW)
     # busy: 70 GiB held for another hour -> a 20 GiB job must wait
     c.upsert_gpunode(status("busy", gpu(0, running=[job("b", 70, 3600, "compute")])), now=NOW)
     # memmate: a memory-bound neighbour; compmate: a compute-bound neighbour (same size)
@@ -157,7 +159,8 @@ def test_score_prefers_free_gpu_over_waiting_and_mixed_intensity() -> None:
 
 
 def test_wait_follows_running_jobs_end_times() -> None:
-    c = ClusterCache(load_default(), clock=lambda: NOW)
+    # the tolerance below is the Lucid fit's slowdown of an unknown class beside two (the GNN default's is 1.39)
+    c = ClusterCache(load_lucid(), clock=lambda: NOW)
     c.upsert_gpunode(status("n", gpu(0, running=[job("a", 40, 100), job("b", 30, 1000)])), now=NOW)
     # 79 GiB capacity, 70 used: 9 free; 49 free after job a ends (100 s), 79 after both (1000 s)
     for gib, expected_wait in [(5, 0.0), (20, 100.0), (45, 100.0), (60, 1000.0)]:

@@ -328,9 +328,10 @@ def test_books_spread_reads_the_running_clients() -> None:
 
 def test_books_share_rule_keeps_an_inference_latency_target() -> None:
     """A pod's latency target (the operator's ``qos-target-seconds`` annotation, read by ``trusted_demand``) reaches
-    the share rule: a short compute-bound pod that the cost comparison holds back (GPU 1 is due to be idle in 2 s)
-    joins busy GPU 0 when only joining meets its target (11.8 s: 10 s x its predicted slowdown 1.145 = 11.45 s beside a
-    compute-bound client, against 2 s + 10 s waiting), and waits, as before, without one."""
+    the share rule: a short memory-bound pod that the cost comparison holds back (GPU 1 is due to be idle in 1 s)
+    joins busy GPU 0 when only joining meets its target (10.8 s: 10 s x its predicted slowdown 1.059 = 10.59 s beside
+    a memory-bound client under the GNN-measured model, against 1 s + 10 s waiting), and waits, as before, without
+    one."""
     from gnnsched.contract import ANN_QOS_TARGET
     from gnnsched.node_agent.identity import PodInfo, gnnjob_owner_reference, pod_from_object, trusted_demand
     from gnnsched.trust.job_facts import STATUS_FIELD, FactsError, facts_status
@@ -346,20 +347,20 @@ def test_books_share_rule_keeps_an_inference_latency_target() -> None:
             return None  # the operator never writes a target it cannot read (the CRD's schema refuses it too)
         return trusted_demand(pod_from_object(pod, lambda ns, n: job), TOTAL).qos_seconds
 
-    assert demand("11.8") == 11.8
+    assert demand("10.8") == 10.8
     assert demand(None) is None and demand("soon") is None and demand("-1") is None and demand("inf") is None
     # the same target on a pod that no GNNJob's status names is not read
     assert trusted_demand(PodInfo("q", "ns", "q", annotations={ANN_QOS_TARGET: "11.8"}), TOTAL).qos_seconds is None
-    for target, want in ((None, []), (demand("11.8"), [0])):
+    for target, want in ((None, []), (demand("10.8"), [0])):
         # no start-up after admission, so the seconds above are the predicted ends (test_spread_counts_the_start_up...)
         b = Books([GPUSlot(0, "GPU-0", "Fake-GPU", 80 * UNIT, 0, 5), GPUSlot(1, "GPU-1", "Fake-GPU", 40 * UNIT, 0, 5)],
                   Policy.SQTF, share_when_pays=True, startup_seconds=0.0)
-        b.enqueue("first", pod_uid="first", bytes=10 * UNIT, qt_seconds=100.0, intensity="compute", now=0.0)
+        b.enqueue("first", pod_uid="first", bytes=10 * UNIT, qt_seconds=100.0, intensity="memory", now=0.0)
         assert [d.gpu.index for d in b.decide(now=0.0)] == [0]
         # GPU 1 was idle: "second" goes there, and leaves no room on it for q
-        b.enqueue("second", pod_uid="second", bytes=35 * UNIT, qt_seconds=12.0, intensity="compute", now=0.0)
+        b.enqueue("second", pod_uid="second", bytes=35 * UNIT, qt_seconds=11.0, intensity="compute", now=0.0)
         assert [d.gpu.index for d in b.decide(now=0.0)] == [1]
-        b.enqueue("q", pod_uid="q", bytes=10 * UNIT, qt_seconds=10.0, intensity="compute", now=10.0,
+        b.enqueue("q", pod_uid="q", bytes=10 * UNIT, qt_seconds=10.0, intensity="memory", now=10.0,
                   qos_seconds=target)
         assert [d.gpu.index for d in b.decide(now=10.0)] == want
 

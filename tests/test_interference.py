@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gnnsched.interference import DEFAULT_COEFFICIENTS, JobProfile, fit, load_default, main
+from gnnsched.interference import DEFAULT_COEFFICIENTS, JobProfile, fit, load_default, load_lucid, main
 
 _ROOT = Path(__file__).resolve().parents[1]
 _CANDIDATES = [
@@ -50,9 +50,11 @@ def test_no_corunner_means_no_slowdown_and_slowdown_never_below_one() -> None:
 
 
 def test_memory_bound_pairs_are_worse_than_mixed_pairs() -> None:
-    """The BMC/BQT pairing rule falls out of the fitted model: total slowdown of a memory-bound job paired
-    with a compute-bound one is lower than of two memory-bound jobs."""
-    m = load_default()
+    """The BMC/BQT pairing rule falls out of the Lucid fit: total slowdown of a memory-bound job paired
+    with a compute-bound one is lower than of two memory-bound jobs. (The GNN pairs measured on the H200 say the
+    opposite for training jobs, 1.84x/1.64x against 1.07x/1.05x: tests/test_colocation.py; the scheduler's default
+    model is now that fit.)"""
+    m = load_lucid()
     mem, comp = m.profile_for("memory"), m.profile_for("compute")
     mem_mem = 2 * m.slowdown(mem, [mem])
     mixed = m.slowdown(mem, [comp]) + m.slowdown(comp, [mem])

@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SKIP: {problem}", flush=True)
         return SKIP_EXIT
     name, total = gpu
+    from gnnsched.colocation.measured import job_class
     from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, match_device_name
     from gnnsched.interference import load_default
     from gnnsched.runtime_prior import intensity_class
@@ -293,8 +294,10 @@ def main(argv: list[str] | None = None) -> int:
 
     catalogue = match_device_name(name, total)
     gpu_model = catalogue.name if catalogue is not None else DEFAULT_GPU_MODEL
-    model = load_default()
-    classes = {job: intensity_class(parse_spec(body), gpu_model) for job, body in JOBS.items()}
+    model = load_default(gpu_model)
+    # the model's classes: <intensity>-<mode> (gnnsched.colocation.measured; issue 37)
+    classes = {job: job_class(intensity_class(parse_spec(body), gpu_model), str(body["mode"]))
+               for job, body in JOBS.items()}
     data = _load(args.json_path)
     if args.steps is not None and data.get("steps") not in (None, args.steps):
         data["solo"] = {}  # measured with other steps: not comparable with this run's
@@ -383,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             measured += 1
             for job in group:
-                print(f"[{args.mode}] {what:34} {job:11} ({classes[job]:7}) measured {row['measured'][job]:5.2f}x  "
+                print(f"[{args.mode}] {what:34} {job:11} ({classes[job]:13}) measured {row['measured'][job]:5.2f}x  "
                       f"predicted {row['predicted'][job]:5.2f}x  overlap {row['overlap'][job]:4.2f}", flush=True)
             save()
     save()

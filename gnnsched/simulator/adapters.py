@@ -77,6 +77,13 @@ def integration_status() -> dict[str, str]:
     return status
 
 
+
+def _truth_class(prof: JobProfile) -> str | None:
+    """The interference class the engine runs a job's co-location with: its ``<intensity>-<mode>`` class where the
+    adapters know the mode (GNN jobs), else its intensity (trace pods)."""
+    return prof.job_class if prof.job_class is not None else prof.intensity
+
+
 @dataclass
 class Integrations:
     """Bound calls into the core for one simulation session.
@@ -120,7 +127,8 @@ class Integrations:
         intensity_class = _import("gnnsched.runtime_prior", "intensity_class", "predictor")
         seconds = float(solo(spec, gm, cpu_cores))
         intensity = str(intensity_class(spec, gm))
-        prof = self._interference().profile_for(intensity)
+        job_class = _import("gnnsched.colocation.measured", "job_class", "extender")(intensity, spec.mode)
+        prof = self._interference().profile_for(job_class)
         out = JobProfile(
             admit_bytes=int(est.admit_bytes),
             peak_bytes=int(est.pmc_bytes) + int(est.device_overhead_bytes),
@@ -129,6 +137,7 @@ class Integrations:
             sm_util=float(prof.sm_util),
             mem_util=float(prof.mem_util),
             intensity=intensity,
+            job_class=job_class,
         )
         self.memo[key] = out
         return out
@@ -178,7 +187,7 @@ class Integrations:
     def slowdowns(self, sim: Any, gpu: Any, jobs: list[SimJob]) -> list[float]:
         """Slowdown (>= 1) of each of ``jobs`` running together on ``gpu``: ``gnnsched.interference``."""
         model = self._interference()
-        key = tuple(j.profile(gpu.model).intensity for j in jobs)
+        key = tuple(_truth_class(j.profile(gpu.model)) for j in jobs)
         # A pure function of the ordered intensity classes: computed once per run (the cache lives on the
         # simulation, so nothing outlives it), the same floats in the same order as a fresh call.
         cache = sim.slowdown_cache
@@ -320,8 +329,9 @@ class Integrations:
             policy = self.memo.get(("policy", sim.base))
             if policy is None:  # the enum, so plan_admissions does not parse the name at every call
                 policy = self.memo[("policy", sim.base)] = pol.parse_policy(sim.base)
+            learned = sim.coloc.slowdown_fn(model) if sim.coloc is not None and sim.policy.share else None
             decision = pol.plan_decision(policy, tasks, gpus, sim.bypass_limit, spread=sim.policy.spread,
-                                         share_when_pays=sim.policy.share)
+                                         share_when_pays=sim.policy.share, slowdown=learned)
             plan = decision.admissions
             # The gate keeps each queued task's bypass count between decisions (node_agent.books.Entry.bypassed).
             if decision.bypassed:

@@ -26,9 +26,11 @@ import numpy as np
 
 from gnnsched import queue_order
 from gnnsched.gpu.catalogue import get_gpu_model
+from gnnsched.interference import load_default as load_interference
 from gnnsched.progress import StepProgress
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec
+from gnnsched.simulator.coloc_loop import ColocLoop
 from gnnsched.simulator.costs import STARTUP_S, host_link, uvm_slowdown
 from gnnsched.simulator.faults import APP_FAULT_XID, HW_FAULT_XID, QUARANTINE_S, HardwareFaultClock, LoopBooks
 from gnnsched.simulator.model import JobOutcome, SimJob
@@ -104,7 +106,7 @@ class Run:
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
                  "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s", "gate_client", "work",
-                 "report", "solo_full")
+                 "report", "solo_full", "truth_class")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
                  out: JobOutcome) -> None:
@@ -113,6 +115,7 @@ class Run:
         prof = job.profile(gpu.model)
         self.sm_util = prof.sm_util
         self.intensity = prof.intensity
+        self.truth_class = prof.job_class if prof.job_class is not None else prof.intensity  # adapters._truth_class
         self.admit_bytes = prof.admit_bytes
         self.gpu = gpu
         self.remaining = work
@@ -312,6 +315,8 @@ class Simulation:
         # predictions the schedulers see are the workload's, never corrected.
         self.rt = RuntimeLoop(calibrate=policy.runtime_calibration, progress=policy.progress) \
             if policy.runtime_loop else None
+        # The co-location loop (issue 37; gnnsched.simulator.coloc_loop): slowdowns learned from progress reports.
+        self.coloc = ColocLoop(load_interference()) if policy.progress and policy.is_ours else None
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, payload: Any, token: int = 0) -> None:
@@ -810,6 +815,8 @@ class Simulation:
         gpu = run.gpu
         job = run.job
         out = self.outcomes[job.id]
+        if self.coloc is not None:
+            self.coloc.ended(run, self.now)
         self._take_off_gpu(run)
         if self.loop is not None:
             self.loop.completed(job, gpu.model)
@@ -1043,6 +1050,8 @@ class Simulation:
         figures["hw_out_share"] = out_s / (len(self.gpus) * end) if end > 0 else 0.0
         if self.rt is not None:
             figures.update(self.rt.summary())
+        if self.coloc is not None:
+            figures.update(self.coloc.summary())
         cap: dict[str, int] = {}
         for g in self.gpus:
             cap[g.model] = max(cap.get(g.model, 0), g.total - g.reserve)
@@ -1077,10 +1086,12 @@ class Simulation:
         elif runs:
             # ix.slowdowns keeps its answers in slowdown_cache by the runs' ordered intensity classes: looked up here
             # first, so a re-rating on a known mix costs one dict lookup
-            cached = self.slowdown_cache.get(tuple([r.intensity for r in runs]))
+            cached = self.slowdown_cache.get(tuple([r.truth_class for r in runs]))
             slow = cached if cached is not None else self.ix.slowdowns(self, gpu, [r.job for r in runs])
         else:
             slow = []
+        if self.coloc is not None and runs:
+            self.coloc.rerated(runs, slow, gpu.model, now)
         if self.uvm and gpu.used > gpu.total:
             factor = uvm_slowdown(gpu.used, gpu.total, gpu.bandwidth, gpu.link)
             slow = [s * factor for s in slow]

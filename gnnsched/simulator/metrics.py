@@ -96,6 +96,7 @@ def summarise(res: RunResult) -> dict[str, float | int | None]:
         **({"lost_work_s": _r(res.extra["lost_work_s"], 1), "kept_work_s": _r(res.extra["kept_work_s"], 1)}
            if "kept_work_s" in res.extra else {}),
         # the runtime loop (+rtcal, +progress; gnnsched.simulator.runtime_loop): only in runs that keep it
+        **({"slowdown_samples": int(res.extra["slowdown_samples"])} if "slowdown_samples" in res.extra else {}),
         **({"runtime_samples": int(res.extra["runtime_samples"]),
             "runtime_replans": int(res.extra.get("runtime_replans", 0))}
            if "runtime_samples" in res.extra else {}),

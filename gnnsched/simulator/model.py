@@ -28,6 +28,7 @@ class JobProfile:
     sm_util: float
     intensity: str = "memory"
     mem_util: float = 0.0
+    job_class: str | None = None  # the interference model's class of the truth (``<intensity>-<mode>``, issue 37)
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,9 @@ def run(workload: Workload, cluster: ClusterSpec, policies: list[PolicySpec], se
         jobs = materialise(workload, cluster, ix, scaling=any(p.scaling for p in policies), startup_s=startup_s,
                            progress=partial(progress, "costing jobs") if progress else None)
     if runtime_error.active:
-        truth = with_true_runtimes(jobs, runtime_multipliers(jobs, runtime_error, seed))
+        ref = sorted({n.gpu_model for n in cluster.nodes if n.gpus})[0]  # materialise's QoS reference
+        truth = with_true_runtimes(jobs, runtime_multipliers(jobs, runtime_error, seed), qos_ref=ref,
+                                   startup_s=startup_s)
         again = partial(run, workload, cluster, policies, seed, ix, startup_s=startup_s,
                         record_timeline=record_timeline, progress=progress, estimate_error=estimate_error,
                         faults=faults, backoff_limit=backoff_limit, engine=engine, trust_domain=trust_domain)

@@ -30,7 +30,14 @@ from gate_helpers import gnnsched_command as _gnnsched
 from operator_harness import Cluster, emulated_cluster, running_operator, wait_for
 
 from gnnsched.closed_loop import FaultRecord
-from gnnsched.contract import ANN_FAULT, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_POD_UID, JOB_CONTAINER_NAME
+from gnnsched.contract import (
+    ANN_ADMIT_BYTES,
+    ANN_FAULT,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_POD_UID,
+    JOB_CONTAINER_NAME,
+)
 from gnnsched.node_agent.identity import FilePodLookup
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240),
@@ -176,7 +183,11 @@ async def test_fault_through_the_operator_requeues_two_victims_and_charges_the_s
                                         30, "admission")
                 pids = {n: int((tmp_path / f"{n}.started").read_text().split()[0]) for n in JOBS}
                 assert {(tmp_path / f"{n}.started").read_text().split()[1] for n in JOBS} == {UUID}  # co-located
-                procs = "".join(f"proc 0 {pid} {(2 + i) * GiB} mps\n" for i, pid in enumerate(pids.values()))
+                # Each client holds part of what its pod was admitted with (the operator's plan for this tiny graph
+                # is a few MiB): a client the driver sees over admitted + margin is stopped by the agent
+                # (node_agent/overrun.py) before the fault, and would end as a victim of that stop, not of the Xid.
+                admitted = {n: int(metas[n]["annotations"][ANN_ADMIT_BYTES]) for n in JOBS}
+                procs = "".join(f"proc 0 {pids[n]} {admitted[n] * (2 + i) // 5} mps\n" for i, n in enumerate(JOBS))
                 state.write_text(GPU_LINE + procs + "xid 0 43\n")  # three MPS clients, then a fatal Xid
 
                 def draining() -> bool:

@@ -152,11 +152,11 @@ class StrictKubernetes(kmock.KubernetesEmulator):
         if refused is not None:
             return refused
         if request.action in (enums.action.CREATE, enums.action.UPDATE) and request.resource is not None:
-            refused = self._strict_fields(request)
-            if isinstance(refused, dict):
-                return aiohttp.web.json_response(refused, status=refused["code"])
-            if refused is not None:
-                return await self._render_error(refused)
+            strict = self._strict_fields(request)
+            if isinstance(strict, dict):
+                return aiohttp.web.json_response(strict, status=strict["code"])
+            if strict is not None:
+                return await self._render_error(strict)
             if request.params.get("dryRun") == "All":
                 return await self._dry_run(request)
         if _is_binding(request):  # kmock sees a POST to a named object as no action at all

@@ -21,7 +21,7 @@ from gnnsched.contract import ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME, ANN_RESERV
 OPERATOR = {"username": service_account_user("operator"),
             "groups": ["system:serviceaccounts", "system:serviceaccounts:gnnsched", "system:authenticated"]}
 SCHEDULER = {"username": service_account_user("scheduler"), "groups": ["system:serviceaccounts"]}
-TENANT = {"username": "system:serviceaccount:team-b:default", "groups": ["system:serviceaccounts"]}
+TENANT: dict[str, Any] = {"username": "system:serviceaccount:team-b:default", "groups": ["system:serviceaccounts"]}
 KUBELET = {"username": "system:node:node-1", "groups": ["system:nodes", "system:authenticated"]}
 GC = {"username": "system:serviceaccount:kube-system:generic-garbage-collector", "groups": []}
 
@@ -147,7 +147,8 @@ def test_gnnsched_annotations_are_written_only_by_gnnsched(chart_objects: list[d
         assert "may not add, change or remove them" in denial.message
         assert review(chart_objects, TENANT, "CREATE", pod(annotations={key: value})) is not None
     job_pod = operator_pod()
-    for change in ({ANN_ADMIT_BYTES: "1"}, {ANN_ADMIT_BYTES: None}):  # change, remove
+    changes: list[dict[str, str | None]] = [{ANN_ADMIT_BYTES: "1"}, {ANN_ADMIT_BYTES: None}]
+    for change in changes:  # change, remove
         assert review(chart_objects, TENANT, "UPDATE", patched(job_pod, change), job_pod) is not None
     # other annotations stay the tenant's; gnnsched's accounts write theirs
     assert review(chart_objects, TENANT, "UPDATE", patched(job_pod, {"team/note": "x"}), job_pod) is None
@@ -188,7 +189,7 @@ def test_the_node_agent_writes_only_its_own_nodes_pods_and_gpunode(chart_objects
     assert denial is not None and "carries no node claim" in denial.message
     gpunode = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "node-1"}}
     other = {**gpunode, "metadata": {"name": "node-2"}}
-    kw = {"resource": "gpunodes", "group": "gnnsched.io", "kind": "GPUNode"}
+    kw: dict[str, Any] = {"resource": "gpunodes", "group": "gnnsched.io", "kind": "GPUNode"}
     assert review(chart_objects, agent("node-1"), "CREATE", gpunode, **kw) is None
     assert review(chart_objects, agent("node-1"), "UPDATE", gpunode, gpunode, subresource="status", **kw) is None
     denial = review(chart_objects, agent("node-1"), "UPDATE", other, other, subresource="status", **kw)
@@ -203,7 +204,7 @@ def test_a_binding_carries_gnnsched_annotations_only_from_the_scheduler(chart_ob
                "metadata": {"name": "p", "namespace": "team-b",
                             "annotations": {ANN_RESERVATION: '{"node": "node-1", "gpu": 0}'}},
                "target": {"apiVersion": "v1", "kind": "Node", "name": "node-1"}}
-    kw = {"subresource": "binding", "kind": "Binding"}
+    kw: dict[str, Any] = {"subresource": "binding", "kind": "Binding"}
     assert review(chart_objects, SCHEDULER, "CREATE", binding, **kw) is None
     assert review(chart_objects, TENANT, "CREATE", binding, **kw) is not None
     assert review(chart_objects, TENANT, "CREATE", binding, resource="bindings", kind="Binding") is not None

@@ -149,7 +149,7 @@ def test_the_operator_claims_a_volume_owned_by_the_job_and_mounts_it() -> None:
     assert pvc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Gi"}},
                            "storageClassName": "nfs"}
-    pod = {"spec": {"containers": [{"name": "gnn", "env": []}], "volumes": []}}
+    pod: dict[str, Any] = {"spec": {"containers": [{"name": "gnn", "env": []}], "volumes": []}}
     op_checkpoint.mount(pod, "j", spec, settings)
     c = pod["spec"]["containers"][0]
     assert {"name": "gnnsched-checkpoint", "mountPath": MOUNT_PATH} in c["volumeMounts"]

@@ -146,9 +146,9 @@ BAD_STATES: dict[str, tuple[Callable[[dict[Any, Any]], None], str, str, str]] = 
                               "admission-policies", "missing for namespace gnnsched: pod-fields",
                               "admissionPolicies.enabled=true"),
     "admission-policies-of-another-namespace": (
-        lambda objs: [objs.update({k: json.loads(json.dumps(v).replace("system:serviceaccount:gnnsched:",
-                                                                       "system:serviceaccount:other:"))})
-                      for k, v in list(objs.items()) if k[0].endswith("/validatingadmissionpolicies")],
+        lambda objs: objs.update({k: json.loads(json.dumps(v).replace("system:serviceaccount:gnnsched:",
+                                                                      "system:serviceaccount:other:"))
+                                  for k, v in list(objs.items()) if k[0].endswith("/validatingadmissionpolicies")}),
         "admission-policies", "installed for service accounts of another namespace: gpu-share-pods",
         "--namespace gnnsched"),
     "admission-policy-audit-only": (

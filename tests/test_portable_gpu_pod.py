@@ -294,7 +294,8 @@ def _torch_names(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
-            parts, base = [], node
+            parts: list[str] = []
+            base: ast.expr = node
             while isinstance(base, ast.Attribute):
                 parts.append(base.attr)
                 base = base.value

@@ -194,9 +194,7 @@ def worker_command(
         transient=False,
     )
     checkpointer = _checkpointer()
-    from gnnsched.portable.checkpoint import Drained
-
-    with bar, _drained_exit(Drained):
+    with bar, _drained_exit():
         task = bar.add_task("steps", total=None)
         result = run_attempt(
             spec,
@@ -231,14 +229,17 @@ def worker_command(
 
 
 @contextlib.contextmanager
-def _drained_exit(drained: type[BaseException]) -> Iterator[None]:
+def _drained_exit() -> Iterator[None]:
     """A drain (SIGTERM) after the checkpoint was saved ends the worker with 143, the exit status of a process that
-    SIGTERM ended, and one line saying where it stopped; the next attempt resumes there."""
+    SIGTERM ended, and one line saying where it stopped; the next attempt resumes there (the portable runner's
+    ``main`` ends the same way)."""
+    from gnnsched.portable.checkpoint import EXIT_DRAINED, Drained
+
     try:
         yield
-    except drained as exc:
+    except Drained as exc:
         typer.echo(f"gnnsched worker: {exc}", err=True)
-        raise typer.Exit(143) from None
+        raise typer.Exit(EXIT_DRAINED) from None
 
 
 def _checkpointer() -> Any:

@@ -451,3 +451,15 @@ def test_a_runner_fault_reports_its_step_and_the_work_since_the_last_save(tmp_pa
         "fault", 3, 3, 0)
     assert result["checkpoint_saves"] == 3 and result["lost_seconds"] >= 0.0
     assert AttemptResult.model_validate(result).steps == 3
+
+
+def test_an_unreadable_checkpoint_is_one_line_naming_the_file(image: Path, tmp_path: Path) -> None:
+    """A truncated or foreign ``checkpoint.pt`` is neither resumed from (another model) nor overwritten (maybe the
+    user's): the runner stops with one line naming it."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "checkpoint.pt").write_bytes(b"half a checkpoint")
+    run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(_spec("train"))), "--device", "cpu"],
+               tmp_path, env={"GNNSCHED_CHECKPOINT_DIR": str(tmp_path / "c"), "GNNSCHED_CHECKPOINT_EVERY_S": "5"})
+    assert run.returncode == 2
+    lines = [ln for ln in run.stderr.splitlines() if not ln.startswith("LEAKED")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'c' / 'checkpoint.pt'}: not a readable"), lines

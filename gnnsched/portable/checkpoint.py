@@ -40,6 +40,12 @@ EXIT_DRAINED = 143
 the pod reads as drained (not as the job's own failure) with or without the save."""
 
 
+class CheckpointError(ValueError):
+    """The directory holds a ``checkpoint.pt`` that is not a checkpoint of this format (truncated, foreign, another
+    version): the message names the file. Bad input, not a fault: resuming from it would silently train another
+    model, and starting over would overwrite what may be the user's."""
+
+
 class Drained(Exception):
     """The job was asked to stop (SIGTERM) and has saved its checkpoint: the attempt ends here, to resume later."""
 
@@ -104,17 +110,16 @@ def save(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 def load(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> Checkpoint | None:
     """Restore the last checkpoint in ``directory`` into ``model`` and ``optimizer`` and the RNG; None when there is
-    none. A file that is not a checkpoint of this format raises ``ValueError`` naming the file: resuming from
-    something else would silently train another model."""
+    none. A file that is not a checkpoint of this format raises :class:`CheckpointError` naming the file."""
     final = path_in(directory)
     if not os.path.exists(final):
         return None
     try:
         state = torch.load(final, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated or foreign file: say which, never resume from it
-        raise ValueError(f"{final}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{final}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("step"), int):
-        raise ValueError(f"{final}: not a gnnsched checkpoint of format {FORMAT}")
+        raise CheckpointError(f"{final}: not a gnnsched checkpoint of format {FORMAT}")
     model.load_state_dict(state["model"])
     if optimizer is not None and state.get("optimizer") is not None:
         optimizer.load_state_dict(state["optimizer"])

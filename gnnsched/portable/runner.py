@@ -18,7 +18,7 @@ synthetic graph (``graph.py``), the user's model and the step (``step.py``), the
 (``gnnsched.closed_loop.AttemptResult``): ``outcome`` ``succeeded``/``memory-exceeded``/``fault``,
 ``observed_peak_bytes``, ``seconds``, ``steps``, ``limit_bytes`` and, when it failed, ``held_bytes``,
 ``requested_bytes`` and ``message``. Exit status: 0 succeeded, 1 another outcome (after the line), 2 bad input (one
-line on stderr naming the field), 143 stopped by SIGTERM after saving its checkpoint.
+line on stderr naming the field or the unreadable checkpoint), 143 stopped by SIGTERM after saving its checkpoint.
 
 The observed peak: on CUDA what the GPU counts (``torch.cuda.max_memory_reserved`` plus, under an MPS limit, what the
 client holds beyond it: limit - free - reserved, the CUDA context and kernels; without a limit the reserved bytes
@@ -52,7 +52,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from .checkpoint import EXIT_DRAINED, Checkpointer, Drained, checkpointed_steps
+from .checkpoint import EXIT_DRAINED, Checkpointer, CheckpointError, Drained, checkpointed_steps
 from .fake_memory import ENV_FAKE_GPU_MEMORY, FakeGPUMemory, out_of_memory_error, parse_footprint
 from .progress import ENV_PROGRESS_FD, StepReporter
 from .step import EntrypointError, GraphDims, attach_optimizer, build_entrypoint_model, make_optimizer, run_step
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                 reporter.start(total)
 
         result = attempt(request, args.device, environ, advance, start, checkpointer_from(environ))
-    except RunError as exc:
+    except (RunError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Drained as exc:  # SIGTERM, after the save: the next attempt resumes here

@@ -43,7 +43,7 @@ from gnnsched.closed_loop import AttemptResult, classify_log, failed_request_byt
 from gnnsched.gpu.fake_faults import FakeGPUFaultWatch
 from gnnsched.gpu.fake_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph
-from gnnsched.portable.checkpoint import Checkpointer
+from gnnsched.portable.checkpoint import Checkpointer, checkpointed_steps
 from gnnsched.portable.step import run_step
 from gnnsched.portable.storage_booking import storage_booking_mode
 from gnnsched.spec import GNNJobSpec
@@ -474,27 +474,20 @@ def run_job(
         workers = spec.parallelism if spec.mode == "infer" else 1
         if workers == 1:
             stream = inputs.stream()
-            optimizer = getattr(model, "optimizer", None)
-            first = checkpointer.resume(model, optimizer) if checkpointer is not None else 0
-            first = min(first, total)
-            for _ in range(first):
-                next(stream)  # the same inputs the resumed steps would see (mini-batches are seeded per epoch)
-            if first and progress is not None:
-                progress(first)
-            if reached is not None:
-                reached[:] = [first]
-            for index in range(first, total):
+            steps = checkpointed_steps(checkpointer, model, getattr(model, "optimizer", None), stream, total,
+                                       progress)
+            for ran, index in enumerate(steps):  # ``ran``: this attempt's steps, the profiler's count
+                if reached is not None:
+                    reached[:] = [index]
                 with torch.profiler.record_function(STEP_MARK):
                     run_step(model, next(stream), spec.mode)
-                meter_.step_done(index - first)
+                meter_.step_done(ran)
                 if reached is not None:
                     reached[:] = [index + 1]
                 if fault_watch is not None:
                     fault_watch.check(index + 1)
                 if progress is not None:
                     progress(1)
-                if checkpointer is not None and index + 1 < total:
-                    checkpointer.after_step(model, optimizer, index + 1)
         else:
             meter = ConcurrentMeter(_resident_tensors(model, inputs.graph)) if device == "cpu" else None
             with torch.profiler.record_function(STEP_MARK):
@@ -589,7 +582,7 @@ def run_attempt(
         else:  # a host allocation failure reported as OOM without a device: what the message says is all there is
             held, requested, peak = None, failed_request_bytes(text), None
         if checkpointer is not None:
-            extra = {**checkpointer.report(), "lost_seconds": round(checkpointer.lost_seconds(), 3)}
+            extra = checkpointer.result_fields(succeeded=False)
         return AttemptResult(outcome="memory-exceeded", observed_peak_bytes=peak, limit_bytes=limit_bytes,
                              held_bytes=held, requested_bytes=requested, message=text[:1024], **extra)
     except RuntimeError as exc:
@@ -605,10 +598,10 @@ def run_attempt(
         elif fake_memory is not None:
             peak = fake_memory.peak
         if checkpointer is not None:
-            extra = {**checkpointer.report(), "lost_seconds": round(checkpointer.lost_seconds(), 3)}
+            extra = checkpointer.result_fields(succeeded=False)
         return AttemptResult(outcome="fault", observed_peak_bytes=peak, limit_bytes=limit_bytes, message=text[:1024],
                              steps=reached[0], **extra)
     if checkpointer is not None:
-        extra = {**checkpointer.report(), "lost_seconds": 0.0}
+        extra = checkpointer.result_fields(succeeded=True)
     return AttemptResult(outcome="succeeded", observed_peak_bytes=result.observed_peak_bytes, seconds=result.seconds,
                          steps=result.steps, limit_bytes=limit_bytes, **extra)

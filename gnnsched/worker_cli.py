@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gnnsched.cliutil import UserError, user_errors
+from gnnsched.cliutil import UserError, fail, user_errors
 from gnnsched.contract import (
     ENV_CPU_REQUEST,
     ENV_FAKE_GPU_MEMORY,
@@ -193,10 +193,9 @@ def worker_command(
         disable=not progress,
         transient=False,
     )
-    checkpointer = _checkpointer()
-    from gnnsched.portable.checkpoint import Drained
-
-    with bar, _drained_exit(Drained):
+    with user_errors():
+        checkpointer = _checkpointer()
+    with bar, _checkpoint_ends():
         task = bar.add_task("steps", total=None)
         result = run_attempt(
             spec,
@@ -231,14 +230,19 @@ def worker_command(
 
 
 @contextlib.contextmanager
-def _drained_exit(drained: type[BaseException]) -> Iterator[None]:
+def _checkpoint_ends() -> Iterator[None]:
     """A drain (SIGTERM) after the checkpoint was saved ends the worker with 143, the exit status of a process that
-    SIGTERM ended, and one line saying where it stopped; the next attempt resumes there."""
+    SIGTERM ended, and one line saying where it stopped; the next attempt resumes there. A checkpoint file it cannot
+    read is bad input, one line naming the file. (The portable runner's ``main`` ends the same ways.)"""
+    from gnnsched.portable.checkpoint import EXIT_DRAINED, CheckpointError, Drained
+
     try:
         yield
-    except drained as exc:
+    except CheckpointError as exc:
+        fail(str(exc))
+    except Drained as exc:
         typer.echo(f"gnnsched worker: {exc}", err=True)
-        raise typer.Exit(143) from None
+        raise typer.Exit(EXIT_DRAINED) from None
 
 
 def _checkpointer() -> Any:

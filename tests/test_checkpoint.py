@@ -220,3 +220,25 @@ def test_the_simulator_refunds_saved_work_and_charges_the_saves() -> None:
     assert saved["jobs_lost"] == none["jobs_lost"] == 0 and saved["failed_by_rule"] > 0
     costly, free = go(5.0, 1.0, hw=0.0, buggy=0.0), go(0.0, 0.0, hw=0.0, buggy=0.0)
     assert costly["kept_work_s"] == 0 and costly["jct_mean_s"] > free["jct_mean_s"]
+
+
+def test_the_worker_names_a_bad_interval_and_an_unreadable_checkpoint_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"apiVersion": "gnnsched.io/v1alpha1", "kind": "GNNJob", "metadata": {"name": "j"},
+                                   "spec": SPEC}))
+    directory = tmp_path / "c"
+    directory.mkdir()
+    (directory / portable.FILE_NAME).write_bytes(b"half a checkpoint")
+    for every, needle in (("soon", f"error: {ENV_CHECKPOINT_EVERY_S}: must be a number of seconds > 0, got 'soon'"),
+                          ("5", f"error: {directory / portable.FILE_NAME}: not a readable checkpoint")):
+        run = subprocess.run([sys.executable, "-m", "gnnsched.cli", "worker", str(job), "--no-progress"],
+                             capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                             env={**os.environ, ENV_CHECKPOINT_DIR: str(directory), ENV_CHECKPOINT_EVERY_S: every})
+        errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]  # beside the profiler's notes
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+        assert len(errors) == 1 and errors[0].startswith(needle), run.stderr[-2000:]

@@ -6,7 +6,8 @@
   patterns, the MPS limit grammar, the prestart hand-off line).
 * The step runner and the gate run from an installed copy under ``python -I`` with an import hook that fails any
   import of gnnsched: a training and a parallel-inference job give the worker's result line, their progress reaches
-  the gate's pipe, a fake GPU's limit gives ``memory-exceeded``, a wrong entrypoint is one line naming the field.
+  the gate's pipe, a fake GPU's limit gives ``memory-exceeded``, a wrong entrypoint is one line naming the field, a
+  checkpointing job stopped by SIGTERM resumes and ends as one never stopped.
 * One build path: the runner's observed peak equals the built-in worker's for the same job under a fake GPU.
 """
 
@@ -235,6 +236,87 @@ def test_bad_input_is_one_line_naming_the_field(image: Path, tmp_path: Path, cha
     assert len(lines) == 1 and needle in lines[0], run.stderr
 
 
+DRAIN_MODULE = '''
+"""The example's model, built by an entrypoint that asks its own process to stop (SIGTERM, as a drain does) in the
+forward pass of step $DRAIN_AT_STEP: an interruption at a known step, through the runner's own signal handler."""
+import os
+import signal
+
+from my_gnn.model import build as build_model
+
+
+def build(dims):
+    model = build_model(dims)
+    at, calls = int(os.environ.get("DRAIN_AT_STEP", "0")), [0]
+
+    def count(module, args, out):
+        calls[0] += 1
+        if calls[0] == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    model.register_forward_hook(count)
+    return model
+'''
+
+
+def test_a_drained_runner_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_run(image: Path,
+                                                                                        tmp_path: Path) -> None:
+    """``spec.checkpoint`` in the user's image: SIGTERM during step 5 saves at its end and exits 143 with no result
+    line; the next attempt resumes at step 5 and ends with the same weights, optimizer state and RNG, step for step,
+    as a run that was never stopped (the example model draws dropout masks, so the RNG must be restored too)."""
+    import torch
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "drain_at.py").write_text(DRAIN_MODULE)
+    request = {**run_request(_spec("train", epochs=12)), "entrypoint": "drain_at:build"}
+    args = ["--request", json.dumps(request), "--device", "cpu"]
+    base = {"USER_PATH": f"{image / 'user'}:{user}", "GNNSCHED_CPU_REQUEST": "1"}
+    every_step = {"GNNSCHED_CHECKPOINT_EVERY_S": "0.000001"}  # below one step's time: a save after every step
+    whole_dir, parts_dir = tmp_path / "whole", tmp_path / "parts"
+
+    whole = _run(image, "run_launch.py", args, tmp_path,
+                 env={**base, **every_step, "GNNSCHED_CHECKPOINT_DIR": str(whole_dir)})
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    ref = _result(whole)
+    assert (ref["outcome"], ref["steps"], ref["resumed_from_step"], ref["checkpoint_step"]) == ("succeeded", 12, 0, 11)
+    assert ref["checkpoint_saves"] == 11 and ref["lost_seconds"] == 0.0
+
+    stopped = _run(image, "run_launch.py", args, tmp_path,
+                   env={**base, "DRAIN_AT_STEP": "5", "GNNSCHED_CHECKPOINT_EVERY_S": "3600",
+                        "GNNSCHED_CHECKPOINT_DIR": str(parts_dir)})
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "gnnsched runner: stopped by SIGTERM after step 5; checkpoint saved" in stopped.stderr
+    assert not [ln for ln in stopped.stdout.splitlines() if ln.startswith("{")]  # no outcome: the attempt goes on
+    assert os.listdir(parts_dir) == ["checkpoint.pt"]
+
+    resumed = _run(image, "run_launch.py", args, tmp_path,
+                   env={**base, **every_step, "GNNSCHED_CHECKPOINT_DIR": str(parts_dir)})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = _result(resumed)
+    assert (done["outcome"], done["steps"], done["resumed_from_step"], done["checkpoint_step"]) == (
+        "succeeded", 12, 5, 11)
+    assert done["checkpoint_saves"] == 6 and done["lost_seconds"] == 0.0
+
+    a, b = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (whole_dir, parts_dir))
+    assert a["step"] == b["step"] == 11
+    assert a["model"].keys() == b["model"].keys()
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    for slot, state in a["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][slot][name])), name
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+
+def test_a_bad_checkpoint_interval_is_one_line_naming_the_variable(image: Path, tmp_path: Path) -> None:
+    run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(_spec("train"))), "--device", "cpu"],
+               tmp_path, env={"GNNSCHED_CHECKPOINT_DIR": str(tmp_path / "c"), "GNNSCHED_CHECKPOINT_EVERY_S": "soon"})
+    assert run.returncode == 2
+    lines = [ln for ln in run.stderr.splitlines() if not ln.startswith("LEAKED")]
+    assert lines == ["error: GNNSCHED_CHECKPOINT_EVERY_S: must be a number of seconds > 0, got 'soon'"], run.stderr
+
+
 def test_the_gate_from_a_copy_waits_then_execs_the_workload_with_its_gpu(image: Path, tmp_path: Path) -> None:
     sock = tmp_path / "gate.sock"
     agent = Successor(sock, [{"status": "queued", "position": 1}, ADMITTED])
@@ -268,7 +350,8 @@ def test_the_gate_from_a_copy_without_an_agent_exits_4_in_one_line(image: Path, 
 
 # What the GPU pod's portable modules use of torch, with the release that has it (docs/custom-models.md, "Oldest
 # versions"). Names every torch release since 1.0 has are (1, 0).
-GPU_POD_MODULES = ("runner", "step", "graph", "sampler", "fake_memory", "storage_booking", "progress", "gate")
+GPU_POD_MODULES = ("runner", "step", "graph", "sampler", "fake_memory", "storage_booking", "progress", "gate",
+                   "checkpoint")
 TORCH_API = {
     "F.cross_entropy": (1, 0), "torch.Generator": (1, 0), "torch.Tensor": (1, 0), "torch.arange": (1, 0),
     "torch.cuda": (1, 0), "torch.cuda.is_available": (1, 0), "torch.cuda.synchronize": (1, 0),
@@ -283,6 +366,10 @@ TORCH_API = {
     "torch.cat": (1, 0), "torch.device": (1, 0), "torch.full": (1, 0), "torch.ones_like": (1, 0),
     "torch.rand": (1, 0), "torch.randperm": (1, 0), "torch.repeat_interleave": (1, 1), "torch.stack": (1, 0),
     "torch.unique": (1, 0), "torch.where": (1, 0), "torch.zeros": (1, 0),
+    # the checkpoint's save and resume; torch.load's weights_only= keyword is 1.13's
+    "torch.save": (1, 0), "torch.load": (1, 13), "torch.get_rng_state": (1, 0), "torch.set_rng_state": (1, 0),
+    "torch.cuda.get_rng_state_all": (1, 0), "torch.cuda.set_rng_state_all": (1, 0),
+    "torch.cuda.is_initialized": (2, 0),  # an upper bound: no older release was checked
     # methods, found by name
     "Tensor.untyped_storage": (2, 0), "Optimizer(foreach=True)": (2, 0),
 }
@@ -329,3 +416,51 @@ def test_the_runner_survives_a_torch_without_its_newer_names(monkeypatch: pytest
                                              "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1M"})
     assert result["outcome"] == "memory-exceeded" and result["limit_bytes"] == 1 << 20, result
     assert "CUDA out of memory. Tried to allocate" in result["message"]
+
+
+FAULT_MODULE = '''
+"""The example's model, with a fatal GPU error (as CUDA raises it) in the forward pass of step 4."""
+from my_gnn.model import build as build_model
+
+
+def build(dims):
+    model = build_model(dims)
+    calls = [0]
+
+    def count(module, args, out):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    model.register_forward_hook(count)
+    return model
+'''
+
+
+def test_a_runner_fault_reports_its_step_and_the_work_since_the_last_save(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's fault line: the step the fault came at, the last step saved, the seconds lost since then."""
+    from gnnsched.portable.checkpoint import Checkpointer
+
+    (tmp_path / "fault_at_step_4.py").write_text(FAULT_MODULE)
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request = runner.RunRequest.from_json(json.dumps({**run_request(_spec("train", epochs=12)),
+                                                      "entrypoint": "fault_at_step_4:build"}))
+    result = runner.attempt(request, "cpu", {}, checkpointer=Checkpointer(str(tmp_path / "c"), 1e-6))
+    assert (result["outcome"], result["steps"], result["checkpoint_step"], result["resumed_from_step"]) == (
+        "fault", 3, 3, 0)
+    assert result["checkpoint_saves"] == 3 and result["lost_seconds"] >= 0.0
+    assert AttemptResult.model_validate(result).steps == 3
+
+
+def test_an_unreadable_checkpoint_is_one_line_naming_the_file(image: Path, tmp_path: Path) -> None:
+    """A truncated or foreign ``checkpoint.pt`` is neither resumed from (another model) nor overwritten (maybe the
+    user's): the runner stops with one line naming it."""
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "checkpoint.pt").write_bytes(b"half a checkpoint")
+    run = _run(image, "run_launch.py", ["--request", json.dumps(run_request(_spec("train"))), "--device", "cpu"],
+               tmp_path, env={"GNNSCHED_CHECKPOINT_DIR": str(tmp_path / "c"), "GNNSCHED_CHECKPOINT_EVERY_S": "5"})
+    assert run.returncode == 2
+    lines = [ln for ln in run.stderr.splitlines() if not ln.startswith("LEAKED")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'c' / 'checkpoint.pt'}: not a readable"), lines

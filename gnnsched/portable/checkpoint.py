@@ -25,7 +25,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,15 @@ ENV_DIR = "GNNSCHED_CHECKPOINT_DIR"
 ENV_EVERY_S = "GNNSCHED_CHECKPOINT_EVERY_S"
 FILE_NAME = "checkpoint.pt"
 FORMAT = 1
+EXIT_DRAINED = 143
+"""The exit status of an attempt that SIGTERM stopped after its save: a process that SIGTERM ended exits 128 + 15, so
+the pod reads as drained (not as the job's own failure) with or without the save."""
+
+
+class CheckpointError(ValueError):
+    """The directory holds a ``checkpoint.pt`` that is not a checkpoint of this format (truncated, foreign, another
+    version): the message names the file. Bad input, not a fault: resuming from it would silently train another
+    model, and starting over would overwrite what may be the user's."""
 
 
 class Drained(Exception):
@@ -101,17 +110,16 @@ def save(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 def load(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> Checkpoint | None:
     """Restore the last checkpoint in ``directory`` into ``model`` and ``optimizer`` and the RNG; None when there is
-    none. A file that is not a checkpoint of this format raises ``ValueError`` naming the file: resuming from
-    something else would silently train another model."""
+    none. A file that is not a checkpoint of this format raises :class:`CheckpointError` naming the file."""
     final = path_in(directory)
     if not os.path.exists(final):
         return None
     try:
         state = torch.load(final, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated or foreign file: say which, never resume from it
-        raise ValueError(f"{final}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{final}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("step"), int):
-        raise ValueError(f"{final}: not a gnnsched checkpoint of format {FORMAT}")
+        raise CheckpointError(f"{final}: not a gnnsched checkpoint of format {FORMAT}")
     model.load_state_dict(state["model"])
     if optimizer is not None and state.get("optimizer") is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -193,3 +201,31 @@ class Checkpointer:
         if self.saved_step is not None:
             out["checkpoint_step"] = self.saved_step
         return out
+
+    def result_fields(self, succeeded: bool) -> dict[str, Any]:
+        """:meth:`report` and the work the attempt lost: none when it succeeded, else the seconds of steps since its
+        last save. The built-in worker and the portable runner put exactly these keys on their result line."""
+        lost = 0.0 if succeeded else round(self.lost_seconds(), 3)
+        return {**self.report(), "lost_seconds": lost}
+
+
+def checkpointed_steps(checkpointer: Checkpointer | None, model: torch.nn.Module,
+                       optimizer: torch.optim.Optimizer | None, stream: Iterator[Any], total: int,
+                       progress: Callable[[int], None] | None = None) -> Iterator[int]:
+    """The indices of the steps a serial step loop runs, with the contract around them: the one loop of the built-in
+    worker and of the portable runner.
+
+    Before the first index it resumes (restores the last checkpoint, skips the inputs of the steps it holds on
+    ``stream``, since mini-batches are drawn in a fixed order per epoch, and reports them done through ``progress``);
+    the caller's body runs step ``i`` on the next input of ``stream``; when the body is done the next index saves if
+    the interval passed, or on SIGTERM saves and raises :class:`Drained`. Nothing is saved after the last step: the
+    job is done. Without ``checkpointer`` it is ``range(total)``."""
+    first = min(checkpointer.resume(model, optimizer), total) if checkpointer is not None else 0
+    for _ in range(first):
+        next(stream)
+    if first and progress is not None:
+        progress(first)
+    for index in range(first, total):
+        yield index
+        if checkpointer is not None and index + 1 < total:
+            checkpointer.after_step(model, optimizer, index + 1)

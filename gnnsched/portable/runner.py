@@ -18,7 +18,7 @@ synthetic graph (``graph.py``), the user's model and the step (``step.py``), the
 (``gnnsched.closed_loop.AttemptResult``): ``outcome`` ``succeeded``/``memory-exceeded``/``fault``,
 ``observed_peak_bytes``, ``seconds``, ``steps``, ``limit_bytes`` and, when it failed, ``held_bytes``,
 ``requested_bytes`` and ``message``. Exit status: 0 succeeded, 1 another outcome (after the line), 2 bad input (one
-line on stderr naming the field).
+line on stderr naming the field or the unreadable checkpoint), 143 stopped by SIGTERM after saving its checkpoint.
 
 The observed peak: on CUDA what the GPU counts (``torch.cuda.max_memory_reserved`` plus, under an MPS limit, what the
 client holds beyond it: limit - free - reserved, the CUDA context and kernels; without a limit the reserved bytes
@@ -27,6 +27,14 @@ bytes, counted by the storage-booking dispatch mode from the graph's creation on
 
 Mini-batch jobs sample with the worker's own sampler (``sampler.py``). Not here: the start-up-first gate
 (``--prestart``: the runner starts after its admission) and a fake GPU's injected faults.
+
+Checkpoints (``spec.checkpoint``; ``checkpoint.py``): with ``$GNNSCHED_CHECKPOINT_DIR`` and
+``$GNNSCHED_CHECKPOINT_EVERY_S`` set, the runner resumes from the directory's checkpoint, saves there every that many
+seconds and, on SIGTERM, at the end of the current step, then exits 143 with one line on stderr and no result line;
+its result line adds ``resumed_from_step``, ``checkpoint_step``, ``checkpoint_saves``, ``checkpoint_seconds`` and
+``lost_seconds``. The loop around the steps is the worker's own (``checkpoint.checkpointed_steps``), so both save the
+same file at the same points and resume either's. Parallel inference keeps no state worth saving and restarts, as
+the worker's does.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from .checkpoint import EXIT_DRAINED, Checkpointer, CheckpointError, Drained, checkpointed_steps
 from .fake_memory import ENV_FAKE_GPU_MEMORY, FakeGPUMemory, out_of_memory_error, parse_footprint
 from .progress import ENV_PROGRESS_FD, StepReporter
 from .step import EntrypointError, GraphDims, attach_optimizer, build_entrypoint_model, make_optimizer, run_step
@@ -209,8 +218,10 @@ def _cuda_peak(limit_bytes: int | None) -> int:
 
 
 def run(request: RunRequest, device: str, limit_bytes: int | None, meter: FakeGPUMemory,
-        progress: Callable[[int], None], on_start: Callable[[int], None]) -> dict[str, Any]:
-    """The job's steps; returns the succeeded result's fields. Errors propagate (``attempt`` classifies them)."""
+        progress: Callable[[int], None], on_start: Callable[[int], None],
+        checkpointer: Checkpointer | None = None, reached: list[int] | None = None) -> dict[str, Any]:
+    """The job's steps; returns the succeeded result's fields. Errors propagate (``attempt`` classifies them).
+    ``reached`` is kept at the number of steps done (resumed ones included): the step a failed attempt stopped at."""
     torch.manual_seed(request.seed)
     with meter.mode():
         x, edge_index, y, target = _synthetic(request)
@@ -237,8 +248,12 @@ def run(request: RunRequest, device: str, limit_bytes: int | None, meter: FakeGP
         workers = request.parallelism if request.mode == "infer" else 1
         if workers == 1:
             stream = inputs.stream()
-            for _ in range(total):
+            for index in checkpointed_steps(checkpointer, model, optimizer, stream, total, progress):
+                if reached is not None:
+                    reached[:] = [index]
                 run_step(model, next(stream), request.mode)
+                if reached is not None:
+                    reached[:] = [index + 1]
                 progress(1)
         else:
             _serve_parallel(model, inputs, total, workers, progress, meter)
@@ -325,8 +340,11 @@ def _serve_parallel(model: torch.nn.Module, inputs: _StepInputs, total: int, wor
 
 def attempt(request: RunRequest, device: str, environ: dict[str, str],
             progress: Callable[[int], None] = lambda n: None,
-            on_start: Callable[[int], None] = lambda total: None) -> dict[str, Any]:
-    """One attempt as the closed loop sees it: the result line's fields (None values left out)."""
+            on_start: Callable[[int], None] = lambda total: None,
+            checkpointer: Checkpointer | None = None) -> dict[str, Any]:
+    """One attempt as the closed loop sees it: the result line's fields (None values left out). With
+    ``checkpointer`` (:func:`checkpointer_from`) it resumes, saves and reports as the worker's ``run_attempt``; a
+    SIGTERM's save ends it with :class:`checkpoint.Drained`."""
     raw_limit = environ.get(ENV_MPS_MEMORY_LIMIT, "").strip()
     limit_bytes = mps_limit_bytes(raw_limit) if raw_limit else None
     raw_fake = environ.get(ENV_FAKE_GPU_MEMORY, "").strip()
@@ -342,8 +360,10 @@ def attempt(request: RunRequest, device: str, environ: dict[str, str],
     if device == "cuda" and not torch.cuda.is_available():
         raise RunError("--device: cuda requested but no CUDA device is available to this process")
     result: dict[str, Any]
+    reached = [0]
     try:
-        result = {"outcome": "succeeded", **run(request, device, limit_bytes, meter, progress, on_start)}
+        result = {"outcome": "succeeded", **run(request, device, limit_bytes, meter, progress, on_start,
+                                                checkpointer, reached)}
     except out_of_memory_error() as exc:
         text = str(exc)
         if raw_fake:
@@ -361,9 +381,24 @@ def attempt(request: RunRequest, device: str, environ: dict[str, str],
         if not FAULT_PATTERNS.search(text):
             raise
         result = {"outcome": "fault", "observed_peak_bytes": meter.peak if raw_fake else None,
-                  "message": text[:MAX_MESSAGE]}
+                  "message": text[:MAX_MESSAGE], "steps": reached[0]}
     result["limit_bytes"] = limit_bytes
+    if checkpointer is not None:
+        result.update(checkpointer.result_fields(succeeded=result["outcome"] == "succeeded"))
     return {k: v for k, v in result.items() if v is not None}
+
+
+def checkpointer_from(environ: dict[str, str]) -> Checkpointer | None:
+    """``spec.checkpoint``'s contract from the pod's environment, with SIGTERM turned into a save at the end of the
+    current step (the worker's ``_checkpointer``); None when the job does not checkpoint. Bad values are a
+    ``RunError`` naming the variable."""
+    try:
+        checkpointer = Checkpointer.from_env(environ)
+    except (ValueError, OSError) as exc:
+        raise RunError(str(exc)) from None
+    if checkpointer is not None:
+        checkpointer.install_sigterm()
+    return checkpointer
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -410,10 +445,13 @@ def main(argv: list[str] | None = None) -> int:
             if reporter is not None:
                 reporter.start(total)
 
-        result = attempt(request, args.device, environ, advance, start)
-    except RunError as exc:
+        result = attempt(request, args.device, environ, advance, start, checkpointer_from(environ))
+    except (RunError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Drained as exc:  # SIGTERM, after the save: the next attempt resumes here
+        print(f"gnnsched runner: {exc}", file=sys.stderr)
+        return EXIT_DRAINED
     line = json.dumps(result, separators=(",", ":")) + "\n"
     sys.stdout.write(line)
     sys.stdout.flush()

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from gnnsched import placement as pl
+from gnnsched.colocation.interference import JobProfile, SlowdownModel
 from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
-from gnnsched.interference import JobProfile, SlowdownModel
 from gnnsched.placement import W_FRAG
 from gnnsched.quantity import format_bytes, parse_bytes, parse_quantity
 from gnnsched.trust.domain import DomainResolver

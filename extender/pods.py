@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gnnsched.attempts.fault_classes import apart_identity
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
@@ -24,7 +25,6 @@ from gnnsched.contract import (
     gnnjob_owner,
 )
 from gnnsched.errors import FieldError
-from gnnsched.fault_classes import apart_identity
 from gnnsched.quantity import QuantityError, parse_bytes, parse_quantity
 
 log = logging.getLogger("gnnsched.extender")
@@ -189,8 +189,8 @@ def parse_pod(pod: Any) -> PodDemand:
 
 
 def pod_apart(meta: dict, namespace: str, name: str) -> tuple[str | None, frozenset[str]]:
-    """The pod's side of the apart rule (``gnnsched.fault_classes.apart_identity``): its job and fault peers, only
-    when a GNNJob owns it, as the node agent's gate reads them (the gate also checks that the GNNJob exists; the
+    """The pod's side of the apart rule (``gnnsched.attempts.fault_classes.apart_identity``): its job and fault peers,
+    only when a GNNJob owns it, as the node agent's gate reads them (the gate also checks that the GNNJob exists; the
     extender reads no GNNJobs, and the peers can only keep pods apart, never book memory). A malformed
     ``gnnsched.io/fault-peers`` never fails the request: what cannot be read is left out, with a log line."""
     owner = gnnjob_owner(meta)

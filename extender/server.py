@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from gnnsched.colocation.interference import load_default
 from gnnsched.contract import DEFAULT_EXTENDER_PORT
-from gnnsched.interference import load_default
 from gnnsched.trust.domain import DEFAULT_TRUST_DOMAIN, DomainResolver, NamespaceLabels, parse_trust_domain
 
 from .binder import DEFAULT_BIND_TIMEOUT, FakeBinder, KubeBinder

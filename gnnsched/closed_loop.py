@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gnnsched.attempts.fault_classes import MAX_FAULT_PEERS, Charge, fault_class
 from gnnsched.errors import FieldError
-from gnnsched.fault_classes import MAX_FAULT_PEERS, Charge, fault_class
 
 if TYPE_CHECKING:
     from gnnsched.spec import GNNJobSpec
@@ -174,18 +174,19 @@ class FaultRecord(BaseModel):
     at: datetime
     xid: int | None = None
     fault_class: Literal["hardware", "application"] | None = None
-    """``gnnsched.fault_classes.fault_class`` of the fault; a record without it (an older agent's) is classified from
-    its Xid by :meth:`klass`."""
+    """``gnnsched.attempts.fault_classes.fault_class`` of the fault; a record without it (an older agent's) is
+    classified from its Xid by :meth:`klass`."""
     peers: list[str] = Field(default_factory=list, max_length=MAX_FAULT_PEERS)
     """An undecided client's peers: the jobs (``<namespace>/<name>``) of the other clients of the same fault whose own
-    error was fatal too, any of which may be the culprit (``gnnsched.fault_classes.undecided_peers``). The operator
-    keeps its next attempt apart from them (``gnnsched.io/fault-peers``). Empty for every other record."""
+    error was fatal too, any of which may be the culprit (``gnnsched.attempts.fault_classes.undecided_peers``). The
+    operator keeps its next attempt apart from them (``gnnsched.io/fault-peers``). Empty for every other record."""
 
     def klass(self) -> Literal["hardware", "application"]:
         return self.fault_class if self.fault_class is not None else fault_class(self.xid)
 
     def charge(self) -> Charge:
-        """The record as the rule's :class:`~gnnsched.fault_classes.Charge` (what ``fault_step`` decides from)."""
+        """The record as the rule's :class:`~gnnsched.attempts.fault_classes.Charge` (what ``fault_step`` decides
+        from)."""
         return Charge(self.role, self.reason, self.role == "suspect", self.klass())
 
 

@@ -57,11 +57,12 @@ job suspected twice of a fatal MPS fault, or failed with its own fatal error in 
 told apart (``undecidedFaults``)."""
 ANN_FAULT_PEERS = f"{GROUP}/fault-peers"
 """Comma-separated ``<namespace>/<name>`` of the GNNJobs this attempt may not share a GPU with while it runs: the
-other clients of the undecided MPS fault that ended its last attempt (``gnnsched.fault_classes.undecided_peers``).
-Set by the operator on a requeued attempt; the gate refuses a group or a GPU that would put it beside one of them
-(``gnnsched.policies.apart_allows``), so the culprit's next fault names it alone. Read from the GNNJob's
-``status.podFacts`` (``gnnsched.trust.job_facts``), never from the pod; it only ever keeps pods apart. Written and
-read by ``gnnsched.fault_classes.format_fault_peers`` and ``parse_fault_peers``."""
+other clients of the undecided MPS fault that ended its last attempt
+(``gnnsched.attempts.fault_classes.undecided_peers``). Set by the operator on a requeued attempt; the gate refuses a
+group or a GPU that would put it beside one of them (``gnnsched.policies.apart_allows``), so the culprit's next fault
+names it alone. Read from the GNNJob's ``status.podFacts`` (``gnnsched.trust.job_facts``), never from the pod; it only
+ever keeps pods apart. Written and read by ``gnnsched.attempts.fault_classes.format_fault_peers`` and
+``parse_fault_peers``."""
 
 
 def gnnjob_owner(meta: object) -> tuple[str, str] | None:

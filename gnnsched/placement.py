@@ -25,7 +25,7 @@ to the solo runtime, plus a fragmentation term::
 * ``wait(g)``: 0 when ``free(g) >= b + queued(g)``; otherwise the predicted end of the running job whose
   completion frees enough memory (running jobs sorted by predicted end, cumulative freed bytes); if even an
   empty GPU must first serve its queue, the last end plus the queue's predicted seconds.
-* ``slowdown(g)``: the InSS-style interference model (``gnnsched.interference``) against the sum of the
+* ``slowdown(g)``: the InSS-style interference model (``gnnsched.colocation.interference``) against the sum of the
   profiles of the jobs already running (or reserved) on the GPU; memory-bound next to memory-bound costs most.
   With interference-aware scoring off (the simulator's ``-interference`` policies) it is 1 everywhere.
 * ``dF(g)``: FGD-style fragmentation (ATC'23): with ``S`` the sizes of the jobs the cluster runs
@@ -35,15 +35,14 @@ to the solo runtime, plus a fragmentation term::
 * Weights: completion time weight 1 (it is the objective), ``W_FRAG = 0.5``: a placement that leaves a whole
   GPU's worth of unusable fragment costs as much as half the job's runtime in extra waiting.
 
-**Fault peers** (the apart rule, ``gnnsched.fault_classes.must_stay_apart``; docs/faults.md). A pod whose job must stay
-apart from a client of a GPU (an undecided MPS fault's peers, either side's list) cannot run on that GPU while that
-client does: the node agent's gate would keep it queued there. :func:`apart_blocked` finds those GPUs,
+**Fault peers** (the apart rule, ``gnnsched.attempts.fault_classes.must_stay_apart``; docs/faults.md). A pod whose job
+must stay apart from a client of a GPU (an undecided MPS fault's peers, either side's list) cannot run on that GPU while
+that client does: the node agent's gate would keep it queued there. :func:`apart_blocked` finds those GPUs,
 :func:`apart_filter` and :func:`apart_costs` / :func:`apart_ranked` turn them into the filter's and the score's
 decision. A node none of whose GPUs that can hold the pod is free of its peers fails the filter only when another
 candidate has such a GPU (a filtered node is one kube-scheduler never binds, and with none left the pod would be
-unschedulable, though peers finish); when every candidate is blocked, they all pass and rank by their cost plus the
-wait until the peers are predicted to leave.
-"""
+unschedulable, though peers finish); when every candidate is blocked, they all pass and rank by their cost plus the wait
+until the peers are predicted to leave. """
 
 from __future__ import annotations
 
@@ -52,7 +51,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from gnnsched.fault_classes import must_stay_apart
+from gnnsched.attempts.fault_classes import must_stay_apart
 from gnnsched.trust.domain import may_share
 
 #: Weight of the fragmentation term (see module docstring).
@@ -690,7 +689,7 @@ def apart_blocked(job: str | None, apart: frozenset[str],
                   gpus: Iterable[tuple[_Cell, Iterable[Occupant]]], domain: str | None = None) -> dict[_Cell, float]:
     """Which of ``gpus`` (each a key and its clients) the pod (``job`` and its ``apart`` peers, of trust domain
     ``domain``) may not join now: a client there must stay apart from it
-    (:func:`~gnnsched.fault_classes.must_stay_apart`, both directions) or is of a trust domain it may not share
+    (:func:`~gnnsched.attempts.fault_classes.must_stay_apart`, both directions) or is of a trust domain it may not share
     with (:func:`~gnnsched.trust.domain.may_share`). Each with the predicted time its last such client leaves
     (``inf`` when one never says)."""
     out: dict[_Cell, float] = {}

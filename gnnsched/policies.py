@@ -48,8 +48,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache, partial
 
-from gnnsched.fault_classes import must_stay_apart
-from gnnsched.interference import load_default
+from gnnsched.attempts.fault_classes import must_stay_apart
+from gnnsched.colocation.interference import load_default
 from gnnsched.progress import StepProgress, seconds_left
 from gnnsched.trust.domain import may_join, mixed
 
@@ -324,9 +324,9 @@ Allows = Callable[[Task, GPUFree, Sequence[Task]], bool]
 
 
 def apart_allows(task: Task, gpu: GPUFree, members: Sequence[Task]) -> bool:
-    """The apart rule (``gnnsched.fault_classes.must_stay_apart``): ``task`` may join ``gpu`` only when neither a
-    client running there nor a member of this decision's group there is one of its undecided fault's peers. A task
-    refused here is treated as one that does not fit the GPU: it stays queued (or goes to another GPU), and the
+    """The apart rule (``gnnsched.attempts.fault_classes.must_stay_apart``): ``task`` may join ``gpu`` only when
+    neither a client running there nor a member of this decision's group there is one of its undecided fault's peers. A
+    task refused here is treated as one that does not fit the GPU: it stays queued (or goes to another GPU), and the
     backfill rule counts the tasks that overtake it. It needs ``GPUFree.running`` with the clients' jobs.
 
     The trust-domain rule (``gnnsched.trust.domain.may_join``) is checked here too, the same way: a task joins only

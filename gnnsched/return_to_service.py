@@ -26,12 +26,12 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from gnnsched.attempts.fault_classes import is_hardware_xid
 from gnnsched.contract import (
     RETURN_TO_SERVICE_DIR_NAME,
     RETURN_TO_SERVICE_REJECTED_SUFFIX,
     ReturnToServiceRequest,
 )
-from gnnsched.fault_classes import is_hardware_xid
 from gnnsched.gpu.backend import GPUInfo
 
 __all__ = [

@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
+from gnnsched.attempts.fault_classes import (
+    REASON_CLIENT_FAULT,
+    REASON_CLIENT_TERMINATED,
+    counted_class,
+    is_hardware_xid,
+)
 from gnnsched.contract import (
     ANN_ATTEMPT_RESULT,
     ANN_FAULT,
@@ -32,7 +38,6 @@ from gnnsched.contract import (
     MPS_MAX_CLIENTS_PER_GPU,
     MPSStatus,
 )
-from gnnsched.fault_classes import REASON_CLIENT_FAULT, REASON_CLIENT_TERMINATED, counted_class, is_hardware_xid
 from gnnsched.gpu.backend import FakeGPUBackend, GPUBackend, GPUInfo, GPUProcess, HealthEvent
 from gnnsched.gpu.catalogue import match_device_name
 from gnnsched.node_agent.books import Books, Entry, GPUSlot

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gnnsched.colocation.interference import load_default as load_interference
 from gnnsched.colocation.learned import SlowdownBook, SlowdownFn, interval_step_seconds, observed_slowdown
-from gnnsched.interference import load_default as load_interference
 from gnnsched.policies import (
     DEFAULT_BYPASS_LIMIT,
     STARTUP_SECONDS,

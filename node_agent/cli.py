@@ -643,7 +643,7 @@ def return_to_service(
     import os
     import time
 
-    from gnnsched.fault_classes import is_hardware_xid
+    from gnnsched.attempts.fault_classes import is_hardware_xid
     from gnnsched.node_status_file import StatusFileError, read_status_file, status_file_path
     from gnnsched.return_to_service import rejection, write_request
 

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
 
+from gnnsched.attempts.fault_classes import ClientError, fault_charges, is_hardware_xid, undecided_peers
 from gnnsched.closed_loop import (
     CRITICAL_XIDS,
     FaultRecord,
     classify_log,
     is_mps_victim_text,
 )
-from gnnsched.fault_classes import ClientError, fault_charges, is_hardware_xid, undecided_peers
 
 Role = Literal["victim", "suspect"]
 
@@ -50,7 +50,8 @@ roles are decided without one: MPS can report a fault that no Xid names."""
 
 def is_critical_xid(xid: int) -> bool:
     """An Xid after which the GPU's MPS clients cannot be trusted: one of ``gnnsched.closed_loop.CRITICAL_XIDS``, or
-    any hardware Xid (``gnnsched.fault_classes``: every Xid that is not an application's makes the GPU unhealthy)."""
+    any hardware Xid (``gnnsched.attempts.fault_classes``: every Xid that is not an application's makes the GPU
+    unhealthy)."""
     return xid in CRITICAL_XIDS or is_hardware_xid(xid)
 
 

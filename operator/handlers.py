@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
 from gnnsched.attempts.failure_policy import describe
+from gnnsched.attempts.fault_classes import counted_class, fault_step
 from gnnsched.closed_loop import MEASURED_OVERPREDICTION, CalibrationClass, CalibrationTable, runtime_class
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
@@ -54,7 +55,6 @@ from gnnsched.contract import (
     VERSION,
 )
 from gnnsched.entrypoint_probe import ProbeRecord, ProbeResult, cache_key, probe_request
-from gnnsched.fault_classes import counted_class, fault_step
 from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, UNKNOWN_GPU_MODEL, measurement_fingerprint
 from gnnsched.quantity import format_bytes
 from gnnsched.queue_order import DEFAULT_PER_DOUBLING, QueueOrder
@@ -1020,7 +1020,7 @@ class Operator:
                                   _count(status, "requeues"), peers=facts.fault.peers)
                 if step.apart:
                     # its peers in an undecided fault: the next attempt shares no GPU with them while it runs
-                    # (gnnsched.fault_classes.undecided_peers), so the culprit's next fault names it alone
+                    # (gnnsched.attempts.fault_classes.undecided_peers), so the culprit's next fault names it alone
                     requeue_extra["faultPeers"] = sorted(step.apart)
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees

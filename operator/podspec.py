@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gnnsched.attempts.fault_classes import format_fault_peers
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_ATTEMPT,
@@ -72,7 +73,6 @@ from gnnsched.contract import (
     SCHEDULER_NAME,
 )
 from gnnsched.errors import FieldError
-from gnnsched.fault_classes import format_fault_peers
 from gnnsched.quantity import parse_bytes
 from gnnsched.spec import DNS_SUBDOMAIN, GNNJobSpec, NodeSelector, SpecError, Toleration
 

@@ -8,8 +8,8 @@ Order of the rules, first match wins:
 
 1. The node agent marked the pod a **victim** of a co-located fatal MPS fault (``gnnsched.io/fault``, role
    ``victim``): requeue with the same reservation, not charged to ``backoffLimit`` (condition ``Requeued``, reason
-   ``CoLocatedFault``). Bounded by ``MAX_REQUEUES`` (``gnnsched.fault_classes.may_requeue``, the rule the simulator
-   runs too) so a GPU that keeps faulting cannot loop a job forever.
+   ``CoLocatedFault``). Bounded by ``MAX_REQUEUES`` (``gnnsched.attempts.fault_classes.may_requeue``, the rule the
+   simulator runs too) so a GPU that keeps faulting cannot loop a job forever.
 2. The attempt ran out of its GPU memory reservation (``memory-exceeded``: the worker's result line, else the node
    agent's ``gnnsched.io/attempt-result`` annotation, else PyTorch's or CUDA's out-of-memory text in the termination
    message): retry with ``next_reservation``, capped at the largest
@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from gnnsched.attempts.fault_classes import ALONE_AFTER, may_requeue
 from gnnsched.closed_loop import (
     MPS_CLIENT_TERMINATED,
     AttemptResult,
@@ -57,7 +58,6 @@ from gnnsched.contract import (
     ANN_STOPPED,
     JOB_CONTAINER_NAME,
 )
-from gnnsched.fault_classes import ALONE_AFTER, may_requeue
 
 from .status import last_json_object, parse_time
 
@@ -65,7 +65,7 @@ UNKNOWN_CAP = 2**62
 """The cap a resize uses while no GPUNode reports a healthy GPU."""
 SUSPECT_EXCLUSIVE_AFTER = ALONE_AFTER
 """A job suspected this many times of a fatal MPS fault runs its later attempts alone on a GPU
-(``gnnsched.fault_classes.fault_step``)."""
+(``gnnsched.attempts.fault_classes.fault_step``)."""
 UNDECIDED_FAULTS_EXCLUSIVE_AFTER = ALONE_AFTER
 """A job requeued this many times as a victim of an MPS fault while its own error was a fatal fault too (not 810: the
 suspect could not be told apart) runs its later attempts alone on a GPU, where a fault of its own is charged."""

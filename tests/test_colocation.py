@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gnnsched.colocation.interference import load_default, load_lucid
 from gnnsched.colocation.learned import SlowdownBook, observed_slowdown, pair_class
 from gnnsched.colocation.measured import (
     H200_FIT,
@@ -13,7 +14,6 @@ from gnnsched.colocation.measured import (
     fit_pairs,
     job_class,
 )
-from gnnsched.interference import load_default, load_lucid
 from gnnsched.policies import Client, GPUFree, Task, plan_decision, share_pays
 
 GIB = 1 << 30

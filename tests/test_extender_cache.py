@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pytest
 
+from gnnsched.colocation.interference import load_default, load_lucid
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_GPU_MEMORY,
@@ -26,7 +27,6 @@ from gnnsched.extender.cache import BindError, ClusterCache, reservation_from_po
 from gnnsched.extender.fake import parse_fake_cluster, populate
 from gnnsched.extender.pods import PodError, parse_pod
 from gnnsched.gpu.catalogue import GiB, get_gpu_model
-from gnnsched.interference import load_default, load_lucid
 from gnnsched.trust.domain import DomainResolver
 from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 

@@ -15,13 +15,13 @@ import pytest
 from test_extender_cache import gpu, make_pod, status
 
 from gnnsched import placement as pl
+from gnnsched.colocation.interference import load_default
 from gnnsched.contract import ANN_ADMIT_BYTES, ANN_FAULT_PEERS, ANN_RESERVATION, API_VERSION, GNNJOB_KIND, GPUJob
 from gnnsched.extender import create_app
 from gnnsched.extender.binder import FakeBinder
 from gnnsched.extender.cache import ClusterCache, reservation_from_pod
 from gnnsched.extender.testing import LoopbackServer
 from gnnsched.gpu.catalogue import GiB
-from gnnsched.interference import load_default
 from gnnsched.trust.job_facts import STATUS_FIELD, facts_status
 
 

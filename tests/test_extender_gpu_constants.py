@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 from test_extender_cache import NOW, gpu, make_pod, status
 
+from gnnsched.colocation.interference import load_default
 from gnnsched.contract import ANN_EXCLUSIVE, GPUMeasurement, GPUStatus
 from gnnsched.extender import create_app
 from gnnsched.extender.binder import FakeBinder
@@ -17,7 +18,6 @@ from gnnsched.extender.cache import R_NO_CONSTANTS, ClusterCache
 from gnnsched.extender.pods import parse_pod
 from gnnsched.extender.testing import LoopbackServer
 from gnnsched.gpu.catalogue import GiB, MiB
-from gnnsched.interference import load_default
 
 
 def unknown_gpu(index: int = 0, *, measured: GPUMeasurement | None = None) -> GPUStatus:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from test_extender_cache import NOW, gpu, make_pod, status
 
+from gnnsched.colocation.interference import load_default
 from gnnsched.contract import ANN_ADMIT_BYTES, ANN_EXCLUSIVE, ANN_GPU_MEMORY, ANN_RESERVATION
 from gnnsched.extender import create_app
 from gnnsched.extender.binder import FakeBinder
@@ -21,7 +22,6 @@ from gnnsched.extender.cache import ClusterCache
 from gnnsched.extender.server import ExtenderOptions, OptionError, build_app
 from gnnsched.extender.testing import LoopbackServer
 from gnnsched.gpu.catalogue import GiB
-from gnnsched.interference import load_default
 from gnnsched.scheduler_config import scheduler_config
 
 NODES = [f"node-{i}" for i in range(40)]

@@ -15,8 +15,8 @@ from gnnsched.attempts.failure_policy import (
     attempt_classes,
     judge,
 )
+from gnnsched.attempts.fault_classes import MAX_REQUEUES, Charge
 from gnnsched.closed_loop import AttemptResult, FaultRecord
-from gnnsched.fault_classes import MAX_REQUEUES, Charge
 from gnnsched.operator.attempt_rules import failed_attempt, fault_step_update, verdict
 from gnnsched.operator.resize import AttemptFacts
 from gnnsched.simulator.faults import NO_ERROR, NO_FAULTS, LoopBooks

@@ -1,4 +1,5 @@
-"""Fault classes (``gnnsched.fault_classes``): the one rule, and the agent, the operator and the simulator applying it.
+"""Fault classes (``gnnsched.attempts.fault_classes``): the one rule, and the agent, the operator and the simulator
+applying it.
 
 The last test is the contract between them: the same recorded fault fed to the node agent's state machine (then the
 operator's step on the records it writes) and to the simulator's books must give every client the same charge.
@@ -11,9 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gnnsched.closed_loop import FaultRecord
-from gnnsched.contract import ANN_FAULT, ANN_FAULT_PEERS, JOB_CONTAINER_NAME
-from gnnsched.fault_classes import (
+from gnnsched.attempts.fault_classes import (
     ALONE_AFTER,
     APPLICATION_XIDS,
     MAX_REQUEUES,
@@ -32,6 +31,8 @@ from gnnsched.fault_classes import (
     parse_fault_peers,
     undecided_peers,
 )
+from gnnsched.closed_loop import FaultRecord
+from gnnsched.contract import ANN_FAULT, ANN_FAULT_PEERS, JOB_CONTAINER_NAME
 from gnnsched.gpu.backend import FakeGPUBackend
 from gnnsched.node_agent.books import Books, GPUSlot
 from gnnsched.node_agent.quarantine import REASON_XID, ClientEnd, Quarantine, is_critical_xid

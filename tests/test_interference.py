@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gnnsched.interference import DEFAULT_COEFFICIENTS, JobProfile, fit, load_default, load_lucid, main
+from gnnsched.colocation.interference import DEFAULT_COEFFICIENTS, JobProfile, fit, load_default, load_lucid, main
 
 _ROOT = Path(__file__).resolve().parents[1]
 _CANDIDATES = [

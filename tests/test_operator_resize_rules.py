@@ -8,6 +8,7 @@ import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from gnnsched.attempts.fault_classes import MAX_REQUEUES
 from gnnsched.closed_loop import (
     AttemptResult,
     CalibrationClass,
@@ -15,7 +16,6 @@ from gnnsched.closed_loop import (
     CalibrationTable,
 )
 from gnnsched.contract import ANN_ATTEMPT_RESULT, ANN_FAULT, ANN_GPU, ANN_OBSERVED_PEAK_BYTES
-from gnnsched.fault_classes import MAX_REQUEUES
 from gnnsched.operator.calibration import derived_fields
 from gnnsched.operator.resize import (
     AGENT_VERDICT_SECONDS,

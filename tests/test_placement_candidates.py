@@ -10,7 +10,7 @@ import pytest
 from test_placement_derive import _random_state
 
 from gnnsched import placement as pl
-from gnnsched.interference import load_default
+from gnnsched.colocation.interference import load_default
 
 
 @pytest.mark.parametrize("seed", range(8))

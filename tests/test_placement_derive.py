@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gnnsched import placement as pl
-from gnnsched.interference import load_default
+from gnnsched.colocation.interference import load_default
 
 
 def _reference_frag(free: np.ndarray, above: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 from test_placement_derive import DERIVED, _random_state
 
 from gnnsched import placement as pl
-from gnnsched.interference import load_default
+from gnnsched.colocation.interference import load_default
 
 RAW = ("valid", "cap", "used", "healthy", "clients", "max_clients", "qbytes", "qsecs", "sum_sm", "sum_mem", "ends",
        "freed", "last_end")

@@ -164,7 +164,7 @@ def test_run_ends_at_its_last_completion_not_at_a_replanned_one():
 
 @pytest.mark.parametrize("policy", GNNSCHED_POLICIES)
 def test_gnnsched_policies_never_oom(policy: str):
-    pytest.importorskip("gnnsched.interference")
+    pytest.importorskip("gnnsched.colocation.interference")
     jobs = [job(i, frac, solo=5.0 + 3 * i, arrival=float(i % 3), intensity=("memory", "compute")[i % 2])
             for i, frac in enumerate([0.4, 0.4, 0.1, 0.6, 0.2, 0.3, 0.05, 0.5])]
     res = simulate(jobs, policy, cluster=uniform_cluster(1, 2, V100), max_clients=4)
@@ -181,7 +181,7 @@ def test_gnnsched_policies_never_oom(policy: str):
 def test_gate_backfill_in_the_engine():
     """A 0.6-GPU job waits behind a running 0.5 one; four small jobs arrive after it. Strict prefix: they all wait
     behind it. ``+bypass2``: exactly two start ahead of it, the other two wait behind it (FIFO order)."""
-    pytest.importorskip("gnnsched.interference")
+    pytest.importorskip("gnnsched.colocation.interference")
 
     def jobs():
         return ([job(0, 0.5, solo=20.0, cpu=500), job(1, 0.6, solo=5.0, arrival=1.0, cpu=500)]
@@ -204,7 +204,7 @@ def test_gate_backfill_in_the_engine():
 
 
 def test_gnnsched_marks_jobs_larger_than_any_gpu_unschedulable():
-    pytest.importorskip("gnnsched.interference")
+    pytest.importorskip("gnnsched.colocation.interference")
     jobs = [job(0, 0.95, solo=5.0), job(1, 0.2, solo=5.0)]  # admit = 1.045 x capacity: the gate can never admit it
     m = summarise(simulate(jobs, "lmcf"))
     assert m["unschedulable"] == 1 and m["completed"] == 1 and m["oom_kills"] == 0

@@ -25,7 +25,7 @@ def _manifest(name: str, arch: str, dataset: str, arrival: float, epochs: int, h
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    pytest.importorskip("gnnsched.interference")
+    pytest.importorskip("gnnsched.colocation.interference")
     d = tmp_path_factory.mktemp("sim")
     jobs = [_manifest(f"j{i}", arch, ds, float(i), 50 + 50 * i)
             for i, (arch, ds) in enumerate([("gcn", "cora"), ("sage", "citeseer"), ("gin", "cora"),

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from shared_data import DATA
 
+from gnnsched.colocation.interference import load_default as load_interference
 from gnnsched.gpu.catalogue import get_gpu_model
-from gnnsched.interference import load_default as load_interference
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cluster import uniform_cluster
 from gnnsched.simulator.engine import Simulation
@@ -94,16 +94,16 @@ def test_gnnsched_policies_place_across_nodes_without_oom(policy: str):
 
 
 def test_interference_aware_scoring_changes_the_placement():
-    # node-0 runs a memory-bound job (45 % of its GPU), node-1 a compute-bound one (40 %); then a memory-bound job
+    # node-0 runs a compute-bound job (45 % of its GPU), node-1 a memory-bound one (40 %); then a compute-bound job
     # of 30 % arrives. Ignoring interference, the fragmentation term prefers node-0 (it leaves a 25 % fragment
-    # there instead of 30 % on node-1: cost 1 + 0.5 * 0.25 = 1.125 vs 1.15); with the Lucid-fitted model, memory
-    # next to memory slows down far more than memory next to compute (about 1.34 vs 1.15), so the aware extender
-    # picks node-1 (1.47 vs 1.30).
+    # there instead of 30 % on node-1: cost 1 + 0.5 * 0.25 = 1.125 vs 1.15); with the GNN-measured model (the
+    # default since issue 37), compute beside compute slows down far more than compute beside memory (the
+    # time-slicing bound 2.0 vs about 1.29), so the aware extender picks node-1.
     model = load_interference()
-    assert model.slowdown(model.profile_for("memory"), [model.profile_for("memory")]) > \
-        model.slowdown(model.profile_for("memory"), [model.profile_for("compute")]) + 0.1
-    jobs = [_job(0, 0.45, 1000.0, 0.0, "memory", model), _job(1, 0.4, 1000.0, 1.0, "compute", model),
-            _job(2, 0.3, 100.0, 2.0, "memory", model)]
+    assert model.slowdown(model.profile_for("compute"), [model.profile_for("compute")]) > \
+        model.slowdown(model.profile_for("compute"), [model.profile_for("memory")]) + 0.1
+    jobs = [_job(0, 0.45, 1000.0, 0.0, "compute", model), _job(1, 0.4, 1000.0, 1.0, "memory", model),
+            _job(2, 0.3, 100.0, 2.0, "compute", model)]
     placed: dict[str, Any] = {}
     for policy in ("lmcf", "lmcf-interference"):
         res = Simulation(jobs, uniform_cluster(2, 1, V100), parse_policy(policy), Integrations(),

@@ -24,12 +24,12 @@ from fake_mps import kill_fake_mps, start_agent, stop_agent
 from gate_helpers import GiB, gnnsched_command, job_pod, write_pods
 from test_extender_cache import gpu, make_pod, status
 
+from gnnsched.colocation.interference import load_default
 from gnnsched.contract import ANN_RESERVATION, GPUJob
 from gnnsched.extender import create_app
 from gnnsched.extender.binder import FakeBinder
 from gnnsched.extender.cache import ClusterCache
 from gnnsched.extender.testing import LoopbackServer
-from gnnsched.interference import load_default
 from gnnsched.policies import Client, GPUFree, Task, plan_decision
 from gnnsched.trust.domain import DomainResolver, domain_of, may_join, may_share, mixed, parse_trust_domain
 

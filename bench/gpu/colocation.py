@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Measured slowdown of GNN jobs co-located on one GPU, against what ``gnnsched.interference`` predicts for them.
+"""Measured slowdown of GNN jobs co-located on one GPU, against what ``gnnsched.colocation.interference`` predicts for
+them.
 
 Why: the scheduler's interference model is fitted on Lucid's non-GNN jobs and reaches GNN jobs only through an
 assumed mapping (arithmetic-intensity class -> a median Lucid profile). This bench measures what the mapping only
@@ -286,9 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SKIP: {problem}", flush=True)
         return SKIP_EXIT
     name, total = gpu
+    from gnnsched.colocation.interference import load_default
     from gnnsched.colocation.measured import job_class
     from gnnsched.gpu.catalogue import DEFAULT_GPU_MODEL, match_device_name
-    from gnnsched.interference import load_default
     from gnnsched.runtime_prior import intensity_class
     from gnnsched.spec import parse_spec
 

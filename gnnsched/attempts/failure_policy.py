@@ -7,8 +7,8 @@ Rules are tried in order and the first that matches decides; a rule matches on t
 
 * ``FailJob``: the job fails now, whatever ``backoffLimit`` has left;
 * ``Ignore``: the attempt is not counted against ``backoffLimit``; a new attempt is created (bounded by
-  ``gnnsched.fault_classes.MAX_REQUEUES`` uncharged requeues per job, past which the failure counts, so a job cannot
-  loop forever where the Job controller would);
+  ``gnnsched.attempts.fault_classes.MAX_REQUEUES`` uncharged requeues per job, past which the failure counts, so a job
+  cannot loop forever where the Job controller would);
 * ``Count``: the attempt counts against ``backoffLimit`` (what an unmatched failure does, as in the Job).
 
 The job's own rules come first; gnnsched's defaults (:data:`DEFAULT_RULES`) follow them, so a user can override
@@ -41,7 +41,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from gnnsched.fault_classes import Charge, may_requeue
+from gnnsched.attempts.fault_classes import Charge, may_requeue
 
 FailureAction = Literal["FailJob", "Ignore", "Count"]
 FaultCondition = Literal["HardwareFault", "Victim", "Undecided", "Suspect", "RepeatedFault"]

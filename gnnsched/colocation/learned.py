@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 from gnnsched.closed_loop import CalibrationClass, CalibrationTable, RuntimeCalibrationPolicy
-from gnnsched.interference import SlowdownModel
+from gnnsched.colocation.interference import SlowdownModel
 from gnnsched.progress import StepProgress
 
 #: The runtime loop's rule (median, window 50, factor within [0.1, 10]) without the pool: a class pair's slowdown is

@@ -2,13 +2,13 @@
 
 Why a new model
 ---------------
-``gnnsched.interference``'s first fit came from Lucid's non-GNN jobs, and GNN jobs reached it only through an assumed
-intensity mapping. The first GNN co-locations measured on a GPU (H200, ``bench/gpu/colocation.py --steps 20``,
-time-slicing, ``docs/measurements/h200-2026-11-28/colocation.txt``) were off in both directions by up to 0.7x: two
+``gnnsched.colocation.interference``'s first fit came from Lucid's non-GNN jobs, and GNN jobs reached it only through
+an assumed intensity mapping. The first GNN co-locations measured on a GPU (H200, ``bench/gpu/colocation.py --steps
+20``, time-slicing, ``docs/measurements/h200-2026-11-28/colocation.txt``) were off in both directions by up to 0.7x: two
 training jobs slowed each other 1.84x and 1.64x (predicted 1.15x, 1.24x), a training job beside an inference job only
-1.05-1.22x (predicted 1.15-1.34x). What separates them is the *mode* as much as the roofline class, so the classes
-here are ``<intensity>-<mode>``: ``memory-train`` (the bench's gcn-train), ``compute-train`` (gin-train),
-``memory-infer`` (sage-infer).
+1.05-1.22x (predicted 1.15-1.34x). What separates them is the *mode* as much as the roofline class, so the classes here
+are ``<intensity>-<mode>``: ``memory-train`` (the bench's gcn-train), ``compute-train`` (gin-train), ``memory-infer``
+(sage-infer).
 
 Shape
 -----
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from gnnsched.interference import JobProfile
+from gnnsched.colocation.interference import JobProfile
 
 
 class MeasuredSlowdown(BaseModel):
@@ -191,8 +191,9 @@ def fit_for(gpu_model: str | None) -> GNNFit:
 
 
 class GNNInterferenceModel:
-    """:class:`gnnsched.interference.InterferenceModel`'s interface over a :class:`GNNFit`: what the extender, the
-    gate's share rule and the simulator call (``profile_for``, ``sensitivity``, ``slowdown``, ``slowdown_many``).
+    """:class:`gnnsched.colocation.interference.InterferenceModel`'s interface over a :class:`GNNFit`: what the
+    extender, the gate's share rule and the simulator call (``profile_for``, ``sensitivity``, ``slowdown``,
+    ``slowdown_many``).
 
     A class's profile carries its pressure as ``sm_util`` (the sum the extender keeps per GPU) and its sensitivity in
     ``JobProfile.sensitivity``. ``slowdown`` never exceeds ``1 + len(others)``: time-slicing gives every context at

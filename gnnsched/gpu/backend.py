@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from gnnsched.attempts.fault_classes import APPLICATION_XIDS
 from gnnsched.contract import ENV_NODE_NAME
-from gnnsched.fault_classes import APPLICATION_XIDS
 
 __all__ = [
     "APPLICATION_XIDS",

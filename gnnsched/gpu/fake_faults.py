@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from gnnsched.attempts.fault_classes import is_hardware_xid
 from gnnsched.contract import ENV_ADMITTED_AT, ENV_FAKE_GPU_FAULTS
 from gnnsched.errors import FieldError
-from gnnsched.fault_classes import is_hardware_xid
 
 CHECK_INTERVAL_S = 0.05
 """How often a worker looks at its fault file at most (a stat per step is cheap; this bounds it for tiny steps)."""
@@ -61,7 +61,7 @@ def read_xid(path: Path) -> int | None:
 def client_error_message(uuid: str, xid: int) -> str:
     """What every CUDA client on the GPU prints after Xid ``xid``.
 
-    An application Xid (``gnnsched.fault_classes.APPLICATION_XIDS``) gives every client its own fatal error,
+    An application Xid (``gnnsched.attempts.fault_classes.APPLICATION_XIDS``) gives every client its own fatal error,
     ``cudaErrorIllegalAddress`` (700): on the H100 every client of an MPS fault got 700 and none got 810
     (docs/gpu-measurements.md), so a lone client is the suspect and several cannot be told apart. A hardware Xid
     terminates the clients as MPS does (``cudaErrorMpsClientTerminated``, 810); the rule charges none of them either

@@ -9,7 +9,7 @@ peak memory, admit       ``gnnsched.estimator.estimate``                      es
 solo runtime             ``gnnsched.runtime_prior.solo_runtime_seconds``      predictor
 intensity class          ``gnnsched.runtime_prior.arithmetic_intensity``      predictor
 right-sized requests     ``gnnsched.scaling.scale``                           predictor
-co-location slowdown     ``gnnsched.interference``                            extender
+co-location slowdown     ``gnnsched.colocation.interference``                            extender
 node filter / score      ``gnnsched.placement`` (what the extender runs)     extender / placement
 grouping, gate check     ``gnnsched.policies``                                nodeagent
 ======================  ===================================================  =====================================
@@ -64,7 +64,7 @@ def integration_status() -> dict[str, str]:
         "runtime_prior.solo_runtime_seconds": ("gnnsched.runtime_prior", "solo_runtime_seconds", "predictor"),
         "runtime_prior.arithmetic_intensity": ("gnnsched.runtime_prior", "arithmetic_intensity", "predictor"),
         "scaling.scale": ("gnnsched.scaling", "scale", "predictor"),
-        "interference": ("gnnsched.interference", "__name__", "extender"),
+        "interference": ("gnnsched.colocation.interference", "__name__", "extender"),
         "policies": ("gnnsched.policies", "__name__", "nodeagent"),
     }
     status = {}
@@ -98,7 +98,7 @@ class Integrations:
     def _interference(self) -> Any:
         model = self.memo.get("interference")
         if model is None:
-            model = _import("gnnsched.interference", "load_default", "extender")()
+            model = _import("gnnsched.colocation.interference", "load_default", "extender")()
             self.memo["interference"] = model
         return model
 
@@ -185,7 +185,7 @@ class Integrations:
 
     # ------------------------------------------------------------------ co-location
     def slowdowns(self, sim: Any, gpu: Any, jobs: list[SimJob]) -> list[float]:
-        """Slowdown (>= 1) of each of ``jobs`` running together on ``gpu``: ``gnnsched.interference``."""
+        """Slowdown (>= 1) of each of ``jobs`` running together on ``gpu``: ``gnnsched.colocation.interference``."""
         model = self._interference()
         key = tuple(_truth_class(j.profile(gpu.model)) for j in jobs)
         # A pure function of the ordered intensity classes: computed once per run (the cache lives on the

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gnnsched.colocation.interference import SlowdownModel
 from gnnsched.colocation.learned import SlowdownBook, SlowdownFn, observed_slowdown
-from gnnsched.interference import SlowdownModel
 from gnnsched.progress import REPORT_INTERVAL_S
 
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gnnsched import queue_order
+from gnnsched.colocation.interference import load_default as load_interference
 from gnnsched.gpu.catalogue import get_gpu_model
-from gnnsched.interference import load_default as load_interference
 from gnnsched.progress import StepProgress
 from gnnsched.simulator import kube_scores
 from gnnsched.simulator.cluster import ClusterSpec, NodeSpec

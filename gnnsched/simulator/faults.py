@@ -13,7 +13,8 @@ loop's benefit is measured rather than asserted:
   (:class:`HardwareFaultClock`, its own seeded stream); every client dies and the GPU is out for
   ``--hw-repair-seconds``. ``--buggy-jobs F``: a seeded fraction of jobs (:func:`buggy_points`) fault at a fixed
   point of every attempt; every client of their GPU dies and it drains for :data:`QUARANTINE_S`. Who is charged is
-  the core rule (``gnnsched.fault_classes``), through :meth:`LoopBooks.fault_charges` and :meth:`LoopBooks.step`.
+  the core rule (``gnnsched.attempts.fault_classes``), through :meth:`LoopBooks.fault_charges` and
+  :meth:`LoopBooks.step`.
 
 What each policy does is decided here, with the operator's own rules from :mod:`gnnsched.closed_loop`:
 
@@ -43,6 +44,7 @@ import numpy as np
 
 from gnnsched.attempts.checkpointing import kept_fraction
 from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge, records_step
+from gnnsched.attempts.fault_classes import Charge, ClientError, FaultStep, fault_charges, fault_step, undecided_peers
 from gnnsched.closed_loop import (
     DEFAULT_CALIBRATION,
     DEFAULT_RESIZE,
@@ -54,7 +56,6 @@ from gnnsched.closed_loop import (
     next_reservation,
 )
 from gnnsched.errors import FieldError
-from gnnsched.fault_classes import Charge, ClientError, FaultStep, fault_charges, fault_step, undecided_peers
 from gnnsched.simulator.model import JobProfile, SimJob
 
 BASELINE_BACKOFF_LIMIT = 0
@@ -409,9 +410,9 @@ class LoopBooks:
 
     def fault_charges(self, xid: int, runs: list[SimJob], culprit: int | None) -> dict[int, Charge]:
         """The charges of one fault on a GPU whose clients are ``runs`` (``culprit``: the buggy job whose own fault
-        it is, None for a hardware fault), by the core rule (``gnnsched.fault_classes.fault_charges``) on the clients'
-        own errors. What each client reports is what the H100 measured (docs/gpu-measurements.md): every client of
-        a faulted MPS server gets a fatal error of its own (700), none gets 810, so the culprit cannot be told apart
+        it is, None for a hardware fault), by the core rule (``gnnsched.attempts.fault_classes.fault_charges``) on the
+        clients' own errors. What each client reports is what the H100 measured (docs/gpu-measurements.md): every client
+        of a faulted MPS server gets a fatal error of its own (700), none gets 810, so the culprit cannot be told apart
         from its neighbours; alone, its fault is its own."""
         charges = fault_charges(xid, self._client_errors(runs), f"Xid {xid}")
         return {j.id: charges[str(j.id)] for j in runs}
@@ -421,8 +422,8 @@ class LoopBooks:
         return [ClientError(str(j.id), own_fault=True, terminated_810=False) for j in runs]
 
     def fault_peers(self, runs: list[SimJob], charges: dict[int, Charge]) -> dict[int, frozenset[str]]:
-        """Each undecided client's peers in the same fault (``gnnsched.fault_classes.undecided_peers``, on the same
-        client errors as :meth:`fault_charges`), as the agent writes them in its records: job ids as strings."""
+        """Each undecided client's peers in the same fault (``gnnsched.attempts.fault_classes.undecided_peers``, on the
+        same client errors as :meth:`fault_charges`), as the agent writes them in its records: job ids as strings."""
         peers = undecided_peers(self._client_errors(runs), {str(k): c for k, c in charges.items()})
         return {j.id: peers.get(str(j.id), frozenset()) for j in runs}
 
@@ -432,9 +433,9 @@ class LoopBooks:
 
     def judged_step(self, job: SimJob, charge: Charge, peers: frozenset[str] = frozenset(),
                     at_step: int | None = None) -> tuple[FaultStep, Verdict]:
-        """The operator's step for one faulted client (``gnnsched.fault_classes.fault_step``), kept in the books,
-        and the failure rules' verdict on it (``gnnsched.attempts.failure_policy.judge``, gnnsched's default rules:
-        the simulated jobs have none of their own); ``peers``: its undecided fault's peers (:meth:`fault_peers`),
+        """The operator's step for one faulted client (``gnnsched.attempts.fault_classes.fault_step``), kept in the
+        books, and the failure rules' verdict on it (``gnnsched.attempts.failure_policy.judge``, gnnsched's default
+        rules: the simulated jobs have none of their own); ``peers``: its undecided fault's peers (:meth:`fault_peers`),
         which its next attempt is kept apart from; ``at_step``: the step it faulted at."""
         requeues = self.requeues.get(job.id, 0)
         earlier = self.fault_steps.setdefault(job.id, [])

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gnnsched.attempts.fault_classes import parse_fault_peers
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_ATTEMPT,
@@ -40,7 +41,6 @@ from gnnsched.contract import (
     MAX_FAULT_PEERS,
     gnnjob_owner,
 )
-from gnnsched.fault_classes import parse_fault_peers
 
 STATUS_FIELD = "podFacts"
 """The GNNJob status field the operator writes the current attempt's facts into (``crds/gnnjob.yaml``)."""

@@ -27,9 +27,9 @@ from jobs import small_job  # noqa: E402
 from kubeapi import GPUNODES  # noqa: E402
 from local_cluster import ClusterOptions, LocalCluster, gnnjob_table  # noqa: E402
 
+from gnnsched.attempts.fault_classes import parse_fault_peers  # noqa: E402
 from gnnsched.closed_loop import FaultRecord  # noqa: E402
 from gnnsched.contract import ANN_FAULT, ANN_FAULT_PEERS, ANN_GPU, GPU_SHARE_RESOURCE  # noqa: E402
-from gnnsched.fault_classes import parse_fault_peers  # noqa: E402
 
 pytestmark = pytest.mark.slow
 XID = 31  # a GPU memory page fault: fatal to every MPS client on the GPU, but the GPU itself stays in service

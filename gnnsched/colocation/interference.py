@@ -272,7 +272,7 @@ def fit(path: str | Path, folds: int = 5, seed: int = 0) -> InterferenceCoeffici
 
 
 # Output of ``fit("/work/shared/data/traces/lucid_colocate_info.csv")`` (folds=5, seed=0), pasted verbatim;
-# regenerate with ``python -m gnnsched.interference PATH``.
+# regenerate with ``python -m gnnsched.colocation.interference PATH``.
 DEFAULT_COEFFICIENTS = InterferenceCoefficients.model_validate(
     {
         "coef": (0.066044, 1.16642, -1.433636, -0.161827, -0.020472, 1.611556),
@@ -307,12 +307,12 @@ def load_default(gpu_model: str | None = None) -> SlowdownModel:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gnnsched.interference CSV``: refit and print the coefficients as JSON."""
+    """``python -m gnnsched.colocation.interference CSV``: refit and print the coefficients as JSON."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m gnnsched.interference LUCID_COLOCATE_CSV", file=sys.stderr)
+        print("usage: python -m gnnsched.colocation.interference LUCID_COLOCATE_CSV", file=sys.stderr)
         return 2
     try:
         result = fit(args[0])

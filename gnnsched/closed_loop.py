@@ -69,29 +69,6 @@ _TRIED_TO_ALLOCATE = re.compile(r"Tried to allocate ([0-9.]+) ([KMGT]i?B)")
 _UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
 
 
-_MPS_LIMIT_ITEM = re.compile(r"^\s*(?:(\d+)\s*=\s*)?(\d+)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
-_MPS_LIMIT_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def parse_mps_memory_limit(text: str, device: int = 0) -> int | None:
-    """The byte limit ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` sets for visible device ``device`` (``"0=1024M"``,
-    ``"0=2G,1=512M"``, or one value for every device; K/M/G/T are binary multiples, as the gate writes them), or
-    ``None`` when it sets none for that device. Raises ``ValueError`` naming the item it cannot read."""
-    default: int | None = None
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        match = _MPS_LIMIT_ITEM.match(item)
-        if match is None:
-            raise ValueError(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: cannot read {item.strip()!r} (expected e.g. 0=1024M)")
-        value = int(match.group(2)) * _MPS_LIMIT_UNIT[match.group(3).upper()]
-        if match.group(1) is None:
-            default = value
-        elif int(match.group(1)) == device:
-            return value
-    return default
-
-
 def classify_log(text: str) -> Outcome | None:
     """The outcome a failed custom container's log tail or termination message shows, ``None`` when it shows neither
     an out-of-memory error nor a GPU fault. Out-of-memory wins when both appear (the fault is its consequence)."""

@@ -122,7 +122,7 @@ def worker_command(
     if gate_fd is not None:
         prepared = _prestarted(gate_fd, spec, seed, threads, device, began)
     with user_errors():
-        from gnnsched.closed_loop import parse_mps_memory_limit
+        from gnnsched.portable.mps_limit import parse_mps_memory_limit
 
         limit_bytes = None
         raw_limit = os.environ.get(ENV_MPS_MEMORY_LIMIT, "").strip()

@@ -322,7 +322,7 @@ def test_load_calibration_file_forms_and_errors(tmp_path: Path) -> None:
 
 
 def test_parse_mps_memory_limit_reads_what_the_gate_writes_and_the_mps_forms() -> None:
-    from gnnsched.closed_loop import parse_mps_memory_limit
+    from gnnsched.portable.mps_limit import parse_mps_memory_limit
     from gnnsched.node_agent.protocol import mem_limit_value
 
     assert parse_mps_memory_limit(mem_limit_value(10 * 2**30)) == 10 * 2**30

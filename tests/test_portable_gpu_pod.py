@@ -26,10 +26,11 @@ from crd_schema import ROOT
 from test_gate_client import ADMITTED, Successor
 
 from gnnsched import contract
-from gnnsched.closed_loop import _FAULT_PATTERNS, AttemptResult, parse_mps_memory_limit
+from gnnsched.closed_loop import _FAULT_PATTERNS, AttemptResult
 from gnnsched.entrypoint_probe import install_probe, run_request, runs_portable
 from gnnsched.gate_handoff import Handoff
 from gnnsched.portable import fake_memory, gate, progress, runner
+from gnnsched.portable.mps_limit import parse_mps_memory_limit
 from gnnsched.spec import parse_job
 
 pytestmark = pytest.mark.timeout(300)

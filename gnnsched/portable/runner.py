@@ -54,12 +54,12 @@ import torch
 
 from .checkpoint import EXIT_DRAINED, Checkpointer, CheckpointError, Drained, checkpointed_steps
 from .fake_memory import ENV_FAKE_GPU_MEMORY, FakeGPUMemory, out_of_memory_error, parse_footprint
+from .mps_limit import ENV_MPS_MEMORY_LIMIT, parse_mps_memory_limit
 from .progress import ENV_PROGRESS_FD, StepReporter
 from .step import EntrypointError, GraphDims, attach_optimizer, build_entrypoint_model, make_optimizer, run_step
 
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 ENV_CPU_REQUEST = "GNNSCHED_CPU_REQUEST"
-ENV_MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 """``gnnsched.contract``'s names, spelled out (``tests/test_portable_gpu_pod.py`` checks they agree)."""
 
 EXIT_ATTEMPT_FAILED = 1
@@ -74,8 +74,6 @@ FAULT_PATTERNS = re.compile(
 )
 _TRIED_TO_ALLOCATE = re.compile(r"Tried to allocate ([0-9.]+) ([KMGT]i?B)")
 _UNIT = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
-_MPS_LIMIT_ITEM = re.compile(r"^\s*(?:(\d+)\s*=\s*)?(\d+)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
-_MPS_LIMIT_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 class RunError(Exception):
@@ -173,21 +171,12 @@ class StepGraphTensors:
 
 
 def mps_limit_bytes(text: str, device: int = 0) -> int | None:
-    """``gnnsched.closed_loop.parse_mps_memory_limit``: the byte limit ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` sets for
-    visible device ``device``, or None; ``RunError`` naming the variable when it cannot be read."""
-    default: int | None = None
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        match = _MPS_LIMIT_ITEM.match(item)
-        if match is None:
-            raise RunError(f"{ENV_MPS_MEMORY_LIMIT}: cannot read {item.strip()!r} (expected e.g. 0=1024M)")
-        value = int(match.group(2)) * _MPS_LIMIT_UNIT[match.group(3).upper()]
-        if match.group(1) is None:
-            default = value
-        elif int(match.group(1)) == device:
-            return value
-    return default
+    """``mps_limit.parse_mps_memory_limit`` (the worker's rule too), with ``RunError`` naming the variable when it
+    cannot be read."""
+    try:
+        return parse_mps_memory_limit(text, device)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
 
 
 def intra_op_threads(environ: dict[str, str], available: int) -> int | None:

@@ -44,7 +44,7 @@ from gnnsched.gpu.fake_faults import FakeGPUFaultWatch
 from gnnsched.gpu.fake_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph
 from gnnsched.portable.checkpoint import Checkpointer, checkpointed_steps
-from gnnsched.portable.step import run_step
+from gnnsched.portable.step import run_step, serve_parallel
 from gnnsched.portable.storage_booking import storage_booking_mode
 from gnnsched.spec import GNNJobSpec
 
@@ -514,32 +514,24 @@ def _serve_parallel(
     fake_memory: FakeGPUMemory | None = None,
     fault_watch: FakeGPUFaultWatch | None = None,
 ) -> None:
-    """N threads share ``model`` and the graph; thread i serves requests i, i+N, ... (inference only)."""
-    lock = threading.Lock()
-    errors: list[BaseException] = []
+    """``serve_parallel`` with the worker's meters (the concurrent peak meter, the fake GPU's counter) entered in each
+    thread and, after each request, progress and the fake GPU's fault check (inference only)."""
 
-    def serve(rank: int) -> None:
-        try:
-            with (meter.thread_mode() if meter is not None else nullcontext(),
-                  fake_memory.mode() if fake_memory is not None else nullcontext()):
-                stream = inputs.stream(rank)
-                for _ in range(rank, total, workers):
-                    run_step(model, next(stream), "infer")
-                    with lock:
-                        if progress is not None:
-                            progress(1)
-                        if fault_watch is not None:
-                            fault_watch.check()
-        except BaseException as exc:  # re-raised in the caller's thread
-            errors.append(exc)
+    def thread_modes() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if meter is not None:
+            stack.enter_context(meter.thread_mode())
+        if fake_memory is not None:
+            stack.enter_context(fake_memory.mode())
+        return stack
 
-    threads = [threading.Thread(target=serve, args=(rank,), name=f"gnnsched-infer-{rank}") for rank in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    def on_step() -> None:
+        if progress is not None:
+            progress(1)
+        if fault_watch is not None:
+            fault_watch.check()
+
+    serve_parallel(model, inputs.stream, total, workers, on_step, thread_modes)
 
 
 def run_attempt(

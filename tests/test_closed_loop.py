@@ -322,8 +322,8 @@ def test_load_calibration_file_forms_and_errors(tmp_path: Path) -> None:
 
 
 def test_parse_mps_memory_limit_reads_what_the_gate_writes_and_the_mps_forms() -> None:
-    from gnnsched.portable.mps_limit import parse_mps_memory_limit
     from gnnsched.node_agent.protocol import mem_limit_value
+    from gnnsched.portable.mps_limit import parse_mps_memory_limit
 
     assert parse_mps_memory_limit(mem_limit_value(10 * 2**30)) == 10 * 2**30
     assert parse_mps_memory_limit("0=2G,1=512M", device=1) == 512 * 2**20

@@ -69,7 +69,10 @@ def test_parallel_inference_threads_share_one_model_and_split_the_requests(monke
         seen_threads.add(threading.current_thread().name)
         return real_run_step(model, graph, mode)
 
+    from gnnsched.portable import step
+
     monkeypatch.setattr(worker, "run_step", spy)
+    monkeypatch.setattr(step, "run_step", spy)  # parallel inference runs the steps in portable.step.serve_parallel
     spec = _spec("sage", mode="infer", requests=9, parallelism=3,
                  graph={"nodes": 3_000, "edges": 30_000, "features": 32, "classes": 4})
     result = run_job(spec)

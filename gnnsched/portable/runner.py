@@ -56,7 +56,15 @@ from .checkpoint import EXIT_DRAINED, Checkpointer, CheckpointError, Drained, ch
 from .fake_memory import ENV_FAKE_GPU_MEMORY, FakeGPUMemory, out_of_memory_error, parse_footprint
 from .mps_limit import ENV_MPS_MEMORY_LIMIT, parse_mps_memory_limit
 from .progress import ENV_PROGRESS_FD, StepReporter
-from .step import EntrypointError, GraphDims, attach_optimizer, build_entrypoint_model, make_optimizer, run_step
+from .step import (
+    EntrypointError,
+    GraphDims,
+    attach_optimizer,
+    build_entrypoint_model,
+    make_optimizer,
+    run_step,
+    serve_parallel,
+)
 
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
 ENV_CPU_REQUEST = "GNNSCHED_CPU_REQUEST"
@@ -245,7 +253,7 @@ def run(request: RunRequest, device: str, limit_bytes: int | None, meter: FakeGP
                     reached[:] = [index + 1]
                 progress(1)
         else:
-            _serve_parallel(model, inputs, total, workers, progress, meter)
+            serve_parallel(model, inputs.stream, total, workers, lambda: progress(1), meter.mode)
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -299,32 +307,6 @@ def _synthetic(request: RunRequest) -> tuple[torch.Tensor, torch.Tensor, torch.T
     from .graph import synthetic_tensors
 
     return synthetic_tensors(request.nodes, request.edges, request.features, request.classes, request.seed)
-
-
-def _serve_parallel(model: torch.nn.Module, inputs: _StepInputs, total: int, workers: int,
-                    progress: Callable[[int], None], meter: FakeGPUMemory) -> None:
-    """N threads share the model and the graph; thread i serves requests i, i+N, ... (the worker's rule)."""
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-
-    def serve(rank: int) -> None:
-        try:
-            with meter.mode():
-                stream = inputs.stream(rank)
-                for _ in range(rank, total, workers):
-                    run_step(model, next(stream), "infer")
-                    with lock:
-                        progress(1)
-        except BaseException as exc:  # re-raised in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=serve, args=(r,), name=f"gnnsched-infer-{r}") for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def attempt(request: RunRequest, device: str, environ: dict[str, str],

@@ -14,7 +14,9 @@ Only the standard library and torch are imported here (see the package's docstri
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -126,3 +128,32 @@ def run_step(model: torch.nn.Module, graph: StepGraph, mode: str) -> torch.Tenso
         out = model(graph.x, graph.edge_index)
         del out
     return None
+
+
+def serve_parallel(model: torch.nn.Module, stream_of: Callable[[int], Iterator[StepGraph]], total: int, workers: int,
+                   on_step: Callable[[], None], thread_modes: Callable[[], AbstractContextManager[Any]]) -> None:
+    """Parallel inference, one rule for the built-in worker and the portable runner: ``workers`` threads share the
+    model and the graph, thread i serves requests i, i+N, ... from ``stream_of(i)`` under ``thread_modes()`` (the
+    memory meters are per thread), and ``on_step`` runs under one lock after each request. The first error of any
+    thread is raised in the caller's."""
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def serve(rank: int) -> None:
+        try:
+            with thread_modes():
+                stream = stream_of(rank)
+                for _ in range(rank, total, workers):
+                    run_step(model, next(stream), "infer")
+                    with lock:
+                        on_step()
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve, args=(rank,), name=f"gnnsched-infer-{rank}") for rank in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -50,6 +50,7 @@ from gnnsched.node_agent.identity import (
     PodInfo,
     PodLookup,
     check_peer_uid,
+    is_permanent,
     peer_cred,
     trusted_demand,
 )
@@ -72,6 +73,9 @@ from gnnsched.trust.domain import DomainResolver
 
 log = logging.getLogger("gnnsched.node_agent.gate")
 
+ANNOTATION_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
+"""Seconds between tries of a pod annotation that failed for a passing reason: about 15 s in all, within the
+operator's wait for the agent's verdict (``operator/resize.py`` ``AGENT_VERDICT_SECONDS``)."""
 _YIELD_EVERY = 64  # progress lines read back to back before the reader yields the event loop
 
 
@@ -220,14 +224,33 @@ class GateServer:
             self._annotations.put_nowait((e.namespace, e.name, values))
 
     async def _annotation_writer(self) -> None:
-        """One writer, in order: a pod's admitted-at must never land after its finished-at."""
+        """One writer, in order: a pod's admitted-at must never land after its finished-at.
+
+        A write that fails for a passing reason (a timeout, a reset connection, 429, 5xx) is tried again, with
+        backoff, before the next one: these annotations are verdicts the operator waits for (a fault victim's
+        record is what keeps the job from being charged), so one API server hiccup must not lose them. A write the
+        API server refuses as such (``identity.is_permanent``) is dropped at once, and so is one still failing after
+        ``ANNOTATION_RETRY_DELAYS``: the API server being down must not stop the gate."""
         assert self._annotations is not None
         while True:
             ns, name, values = await self._annotations.get()
-            try:
-                await asyncio.to_thread(self.pods.annotate, ns, name, values)
-            except Exception as exc:  # the API server being down must not stop the gate
-                log.warning("annotating pod %s/%s failed: %s", ns, name, exc)
+            for delay in (*ANNOTATION_RETRY_DELAYS, None):
+                try:
+                    await asyncio.to_thread(self.pods.annotate, ns, name, values)
+                    break
+                except Exception as exc:
+                    if delay is None or is_permanent(exc):
+                        log.warning("annotating pod %s/%s with %s failed, not retried: %s", ns, name,
+                                    sorted(values), exc)
+                        self._count_annotation("dropped")
+                        break
+                    log.info("annotating pod %s/%s failed (retrying in %.1f s): %s", ns, name, delay, exc)
+                    self._count_annotation("retried")
+                    await asyncio.sleep(delay)
+
+    def _count_annotation(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.annotation_failures.labels(outcome).inc()
 
     def _changed(self) -> None:
         if self.metrics is not None:

@@ -223,6 +223,20 @@ class PodInfo:
         return self.phase in ("Succeeded", "Failed")
 
 
+REQUEST_TIMEOUT = (5.0, 20.0)
+"""Connect and read timeouts of every API call the agent makes (seconds). Without one, a connection the API server
+never answers (a half-open socket, a server stalled under load) holds the call forever, and with it the agent's one
+ordered annotation writer: every verdict queued behind it (fault records, attempt results) would never land."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether a failed API write would fail the same way again: the object is gone (404), or the API server refused
+    the write itself (400 malformed, 403 forbidden, 409 conflict, 422 invalid). Anything else (a timeout, a reset
+    connection, 429, 5xx, a file lock) is worth retrying."""
+    status = getattr(exc, "status", None)
+    return isinstance(status, int) and status in (400, 403, 404, 409, 422)
+
+
 class PodLookup(Protocol):
     """Read pods (and whether a GNNJob owns them). The cluster implementation uses the kubernetes client."""
 
@@ -362,7 +376,8 @@ class KubePodLookup:
         from kubernetes.client.rest import ApiException
 
         try:
-            obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, GNNJOB_PLURAL, name)
+            obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, GNNJOB_PLURAL, name,
+                                                            _request_timeout=REQUEST_TIMEOUT)
         except ApiException:
             return None
         return obj if isinstance(obj, dict) else None
@@ -375,26 +390,28 @@ class KubePodLookup:
         from kubernetes.client.rest import ApiException
 
         try:
-            return self._info(self._core.read_namespaced_pod(name, namespace))
+            return self._info(self._core.read_namespaced_pod(name, namespace, _request_timeout=REQUEST_TIMEOUT))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     def on_node(self, node_name: str) -> list[PodInfo]:
-        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}")
+        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}",
+                                                      _request_timeout=REQUEST_TIMEOUT)
         infos = [self._info(p) for p in pods.items]
         return [p for p in infos if p.node_name == node_name]  # also when a server ignores the field selector
 
     def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
-        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        self._core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
+                                        _request_timeout=REQUEST_TIMEOUT)
 
     def namespace_labels(self, name: str) -> dict[str, str] | None:
         """Namespace ``name``'s labels (``--trust-domain label:<key>``; needs get on namespaces); None if absent."""
         from kubernetes.client.rest import ApiException
 
         try:
-            ns = self._core.read_namespace(name)
+            ns = self._core.read_namespace(name, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -101,6 +101,10 @@ class AgentMetrics:
             "gnnsched_gate_stopped_clients",
             "Gated pods whose GPU processes the agent stopped, by reason (over their admitted bytes plus the margin, "
             "or on a GPU they were not admitted to)", ("reason",), registry=r)
+        self.annotation_failures = Counter(
+            "gnnsched_gate_annotation_failures",
+            "Pod annotation writes that failed: retried (a passing error), or dropped (refused, or still failing "
+            "after the retries)", ("outcome",), registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
         self.mps_restarts = Gauge(
             "gnnsched_mps_daemon_restarts", "MPS control daemon restarts by the agent", registry=r

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Gauge
 
 from gnnsched.contract import OTHER_GPU_RESOURCE, NodeCondition
+from gnnsched.node_agent.identity import REQUEST_TIMEOUT
 from gnnsched.quantity import QuantityError, parse_bytes
 
 log = logging.getLogger("gnnsched.node_agent.conflicts")
@@ -48,7 +49,7 @@ class KubeNodeReader:
         from kubernetes.client.rest import ApiException
 
         try:
-            obj = self._core.read_node(name)
+            obj = self._core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return None

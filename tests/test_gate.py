@@ -566,3 +566,72 @@ async def test_a_forged_runtime_does_not_jump_the_sqtf_queue(tmp_path) -> None:
         assert [e.name for e in h.books.queued.values()] == ["forger"]
     finally:
         await h.server.close()
+
+
+class _Unavailable(Exception):
+    """What the kubernetes client raises for an API server answer, with its HTTP status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"({status}) the API server answered {status}")
+        self.status = status
+
+
+class _FlakyPods(FilePodLookup):
+    """The pods file, behind an API server that fails the first writes of a pod: ``failures[name]`` are the
+    statuses its annotate calls fail with, in turn (None: a timeout, no status)."""
+
+    def __init__(self, path: Path, failures: dict[str, list[int | None]]) -> None:
+        super().__init__(path)
+        self.failures = {name: list(statuses) for name, statuses in failures.items()}
+        self.calls: list[str] = []
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        self.calls.append(name)
+        if self.failures.get(name):
+            status = self.failures[name].pop(0)
+            raise _Unavailable(status) if status is not None else TimeoutError("read timed out")
+        super().annotate(namespace, name, annotations)
+
+
+@pytest.mark.asyncio
+async def test_a_verdict_survives_api_server_hiccups_and_keeps_its_order(tmp_path, monkeypatch) -> None:
+    """A fault record or attempt result the operator waits for must not be lost to one timeout or 503: the writer
+    tries the same annotation again before the next one (order kept), and drops at once only what the API server
+    refused as such (404: the pod is gone), counting both."""
+    monkeypatch.setattr("gnnsched.node_agent.gate.ANNOTATION_RETRY_DELAYS", (0.01, 0.01, 0.01))
+    h = Harness(tmp_path)
+    h.add(pod_object("victim", gpu_memory="1Gi"))
+    h.server.pods = flaky = _FlakyPods(h.pods_file, {"victim": [None, 503], "gone": [404]})
+    await h.server.start(h.sock)
+    try:
+        h.server.annotate_pod("default", "victim", {"gnnsched.io/fault": "first"})  # timeout, 503, then lands
+        h.server.annotate_pod("default", "gone", {"gnnsched.io/fault": "x"})  # 404: not retried
+        h.server.annotate_pod("default", "victim", {"gnnsched.io/attempt-result": "second"})
+        await h.settle(lambda: "gnnsched.io/attempt-result" in _annotations(h, "victim"))
+        assert _annotations(h, "victim")["gnnsched.io/fault"] == "first"
+        assert flaky.calls == ["victim", "victim", "victim", "gone", "victim"]
+
+        def count(outcome: str) -> float:
+            return h.metrics.registry.get_sample_value("gnnsched_gate_annotation_failures_total",
+                                                       {"outcome": outcome}) or 0.0
+        assert (count("retried"), count("dropped")) == (2.0, 1.0)
+    finally:
+        await h.server.close()
+
+
+@pytest.mark.asyncio
+async def test_an_annotation_still_failing_after_the_retries_is_dropped(tmp_path, monkeypatch) -> None:
+    """The API server down for longer than the retries: the write is dropped (the gate goes on), and the next one
+    is tried afresh."""
+    monkeypatch.setattr("gnnsched.node_agent.gate.ANNOTATION_RETRY_DELAYS", (0.01,))
+    h = Harness(tmp_path)
+    h.add(pod_object("p", gpu_memory="1Gi"))
+    h.server.pods = flaky = _FlakyPods(h.pods_file, {"p": [500, 500]})
+    await h.server.start(h.sock)
+    try:
+        h.server.annotate_pod("default", "p", {"gnnsched.io/fault": "lost"})
+        h.server.annotate_pod("default", "p", {"gnnsched.io/attempt-result": "kept"})
+        await h.settle(lambda: "gnnsched.io/attempt-result" in _annotations(h, "p"))
+        assert "gnnsched.io/fault" not in _annotations(h, "p") and len(flaky.calls) == 3
+    finally:
+        await h.server.close()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 # gRPC's fork handlers, off before any test module imports grpc. Tests that serve or call gRPC in-process (the test
 # kubelet, the e2e kubelet stand-in) also start processes with a preexec_fn, which forks: with the handlers on, a fork
@@ -46,3 +49,39 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# On a failed local-cluster test (tests/e2e), the components' own account of what happened. The timeline the harness
+# prints says what the pods and GNNJobs did; why (the node agent's fault roles, a refused write, a retried
+# annotation) is in the components' logs under the cluster's directory, which a CI run does not keep. So a failed
+# test's report gets one more section: the WARNING and ERROR lines of each component's log, the last LOG_LINES.
+LOG_LINES = 60
+_NOTEWORTHY = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback|Error:")
+
+
+def _log_lines(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line[:400] for line in lines if _NOTEWORTHY.search(line)][-LOG_LINES:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    harness = sys.modules.get("local_cluster")  # loaded by every test module that runs a cluster
+    if harness is None:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    for cluster in (v for v in funcargs.values() if isinstance(v, harness.LocalCluster)):
+        parts = []
+        for log in sorted(cluster.dir.glob("*.log")):
+            lines = _log_lines(log)
+            if lines:
+                parts.append(f"--- {log.name} ---\n" + "\n".join(lines))
+        if parts:
+            report.sections.append(("component logs (warnings and errors)", "\n".join(parts)))

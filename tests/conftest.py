@@ -7,7 +7,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 # gRPC's fork handlers, off before any test module imports grpc. Tests that serve or call gRPC in-process (the test
@@ -67,12 +67,16 @@ def _log_lines(path: Path) -> list[str]:
     return [line[:400] for line in lines if _NOTEWORTHY.search(line)][-LOG_LINES:]
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if not report.failed:
-        return
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
+                                                                                         pytest.TestReport]:
+    report = yield
+    if report.failed:
+        _add_cluster_logs(item, report)
+    return report
+
+
+def _add_cluster_logs(item: pytest.Item, report: pytest.TestReport) -> None:
     harness = sys.modules.get("local_cluster")  # loaded by every test module that runs a cluster
     if harness is None:
         return

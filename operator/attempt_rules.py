@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge, records_step
+from gnnsched.attempts.failure_policy import (
+    FailedAttempt,
+    Verdict,
+    attempt_classes,
+    judge,
+    pod_conditions,
+    records_step,
+)
 from gnnsched.spec import GNNJobSpec
 
 from .resize import AttemptFacts
@@ -21,15 +28,17 @@ def fault_steps(status: dict[str, Any]) -> list[int]:
     return [s for s in raw if isinstance(s, int)] if isinstance(raw, list) else []
 
 
-def failed_attempt(facts: AttemptFacts, exit_code: int | None, status: dict[str, Any]) -> FailedAttempt:
+def failed_attempt(facts: AttemptFacts, exit_code: int | None, status: dict[str, Any],
+                   pod: dict[str, Any] | None = None) -> FailedAttempt:
     """The rules' view of a failed attempt: the step it failed at is the worker's (its result line's ``steps`` for a
     fault: the step reached, resumed ones included); a custom container that reports none has no step, and then no
-    fault of its own can be a ``RepeatedFault``."""
+    fault of its own can be a ``RepeatedFault``. ``pod``: the attempt's pod as last seen (a deleted one's final
+    state), for its conditions."""
     charge = facts.fault.charge() if facts.fault is not None else None
     step = facts.result.steps if facts.result is not None and facts.result.outcome == "fault" else None
     own = facts.outcome == "fault" and not facts.victim_of_810
     return FailedAttempt(exit_code=exit_code, classes=attempt_classes(charge, own, step, fault_steps(status)),
-                         step=step)
+                         step=step, conditions=pod_conditions(pod))
 
 
 def verdict(spec: GNNJobSpec, attempt: FailedAttempt, status: dict[str, Any]) -> Verdict:

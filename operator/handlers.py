@@ -991,7 +991,7 @@ class Operator:
                               largest_gpu_bytes=largest)
             # spec.failurePolicy (gnnsched.attempts.failure_policy, the simulator's rule too): the job's rules, then
             # gnnsched's defaults, on the attempt's exit code and fault classes; a resize is not a failure it judges
-            failed = attempt_rules.failed_attempt(facts, view.exit_code, status)
+            failed = attempt_rules.failed_attempt(facts, view.exit_code, status, pod)
             rule = attempt_rules.verdict(spec, failed, status) if decision.kind in ("requeue", "charge") else None
             if rule is not None:
                 self.metrics.failure_rules.labels(rule.action, rule.rule.split("[")[0]).inc()

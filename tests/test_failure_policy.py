@@ -61,7 +61,34 @@ def test_the_jobs_rules_come_first_and_the_first_match_wins() -> None:
     assert (v.action, v.rule) == ("Count", "spec.failurePolicy.rules[1]")  # overrides the default Ignore
     assert judge(rules, FailedAttempt(exit_code=3)).rule == "spec.failurePolicy.rules[2]"
     assert judge(rules, FailedAttempt(exit_code=None)).action == "Count"  # no exit code never matches onExitCodes
-    assert len(DEFAULT_RULES) == 2
+    assert len(DEFAULT_RULES) == 3
+
+
+DRAINED = frozenset({("DisruptionTarget", "True"), ("Ready", "False")})
+
+
+def test_a_disruption_is_not_the_jobs_doing_unless_its_rules_say_so() -> None:
+    """A pod Kubernetes evicted, preempted or terminated for its node carries ``DisruptionTarget`` (the pod
+    disruption conditions): gnnsched's default ignores it, as the Job's docs advise writing; the job's own
+    ``onPodConditions`` rule, as a Job's, overrides it; a plain deletion (no condition) counts."""
+    drained = FailedAttempt(exit_code=143, conditions=DRAINED)
+    v = judge((), drained)
+    assert (v.action, v.rule) == ("Ignore", "default")
+    assert judge((), FailedAttempt(exit_code=143, conditions=frozenset({("Ready", "False")}))).action == "Count"
+    assert judge((), FailedAttempt(conditions=frozenset({("DisruptionTarget", "False")}))).action == "Count"
+    count = FailureRule.model_validate({"action": "Count", "onPodConditions": [{"type": "DisruptionTarget"}]})
+    assert judge([count], drained).rule == "spec.failurePolicy.rules[0]" and judge([count], drained).charged
+    fail = FailureRule.model_validate({"action": "FailJob", "onPodConditions": [{"type": "Ready", "status": "False"}]})
+    assert judge([fail], drained).action == "FailJob"
+    assert judge((), drained, requeues=MAX_REQUEUES).reason == "RequeueLimit"  # bounded like every Ignore
+
+
+def test_an_attempt_takes_its_pods_conditions() -> None:
+    pod = {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+                                     {"type": "Ready"}, "junk", {"type": 3, "status": "True"}]}}
+    attempt = failed_attempt(AttemptFacts(), 143, {}, pod)
+    assert attempt.conditions == {("DisruptionTarget", "True")}
+    assert failed_attempt(AttemptFacts(), 143, {}, None).conditions == frozenset()
 
 
 @pytest.mark.parametrize(("policy", "field"), [
@@ -79,6 +106,11 @@ def test_the_jobs_rules_come_first_and_the_first_match_wins() -> None:
     ({"rules": [{"action": "Ignore", "onFaultClasses": ["Victim", "Victim"]}]},
      "spec.failurePolicy.rules[0].onFaultClasses"),
     ({"rules": [{"action": "Count", "onFaultClasses": ["Victim"]}] * 21}, "spec.failurePolicy.rules"),
+    ({"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "Yes"}]}]},
+     "spec.failurePolicy.rules[0].onPodConditions[0].status"),
+    ({"rules": [{"action": "Ignore", "onPodConditions": []}]}, "spec.failurePolicy.rules[0].onPodConditions"),
+    ({"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}], "onFaultClasses": ["Victim"]}]},
+     "spec.failurePolicy.rules[0].onExitCodes"),
     ({"rule": []}, "spec.failurePolicy.rule"),
 ])
 def test_a_bad_policy_names_its_field(policy: dict[str, Any], field: str) -> None:

@@ -99,6 +99,12 @@ BAD = [
     ("bad gpuMemory", "spec.resources", {"gpuMemory": "lots"}, "gpuMemory"),
     ("maxResizes too large", "spec.memory", {"maxResizes": 11}, "maxResizes"),
     ("negative maxResizes", "spec.memory", {"maxResizes": -1}, "maxResizes"),
+    ("pod condition status", "spec.failurePolicy",
+     {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "Yes"}]}]}, "status"),
+    ("two requirements", "spec.failurePolicy",
+     {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}],
+                 "onExitCodes": {"operator": "In", "values": [3]}}]}, "onPodConditions"),
+    ("no requirement", "spec.failurePolicy", {"rules": [{"action": "Ignore"}]}, "onExitCodes"),
 ]
 
 

@@ -2,8 +2,9 @@
 ``podFailurePolicy`` (https://kubernetes.io/docs/concepts/workloads/controllers/job/#pod-failure-policy).
 
 Rules are tried in order and the first that matches decides; a rule matches on the job container's exit code
-(``onExitCodes: {operator: In|NotIn, values: [...]}``, as the Job's) or on gnnsched's fault classes
-(``onFaultClasses: [...]``, where the Job has ``onPodConditions``). Its ``action``:
+(``onExitCodes: {operator: In|NotIn, values: [...]}``, as the Job's), on the pod's conditions (``onPodConditions:
+[{type, status}]``, as the Job's: ``DisruptionTarget`` is what Kubernetes sets on a pod it evicts, preempts or
+terminates for the node's sake) or on gnnsched's fault classes (``onFaultClasses: [...]``). Its ``action``:
 
 * ``FailJob``: the job fails now, whatever ``backoffLimit`` has left;
 * ``Ignore``: the attempt is not counted against ``backoffLimit``; a new attempt is created (bounded by
@@ -13,7 +14,9 @@ Rules are tried in order and the first that matches decides; a rule matches on t
 
 The job's own rules come first; gnnsched's defaults (:data:`DEFAULT_RULES`) follow them, so a user can override
 each default by naming the class first. The defaults keep what the fault rules did before (docs/faults.md): a GPU
-hardware fault and a neighbour's fault are ``Ignore``; and they add the rule issue 27 measured the need for: a job
+hardware fault and a neighbour's fault are ``Ignore``; so is a disruption (the pod carries ``DisruptionTarget``: a
+``kubectl drain``, a preemption, a node shutdown), which is no more the job's doing, and whose attempt saved a
+checkpoint at its SIGTERM; and they add the rule issue 27 measured the need for: a job
 whose own fault (the suspect of a fault, i.e. the one client whose own error names it) happens at the same step as
 an earlier fault with its own fatal error is ``FailJob`` at once. A deterministic bug fails at the same step on every
 retry, so its remaining ``backoffLimit`` would only hold a whole GPU (it runs alone by then) until the same fault again.
@@ -63,6 +66,13 @@ class _Model(BaseModel):
                               strict=True)
 
 
+class PodConditionPattern(_Model):
+    """The Job's ``onPodConditions`` item: the pod has a condition of ``type`` with ``status`` (default True)."""
+
+    type: str = Field(min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"] = "True"
+
+
 class ExitCodeRequirement(_Model):
     """The Job's ``onExitCodes``: the job container's exit code is (``In``) or is not (``NotIn``) one of ``values``."""
 
@@ -92,16 +102,20 @@ class ExitCodeRequirement(_Model):
 
 
 class FailureRule(_Model):
-    """One rule: an ``action`` and exactly one requirement, ``onExitCodes`` or ``onFaultClasses``."""
+    """One rule: an ``action`` and exactly one requirement, ``onExitCodes``, ``onPodConditions`` or
+    ``onFaultClasses``."""
 
     action: FailureAction
     on_exit_codes: ExitCodeRequirement | None = None
+    on_pod_conditions: list[PodConditionPattern] | None = Field(default=None, min_length=1, max_length=MAX_RULES)
     on_fault_classes: list[FaultCondition] | None = Field(default=None, min_length=1, max_length=len(FAULT_CONDITIONS))
 
     @model_validator(mode="after")
     def _one_requirement(self) -> FailureRule:
-        if (self.on_exit_codes is None) == (self.on_fault_classes is None):
-            raise ValueError("onExitCodes: a rule has exactly one of onExitCodes and onFaultClasses")
+        given = [r for r in (self.on_exit_codes, self.on_pod_conditions, self.on_fault_classes) if r is not None]
+        if len(given) != 1:
+            raise ValueError("onExitCodes: a rule has exactly one of onExitCodes, onPodConditions and "
+                             "onFaultClasses")
         if self.on_fault_classes is not None and len(set(self.on_fault_classes)) != len(self.on_fault_classes):
             raise ValueError("onFaultClasses: must not repeat a class")
         return self
@@ -109,6 +123,8 @@ class FailureRule(_Model):
     def matches(self, attempt: FailedAttempt) -> bool:
         if self.on_exit_codes is not None:
             return self.on_exit_codes.matches(attempt.exit_code)
+        if self.on_pod_conditions is not None:
+            return any((p.type, p.status) in attempt.conditions for p in self.on_pod_conditions)
         return bool(attempt.classes & set(self.on_fault_classes or ()))
 
 
@@ -120,6 +136,7 @@ class FailurePolicy(_Model):
 
 DEFAULT_RULES: tuple[FailureRule, ...] = (
     FailureRule(action="Ignore", on_fault_classes=["HardwareFault", "Victim", "Undecided"]),
+    FailureRule(action="Ignore", on_pod_conditions=[PodConditionPattern(type="DisruptionTarget")]),
     FailureRule(action="FailJob", on_fault_classes=["RepeatedFault"]),
 )
 """gnnsched's rules after the job's own (see the module docstring); an unmatched failure is ``Count``."""
@@ -134,6 +151,8 @@ class FailedAttempt:
     classes: frozenset[FaultCondition] = frozenset()
     step: int | None = None
     """The step the attempt had reached when it failed (the job's global step, counting resumed steps), if known."""
+    conditions: frozenset[tuple[str, str]] = frozenset()
+    """The pod's conditions as (type, status) (:func:`pod_conditions`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +187,17 @@ def attempt_classes(charge: Charge | None, own_fault: bool, step: int | None,
     return frozenset({"Undecided"}) if own_fault else frozenset({"Victim"})
 
 
+def pod_conditions(pod: object) -> frozenset[tuple[str, str]]:
+    """A pod object's ``status.conditions`` as (type, status) pairs, what ``onPodConditions`` matches on; malformed
+    entries are left out."""
+    status = pod.get("status") if isinstance(pod, dict) else None
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if not isinstance(conditions, list):
+        return frozenset()
+    return frozenset((c["type"], c["status"]) for c in conditions
+                     if isinstance(c, dict) and isinstance(c.get("type"), str) and isinstance(c.get("status"), str))
+
+
 def records_step(attempt: FailedAttempt) -> bool:
     """Whether the attempt's step joins the job's fault steps (``status.faultSteps``): a fault with its own fatal
     error, alone (``Suspect``) or among several (``Undecided``). A deterministic bug faults at that step every time;
@@ -199,6 +229,8 @@ def describe(verdict: Verdict, attempt: FailedAttempt) -> str:
     what = []
     if attempt.exit_code is not None:
         what.append(f"exit code {attempt.exit_code}")
+    if ("DisruptionTarget", "True") in attempt.conditions:
+        what.append("pod condition DisruptionTarget")
     if attempt.classes:
         what.append("fault classes " + ", ".join(c for c in FAULT_CONDITIONS if c in attempt.classes))
     if attempt.step is not None:

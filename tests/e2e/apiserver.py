@@ -18,6 +18,13 @@ kube-apiserver does:
   stopping the containers, deletes it with ``gracePeriodSeconds=0`` (``pkg/registry/core/pod/strategy.go``,
   ``CheckGracefulDelete``: unbound and terminal pods are deleted at once).
 
+* **Eviction** (``POST .../pods/NAME/eviction``, a ``policy/v1`` Eviction: what ``kubectl drain`` sends). As
+  kube-apiserver's ``EvictionREST.Create`` (``pkg/registry/core/pod/storage/eviction.go``) with the
+  PodDisruptionConditions feature (GA in 1.31): the pod gets the ``DisruptionTarget`` condition (reason
+  ``EvictionByEvictionAPI``, message ``Eviction API: evicting``), then the graceful deletion below, with the
+  Eviction's ``deleteOptions.gracePeriodSeconds`` if any; the answer is 201 with a Success Status. This cluster has
+  no PodDisruptionBudgets, so no eviction is refused with 429.
+
 * **Pod logs** (``GET .../pods/NAME/log``, ``kubectl logs [-f]``). kube-apiserver proxies this to the pod's kubelet,
   which reads the container runtime's log file; here the server reads the file the kubelet stand-in writes the
   container's output to (``NODE_ROOT/<node>/pods/<uid>/containers/<container>/0.log``, ``--node-root``).
@@ -84,6 +91,9 @@ class ClusterAPI(StrictKubernetes):
                 res.plural == "bindings" or (res.plural == "pods" and request.subresource == "binding")
             ):
                 return await self._bind(request)
+            if (request.method == "POST" and res.plural == "pods" and request.subresource == "eviction"
+                    and request.name is not None):  # kmock sees a POST to a named object as no action at all
+                return await self._evict(request)
             if (request.action == enums.action.DELETE and res.plural == "pods" and request.name is not None
                     and request.subresource is None):
                 answer = await self._delete_pod(request)
@@ -136,6 +146,34 @@ class ClusterAPI(StrictKubernetes):
             await self._publish(key, changes)
         return _status(201, "", "")
 
+    async def _evict(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """An Eviction (module docstring): the DisruptionTarget condition, then the graceful deletion."""
+        body = request.data if isinstance(request.data, dict) else {}
+        options = body.get("deleteOptions") if isinstance(body.get("deleteOptions"), dict) else {}
+        grace = options.get("gracePeriodSeconds")
+        async with self._write_lock, self._lock:
+            key = self._pod_key(request.namespace, str(request.name))
+            if key is None or self._objects[key].deleted:
+                return _status(404, "NotFound", f'pods "{request.name}" not found')
+            pod = self._objects[key].raw
+            status = pod.get("status") or {}
+            if status.get("phase") not in ("Succeeded", "Failed") and not (pod.get("metadata") or {}).get(
+                    "deletionTimestamp"):
+                kept = [c for c in status.get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+                condition = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                             "message": "Eviction API: evicting", "lastTransitionTime": _now()}
+                await self._publish(key, {"status": {"conditions": [condition, *kept]}})
+        answer = await self._delete_gracefully(request.namespace, str(request.name),
+                                               grace if isinstance(grace, int) else None)
+        if answer is None:  # unbound or terminal: removed at once, as kmock's DELETE does
+            async with self._write_lock, self._lock:
+                key = self._pod_key(request.namespace, str(request.name))
+                if key is not None and not self._objects[key].deleted:
+                    raw = dict(self._objects[key].raw)
+                    self._objects[key].delete()
+                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+        return _status(201, "Success", "")
+
     async def _delete_pod(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
         """The graceful part of a pod DELETE; ``None`` hands the request to kmock (remove now)."""
         grace: int | None = None
@@ -143,8 +181,13 @@ class ClusterAPI(StrictKubernetes):
             grace = int(request.params["gracePeriodSeconds"])
         elif isinstance(request.data, dict) and request.data.get("gracePeriodSeconds") is not None:
             grace = int(request.data["gracePeriodSeconds"])
+        return await self._delete_gracefully(request.namespace, str(request.name), grace)
+
+    async def _delete_gracefully(self, namespace: str | None, name: str,
+                                 grace: int | None) -> aiohttp.web.StreamResponse | None:
+        """Mark a bound, running pod deleted with ``grace`` (else its own); ``None``: remove it now."""
         async with self._write_lock, self._lock:
-            key = self._pod_key(request.namespace, str(request.name))
+            key = self._pod_key(namespace, name)
             if key is None or self._objects[key].deleted:
                 return None
             pod = self._objects[key].raw

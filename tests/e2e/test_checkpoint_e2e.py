@@ -82,6 +82,40 @@ def test_a_checkpointing_job_resumes_after_a_hardware_xid(cluster: LocalCluster)
     assert row["resumed_from_step"] == st["resumedFromStep"] > 0, row
 
 
+def _evict_after_checkpoint(name: str, hit: dict[str, Any]) -> Any:
+    """A ``wait_jobs`` tick: once the job's first checkpoint is on its claim and its pod runs, the pod is evicted
+    (``POST pods/NAME/eviction``, what ``kubectl drain`` sends for each pod of the node)."""
+    def tick(c: LocalCluster) -> None:
+        if hit or not (c.dir / "claims" / "default" / f"{name}-checkpoint" / "checkpoint.pt").exists():
+            return
+        for p in c.pods():
+            if p["metadata"]["name"] == f"{name}-0" and (p.get("status") or {}).get("phase") == "Running":
+                assert c.api is not None
+                c.api.post(f"/api/v1/namespaces/default/pods/{name}-0/eviction",
+                           {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": f"{name}-0"}})
+                hit.update(pod=f"{name}-0")
+                return
+    return tick
+
+
+def test_a_drained_job_is_requeued_uncharged_and_resumes(cluster: LocalCluster) -> None:
+    """A node drain evicts the pod: the API server marks it ``DisruptionTarget`` and deletes it gracefully, the
+    worker saves at its SIGTERM, and gnnsched's default failure rule requeues it without using ``backoffLimit``
+    (the Job would count it unless its podFailurePolicy ignored the condition); the next attempt resumes."""
+    doc = small_job("drained-0", epochs=3000)
+    doc["spec"]["checkpoint"] = {"everySeconds": 1}
+    doc["spec"]["backoffLimit"] = 0
+    hit: dict[str, Any] = {}
+    cluster.submit([doc])
+    (job,) = cluster.wait_jobs({"drained-0"}, tick=_evict_after_checkpoint("drained-0", hit))
+    st = job["status"]
+    assert hit, "the job never saved a checkpoint while running"
+    assert st["phase"] == "Succeeded", gnnjob_table([job])
+    requeued = next(c for c in st["conditions"] if c["type"] == "Requeued")
+    assert "pod condition DisruptionTarget" in requeued["message"] and not st.get("retriesUsed"), requeued
+    assert st["attempts"] == 2 and st["requeues"] == 1 and st["resumedFromStep"] > 0, st
+
+
 @pytest.fixture(scope="module")
 def buggy_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # every job's worker makes its own GPU fail at step 40 (gnnsched.gpu.fake_faults: GNNSCHED_FAKE_FAULT_AT_STEP)

@@ -370,6 +370,25 @@ class NodeCondition(_CamelModel):
     last_transition_time: datetime | None = None
 
 
+class LearnedSlowdown(_CamelModel):
+    """A co-location slowdown the node agent learned from progress (``gnnsched.colocation.learned``): jobs of class
+    ``job_class`` beside co-runners of classes ``beside`` on ``gpu_model`` ran ``slowdown`` times slower than alone,
+    where the interference model predicts ``prior``; ``samples`` observations (the rule acts from 3)."""
+
+    gpu_model: str = Field(max_length=128)
+    job_class: str = Field(max_length=32)
+    beside: list[str] = Field(max_length=48)
+    slowdown: float = Field(gt=0)
+    prior: float = Field(gt=0)
+    samples: int = Field(ge=0)
+    calibrated: bool
+
+
+MAX_LEARNED_SLOWDOWNS = 64
+"""At most this many learned slowdowns in a GPUNode's status (the most observed first): one status stays small
+whatever mix of classes a node has seen."""
+
+
 class GPUNodeStatus(_CamelModel):
     """The status of a cluster-scoped ``GPUNode`` object, written only by the node's agent."""
 
@@ -378,6 +397,7 @@ class GPUNodeStatus(_CamelModel):
     mps: MPSStatus = Field(default_factory=MPSStatus)
     gpus: list[GPUStatus] = Field(default_factory=list)
     conditions: list[NodeCondition] = Field(default_factory=list)
+    learned_slowdowns: list[LearnedSlowdown] = Field(default_factory=list, max_length=MAX_LEARNED_SLOWDOWNS)
 
     @computed_field(alias="gpuCount")  # type: ignore[prop-decorator]
     @property

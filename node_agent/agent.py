@@ -31,6 +31,7 @@ from gnnsched.attempts.fault_classes import (
     counted_class,
     is_hardware_xid,
 )
+from gnnsched.colocation.learned import SlowdownBook
 from gnnsched.contract import (
     ANN_ATTEMPT_RESULT,
     ANN_FAULT,
@@ -88,6 +89,7 @@ from gnnsched.node_status_file import (
     StatusFileError,
     read_status_file,
     status_file_path,
+    write_json_atomic,
     write_status_file,
 )
 from gnnsched.policies import DEFAULT_BYPASS_LIMIT, STARTUP_SECONDS
@@ -103,6 +105,9 @@ from gnnsched.trust.domain import DEFAULT_TRUST_DOMAIN, DomainResolver
 
 log = logging.getLogger("gnnsched.node_agent")
 
+SLOWDOWNS_FILE_NAME = "colocation-slowdowns.json"
+"""The learned co-location slowdowns (``gnnsched.colocation.learned.SlowdownBook``) in ``--state-dir``, kept across
+agent restarts."""
 STOPPED_MEMORY_S = 600.0  # how long a stopped pod is remembered after its entries ended (its exit is judged by then)
 
 
@@ -212,6 +217,7 @@ class NodeAgent:
     # pod uid -> (monotonic time, why) of the pods stopped lately: stopped once, and no attempt-result of theirs is
     # written after (their reason is the stop, not memory-exceeded, which would grow their next reservation)
     _stopped: dict[str, tuple[float, Overrun]] = field(default_factory=dict)
+    _saved_slowdowns: SlowdownBook | None = None  # the learned slowdowns last written to state_dir
 
     def alive(self) -> bool:
         """Liveness for ``/healthz``: the status loop has run recently (the event loop is not stuck)."""
@@ -242,6 +248,7 @@ class NodeAgent:
         self._dirty = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         restored = await asyncio.to_thread(self._restore_drains, books)
+        await asyncio.to_thread(self._restore_slowdowns, books)
         seal_key = await asyncio.to_thread(load_seal_key, self.opts.state_dir)
         cfg = GateConfig(
             node_name=self.opts.node_name, pipe_directory=self.opts.pipe_directory,
@@ -332,6 +339,32 @@ class NodeAgent:
             await asyncio.to_thread(write_status_file, local, status)
         except OSError as exc:
             log.warning("writing %s failed: %s", local, exc)
+        book = self.gate.books.slowdowns
+        if book is not self._saved_slowdowns:  # the book is a plain value: a new one means new samples
+            path = Path(self.opts.state_dir) / SLOWDOWNS_FILE_NAME
+            try:
+                await asyncio.to_thread(write_json_atomic, path, book.model_dump(mode="json"))
+                self._saved_slowdowns = book
+            except OSError as exc:
+                log.warning("writing %s failed: %s", path, exc)
+
+    def _restore_slowdowns(self, books: Books) -> None:
+        """The co-location slowdowns the previous agent learned (``SLOWDOWNS_FILE_NAME`` in ``state_dir``): a
+        restart (an upgrade, a crash) keeps what progress taught, instead of trusting the prior again until every
+        class pair has had its samples anew. A file that does not parse is left aside with a warning."""
+        if self.opts.state_dir is None:
+            return
+        path = Path(self.opts.state_dir) / SLOWDOWNS_FILE_NAME
+        try:
+            books.slowdowns = SlowdownBook.model_validate_json(path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("the learned co-location slowdowns in %s are not usable (%s): starting from the model", path,
+                        exc)
+            return
+        self._saved_slowdowns = books.slowdowns
+        log.info("restored %d learned co-location class pair(s) from %s", len(books.slowdowns.table.classes()), path)
 
     async def _sample(self) -> None:
         """Driver + MPS health into the books (an unhealthy GPU or MPS admits nothing new) and into the metrics; and

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gnnsched.colocation.interference import load_default as load_interference
 from gnnsched.colocation.learned import SlowdownBook, SlowdownFn, interval_step_seconds, observed_slowdown
+from gnnsched.contract import LearnedSlowdown
 from gnnsched.policies import (
     DEFAULT_BYPASS_LIMIT,
     STARTUP_SECONDS,
@@ -290,8 +291,12 @@ class Books:
         e.progress = progress
 
     def learned_slowdowns(self) -> dict[str, float]:
-        """Every class pair's learned slowdown (status and metrics)."""
+        """Every class pair's learned slowdown by calibration key (metrics)."""
         return self.slowdowns.learned(self.interference)
+
+    def learned_slowdown_entries(self) -> list[LearnedSlowdown]:
+        """Every class pair's learned slowdown with its prior and samples (the GPUNode status)."""
+        return self.slowdowns.entries(self.interference)
 
     def _learned(self) -> SlowdownFn | None:
         """The share rule's slowdowns: the learned ones on this node's GPU model (its first GPU's: a node has one

@@ -96,7 +96,8 @@ def build_status(
             queued=[_job(books, e, now) for e in queue] if g.index == min(books.gpus) else [],
         ))
     return GPUNodeStatus(
-        node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus
+        node_name=node_name, updated_at=datetime.fromtimestamp(now, tz=timezone.utc), mps=mps, gpus=gpus,
+        learned_slowdowns=books.learned_slowdown_entries(),
     )
 
 

@@ -154,6 +154,21 @@ def test_the_gate_learns_a_pair_from_progress_and_stops_sharing_it() -> None:
     metrics.books_changed(books)
     text = generate_latest(metrics.registry).decode()
     assert f'gnnsched_colocation_learned_slowdown{{pair="{key}"}} 2.0' in text
+    # and the GPUNode status (what the extender and kubectl read), against the CRD's schema
+    from crd_schema import load_crd, validate
+
+    from gnnsched.contract import MPSStatus
+    from gnnsched.node_agent.status import build_status
+
+    status = build_status("node-a", books, [], MPSStatus(), 40.0)
+    (entry,) = status.learned_slowdowns
+    assert (entry.gpu_model, entry.job_class, entry.beside) == ("V100-32GB", "compute", [mate.intensity])
+    assert entry.slowdown == pytest.approx(2.0, rel=1e-3) and entry.samples >= 3 and entry.calibrated
+    assert entry.prior == pytest.approx(books.interference.slowdown(
+        books.interference.profile_for("compute"), [books.interference.profile_for(mate.intensity)]), rel=1e-3)
+    gpunode = {"apiVersion": "gnnsched.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "node-a"},
+               "status": status.wire()}
+    assert validate(load_crd("gpunode.yaml"), gpunode) == []
     # a new compute pod: both GPUs run a memory pod, 'long' ends in 120 s (30 steps left at 4 s). Under the prior
     # (compute beside memory 1.29x) joining costs ~65 s and pays; at the learned 2x it costs ~136 s: it waits
     books.release(c.key)

@@ -491,3 +491,30 @@ async def test_a_client_dying_with_810_starts_the_drain_without_an_xid(node: Nod
         w_late.close()
     finally:
         await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_learned_slowdowns_are_published_and_survive_a_restart(node: Node) -> None:
+    """What progress taught about co-location (issue 37) is in the GPUNode status, and a restarted agent starts
+    from it instead of from the prior; a state file that does not parse is left aside, not fatal."""
+    agent = await node.start()
+    try:
+        assert agent.gate is not None
+        book = agent.gate.books.slowdowns
+        for _ in range(3):
+            book = book.record("A100-80GB", "compute", ["memory"], observed=2.0, prior=1.25)
+        agent.gate.books.slowdowns = book
+        await agent._publish()
+        status = json.loads((node.tmp / "status.json").read_text())["status"]
+        (entry,) = status["learnedSlowdowns"]
+        assert (entry["jobClass"], entry["beside"], entry["samples"]) == ("compute", ["memory"], 3), entry
+        await node.stop()
+        agent = await node.start()
+        assert agent.gate is not None
+        assert agent.gate.books.slowdowns.factor("A100-80GB", "compute", ["memory"]) == pytest.approx(1.6)
+        await node.stop()
+        (node.tmp / "state" / "colocation-slowdowns.json").write_text("{not json")
+        agent = await node.start()
+        assert agent.gate is not None and agent.gate.books.slowdowns.table.classes() == []
+    finally:
+        await node.stop()

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gnnsched.closed_loop import CalibrationClass, CalibrationTable, RuntimeCalibrationPolicy
 from gnnsched.colocation.interference import SlowdownModel
+from gnnsched.contract import MAX_LEARNED_SLOWDOWNS, LearnedSlowdown
 from gnnsched.progress import StepProgress
 
 #: The runtime loop's rule (median, window 50, factor within [0.1, 10]) without the pool: a class pair's slowdown is
@@ -85,17 +86,28 @@ class SlowdownBook(BaseModel):
             return 1.0
         return max(1.0, prior * self.factor(gpu_model, cls, others))
 
-    def learned(self, model: SlowdownModel) -> dict[str, float]:
-        """Every calibrated class pair's learned slowdown (key -> slowdown), for metrics and status."""
-        out: dict[str, float] = {}
+    def entries(self, model: SlowdownModel) -> list[LearnedSlowdown]:
+        """Every class pair the book has samples of, as the GPUNode status shows it: the learned slowdown, the
+        model's prior and how many samples, the most observed first (at most ``MAX_LEARNED_SLOWDOWNS``)."""
+        out = []
         for key in self.table.classes():
             c = CalibrationClass.parse(key)
             cls, _, mates = c.arch.partition("@")
             others = [None if m == "none" else m for m in mates.split("+")] if mates != "alone" else []
+            if not others:
+                continue  # a pace alone is a baseline, not a slowdown
             me = None if cls == "none" else cls
             prior = model.slowdown(model.profile_for(me), [model.profile_for(o) for o in others])
-            out[key] = round(self.slowdown(c.gpu_model, me, others, prior), 4)
-        return out
+            fit = self.table.factor(c, SLOWDOWN_CALIBRATION)
+            out.append(LearnedSlowdown(gpu_model=c.gpu_model, job_class=cls, beside=mates.split("+"),
+                                       slowdown=round(self.slowdown(c.gpu_model, me, others, prior), 4),
+                                       prior=round(prior, 4), samples=fit.samples, calibrated=fit.calibrated))
+        out.sort(key=lambda e: -e.samples)
+        return out[:MAX_LEARNED_SLOWDOWNS]
+
+    def learned(self, model: SlowdownModel) -> dict[str, float]:
+        """Every class pair's learned slowdown by calibration key, for the metrics."""
+        return {pair_class(e.gpu_model, e.job_class, e.beside).key(): e.slowdown for e in self.entries(model)}
 
     def slowdown_fn(self, gpu_model: str, model: SlowdownModel) -> SlowdownFn:
         """What the share rule calls (:func:`gnnsched.policies.share_pays`'s ``slowdown``): the learned slowdown of

@@ -417,14 +417,28 @@ def _age(stamp: str | None) -> str:
     return f"{secs}s" if secs < 120 else f"{secs // 60}m{secs % 60}s"
 
 
+def _shown(meta: dict[str, Any]) -> str:
+    """An object's name in the timeline: ``NAMESPACE/NAME`` outside ``default``."""
+    ns = meta.get("namespace") or "default"
+    return meta["name"] if ns == "default" else f"{ns}/{meta['name']}"
+
+
+def _job_keys(job: dict[str, Any]) -> set[str]:
+    """What names a job in ``LocalCluster.wait_jobs``: its name, and its namespace-qualified name."""
+    meta = job["metadata"]
+    return {meta["name"], f"{meta.get('namespace') or 'default'}/{meta['name']}"}
+
+
 def gnnjob_table(jobs: list[dict[str, Any]]) -> str:
-    """The table ``kubectl get gj -o wide`` prints: NAME plus the CRD's printer columns (Age as an age)."""
+    """The table ``kubectl get gj -o wide`` prints: NAME plus the CRD's printer columns (Age as an age); NAMESPACE
+    first, as ``kubectl get -A`` does, when the jobs are in more than one namespace."""
     crd = yaml.safe_load((REPO / "crds" / "gnnjob.yaml").read_text())
     version = next(v for v in crd["spec"]["versions"] if v.get("served"))
     columns = version.get("additionalPrinterColumns") or []
-    rows = [["NAME", *[c["name"].upper() for c in columns]]]
-    for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
-        row = [job["metadata"]["name"]]
+    spaces = {j["metadata"].get("namespace") or "default" for j in jobs}
+    rows = [(["NAMESPACE"] if len(spaces) > 1 else []) + ["NAME", *[c["name"].upper() for c in columns]]]
+    for job in sorted(jobs, key=lambda j: (j["metadata"].get("namespace") or "default", j["metadata"]["name"])):
+        row = ([job["metadata"].get("namespace") or "default"] if len(spaces) > 1 else []) + [job["metadata"]["name"]]
         for c in columns:
             value = _jsonpath(job, c["jsonPath"])
             row.append(_age(value) if c.get("type") == "date" else ("<none>" if value is None else str(value)))
@@ -765,7 +779,8 @@ class LocalCluster:
 
     def wait_jobs(self, names: set[str] | None = None, timeout: float | None = None,
                   tick: Callable[[LocalCluster], None] | None = None) -> list[dict[str, Any]]:
-        """Follow the jobs (timeline on stderr) until every one named is Succeeded or Failed, or ``timeout``."""
+        """Follow the jobs (timeline on stderr) until every one named is Succeeded or Failed, or ``timeout``. A name
+        is ``NAMESPACE/NAME``, or a bare ``NAME`` for that name in any namespace."""
         deadline = time.monotonic() + (timeout if timeout is not None else self.opts.timeout)
         jobs: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
@@ -778,9 +793,9 @@ class LocalCluster:
                 continue
             if tick is not None:
                 tick(self)
-            mine = [j for j in jobs if names is None or j["metadata"]["name"] in names]
+            mine = [j for j in jobs if names is None or _job_keys(j) & names]
             if mine and all((j.get("status") or {}).get("phase") in TERMINAL for j in mine) and \
-                    (names is None or len(mine) == len(names)):
+                    (names is None or names <= set().union(*map(_job_keys, mine))):
                 return mine
             for proc in self.procs:
                 if not proc.alive() and proc.name != "apiserver" and proc.starts and proc.popen is not None \
@@ -788,7 +803,7 @@ class LocalCluster:
                     raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
             time.sleep(self.opts.poll)
         self.say("timed out waiting for the jobs")
-        return [j for j in jobs if names is None or j["metadata"]["name"] in names]
+        return [j for j in jobs if names is None or _job_keys(j) & names]
 
     # -- timeline ----------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -799,7 +814,7 @@ class LocalCluster:
             print(line, file=sys.stderr, flush=True)
 
     def _on_event(self, kind: str, pod: dict[str, Any], detail: str) -> None:
-        name = pod["metadata"]["name"]
+        name = _shown(pod["metadata"])
         if kind == "unschedulable":
             key = f"unsched:{pod['metadata']['uid']}:{detail}"
             with self._lock:
@@ -817,7 +832,7 @@ class LocalCluster:
             ann = meta.get("annotations") or {}
             state = self._seen.setdefault(meta["uid"], {})
             node = (pod.get("spec") or {}).get("nodeName")
-            name = meta["name"]
+            name = _shown(meta)
             if node and "bound" not in state:
                 state["bound"] = node
                 self.say(f"bound    pod {name} -> {node}")
@@ -848,7 +863,7 @@ class LocalCluster:
                              f"{(st.get('observedPeakBytes') or 0) / 2**20:.1f} MiB")
                     if phase == "Failed":
                         extra += f": {st.get('message', '')}"
-                self.say(f"gnnjob   {job['metadata']['name']}: {phase}{extra}")
+                self.say(f"gnnjob   {_shown(job['metadata'])}: {phase}{extra}")
 
     # -- results -------------------------------------------------------------------------------------------------
     def capacity(self) -> dict[str, dict[int, int]]:
@@ -864,7 +879,8 @@ class LocalCluster:
         rows = []
         for job in sorted(jobs, key=lambda j: j["metadata"]["name"]):
             st = job.get("status") or {}
-            rows.append({"name": job["metadata"]["name"], "phase": st.get("phase"), "node": st.get("node"),
+            rows.append({"name": job["metadata"]["name"], "namespace": job["metadata"].get("namespace") or "default",
+                         "phase": st.get("phase"), "node": st.get("node"),
                          "gpu": st.get("gpu"), "admit_bytes": st.get("admitBytes"),
                          "observed_peak_bytes": st.get("observedPeakBytes"), "attempts": st.get("attempts"),
                          "seconds": st.get("observedRuntimeSeconds"),
@@ -1014,7 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.serve and not manifests:
                 serve_forever(cluster, inject)
             cluster.submit(manifests)
-            names = {m["metadata"]["name"] for m in manifests}
+            names = {f"{m['metadata'].get('namespace') or 'default'}/{m['metadata']['name']}" for m in manifests}
             jobs = cluster.wait_jobs(names, tick=inject)
             result = cluster.report(jobs)
             print(gnnjob_table(jobs), flush=True)

@@ -87,7 +87,8 @@ class VictimsResume(Simulation):
         buggy = self.loop is not None and run.job.id in self.loop.buggy
         if not buggy and not run.starting:
             left = run.remaining - run.rate * (self.now - run.last)  # ``remaining`` is brought up to date lazily
-            self.done_s[run.job.id] = max(self.done_s.get(run.job.id, 0.0), run.work - max(0.0, left))
+            # ``work`` is this attempt's (what the earlier ones left): the job's done work grows by what it ran
+            self.done_s[run.job.id] = self.done_s.get(run.job.id, 0.0) + max(0.0, run.work - max(0.0, left))
         super()._end_attempt(run)
 
     def _start(self, job: SimJob, gpu: GpuState, rerate: bool = True) -> bool:
@@ -95,7 +96,7 @@ class VictimsResume(Simulation):
         done = self.done_s.get(job.id, 0.0)
         if started and done > 0.0:
             run = gpu.running[-1]  # the attempt just started
-            run.remaining = max(1e-3, run.work - done)
+            run.remaining = run.work = max(1e-3, run.work - done)
         if started and rerate:
             self._rerate(gpu)
         return started

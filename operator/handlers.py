@@ -33,9 +33,16 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field, model_validator
 
 from gnnsched import __version__
+from gnnsched.attempts.checkpointing import ran_share, runtime_sample_share
 from gnnsched.attempts.failure_policy import describe
 from gnnsched.attempts.fault_classes import counted_class, fault_step
-from gnnsched.closed_loop import MEASURED_OVERPREDICTION, CalibrationClass, CalibrationTable, runtime_class
+from gnnsched.closed_loop import (
+    MEASURED_OVERPREDICTION,
+    AttemptResult,
+    CalibrationClass,
+    CalibrationTable,
+    runtime_class,
+)
 from gnnsched.contract import (
     ANN_ADMIT_BYTES,
     ANN_EXCLUSIVE,
@@ -939,7 +946,8 @@ class Operator:
                 peak, seconds = measured_peak(pod), measured_runtime(pod)
                 self._record([
                     self._peak_sample(job, pod, plan, peak, attempt) if peak is not None else None,
-                    self._runtime_sample(job, pod, plan, seconds, attempt) if seconds is not None else None,
+                    self._runtime_sample(job, pod, plan, seconds, attempt, attempt_facts(pod).result)
+                    if seconds is not None else None,
                 ])
         self._write(job, status, new, message=message)
 
@@ -1195,15 +1203,20 @@ class Operator:
             return None
 
     def _runtime_sample(self, job: dict[str, Any], pod: dict[str, Any], plan: Plan, observed: float,
-                        attempt: int) -> CalibrationSample | None:
+                        attempt: int, result: AttemptResult | None = None) -> CalibrationSample | None:
         """A succeeded attempt's observed ÷ predicted runtime in its runtime class (``closed_loop.runtime_class``),
         against the predictor's figure without any runtime factor the plan applied. ``None`` when the attempt ran
         on another GPU model than the prediction was for (the ratio would mix the two GPUs' speeds into one class).
         New plans use the factor at once; pods still waiting for a node get the new predicted runtime through
-        ``_replan_waiting`` (their PriorityClass stays: a pod's priority is immutable)."""
+        ``_replan_waiting`` (their PriorityClass stays: a pod's priority is immutable). An attempt that resumed from
+        a checkpoint is compared with the share of the prediction its steps were (``runtime_sample_share``), and a
+        short resumed tail gives no sample."""
         predicted = plan.predicted_runtime_seconds
         ran_on = self._attempt_gpu_model(pod)
         if not predicted or observed <= 0 or (ran_on is not None and ran_on != plan.runtime_gpu_model):
+            return None
+        share = runtime_sample_share(ran_share(result.resumed_from_step, result.steps) if result else 1.0)
+        if share is None:
             return None
         try:
             spec = parse_spec(job.get("spec"))
@@ -1211,7 +1224,7 @@ class Operator:
             return None
         cls = runtime_class(spec, plan.runtime_gpu_model, plan.container)
         uid = _dict(job.get("metadata")).get("uid")
-        return CalibrationSample(cls=cls, ratio=observed / (predicted / (plan.runtime_factor or 1.0)),
+        return CalibrationSample(cls=cls, ratio=observed / (share * predicted / (plan.runtime_factor or 1.0)),
                                  attempt_key=f"{uid}/{attempt}/runtime", runtime=True, model=plan.runtime_model,
                                  namespace=_job_ref(job).namespace)
 

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from gnnsched.attempts.checkpointing import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY_S, MOUNT_PATH, kept_fraction
+from gnnsched.attempts.checkpointing import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_S,
+    MIN_RUNTIME_SAMPLE_SHARE,
+    MOUNT_PATH,
+    kept_fraction,
+    ran_share,
+    runtime_sample_share,
+)
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.operator import checkpoint as op_checkpoint
 from gnnsched.portable import checkpoint as portable
@@ -242,3 +250,47 @@ def test_the_worker_names_a_bad_interval_and_an_unreadable_checkpoint_in_one_lin
         errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]  # beside the profiler's notes
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
         assert len(errors) == 1 and errors[0].startswith(needle), run.stderr[-2000:]
+
+
+def test_a_resumed_attempt_is_a_runtime_sample_only_for_the_steps_it_ran() -> None:
+    """The runtime calibration compares an attempt with the whole job's prediction: an attempt that resumed at step
+    k of N ran (N - k) / N of it, so its sample is scaled by that share, and a short tail (start-up and checkpoint
+    load dominate) gives none. Without this every resumed attempt read as a job far faster than predicted."""
+    assert ran_share(None, 100) == ran_share(0, None) == 1.0  # not resumed: the whole job
+    assert ran_share(40, 100) == pytest.approx(0.6)
+    assert ran_share(40, None) is None and ran_share(120, 100) is None  # resumed, the count unknown or absurd
+    assert runtime_sample_share(0.6) == pytest.approx(0.6) and runtime_sample_share(1.0) == 1.0
+    assert runtime_sample_share(MIN_RUNTIME_SAMPLE_SHARE / 2) is None and runtime_sample_share(None) is None
+    assert runtime_sample_share(float("nan")) is None
+
+
+def test_the_simulator_scales_a_resumed_attempts_runtime_sample() -> None:
+    """In a simulated run with checkpoints and the runtime loop, no completed attempt's ratio is far below what its
+    job's speed says: before the share, resumed attempts' tails gave ratios near 0 (one rounded to 0.0 and stopped
+    ``bench/fault_what_if.py``'s "first fault" variant with a ValidationError)."""
+    import bench_modules
+
+    from gnnsched.simulator.adapters import Integrations
+    from gnnsched.simulator.cli import default_data_dir, fits_on
+    from gnnsched.simulator.cluster import parse_cluster
+    from gnnsched.simulator.faults import DEFAULT_REPAIR_S, parse_faults
+    from gnnsched.simulator.policyspec import parse_policies
+    from gnnsched.simulator.runner import materialise, run
+    from gnnsched.simulator.workloads import resolve_workload
+
+    what_if = bench_modules.load("fault_what_if")
+    ix, data = Integrations(), default_data_dir()
+    cl = parse_cluster("1x4xV100-32GB", data)
+    wl = resolve_workload("gnnsched-mix-high", 2, data, fits=fits_on(cl, ix))
+    jobs = materialise(wl, cl, ix, scaling=False)
+    chart = bench_modules.load("robustness").chart_default_policy()  # the runtime loop as a cluster runs it
+    policies = parse_policies(chart)
+    faults = parse_faults(1.0, DEFAULT_REPAIR_S, 0.05, 10.0, 0.06)
+    for engine in (None, what_if.CulpritAtFirstFault):
+        kw = {"engine": engine} if engine is not None else {}
+        rep = run(wl, cl, policies, 2, ix, jobs=jobs, record_timeline=False, faults=faults, **kw)
+        extra = rep.results[chart].extra
+        assert extra["runtime_samples"] > 0
+        ratios = [r for rs in extra["runtime_ratios"].values() for r in rs]
+        # no runtime error in this run: every sample is near 1 (unscaled, the resumed tails gave 0.48 and 0.0)
+        assert ratios and min(ratios) > 0.9, (engine, sorted(ratios)[:5])

@@ -60,3 +60,33 @@ def kept_fraction(running_s: float, every_s: float, write_s: float) -> float:
     saves = math.floor(running_s / (every_s + write_s))
     stepped = running_s - saves * write_s
     return min(1.0, saves * every_s / stepped) if stepped > 0 else 0.0
+
+
+MIN_RUNTIME_SAMPLE_SHARE = 0.25
+"""A resumed attempt that ran less than this share of its job's steps gives no runtime sample: its start-up and
+checkpoint load weigh too much in so short a run to say how fast the job's steps go."""
+
+
+def runtime_sample_share(ran_share: float | None) -> float | None:
+    """What a completed attempt's runtime sample is scaled by: the share of the job's steps it ran (1 for an attempt
+    that started from step 0), or None when it gives no sample (the share is unknown or below
+    :data:`MIN_RUNTIME_SAMPLE_SHARE`).
+
+    Why: the runtime calibration records observed ÷ predicted runtime, and the prediction is the whole job's. A
+    checkpointing job's attempt that resumed at step k of N ran only the N - k steps left; compared with the whole
+    prediction it reads as a job far faster than predicted, and the calibration would shorten every later prediction
+    of its class (in a simulated run the ratio of a short tail even rounded to 0). The operator and the simulator
+    both scale their sample by this share."""
+    if ran_share is None or not math.isfinite(ran_share) or ran_share < MIN_RUNTIME_SAMPLE_SHARE:
+        return None
+    return min(1.0, ran_share)
+
+
+def ran_share(resumed_from_step: int | None, steps: int | None) -> float | None:
+    """The share of the job's steps an attempt ran, from its result line: ``(steps - resumed) / steps``; 1 for an
+    attempt that did not resume; None when it resumed and its step count is unknown."""
+    if not resumed_from_step:
+        return 1.0
+    if steps is None or steps <= 0 or resumed_from_step > steps:
+        return None
+    return (steps - resumed_from_step) / steps

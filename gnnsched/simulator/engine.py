@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gnnsched import queue_order
+from gnnsched.attempts.checkpointing import runtime_sample_share
 from gnnsched.colocation.interference import load_default as load_interference
 from gnnsched.gpu.catalogue import get_gpu_model
 from gnnsched.progress import StepProgress
@@ -825,8 +826,13 @@ class Simulation:
             # what the operator observes: from the agent's started-at (the first step, with progress reports) else
             # from the admission, to the end; neighbours' slowdown included
             began = (out.start or 0.0) + (run.startup_s if self.rt.progress else 0.0)
-            self.rt.completed(job, gpu.model, self.now - began,
-                              job.scaled_solo_factor if self.policy.scaling else 1.0)
+            # an attempt that resumed from a checkpoint ran only what its checkpoint did not hold: the operator's
+            # sample rule (gnnsched.attempts.checkpointing.runtime_sample_share)
+            overhead = self.loop.overhead() if self.loop is not None else 1.0
+            share = runtime_sample_share(run.work / (run.solo_full * overhead) if run.solo_full > 0 else None)
+            if share is not None:
+                self.rt.completed(job, gpu.model, self.now - began,
+                                  (job.scaled_solo_factor if self.policy.scaling else 1.0) * share)
             self._replan_runtime()
         out.status = "completed"
         out.finish = self.now

@@ -117,4 +117,5 @@ class RuntimeLoop:
         calibrated class, stay in ``RunResult.extra``)."""
         calibrated = {key: self.factor_of(key) for key in sorted(self.table.ratios)}
         return {"runtime_samples": self.samples, "runtime_replans": self.replans,
-                "runtime_factors": {k: v for k, v in calibrated.items() if v != 1.0}}
+                "runtime_factors": {k: v for k, v in calibrated.items() if v != 1.0},
+                "runtime_ratios": {k: list(v) for k, v in sorted(self.table.ratios.items())}}

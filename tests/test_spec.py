@@ -154,6 +154,8 @@ def test_printer_columns():
         "GPU": ".status.gpu",
         "Attempts": ".status.attempts",
         "Resizes": ".status.resizes",
+        "Requeues": ".status.requeues",
+        "Resumed": ".status.resumedFromStep",
         "Age": ".metadata.creationTimestamp",
     }
 

@@ -29,6 +29,7 @@ from gnnsched.contract import (
 from gnnsched.gpu.backend import GPUInfo
 from gnnsched.gpu.catalogue import match_device_name
 from gnnsched.node_agent.books import Books, Entry
+from gnnsched.node_agent.identity import REQUEST_TIMEOUT
 from gnnsched.node_agent.quarantine import Drain
 
 log = logging.getLogger("gnnsched.node_agent.status")
@@ -139,12 +140,15 @@ class KubeStatusSink:
         name = status.node_name
         body = {"status": status.wire()}
         try:
-            self._api.patch_cluster_custom_object_status(GROUP, VERSION, GPUNODE_PLURAL, name, body)
+            self._api.patch_cluster_custom_object_status(GROUP, VERSION, GPUNODE_PLURAL, name, body,
+                                                         _request_timeout=REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             self._api.create_cluster_custom_object(
                 GROUP, VERSION, GPUNODE_PLURAL,
                 {"apiVersion": API_VERSION, "kind": GPUNODE_KIND, "metadata": {"name": name}},
+                _request_timeout=REQUEST_TIMEOUT,
             )
-            self._api.patch_cluster_custom_object_status(GROUP, VERSION, GPUNODE_PLURAL, name, body)
+            self._api.patch_cluster_custom_object_status(GROUP, VERSION, GPUNODE_PLURAL, name, body,
+                                                         _request_timeout=REQUEST_TIMEOUT)

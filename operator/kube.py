@@ -21,6 +21,12 @@ JSON_PATCH = "application/json-patch+json"
 TOKEN_REFRESH_PERIOD = datetime.timedelta(minutes=1)  # the kubernetes client's own re-read period
 
 
+REQUEST_TIMEOUT = (10.0, 60.0)
+"""Connect and read timeouts of every API call but the watches (which set their own): a connection the API server
+never answers would otherwise hold a handler's thread, and the job it works on, forever; a timeout is a
+``KubeError`` with status 0 (``transient``), which the handlers retry like any unreachable API server."""
+
+
 class KubeError(Exception):
     """An API call failed; ``status`` is the HTTP status (0 when the server could not be reached)."""
 
@@ -56,6 +62,7 @@ class Kube:
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         import urllib3
 
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
         try:
             response = fn(*args, _preload_content=False, **kwargs)
         except self._exception as exc:

@@ -40,6 +40,10 @@ Role = Literal["victim", "suspect"]
 
 REASON_XID = "Xid"
 REASON_SERVER_FAULT = "MpsServerFault"
+ENDS_WAIT_S = 60.0
+"""The longest a drain waits, after it began, for its clients' ends (their pods' container status) before it ends
+without them: the agent gives up on one end after ``end_wait`` (30 s by default) and records it as unknown, so this
+only bounds a client whose end is never followed (one without a pod name)."""
 XID_GRACE_S = 5.0
 """How long the roles of a fault that no Xid has named yet wait for one. A client's error (its exit, read from its
 pod) and the driver's Xid (NVML's event stream, polled once a second) reach the agent by different paths in either
@@ -198,6 +202,13 @@ class Quarantine:
         if now is not None and not drain.recorded and (self.xid_wait_left(uuid, now) or 0.0) > 0:
             return False
         all_gone = all(a.gone for a in drain.affected.values())
+        if now is not None and not drain.recorded and now - drain.since < ENDS_WAIT_S and any(
+                a.end is None for a in drain.affected.values()):
+            # A client's process is gone but its pod has not said how it ended yet: its role is decided with this
+            # drain, so the drain waits for it. Released first, the client's end arrived after and started a
+            # second fault with no client (this one's clients are dropped from the recent exits at the release),
+            # and its record was never written: the operator charged a culprit's first fault on a loaded machine.
+            return False
         return clients_on_gpu == 0 and all_gone and mps_answers
 
     def release(self, uuid: str) -> Drain | None:

@@ -484,6 +484,10 @@ class StrictKubernetes(kmock.KubernetesEmulator):
                         entry["kind"] = "Pod"
                     elif sub == "binding":
                         entry["kind"] = "Binding"
+                    elif sub == "eviction":
+                        # kubectl drain evicts only where discovery lists pods/eviction with its group and version
+                        # (kubectl's drain.CheckEvictionSupport); otherwise it deletes the pods outright
+                        entry.update(kind="Eviction", group="policy", version="v1")
         return result
 
     async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:

@@ -34,7 +34,8 @@ from typing import Any
 CORE_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                     "application/strategic-merge-patch+json", "application/apply-patch+yaml")
 CR_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml")
-SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"]}
+SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"],
+                     "eviction": ["create"]}
 
 
 # -- ages ------------------------------------------------------------------------------------------------------

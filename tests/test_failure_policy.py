@@ -73,7 +73,7 @@ def test_a_disruption_is_not_the_jobs_doing_unless_its_rules_say_so() -> None:
     ``onPodConditions`` rule, as a Job's, overrides it; a plain deletion (no condition) counts."""
     drained = FailedAttempt(exit_code=143, conditions=DRAINED)
     v = judge((), drained)
-    assert (v.action, v.rule) == ("Ignore", "default")
+    assert (v.action, v.rule, v.reason) == ("Ignore", "default", "Disrupted")
     assert judge((), FailedAttempt(exit_code=143, conditions=frozenset({("Ready", "False")}))).action == "Count"
     assert judge((), FailedAttempt(conditions=frozenset({("DisruptionTarget", "False")}))).action == "Count"
     count = FailureRule.model_validate({"action": "Count", "onPodConditions": [{"type": "DisruptionTarget"}]})

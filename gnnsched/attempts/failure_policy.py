@@ -57,6 +57,11 @@ REASON_RULE = "FailurePolicy"
 """The ``Failed`` condition's reason when one of the job's own rules failed it (the Job's is ``PodFailurePolicy``)."""
 REASON_REPEATED = "RepeatedFault"
 """The ``Failed`` condition's reason when gnnsched's default rule failed a job that faulted at the same step twice."""
+REASON_DISRUPTED = "Disrupted"
+"""The ``Requeued`` condition's reason when gnnsched's default rule ignored a disruption (``DisruptionTarget``)."""
+REASON_IGNORED = "FaultIgnored"
+"""The ``Requeued`` condition's reason when gnnsched's default rule ignored a fault class without a fault record's
+own requeue (every condition has a reason, as Kubernetes' conditions must)."""
 
 
 class _Model(BaseModel):
@@ -217,7 +222,9 @@ def judge(rules: Sequence[FailureRule], attempt: FailedAttempt, requeues: int = 
     else:
         for rule in DEFAULT_RULES:
             if rule.matches(attempt):
-                verdict = Verdict(rule.action, "default", REASON_REPEATED if rule.action == "FailJob" else "")
+                reason = REASON_REPEATED if rule.action == "FailJob" else \
+                    REASON_DISRUPTED if rule.on_pod_conditions is not None else REASON_IGNORED
+                verdict = Verdict(rule.action, "default", reason)
                 break
     if verdict.action == "Ignore" and not may_requeue(requeues):
         return Verdict("Count", verdict.rule, "RequeueLimit")

@@ -271,6 +271,10 @@ class ClusterAPI(StrictKubernetes):
 def declare_cluster_resources(k8s: StrictKubernetes) -> None:
     """What the local cluster's clients discover: the operator's resources plus Nodes and bindings."""
     declare_resources(k8s)
+    pods = k8s.resources["v1/pods"]
+    k8s.resources["v1/pods"] = kmock.ResourceInfo(kind=pods.kind, singular=pods.singular, namespaced=True,
+                                                  shortnames=pods.shortnames, verbs=pods.verbs,
+                                                  subresources={*pods.subresources, "eviction"})
     k8s.resources["v1/nodes"] = kmock.ResourceInfo(kind="Node", singular="node", namespaced=False, shortnames={"no"},
                                                    verbs={"list", "watch", "get", "create", "patch", "delete"},
                                                    subresources={"status"})

@@ -9,6 +9,9 @@ resumes from it, the agent classifies the fault, the operator requeues or fails 
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,24 +85,28 @@ def test_a_checkpointing_job_resumes_after_a_hardware_xid(cluster: LocalCluster)
     assert row["resumed_from_step"] == st["resumedFromStep"] > 0, row
 
 
-def _evict_after_checkpoint(name: str, hit: dict[str, Any]) -> Any:
-    """A ``wait_jobs`` tick: once the job's first checkpoint is on its claim and its pod runs, the pod is evicted
-    (``POST pods/NAME/eviction``, what ``kubectl drain`` sends for each pod of the node)."""
+def _drain_after_checkpoint(name: str, hit: dict[str, Any]) -> Any:
+    """A ``wait_jobs`` tick: once the job's first checkpoint is on its claim and its pod runs, an admin drains the
+    pod's node with the real ``kubectl drain`` (cordon, then an Eviction per pod: ``POST pods/NAME/eviction``, which
+    kubectl sends only where discovery lists ``pods/eviction``), then uncordons it (this cluster has one node)."""
     def tick(c: LocalCluster) -> None:
         if hit or not (c.dir / "claims" / "default" / f"{name}-checkpoint" / "checkpoint.pt").exists():
             return
         for p in c.pods():
             if p["metadata"]["name"] == f"{name}-0" and (p.get("status") or {}).get("phase") == "Running":
-                assert c.api is not None
-                c.api.post(f"/api/v1/namespaces/default/pods/{name}-0/eviction",
-                           {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": f"{name}-0"}})
-                hit.update(pod=f"{name}-0")
+                node = p["spec"]["nodeName"]
+                env = {**os.environ, "KUBECONFIG": str(c.kubeconfig)}
+                drain = subprocess.run(["kubectl", "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
+                                        "--timeout=90s"], capture_output=True, text=True, timeout=120, env=env)
+                hit.update(pod=f"{name}-0", drain=drain.stdout + drain.stderr, code=drain.returncode)
+                subprocess.run(["kubectl", "uncordon", node], capture_output=True, timeout=60, env=env, check=True)
                 return
     return tick
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed (.ci/run does)")
 def test_a_drained_job_is_requeued_uncharged_and_resumes(cluster: LocalCluster) -> None:
-    """A node drain evicts the pod: the API server marks it ``DisruptionTarget`` and deletes it gracefully, the
+    """``kubectl drain`` evicts the pod: the API server marks it ``DisruptionTarget`` and deletes it gracefully, the
     worker saves at its SIGTERM, and gnnsched's default failure rule requeues it without using ``backoffLimit``
     (the Job would count it unless its podFailurePolicy ignored the condition); the next attempt resumes."""
     doc = small_job("drained-0", epochs=3000)
@@ -107,12 +114,14 @@ def test_a_drained_job_is_requeued_uncharged_and_resumes(cluster: LocalCluster) 
     doc["spec"]["backoffLimit"] = 0
     hit: dict[str, Any] = {}
     cluster.submit([doc])
-    (job,) = cluster.wait_jobs({"drained-0"}, tick=_evict_after_checkpoint("drained-0", hit))
+    (job,) = cluster.wait_jobs({"drained-0"}, tick=_drain_after_checkpoint("drained-0", hit))
     st = job["status"]
     assert hit, "the job never saved a checkpoint while running"
+    assert hit["code"] == 0 and "evicting pod default/drained-0-0" in hit["drain"], hit  # evicted, not deleted
     assert st["phase"] == "Succeeded", gnnjob_table([job])
     requeued = next(c for c in st["conditions"] if c["type"] == "Requeued")
-    assert "pod condition DisruptionTarget" in requeued["message"] and not st.get("retriesUsed"), requeued
+    assert requeued["reason"] == "Disrupted" and "pod condition DisruptionTarget" in requeued["message"], requeued
+    assert not st.get("retriesUsed"), st
     assert st["attempts"] == 2 and st["requeues"] == 1 and st["resumedFromStep"] > 0, st
 
 

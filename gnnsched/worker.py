@@ -44,7 +44,7 @@ from gnnsched.gpu.fake_faults import FakeGPUFaultWatch
 from gnnsched.gpu.fake_memory import FakeGPUMemory
 from gnnsched.models import Graph, NeighborSampler, build_model, make_graph
 from gnnsched.portable.checkpoint import Checkpointer, checkpointed_steps
-from gnnsched.portable.step import run_step, serve_parallel
+from gnnsched.portable.step import run_step, serve_parallel, step_inputs
 from gnnsched.portable.storage_booking import storage_booking_mode
 from gnnsched.spec import GNNJobSpec
 
@@ -232,25 +232,8 @@ class _StepInputs:
             self.graph = graph.to(device)
 
     def stream(self, rank: int = 0) -> Iterator[Graph]:
-        """Endless step inputs; each worker rank reshuffles with its own seed."""
-        if self.sampler is None:
-            while True:
-                yield self.graph
-        epoch = 0
-        while True:
-            batches = self.sampler.batches(seed=self.seed + 1000 * rank + epoch)
-            while True:
-                # One sampler serves every inference thread, and its global-to-local id map is a scratch buffer that
-                # each batch writes and clears: two threads sampling at once corrupted each other's edge indices
-                # (IndexError in message passing, found by the local cluster's generated jobs). The lock serialises
-                # the sampling only; the forward passes still run in parallel, and the map stays one copy, as the
-                # estimator counts it.
-                with self._sample_lock:
-                    batch = next(batches, None)
-                if batch is None:
-                    break
-                yield batch.to(self.device)
-            epoch += 1
+        """Endless step inputs; each worker rank reshuffles with its own seed (``step_inputs``)."""
+        return step_inputs(self.graph, self.sampler, self.device, self.seed, rank, self._sample_lock)
 
 
 def steps_for(spec: GNNJobSpec, graph: Graph, epochs: int | None) -> int:

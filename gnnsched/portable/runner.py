@@ -64,6 +64,7 @@ from .step import (
     make_optimizer,
     run_step,
     serve_parallel,
+    step_inputs,
 )
 
 ENV_RESULT_FILE = "GNNSCHED_RESULT_FILE"
@@ -288,19 +289,7 @@ class _StepInputs:
         return r.steps
 
     def stream(self, rank: int = 0) -> Iterator[Any]:
-        if self.sampler is None:
-            while True:
-                yield self.graph
-        epoch = 0
-        while True:
-            batches = self.sampler.batches(seed=self.request.seed + 1000 * rank + epoch)
-            while True:
-                with self.lock:  # one sampler's id map is a scratch buffer: one thread samples at a time
-                    batch = next(batches, None)
-                if batch is None:
-                    break
-                yield batch.to(self.device)
-            epoch += 1
+        return step_inputs(self.graph, self.sampler, self.device, self.request.seed, rank, self.lock)
 
 
 def _synthetic(request: RunRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -130,6 +130,35 @@ def run_step(model: torch.nn.Module, graph: StepGraph, mode: str) -> torch.Tenso
     return None
 
 
+class _Batches(Protocol):
+    def batches(self, seed: int = 0) -> Iterator[Any]: ...
+
+
+def step_inputs(graph: Any, sampler: _Batches | None, device: str, seed: int, rank: int,
+                lock: threading.Lock) -> Iterator[Any]:
+    """Endless step inputs, one rule for the built-in worker and the portable runner: the whole (device-resident)
+    ``graph`` every step, or ``sampler``'s batches moved to ``device``, each epoch reshuffled with its own seed, each
+    worker ``rank`` with its own.
+
+    One sampler serves every inference thread, and its global-to-local id map is a scratch buffer that each batch
+    writes and clears: two threads sampling at once corrupted each other's edge indices (IndexError in message
+    passing, found by the local cluster's generated jobs). ``lock`` serialises the sampling only; the forward passes
+    still run in parallel, and the map stays one copy, as the estimator counts it."""
+    if sampler is None:
+        while True:
+            yield graph
+    epoch = 0
+    while True:
+        batches = sampler.batches(seed=seed + 1000 * rank + epoch)
+        while True:
+            with lock:
+                batch = next(batches, None)
+            if batch is None:
+                break
+            yield batch.to(device)
+        epoch += 1
+
+
 def serve_parallel(model: torch.nn.Module, stream_of: Callable[[int], Iterator[StepGraph]], total: int, workers: int,
                    on_step: Callable[[], None], thread_modes: Callable[[], AbstractContextManager[Any]]) -> None:
     """Parallel inference, one rule for the built-in worker and the portable runner: ``workers`` threads share the

@@ -463,23 +463,29 @@ def run(cmd: list[str], socket_path: str | None, wait_seconds: float, container:
         _run_prestart(cmd, env, ident, path, wait_seconds)
     sock, admitted = wait_admission(ident, path, wait_seconds)
     progress_read, progress_write = progress_pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
     me = os.getpid()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.close(progress_write)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            os.dup2(devnull, 0)
-            os.dup2(devnull, 1)
-            keeper(sock, me, ident, admitted, path, progress_read)
-        finally:
-            os._exit(0)
+    _fork_keeper((progress_write,), lambda: keeper(sock, me, ident, admitted, path, progress_read))
     sock.close()  # the keeper's copy keeps the connection open
     os.close(progress_read)
     os.set_inheritable(progress_write, True)
     _exec(cmd, {**workload_env(env, admitted), ENV_PROGRESS_FD: str(progress_write)})
+
+
+def _fork_keeper(close: tuple[int, ...], keep: Callable[[], None]) -> None:
+    """Fork the keeper, which runs ``keep`` and exits, with the workload's ends ``close`` closed and stdin/stdout on
+    /dev/null (stderr stays: its log lines reach the container's log); the caller goes on to exec the workload."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() == 0:
+        try:
+            for fd in close:
+                os.close(fd)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(devnull, 1)
+            keep()
+        finally:
+            os._exit(0)
 
 
 def _exec(cmd: list[str], env: dict[str, str]) -> NoReturn:
@@ -516,20 +522,9 @@ def _run_prestart(cmd: list[str], env: dict[str, str], ident: PodIdentity, path:
     progress_read, progress_write = progress_pipe()
     before, restore, unset = prestart_env(env, read_end)
     before[ENV_PROGRESS_FD] = str(progress_write)
-    sys.stdout.flush()
-    sys.stderr.flush()
     me = os.getpid()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.close(read_end)
-            os.close(progress_write)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            os.dup2(devnull, 0)
-            os.dup2(devnull, 1)
-            _prestart_keeper(sock, write_end, me, ident, path, wait_seconds, restore, unset, progress_read)
-        finally:
-            os._exit(0)
+    _fork_keeper((read_end, progress_write), lambda: _prestart_keeper(sock, write_end, me, ident, path, wait_seconds,
+                                                                     restore, unset, progress_read))
     os.close(write_end)
     os.close(progress_read)
     sock.close()  # the keeper's copy keeps the connection (and the queue place) open

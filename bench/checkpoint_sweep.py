@@ -14,7 +14,10 @@ without knowing buggy jobs in advance); and the worst of each. Ratios are over t
 jobs left out (``fault_what_if.ratio_without``).
 
     python bench/checkpoint_sweep.py [--intervals 0,10,30,60,120] [--write-seconds 0.06] [--seeds 0,...,9]
-        [--workloads "cognn-mix;gnnsched-mix-high;BURST"]
+        [--workloads "cognn-mix;gnnsched-mix-high;BURST"] [--without-probation]
+
+``--without-probation``: the rule before probation (``gnnsched.attempts.probation``): an undecided fault's clients
+are only kept apart from one another, never admitted alone on an idle GPU until they pass their fault's step.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
+from gnnsched.simulator.engine import Simulation
 from gnnsched.simulator.faults import DEFAULT_REPAIR_S, buggy_points, parse_estimate_error, parse_faults
 from gnnsched.simulator.policyspec import parse_policies
 from gnnsched.simulator.runner import materialise, run
@@ -39,13 +44,24 @@ TARGET_FREE = 1.2
 TARGET_FIRST = 1.1
 
 
+class WithoutProbation(Simulation):
+    """The system's rules without probation: what ``--without-probation`` measures."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.loop is not None:
+            self.loop.probation_rule = False
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--intervals", default="0,10,30,60,120", help="seconds between saves, comma-separated; 0: none")
     ap.add_argument("--write-seconds", type=float, default=0.06, help="one save's cost (bench/checkpoint_cost.py)")
     ap.add_argument("--workloads", default=f"cognn-mix;gnnsched-mix-high;{BURST}", help="separated by ;")
     ap.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9")
+    ap.add_argument("--without-probation", action="store_true", help="the rule before probation, for comparison")
     args = ap.parse_args()
+    engine = WithoutProbation if args.without_probation else Simulation
     intervals = [float(x) for x in args.intervals.split(",")]
     ix = Integrations()
     data = default_data_dir()
@@ -75,7 +91,7 @@ def main() -> None:
             for every in intervals:
                 faults = parse_faults(1.0, DEFAULT_REPAIR_S, 0.05, every, args.write_seconds if every else 0.0)
                 loop = run(wl, cl, policies, seed, ix, jobs=jobs, record_timeline=False, faults=faults,
-                           estimate_error=noisy)
+                           estimate_error=noisy, engine=engine)
                 ratios = [ratio_without(base.results[p.text], loop.results[p.text], buggy) for p in policies]
                 target = TARGET_FIRST if cognn else TARGET_FREE
                 n_lost = sum(loop.policies[p.text]["jobs_lost"] for p in policies)

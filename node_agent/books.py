@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gnnsched.attempts import probation as prob
 from gnnsched.colocation.interference import load_default as load_interference
 from gnnsched.colocation.learned import SlowdownBook, SlowdownFn, interval_step_seconds, observed_slowdown
 from gnnsched.contract import LearnedSlowdown
@@ -88,6 +89,9 @@ class Entry:
     domain: str | None = None  # its trust domain (gnnsched.trust.domain): it shares a GPU only within it
     mates: tuple[str, ...] | None = None  # co-runners' classes at its last progress report (learned slowdowns)
     solo_step_s: float | None = None  # its seconds per step measured while it ran alone
+    # probation (gnnsched.attempts.probation): the step its undecided fault came at; it runs alone until it passes it
+    probation: int | None = None
+    held: bool = False  # admitted alone on probation: books the whole GPU until its progress passes ``probation``
 
     def task(self) -> Task:
         return Task(key=self.key, bytes=self.bytes, seq=self.seq, qt_seconds=self.qt_seconds, intensity=self.intensity,
@@ -150,8 +154,13 @@ class Books:
 
     # --- queries -----------------------------------------------------------------------------------------------
 
+    def booked_bytes(self, e: Entry) -> int:
+        """What a running entry books: the whole GPU while it is held on probation, else its own bytes (its MPS
+        limit either way)."""
+        return self.whole_gpu_bytes() if e.held else e.bytes
+
     def committed_bytes(self, index: int) -> int:
-        return sum(e.bytes for e in self.running.values() if e.gpu_index == index)
+        return sum(self.booked_bytes(e) for e in self.running.values() if e.gpu_index == index)
 
     def clients(self, index: int) -> int:
         return sum(1 for e in self.running.values() if e.gpu_index == index)
@@ -165,7 +174,7 @@ class Books:
                 index=g.index,
                 total_bytes=g.total_bytes,
                 reserve_bytes=g.reserve_bytes,
-                committed=tuple(e.bytes for e in self.running.values() if e.gpu_index == g.index),
+                committed=tuple(self.booked_bytes(e) for e in self.running.values() if e.gpu_index == g.index),
                 max_clients=g.max_clients,
             )
             for g in self.gpus.values()
@@ -209,12 +218,15 @@ class Books:
         prestarted: bool = False,
         apart: frozenset[str] = frozenset(),
         domain: str | None = None,
+        probation: int | None = None,
     ) -> Entry:
         """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it.
         ``qos_seconds``: an inference pod's latency target, which the share rule (``share_when_pays``) keeps.
         ``prestarted``: the pod runs behind ``gate --prestart`` (its start-up began now, not at its admission).
         ``apart``: the jobs it may not share a GPU with while it runs (``policies.apart_allows``).
         ``domain``: its trust domain; it joins only GPUs whose clients are all of it (``gnnsched.trust.domain``).
+        ``probation``: the step its undecided fault came at: while a GPU is idle it is admitted alone there, booking the
+        whole GPU until it passes that step (``gnnsched.attempts.probation``).
 
         ``exclusive``: the pod runs alone on a whole GPU; it is booked at :meth:`whole_gpu_bytes` whatever ``bytes``
         says (its own estimate may exceed the shareable capacity: that is why it runs alone)."""
@@ -233,7 +245,7 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive, qos_seconds=qos_seconds,
-            prestarted=prestarted, apart=apart, domain=domain,
+            prestarted=prestarted, apart=apart, domain=domain, probation=None if exclusive else probation,
         )
         self.queued[key] = e
         self._tasks[key] = e.task()
@@ -268,10 +280,11 @@ class Books:
         start (:func:`gnnsched.policies.remaining_seconds`, the one estimator the simulator calls too)."""
         return remaining_seconds(e.qt_seconds, self._work_from(e), now, e.progress)
 
-    def report_progress(self, e: Entry, progress: StepProgress) -> None:
+    def report_progress(self, e: Entry, progress: StepProgress) -> bool:
         """A running pod's new step report: its pace since the last report is a slowdown sample of its class beside
         the classes that ran with it throughout (``Entry.mates`` unchanged since then), or its solo pace when none
-        did (gnnsched.colocation.learned: over that pace, else over its predicted solo step)."""
+        did (gnnsched.colocation.learned: over that pace, else over its predicted solo step). Returns True when the
+        report ends its probation: it passed the step of its undecided fault, so its GPU may take others now."""
         mates = tuple(sorted(x.intensity or "none" for x in self.running.values()
                              if x.gpu_index == e.gpu_index and x.key != e.key))
         step = interval_step_seconds(e.progress, progress) if e.mates == mates else None
@@ -289,6 +302,10 @@ class Books:
                                                            observed, prior)
         e.mates = mates
         e.progress = progress
+        if e.held and not prob.on_probation(e.probation, progress.steps):
+            e.held = False
+            return True
+        return False
 
     def learned_slowdowns(self) -> dict[str, float]:
         """Every class pair's learned slowdown by calibration key (metrics)."""
@@ -326,7 +343,8 @@ class Books:
                 running = tuple(Client(e.intensity, self.seconds_left(e, now), e.job, e.apart, e.domain)
                                 for e in self.running.values() if e.gpu_index == g.index)
             free.append(GPUFree(g.index, max(0, room), max(0, slots), g.capacity_bytes, running))
-        result = plan_decision(self.policy, self._tasks.values(), free, self.bypass_limit, spread=self.spread,
+        tasks, alone = self._probation_tasks(free)
+        result = plan_decision(self.policy, tasks, free, self.bypass_limit, spread=self.spread,
                                share_when_pays=self.share_when_pays, slowdown=self._learned())
         plan: list[Admission] = result.admissions
         for key, count in result.bypassed.items():  # overtaken entries stay queued; keep their counts
@@ -341,11 +359,31 @@ class Books:
                 e = self.queued.pop(t.key)
                 del self._tasks[t.key]
                 e.gpu_index, e.group, e.admitted_at = adm.gpu_index, d.group, now
+                e.held = t.key in alone
                 self.running[e.key] = e
                 d.entries.append(e)
             out.append(d)
         self.check()
         return out
+
+    def _probation_tasks(self, free: list[GPUFree]) -> tuple[list[Task], set[str]]:
+        """The queued tasks this decision plans with, and the keys of the probation entries planned alone: while a
+        healthy GPU is idle, such an entry is planned at the whole GPU's bytes, else with its own
+        (``gnnsched.attempts.probation.choice``)."""
+        waiting = [e for e in self.queued.values() if e.probation is not None]
+        if not waiting:
+            return list(self._tasks.values()), set()
+        busy = {e.gpu_index for e in self.running.values()}
+        idle = any(self.gpus[f.index].healthy and f.index not in busy for f in free)
+        if prob.choice(idle) == "share":
+            return list(self._tasks.values()), set()
+        whole = self.whole_gpu_bytes()
+        tasks = dict(self._tasks)
+        for e in waiting:
+            tasks[e.key] = Task(key=e.key, bytes=whole, seq=e.seq, qt_seconds=e.qt_seconds, intensity=e.intensity,
+                                bypassed=e.bypassed, qos_seconds=e.qos_seconds, job=e.job, apart=e.apart,
+                                domain=e.domain)
+        return list(tasks.values()), {e.key for e in waiting}
 
     def restore(
         self,

@@ -465,10 +465,14 @@ class GateServer:
         if last is not None and now - last.at < REPORT_INTERVAL_S / 2:
             return None
         progress = StepProgress(steps=report.steps, total=report.total, seconds=report.seconds, at=now)
-        self.books.report_progress(e, progress)  # sets e.progress; also a co-location slowdown sample (issue 37)
+        # sets e.progress; also a co-location slowdown sample (issue 37); True: it passed its probation step
+        released = self.books.report_progress(e, progress)
         if (last is None or last.steps == 0) and report.steps > 0:
             self._annotate(e, {ANN_STARTED_AT: rfc3339(progress.work_started_at)})
         self._changed()
+        if released:
+            self._event("probation-passed", key=key, step=e.probation, steps=report.steps)
+            self.decide()  # its GPU takes others now
         return progress
 
     async def _admit(
@@ -491,6 +495,7 @@ class GateServer:
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
                 exclusive=demand.exclusive, qos_seconds=demand.qos_seconds, prestarted=demand.prestarted,
                 apart=demand.apart, domain=await self.config.domains.of_async(pod.namespace),
+                probation=demand.probation,
             )
         except Rejected as exc:
             self._reject(exc.reason)

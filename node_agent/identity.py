@@ -434,6 +434,7 @@ class Demand:
     qos_seconds: float | None = None  # an inference job's latency target (the share rule keeps it): trusted facts only
     prestarted: bool = False  # ANN_PRESTART: behind gate --prestart, its start-up runs while it waits at the gate
     apart: frozenset[str] = frozenset()  # the jobs it may not share a GPU with (fault peers): trusted facts only
+    probation: int | None = None  # the step of its undecided fault: alone until it passes it (trusted facts only)
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
@@ -451,7 +452,7 @@ def _trusted(facts: JobFacts, whole_gpu_bytes: int) -> Demand:
         return Demand(whole_gpu_bytes, "exclusive", facts.job, facts.predicted_runtime_seconds, facts.intensity,
                       exclusive=True, qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers)
     return Demand(facts.admit_bytes, "admit-bytes", facts.job, facts.predicted_runtime_seconds, facts.intensity,
-                  qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers)
+                  qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers, probation=facts.probation_step)
 
 
 def _untrusted(pod: PodInfo, whole_gpu_bytes: int) -> Demand:

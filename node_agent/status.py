@@ -45,7 +45,8 @@ def _job(books: Books, e: Entry, now: float) -> GPUJob:
     elif e.qt_seconds is not None:
         remaining = max(0.0, e.qt_seconds)
     intensity = e.intensity if e.intensity in ("memory", "compute") else None
-    return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=e.bytes,
+    bytes = books.booked_bytes(e) if e.key in books.running else e.bytes  # a held probation client: the whole GPU
+    return GPUJob(pod_uid=e.pod_uid, namespace=e.namespace, name=e.name, job=e.job, bytes=bytes,
                   predicted_remaining_seconds=remaining, intensity=intensity, fault_peers=sorted(e.apart))
 
 

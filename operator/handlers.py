@@ -255,6 +255,18 @@ def _need(plan: Plan, gpu_model: str | None, constants: str | None = None) -> in
     return plan.needs[0].bytes if plan.needs else None
 
 
+def _probation(status: dict[str, Any]) -> int | None:
+    """The job's probation step (``status.probationStep``), the next attempt's ``gnnsched.io/probation-step``."""
+    value = status.get("probationStep")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _class_reason(attempt_reason: str | None, status: dict[str, Any]) -> str | None:
+    """The attempt reason its PriorityClass is chosen by: a requeued attempt on probation is not put in the retry
+    class (``gnnsched.attempts.probation``: ahead of the queue it would take the idle GPUs first)."""
+    return "Probation" if attempt_reason in RETRY_FIRST_REASONS and _probation(status) is not None else attempt_reason
+
+
 def _count(status: dict[str, Any], key: str) -> int:
     value = status.get(key)
     return value if isinstance(value, int) and value >= 0 else 0
@@ -558,7 +570,7 @@ class Operator:
         try:
             reason = status.get("attemptReason")
             priority_class = self.priority_class(body, spec, plan, ref.namespace, name,
-                                                 reason if isinstance(reason, str) else None)
+                                                 _class_reason(reason if isinstance(reason, str) else None, status))
         except PlanError as exc:
             self._fail(body, dict(status, conditions=conditions), exc.phase, "Schedulable", exc.reason, exc.message)
             return
@@ -577,7 +589,8 @@ class Operator:
                                                             worker_device=self.config.worker_device,
                                                             worker_prestart=self.config.worker_prestart,
                                                             fault_peers=[p for p in peers if isinstance(p, str)]
-                                                            if isinstance(peers, list) else ()))
+                                                            if isinstance(peers, list) else (),
+                                                            probation_step=_probation(status)))
         if pod is not None:
             self._apply_pod(body, status, pod, deleted=False)
 
@@ -1013,7 +1026,8 @@ class Operator:
                 message = f"{detail}; {describe(rule, failed)}; requeued without using backoffLimit"
                 self._next_attempt(job, status, new, spec, plan, attempt, now, ("Requeued", rule.reason, message),
                                    {"requeues": _count(status, "requeues") + 1,
-                                    **attempt_rules.fault_step_update(status, failed)}, priority_class)
+                                    **attempt_rules.fault_step_update(status, failed),
+                                    **attempt_rules.probation_update(status, failed, False)}, priority_class)
                 self.metrics.requeues.labels(rule.reason).inc()
                 return
             if decision.kind == "requeue" and rule is not None and rule.action == "Count":
@@ -1030,6 +1044,9 @@ class Operator:
                     # its peers in an undecided fault: the next attempt shares no GPU with them while it runs
                     # (gnnsched.attempts.fault_classes.undecided_peers), so the culprit's next fault names it alone
                     requeue_extra["faultPeers"] = sorted(step.apart)
+                # ... and runs alone until it passes the step it faulted at, where a GPU of its own is idle or soon
+                # will be (gnnsched.attempts.probation): the culprit's next fault is then its own, alone
+                requeue_extra.update(attempt_rules.probation_update(status, failed, bool(step.apart), step.alone))
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told
@@ -1085,6 +1102,7 @@ class Operator:
                 suspected, alone_reason = step.suspected, step.alone_reason
             extra: dict[str, Any] = {"suspected": suspected} if decision.suspect else {}
             extra.update(attempt_rules.fault_step_update(status, failed))
+            extra.update(attempt_rules.probation_update(status, failed, False))
             if decision.suspect:
                 self._event(job, "Warning", "FaultSuspect",
                             f"pod {view.name} is the suspect of a fatal MPS fault on GPU "
@@ -1134,8 +1152,9 @@ class Operator:
         if "faultPeers" not in updates and status.get("faultPeers"):
             new["faultPeers"] = None  # merge patch: the peers kept the last attempt apart, not this one
         if ctype in RETRY_FIRST_REASONS and spec.priority_class_name is None:
+            class_reason = _class_reason(ctype, {**status, **updates})
             priority_class = self.priority_class(job, spec, plan, ref.namespace, pod_name(ref.name, next_attempt),
-                                                 ctype) or priority_class
+                                                 class_reason) or (priority_class if class_reason == ctype else None)
         for key in ("node", "gpu", "group", "admittedAt", "startedAt", "finishedAt", "observedRuntimeSeconds"):
             new.pop(key, None)
             if key in status:
@@ -1151,7 +1170,9 @@ class Operator:
                                                                settings=self.config.pods,
                                                                worker_device=self.config.worker_device,
                                                                worker_prestart=self.config.worker_prestart,
-                                                               fault_peers=updates.get("faultPeers") or ()))
+                                                               fault_peers=updates.get("faultPeers") or (),
+                                                               probation_step=_probation(
+                                                                   {**status, **updates})))
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)
 

@@ -23,6 +23,7 @@ from gnnsched.contract import (
     ANN_FINISHED_AT,
     ANN_GPU,
     ANN_GROUP,
+    ANN_PROBATION_STEP,
     ANN_QOS_TARGET,
     ANN_STARTED_AT,
     ENV_POD_NAME,
@@ -315,6 +316,63 @@ async def test_fault_peers_are_admitted_on_different_gpus_or_wait(gate: Harness)
     gate.add(stranger)
     r4, _w4 = await gate.request(stranger)
     assert (await gate.reply(r4, "admitted"))["status"] == "admitted"
+
+
+@pytest.mark.asyncio
+async def test_a_probation_attempt_holds_an_idle_gpu_until_it_passes_its_step(gate: Harness) -> None:
+    """gnnsched.attempts.probation, end to end at the gate: an attempt on probation at step 40 is admitted alone on an
+    idle GPU and books all of it (the GPUNode status says so), under its own bytes as its MPS limit; a pod that would
+    fit beside it goes to the other GPU, and one more waits; the probation attempt's report of step 40 changes
+    nothing, step 41 releases the GPU and the waiting pod joins it. When no GPU is idle, a probation attempt is
+    admitted with its own bytes where it fits (it shares, as before probation)."""
+    probe, job = job_pod("probe", 4 * GiB, runtime=100)
+    probe["metadata"]["annotations"][ANN_PROBATION_STEP] = "40"
+    gate.add(probe, name_in_status(job, probe))
+    rp, wp = await gate.request(probe)
+    admitted = await gate.reply(rp, "admitted")
+    key = probe["metadata"]["uid"]
+    entry = gate.books.running[key]
+    assert entry.held and entry.bytes == 4 * GiB
+    assert admitted["memLimit"] == "0=4096M" and int(admitted["bytes"]) == 4 * GiB  # its own bytes are its limit
+    assert gate.books.committed_bytes(admitted["gpuIndex"]) == 78 * GiB  # the whole GPU is booked
+    status = build_status("node-a", gate.books, [], MPSStatus(), gate.server._wall())
+    assert {j.name: j.bytes for g in status.gpus for j in g.running} == {"probe": 78 * GiB}
+    others = []
+    for name in ("b", "c"):
+        p = gate.add(*job_pod(name, 2 * GiB, runtime=100))
+        others.append((p, *await gate.request(p)))
+    first = await gate.reply(others[0][1], "admitted")
+    assert first["gpuIndex"] != admitted["gpuIndex"]
+    wp.write(json.dumps({"op": "progress", "steps": 40, "total": 100, "seconds": 8.0}).encode() + b"\n")
+    await wp.drain()
+    await gate.settle(lambda: entry.progress is not None)
+    await asyncio.sleep(0.1)
+    assert entry.held and len(gate.books.queued) == 0  # c joined b's GPU: it fits there; the probe's GPU is held
+    c_gpu = gate.books.running[others[1][0]["metadata"]["uid"]].gpu_index
+    assert c_gpu == first["gpuIndex"]
+    d = gate.add(*job_pod("d", 75 * GiB, runtime=100))  # fits only an emptied GPU: the probe's, once released
+    rd, _wd = await gate.request(d)
+    await gate.settle(lambda: len(gate.books.queued) == 1)
+    await asyncio.sleep(2.6)  # the gate keeps at most one report per half interval
+    wp.write(json.dumps({"op": "progress", "steps": 41, "total": 100, "seconds": 8.2}).encode() + b"\n")
+    await wp.drain()
+    await gate.settle(lambda: not entry.held)
+    assert "probation-passed" in (gate.tmp / "events.jsonl").read_text()
+    assert gate.books.committed_bytes(admitted["gpuIndex"]) == 4 * GiB
+    await asyncio.sleep(0.1)
+    assert len(gate.books.queued) == 1  # 75 GiB still does not fit beside the probe's 4 GiB on 78 GiB: it waits
+    for _, _, w in others:
+        w.close()
+    await gate.settle(lambda: len(gate.books.running) == 2)  # d took the GPU b and c left
+    assert (await gate.reply(rd, "admitted"))["gpuIndex"] == first["gpuIndex"]
+    # no GPU idle now (the probe on one, d on the other): a second probation attempt shares with its own bytes
+    late, ljob = job_pod("late", 2 * GiB, runtime=100)
+    late["metadata"]["annotations"][ANN_PROBATION_STEP] = "3"
+    gate.add(late, name_in_status(ljob, late))
+    rl, _wl = await gate.request(late)
+    shared = await gate.reply(rl, "admitted")
+    assert shared["gpuIndex"] == admitted["gpuIndex"] and not gate.books.running[late["metadata"]["uid"]].held
+    wp.close()
 
 
 @pytest.mark.asyncio

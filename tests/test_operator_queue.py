@@ -17,7 +17,18 @@ import kmock
 import pytest
 from operator_harness import Cluster, a100, ago, emulated_cluster, ended, manifest, oom_line, running_operator, wait_for
 
-from gnnsched.contract import ANN_ADMIT_BYTES, ANN_GPU, ANN_PREDICTED_RUNTIME, GNNCALIBRATION_PLURAL, GROUP, VERSION
+from gnnsched.closed_loop import AttemptResult
+from gnnsched.contract import (
+    ANN_ADMIT_BYTES,
+    ANN_FAULT,
+    ANN_FAULT_PEERS,
+    ANN_GPU,
+    ANN_PREDICTED_RUNTIME,
+    ANN_PROBATION_STEP,
+    GNNCALIBRATION_PLURAL,
+    GROUP,
+    VERSION,
+)
 from gnnsched.queue_order import QueueOrder
 
 CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
@@ -290,3 +301,49 @@ async def test_a_class_deleted_after_the_pod_exists_does_not_touch_the_job(tmp_p
     assert job["status"]["phase"] == "Estimated", job["status"]
     assert not events
     assert pods == ["kept-0"]
+
+
+def _fault_record(role: str, peers: list[str] | None = None) -> str:
+    return json.dumps({"gpu": "GPU-a100-0", "role": role, "reason": "MpsClientTerminated",
+                       "at": "2026-01-01T10:00:08Z", **({"peers": peers} if peers else {})})
+
+
+def _fault_end(steps: int) -> dict[str, Any]:
+    """An attempt that failed with its own fatal error at ``steps`` (its result line), as every client of an MPS
+    fault does on the H100."""
+    line = AttemptResult(outcome="fault", steps=steps, message="CUDA error: an illegal memory access").line()
+    return ended("Failed", line + "\nCUDA error: an illegal memory access was encountered")
+
+
+async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_passes_its_step(
+        tmp_path: Path) -> None:
+    """gnnsched.attempts.probation: an undecided fault at step 37 puts the next attempt on probation (the pod's
+    ``probation-step`` and the job's ``status.probationStep``, kept apart from its peers too) in the job's own
+    runtime class, not the retry class; an attempt that then fails past step 37 (a neighbour's fault) clears it, and
+    its requeue goes ahead in the retry class again."""
+    order = QueueOrder()
+    async with emulated_cluster(tmp_path) as cluster:
+        await queue_cluster(cluster, order, (order.retry_name, order.retry_value))
+        async with running_operator(cluster, queue_priority=True, retry_priority=True):
+            await cluster.create_job(manifest("gcn-cora"))
+            first = await pod_named(cluster, "gcn-cora-0")
+            await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {
+                ANN_FAULT: _fault_record("victim", ["default/other"])}}})
+            await cluster.patch_pod("gcn-cora-0", _fault_end(37))
+            second = await pod_named(cluster, "gcn-cora-1")
+            on_probation = await cluster.get_job("gcn-cora")
+            await cluster.patch_pod("gcn-cora-1", {"metadata": {"annotations": {ANN_FAULT: _fault_record("victim")}}})
+            await cluster.patch_pod("gcn-cora-1", ended("Failed", AttemptResult(
+                outcome="fault", steps=52, message="cudaErrorMpsClientTerminated").line()
+                + "\nCUDA error: cudaErrorMpsClientTerminated"))
+            third = await pod_named(cluster, "gcn-cora-2")
+            passed = await cluster.get_job("gcn-cora")
+    assert on_probation is not None and passed is not None
+    ann = second["metadata"]["annotations"]
+    assert ann[ANN_PROBATION_STEP] == "37" and ann[ANN_FAULT_PEERS] == "default/other"
+    assert on_probation["status"]["probationStep"] == 37
+    assert on_probation["status"]["podFacts"]["probationStep"] == 37  # what the gate trusts
+    assert second["spec"]["priorityClassName"] == first["spec"]["priorityClassName"] != order.retry_name
+    assert ANN_PROBATION_STEP not in third["metadata"]["annotations"]
+    assert not passed["status"].get("probationStep")
+    assert third["spec"]["priorityClassName"] == order.retry_name

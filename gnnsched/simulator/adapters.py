@@ -227,6 +227,7 @@ class Integrations:
         if not node.queue:
             return []
         paper = sim.policy.paper
+        probation_here = False  # a queued attempt is on probation (gnnsched.attempts.probation)
         if not paper:
             # plan_admissions' own first test, before building its inputs: no GPU with a free slot has the bytes
             # of the smallest queued task (node.queue_sizes: the queue's sizes, kept by the engine) -> no admission
@@ -252,6 +253,8 @@ class Integrations:
                 return []
             apart = sim.loop.apart if sim.loop is not None else None  # job id -> jobs kept apart from it
             domain_of = sim.job_domain if sim.domains_mixed else None  # the trust-domain rule reads clients too
+            on_probation = sim.loop.probation if sim.loop is not None else {}
+            probation_here = bool(on_probation) and any(j.id in on_probation for j in node.queue)
             if sim.policy.share or (sim.policy.spread and len(gpus) > 1) or apart or domain_of:
                 # the load-aware rules read each GPU's running clients: intensity and predicted seconds left, from
                 # what the gate knows (admission time and predicted solo runtime), not from the simulated truth.
@@ -315,6 +318,9 @@ class Integrations:
                                              job=str(jid), apart=loop_apart.get(jid, frozenset()),
                                              domain=sim.job_domain.get(jid) if sim.domains_mixed else None), job)
             append(hit[0])
+        alone: set[str] = set()
+        if not paper and probation_here:
+            tasks, alone = self._probation_tasks(sim, node, tasks, gpus)
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
@@ -348,7 +354,32 @@ class Integrations:
                 for a in plan:
                     for t in a.tasks:
                         sim.bypassed.pop(int(t.key), None)
+        for a in plan:
+            for t in a.tasks:
+                if t.key in alone:  # admitted alone on probation: the engine books the whole GPU for it
+                    sim.held_next[int(t.key)] = t.bytes
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
+
+    def _probation_tasks(self, sim: Any, node: Any, tasks: list, gpus: list) -> tuple[list, set[str]]:
+        """The gate's probation rule (``node_agent.books.Books._probation_tasks``, the same core
+        ``gnnsched.attempts.probation.choice``): a queued probation attempt is planned at the whole GPU's bytes while
+        a healthy GPU is idle, else with its own. Returns the tasks and the keys planned alone."""
+        from gnnsched.attempts import probation as prob
+
+        pol = self._policies()
+        idle = any(not g.running and g.quarantine_until <= sim.now for g in node.gpus)
+        if prob.choice(idle) == "share":
+            return tasks, set()
+        whole = max(g.total - g.reserve for g in node.gpus)
+        out, alone = [], set()
+        for t in tasks:
+            if int(t.key) in sim.loop.probation:
+                alone.add(t.key)
+                t = pol.Task(key=t.key, bytes=whole, seq=t.seq, qt_seconds=t.qt_seconds, intensity=t.intensity,
+                             bypassed=t.bypassed, qos_seconds=t.qos_seconds, job=t.job, apart=t.apart,
+                             domain=t.domain)
+            out.append(t)
+        return out, alone
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
         """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``. The
@@ -359,7 +390,7 @@ class Integrations:
         cap = sim.per_gpu_cap
         books = pol.GPUBooks(
             index=gpu.index, total_bytes=gpu.total, reserve_bytes=gpu.reserve,
-            committed=tuple([r.admit_bytes for r in gpu.running]),
+            committed=tuple([r.admit_bytes + r.held for r in gpu.running]),
             max_clients=cap if cap is not None else gpu.max_clients,
         )
         pol.check_gate_invariant([books])
@@ -532,7 +563,7 @@ class PlacementView:
         if entry is None:
             prof = run.job.profile(g.model)
             start = sim.outcomes[run.job.id].start or 0.0
-            entry = run.placement_entry = (start + run.startup_s + prof.predicted_s, prof.admit_bytes,
+            entry = run.placement_entry = (start + run.startup_s + prof.predicted_s, prof.admit_bytes + run.held,
                                            prof.sm_util, prof.mem_util)
         report = sim.progress_of(run) if sim.rt is not None else None
         if report is not None and report.usable():

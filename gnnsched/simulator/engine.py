@@ -46,6 +46,8 @@ ARRIVE, FINISH, RETRY, STARTED = 0, 1, 2, 3
 # the closed loop's events (gnnsched.simulator.faults): a hardware fault on a GPU, an attempt's first step passing its
 # MPS memory limit, the end of a faulted GPU's quarantine (or repair), and a buggy job's own application fault
 FAULT, MEM_EXCEEDED, QUARANTINE_END, APP_FAULT = 4, 5, 6, 7
+# probation (gnnsched.attempts.probation): an attempt admitted alone passing its probation step (its GPU takes others)
+PROBATION_END = 8
 MPS_BASE_CLIENTS = 4
 BACKOFF_S = 10.0
 BACKOFF_MAX_S = 360.0
@@ -107,7 +109,7 @@ class Run:
 
     __slots__ = ("job", "gpu", "remaining", "rate", "last", "token", "slowdown", "starting", "placement_entry",
                  "out", "sm_util", "intensity", "admit_bytes", "killed", "startup_s", "gate_client", "work",
-                 "report", "solo_full", "truth_class")
+                 "report", "solo_full", "truth_class", "held")
 
     def __init__(self, job: SimJob, gpu: GpuState, work: float, now: float, starting: bool,
                  out: JobOutcome) -> None:
@@ -133,6 +135,7 @@ class Run:
         self.work = work  # solo-seconds of GPU work in all (``remaining`` counts down from it)
         self.report: StepProgress | None = None  # +progress: the worker's last step report (Simulation.progress_of)
         self.solo_full = work  # solo-seconds of the whole job's steps (``work`` is less when it resumed)
+        self.held = 0  # bytes it books beyond its own: the rest of its GPU while it is held alone on probation
 
 
 @dataclass
@@ -291,6 +294,9 @@ class Simulation:
         self.bind_seq: dict[int, int] = {}
         # +prestart: job id -> when its pod was bound to its node (its container, and its CPU start-up, began)
         self.bound_at: dict[int, float] = {}
+        # probation (gnnsched.attempts.probation): the attempts the gate's last decision admitted alone on probation
+        # (job id -> the bytes it booked for each)
+        self.held_next: dict[int, int] = {}
         self.task_cache: dict[int, tuple] = {}
         self.queue_tasks: dict[int, tuple] = {}  # adapters.next_group: node idx -> (node.queue, its Tasks)
         # the gate's backfill rule (policies.plan_decision) and each queued job's bypass count, kept between decisions
@@ -390,6 +396,9 @@ class Simulation:
                 elif kind == MEM_EXCEEDED:
                     if not payload.killed:
                         self._memory_exceeded(payload)
+                elif kind == PROBATION_END:
+                    if not payload.killed:
+                        self._end_probation(payload)
                 else:  # QUARANTINE_END: the drained (or repaired) GPU is healthy again
                     self.changed_gpus.add((payload.node.idx, payload.index))
                     self.dirty_nodes.add(payload.node.idx)
@@ -799,6 +808,17 @@ class Simulation:
             point = self.loop.buggy[job.id]
             after = self.loop.fault_after(job.id, point, prof.solo_s) if ckpt else point * prof.solo_s
             self._push(self.now + startup + after, APP_FAULT, run)
+        held = self.held_next.pop(job.id, None)
+        if held is not None and self.loop is not None:
+            # admitted alone on probation: it books the rest of the GPU too until its steps pass its probation step
+            # (one step more: the agent sees a report past it); its own bytes stay its limit
+            run.held = max(0, held - prof.admit_bytes)
+            gpu.committed += run.held
+            self.loop.probation_alone += 1
+            point = self.loop.probation[job.id][1]
+            after = self.loop.fault_after(job.id, point, prof.solo_s) if ckpt else point * prof.solo_s
+            steps = max(1, job.spec.steps) if job.spec is not None else 1000
+            self._push(self.now + startup + after + prof.solo_s / steps, PROBATION_END, run)
         if self.loop_ours and self.loop is not None and self.loop.exceeds(job, gpu.model):
             # its first step reaches the true peak, past its MPS limit: CUDA out of memory in its own process
             first = prof.solo_s / max(1, job.spec.steps) if job.spec is not None else 0.0
@@ -851,7 +871,8 @@ class Simulation:
         self.changed_gpus.add((gpu.node.idx, gpu.index))
         gpu.used -= prof.peak_bytes
         if self.is_gnnsched:
-            gpu.committed -= prof.admit_bytes
+            gpu.committed -= prof.admit_bytes + run.held
+            run.held = 0  # its probation's end, if still to come, frees nothing more
             self._count_size(prof.admit_bytes, -1)
         if not gpu.running:
             self.idle_gpus += 1
@@ -864,8 +885,9 @@ class Simulation:
         too when nothing else can happen any more (no other event, no GPU out of the pool): the jobs left can never
         run, and a fault process that went on would never let the run end."""
         kind, payload = event[2], event[3]
-        if kind in (STARTED, MEM_EXCEEDED, APP_FAULT):
+        if kind in (STARTED, MEM_EXCEEDED, APP_FAULT, PROBATION_END):
             return payload.killed
+
         if kind not in (FAULT, QUARANTINE_END):
             return False
         if self.resolved >= len(self.jobs):
@@ -873,6 +895,37 @@ class Simulation:
         return kind == FAULT and not self.running_count \
             and all(g.quarantine_until <= self.now for g in self.gpus) \
             and all(e[2] in (FAULT, QUARANTINE_END) for e in self.heap)
+
+    def _end_probation(self, run: Run) -> None:
+        """``run``, held alone on probation, passed its probation step without a fault of its own: it is not its
+        undecided fault's culprit (a culprit's fault is deterministic), so it books only its own bytes now and its GPU
+        takes others (the gate's ``Books.report_progress``)."""
+        loop = self.loop
+        assert loop is not None  # probation exists only in a closed-loop run
+        loop.probation.pop(run.job.id, None)
+        if not run.held:
+            return
+        loop.probation_passed += 1
+        gpu = run.gpu
+        gpu.committed -= run.held
+        run.held = 0
+        run.placement_entry = None
+        self.changed_gpus.add((gpu.node.idx, gpu.index))
+        self.dirty_nodes.add(gpu.node.idx)
+        self.pending_dirty = True
+
+    def reached_point(self, run: Run) -> float:
+        """The share of its job's steps ``run`` has done now, those its checkpoint held included: the step its
+        worker's result line reports when it fails."""
+        loop = self.loop
+        ours = loop is not None and self.loop_ours
+        kept = loop.kept.get(run.job.id, 0.0) if ours else 0.0  # type: ignore[union-attr]
+        if run.starting or run.solo_full <= 0:
+            return kept
+        done = run.work - max(0.0, run.remaining - run.rate * (self.now - run.last))
+        if ours:
+            done = max(0.0, done - loop.resume_cost(run.job.id)) / loop.overhead()  # type: ignore[union-attr]
+        return min(1.0, kept + done / run.solo_full)
 
     def _end_attempt(self, run: Run) -> None:
         """Take a failed attempt off its GPU (as ``_finish`` does, without completing the job): its events become
@@ -1002,6 +1055,9 @@ class Simulation:
     def _kill_group(self, gpu: GpuState, xid: int, culprit: int | None, until: float) -> None:
         loop = self.loop
         assert loop is not None
+        # the step each client reached, as its result line reports it (a buggy job's is its fault's, every attempt)
+        points = {r.job.id: loop.buggy[r.job.id] if r.job.id == culprit else self.reached_point(r)
+                  for r in gpu.running}
         runs = self._end_group(gpu, culprit, until)
         charges = loop.fault_charges(xid, [r.job for r in runs], culprit)
         peers = loop.fault_peers([r.job for r in runs], charges)
@@ -1010,16 +1066,17 @@ class Simulation:
             if not self.loop_ours:
                 self._charge(job, "GPUFault" if charge.fault_class == "hardware" else "Error")
                 continue
-            at_step = None
-            if job.id == culprit:  # a buggy job faults at the same step of its run every attempt
-                at_step = int(loop.buggy[job.id] * (job.spec.steps if job.spec is not None else 1000))
-            step, verdict = loop.judged_step(job, charge, peers[job.id], at_step)
+            point = points[job.id]
+            at_step = int(point * (job.spec.steps if job.spec is not None else 1000))
+            step, verdict = loop.judged_step(job, charge, peers[job.id], at_step, point)
             if verdict.action == "FailJob":  # gnnsched.attempts.failure_policy: the job fails now
                 loop.failed_by_rule += 1
                 self._give_up(job, f"{verdict.reason}: {verdict.rule} FailJob")
                 continue
             if step.requeue:
-                self._next_attempt(job, ahead=True)  # requeued, its backoffLimit untouched
+                # requeued, its backoffLimit untouched; ahead of the queue (the retry PriorityClass) unless it is on
+                # probation (the operator creates such an attempt in its own class: gnnsched.attempts.probation)
+                self._next_attempt(job, ahead=job.id not in loop.probation)
                 continue
             charged = loop.charged[job.id] = loop.charged.get(job.id, 0) + 1
             if charged > job.backoff_limit:  # the suspect (ClientFault), or a victim past MAX_REQUEUES (RequeueLimit)

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from gnnsched.attempts import probation as prob
 from gnnsched.attempts.checkpointing import kept_fraction
 from gnnsched.attempts.failure_policy import FailedAttempt, Verdict, attempt_classes, judge, records_step
 from gnnsched.attempts.fault_classes import Charge, ClientError, FaultStep, fault_charges, fault_step, undecided_peers
@@ -254,6 +255,12 @@ class LoopBooks:
     # checkpointing (FaultModel.checkpoint_every_s): job id -> the share of its work its last checkpoint holds
     kept: dict[int, float] = field(default_factory=dict)
     fault_steps: dict[int, list[int]] = field(default_factory=dict)  # job id -> steps of its own-error faults so far
+    # probation (gnnsched.attempts.probation): job id -> (its probation step, that step as a share of its steps); the
+    # gate admits its attempts alone until they pass it, where a GPU of their own is idle or soon will be
+    probation: dict[int, tuple[int, float]] = field(default_factory=dict)
+    probation_rule: bool = True  # False: the rule before probation (bench/checkpoint_sweep.py compares the two)
+    probation_alone: int = 0  # attempts the gate admitted alone on probation
+    probation_passed: int = 0  # of those, attempts that passed their probation step (their GPU took others again)
     failed_by_rule: int = 0  # jobs a FailJob verdict failed (gnnsched.attempts.failure_policy)
     lost_work_s: float = 0.0  # solo-seconds of steps that ended attempts had done past their last checkpoint
     kept_work_s: float = 0.0  # solo-seconds of steps a later attempt did not run again (the refund)
@@ -432,11 +439,12 @@ class LoopBooks:
         return self.judged_step(job, charge, peers)[0]
 
     def judged_step(self, job: SimJob, charge: Charge, peers: frozenset[str] = frozenset(),
-                    at_step: int | None = None) -> tuple[FaultStep, Verdict]:
+                    at_step: int | None = None, at_point: float | None = None) -> tuple[FaultStep, Verdict]:
         """The operator's step for one faulted client (``gnnsched.attempts.fault_classes.fault_step``), kept in the
         books, and the failure rules' verdict on it (``gnnsched.attempts.failure_policy.judge``, gnnsched's default
         rules: the simulated jobs have none of their own); ``peers``: its undecided fault's peers (:meth:`fault_peers`),
-        which its next attempt is kept apart from; ``at_step``: the step it faulted at."""
+        which its next attempt is kept apart from; ``at_step``: the step it faulted at, ``at_point`` the same as a
+        share of the job's steps (its probation step, when an undecided fault puts it on probation)."""
         requeues = self.requeues.get(job.id, 0)
         earlier = self.fault_steps.setdefault(job.id, [])
         attempt = FailedAttempt(classes=attempt_classes(charge, True, at_step, earlier), step=at_step)
@@ -446,6 +454,15 @@ class LoopBooks:
         step = fault_step(charge, True, self.undecided.get(job.id, 0), self.suspected.get(job.id, 0),
                           requeues, peers)
         step = replace(step, requeue=verdict.action == "Ignore")
+        current = self.probation.get(job.id)
+        if current is not None and prob.passed(current[0], at_step):
+            current = None
+        wanted = prob.probation_step(bool(step.apart) and self.probation_rule, at_step, step.alone,
+                                     current[0] if current is not None else None)
+        if wanted is None:
+            self.probation.pop(job.id, None)
+        elif current is None or wanted != current[0]:
+            self.probation[job.id] = (wanted, at_point if at_point is not None else 0.0)
         if step.apart:
             self.apart[job.id] = step.apart
         else:
@@ -500,6 +517,7 @@ class LoopBooks:
                 "app_faults": self.app_faults, "innocent_jobs_requeued": len(self.requeued_innocent),
                 "innocent_jobs_alone": len(self.alone - self.buggy.keys()),
                 "failed_by_rule": self.failed_by_rule,
+                "probation_alone": self.probation_alone, "probation_passed": self.probation_passed,
                 **({"lost_work_s": self.lost_work_s, "kept_work_s": self.kept_work_s}
                    if self.fault_model.checkpointing else {}),
                 "fault_log": list(self.fault_log),

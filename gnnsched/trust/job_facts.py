@@ -37,6 +37,7 @@ from gnnsched.contract import (
     ANN_INTENSITY,
     ANN_JOB,
     ANN_PREDICTED_RUNTIME,
+    ANN_PROBATION_STEP,
     ANN_QOS_TARGET,
     MAX_FAULT_PEERS,
     gnnjob_owner,
@@ -64,6 +65,7 @@ class PodFacts(BaseModel):
     qos_target_seconds: float | None = Field(default=None, alias="qosTargetSeconds", gt=0, le=2_592_000)
     exclusive: bool = False
     fault_peers: list[str] = Field(default_factory=list, alias="faultPeers", max_length=MAX_FAULT_PEERS)
+    probation_step: int | None = Field(default=None, alias="probationStep", ge=0)
 
     @field_validator("predicted_runtime_seconds", "qos_target_seconds")
     @classmethod
@@ -86,6 +88,7 @@ class JobFacts(BaseModel):
     qos_target_seconds: float | None
     exclusive: bool
     fault_peers: frozenset[str]
+    probation_step: int | None = None
 
 
 class FactsError(ValueError):
@@ -109,6 +112,8 @@ def facts_status(pod: Mapping[str, Any]) -> dict[str, Any]:
             out["predictedRuntimeSeconds"] = float(ann[ANN_PREDICTED_RUNTIME])
         if ANN_QOS_TARGET in ann:
             out["qosTargetSeconds"] = float(ann[ANN_QOS_TARGET])
+        if ANN_PROBATION_STEP in ann:
+            out["probationStep"] = int(ann[ANN_PROBATION_STEP])
     except (KeyError, ValueError) as exc:
         raise FactsError(f"pod {meta.get('name')}: its annotations do not hold the planned facts: {exc}") from None
     if ann.get(ANN_INTENSITY) in ("memory", "compute"):
@@ -177,7 +182,7 @@ def resolve_verbose(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> tu
         job=f"{namespace}/{owner[0]}", attempt=facts.attempt, admit_bytes=facts.admit_bytes,
         predicted_runtime_seconds=facts.predicted_runtime_seconds, intensity=facts.intensity,
         qos_target_seconds=facts.qos_target_seconds, exclusive=facts.exclusive,
-        fault_peers=parse_fault_peers(",".join(facts.fault_peers)),
+        fault_peers=parse_fault_peers(",".join(facts.fault_peers)), probation_step=facts.probation_step,
     ), "trusted"
 
 
@@ -193,7 +198,8 @@ def owner_name(pod: Mapping[str, Any]) -> str | None:
     return owner[0] if owner is not None else None
 
 
-FACT_ANNOTATIONS = (ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME, ANN_INTENSITY, ANN_QOS_TARGET, ANN_FAULT_PEERS, ANN_JOB)
+FACT_ANNOTATIONS = (ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME, ANN_INTENSITY, ANN_QOS_TARGET, ANN_FAULT_PEERS, ANN_JOB,
+                    ANN_PROBATION_STEP)
 """The pod annotations that state a trusted fact: :func:`trusted_view` sets them from the status, or drops them."""
 
 
@@ -221,6 +227,8 @@ def trusted_view(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> tuple
             ann[ANN_QOS_TARGET] = repr(facts.qos_target_seconds)
         if facts.fault_peers:
             ann[ANN_FAULT_PEERS] = ",".join(sorted(facts.fault_peers))
+        if facts.probation_step is not None:
+            ann[ANN_PROBATION_STEP] = str(facts.probation_step)
         if facts.exclusive:
             ann[ANN_EXCLUSIVE] = "true"
         else:

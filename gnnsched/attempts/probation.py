@@ -1,0 +1,57 @@
+"""Probation: an undecided fault's clients run alone until they pass the step they faulted at.
+
+Why: when an MPS fault kills several clients that each report a fatal error of their own (on the H100 every client
+got 700, docs/gpu-measurements.md), nobody can be told apart, and all are requeued uncharged (``Undecided``). Before
+probation their next attempts were only kept apart from one another: the culprit's next attempt then shared a GPU
+with new neighbours, faulted there at the same step (a bug is deterministic), killed them too, was undecided a second
+time, ran alone, and only its third fault, alone, failed it (``RepeatedFault``). In the simulator that cost 13 of the
+60 cognn-mix cells their 1.1x target against a rule that names the culprit at its first fault (docs/simulator.md).
+
+A client that passes the step it faulted at is not that fault's culprit; one that faults there again, alone, is, and
+its own fault at a step where it already faulted fails it (``gnnsched.attempts.failure_policy``). So an undecided
+attempt with a known step (``probation_step``) is admitted **alone** and books the whole GPU until its progress
+reports pass that step (:func:`on_probation`); then its booking drops to its own bytes and its GPU takes others. Its
+MPS memory limit is its own bytes all along, so the memory bound holds when others join it.
+
+Running alone costs a GPU of its own, and waiting for one can cost more than the fault it avoids: a GPU of long jobs
+empties in minutes, and the innocent clients of the fault wait as long as the culprit. So the gate admits a probation
+attempt alone only while a GPU is idle (:func:`choice`); otherwise it shares under the apart rule, as before
+probation, and its booking is its own bytes. Waiting up to 5, 10 or 20 s for a GPU predicted idle soon was measured
+and is no better (docs/simulator.md, "Probation"). Its next attempts are created in the job's own priority class,
+not the retry class: ahead of the queue they took the idle GPUs first, and the queue behind them waited.
+
+One rule for the node agent's gate (``node_agent.books``), the operator (which writes the step) and the simulator.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Choice = Literal["alone", "share"]
+
+
+def probation_step(undecided: bool, step: int | None, sent_alone: bool, current: int | None) -> int | None:
+    """The job's probation step after a failed attempt: the step an ``undecided`` attempt faulted at (the larger of
+    it and a ``current`` one), unless its later attempts run alone anyway (``sent_alone``) or the step is unknown (a
+    container that reports none). Any other failure keeps ``current``."""
+    if not undecided or step is None or sent_alone:
+        return current
+    return step if current is None else max(current, step)
+
+
+def on_probation(probation: int | None, reported_steps: int | None) -> bool:
+    """Whether an attempt with probation step ``probation`` still runs alone: until a progress report counts more
+    steps than that (the steps include the ones its checkpoint held). No report yet: still on probation."""
+    return probation is not None and (reported_steps is None or reported_steps <= probation)
+
+
+def passed(probation: int | None, steps: int | None) -> bool:
+    """Whether an attempt that reached ``steps`` (its result line's) passed its probation step: the operator then
+    clears the job's probation step."""
+    return probation is not None and steps is not None and steps > probation
+
+
+def choice(idle_gpu: bool) -> Choice:
+    """Where a queued probation attempt goes now: ``alone`` (booking the whole GPU) while a healthy GPU is idle,
+    else ``share`` (its own bytes, the apart rule)."""
+    return "alone" if idle_gpu else "share"

@@ -36,6 +36,7 @@ import numpy as np
 
 from gnnsched import placement as pl
 from gnnsched.colocation.interference import JobProfile, SlowdownModel
+from gnnsched.colocation.learned import FactorBook, factor_book
 from gnnsched.contract import ANN_INTENSITY, ANN_PREDICTED_RUNTIME, ANN_RESERVATION, GPUNodeStatus
 from gnnsched.gpu.measured import ALLOCATOR_MISMATCH, missing_constants
 from gnnsched.placement import W_FRAG
@@ -78,6 +79,7 @@ class _Job:
     job: str | None = None  # its GNNJob, as the agent reports it (the apart rule's identity)
     apart: frozenset[str] = frozenset()  # the jobs it may not share a GPU with, as the agent's gate holds them
     domain: str | None = None  # its trust domain (gnnsched.trust.domain), from the namespace the agent reports
+    intensity: str | None = None  # its class as the agent reports it (the learned slowdowns' key)
 
 
 @dataclass(slots=True)
@@ -116,6 +118,8 @@ class _Node:
     # only slots with a client that has a job or peers
     occupants: dict[int, list[pl.Occupant]] = field(default_factory=dict)
     jobs: set[str] = field(default_factory=set)  # the jobs among ``occupants`` (the cache's job -> nodes index)
+    # the co-location slowdowns its agent learned (GPUNode status learnedSlowdowns, calibrated ones), by GPU model
+    learned: FactorBook = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -298,6 +302,7 @@ class ClusterCache:
             self._no_constants_nodes.discard(node.name)
         for slot, gpu in enumerate(node.gpus):
             running = [(j.end, j.bytes, j.profile.sm_util, j.profile.mem_util) for j in gpu.running]
+            classes = [j.intensity for j in gpu.running]
             occ = [pl.Occupant(j.job, j.apart, j.end) for j in gpu.running if j.job is not None or j.apart]
             # the trust-domain rule's figures of this GPU (see _domain_cells)
             doms = {j.domain for j in gpu.running if j.domain is not None}
@@ -320,6 +325,7 @@ class ClusterCache:
                     profile = self.interference.profile_for(res.intensity)
                     used += res.bytes
                     running.append((res.at + res.runtime, res.bytes, profile.sm_util, profile.mem_util))
+                    classes.append(res.intensity)
                 else:
                     qbytes += res.bytes
                     qsecs += res.runtime
@@ -327,6 +333,7 @@ class ClusterCache:
                 a, slot, r, capacity=gpu.capacity, used=used,
                 healthy=gpu.healthy and gpu.mps_healthy and node.node_mps_healthy, clients=clients,
                 max_clients=gpu.max_clients, qbytes=qbytes, qsecs=qsecs, running=running,
+                learned=pl.learned_factors(node.learned.get(gpu.model, {}), classes),
             )
             if occ:
                 occupants[slot] = occ
@@ -416,7 +423,7 @@ class ClusterCache:
                     secs = j.predicted_remaining_seconds or 0.0
                     prof = self.interference.profile_for(j.intensity)
                     gpu.running.append(_Job(j.pod_uid, j.bytes, updated + secs, secs, prof, j.job,
-                                            frozenset(j.fault_peers), self.domains.of(j.namespace)))
+                                            frozenset(j.fault_peers), self.domains.of(j.namespace), j.intensity))
                     reported.add(j.pod_uid)
                 for j in g.queued:
                     secs = j.predicted_remaining_seconds or 0.0
@@ -426,6 +433,7 @@ class ClusterCache:
                 gpus.append(gpu)
             node.gpus = sorted(gpus, key=lambda x: x.index)
             node.reported = reported
+            node.learned = factor_book(status.learned_slowdowns)
             for uid in list(self._by_node.get(node.name, ())):
                 if uid in reported:
                     self._drop(uid, refresh=False)

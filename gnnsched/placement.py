@@ -27,6 +27,9 @@ to the solo runtime, plus a fragmentation term::
   empty GPU must first serve its queue, the last end plus the queue's predicted seconds.
 * ``slowdown(g)``: the InSS-style interference model (``gnnsched.colocation.interference``) against the sum of the
   profiles of the jobs already running (or reserved) on the GPU; memory-bound next to memory-bound costs most.
+  Times the *learned* factor of the pod's class beside the classes running there, where the node agent has learned
+  one (``learned``: observed ÷ the model's prior, ``gnnsched.colocation.learned``; 1 until calibrated), so a class
+  pair that proves slower than the model says costs what it was observed to cost.
   With interference-aware scoring off (the simulator's ``-interference`` policies) it is 1 everywhere.
 * ``dF(g)``: FGD-style fragmentation (ATC'23): with ``S`` the sizes of the jobs the cluster runs
   (``SIZE_QUANTILES`` quantiles), ``F(f) = f * P(s > f)`` is the free memory a typical job cannot use;
@@ -98,6 +101,8 @@ def new_state(rows: int, gpus: int, old: PlacementState | None = None, old_rows:
         "frag0": np.zeros(g2, dtype=np.float32),  # F(free)
         "fscale": np.zeros(g2, dtype=np.float32),  # W_FRAG / capacity
         **{f"slow_{p}": np.ones(g2, dtype=np.float32) for p in PROFILE_KEYS},
+        # learned co-location factors (observed / prior) of each class beside the GPU's running classes (raw)
+        **{f"learn_{p}": np.ones(g2) for p in PROFILE_KEYS},
         "known": np.zeros(rows, dtype=bool),
         "cpu_free": np.full(rows, np.inf),
         "mem_free": np.full(rows, np.inf),
@@ -127,6 +132,8 @@ def clear_row(a: PlacementState, r: int, known: bool) -> None:
     a["clients"][:, r] = 0
     a["max_clients"][:, r] = 0
     a["ends"][:, :, r] = np.inf
+    for key in _LEARN_KEYS:
+        a[key][:, r] = 1.0
     a["known"][r] = known
 
 
@@ -139,10 +146,14 @@ def set_host(a: PlacementState, r: int, cpu_free: float, mem_free: float) -> Non
 def set_gpu(
     a: PlacementState, slot: int, r: int, *, capacity: float, used: float, healthy: bool, clients: int,
     max_clients: int, qbytes: float, qsecs: float, running: Sequence[tuple[float, float, float, float]],
+    learned: Sequence[float] = (1.0, 1.0, 1.0),
 ) -> None:
     """One GPU's raw figures. ``running``: ``(predicted end, bytes, sm_util, mem_util)`` of each job running (or
     reserved to run now) on it; ``used``/``qbytes``/``qsecs``: committed bytes, queued bytes and queued predicted
-    seconds; ``capacity``: total − reserve."""
+    seconds; ``capacity``: total − reserve; ``learned``: the learned factor of each class of :data:`PROFILE_KEYS`
+    beside the classes running there (:func:`learned_factors`)."""
+    for key, factor in zip(_LEARN_KEYS, learned, strict=True):
+        a[key][slot, r] = factor
     a["valid"][slot, r] = True
     a["cap"][slot, r] = capacity
     a["used"][slot, r] = used
@@ -243,7 +254,7 @@ def derive_arrays(a: PlacementState, rows: slice | np.ndarray, above: np.ndarray
     for key in PROFILE_KEYS:
         a_u, a_m = interference.sensitivity(interference.profile_for(key))
         slow = 1.0 + np.maximum(a_u * a["sum_sm"][:, rows] + a_m * a["sum_mem"][:, rows], 0.0)
-        a[f"slow_{key}"][:, rows] = slow
+        a[f"slow_{key}"][:, rows] = slow * a[f"learn_{key}"][:, rows]
 
 
 def _derive_row(a: PlacementState, r: int, above: np.ndarray, interference: Any) -> None:
@@ -262,6 +273,7 @@ def _derive_row(a: PlacementState, r: int, above: np.ndarray, interference: Any)
     max_clients = a["max_clients"][col].tolist()
     sum_sm = a["sum_sm"][col].tolist()
     sum_mem = a["sum_mem"][col].tolist()
+    learn = [a[key][col].tolist() for key in _LEARN_KEYS]
     f32 = np.float32
     zero32 = f32(0.0)
     scale = f32(1.0 / FRAG_BIN)
@@ -296,7 +308,7 @@ def _derive_row(a: PlacementState, r: int, above: np.ndarray, interference: Any)
         s_u, s_m = sum_sm[i], sum_mem[i]
         for k, (a_u, a_m) in enumerate(sens):
             v = a_u * s_u + a_m * s_m
-            slow_l[k][i] = 1.0 + (0.0 if v < 0.0 else v)
+            slow_l[k][i] = (1.0 + (0.0 if v < 0.0 else v)) * learn[k][i]
     a["free"][col] = free_l
     a["avail"][col] = avail_l
     a["capu"][col] = capu_l
@@ -318,6 +330,7 @@ def derive_cells(a: PlacementState, cells: Iterable[tuple[int, int]], above: np.
     top = f32(len(above) - 1)
     sens = [interference.sensitivity(interference.profile_for(key)) for key in PROFILE_KEYS]
     slow_arrays = [a[f"slow_{key}"] for key in PROFILE_KEYS]
+    learn_arrays = [a[key] for key in _LEARN_KEYS]
     cap_a, used_a, qbytes_a = a["cap"], a["used"], a["qbytes"]
     healthy_a, clients_a, max_clients_a, known_a = a["healthy"], a["clients"], a["max_clients"], a["known"]
     sum_sm_a, sum_mem_a = a["sum_sm"], a["sum_mem"]
@@ -344,9 +357,9 @@ def derive_cells(a: PlacementState, cells: Iterable[tuple[int, int]], above: np.
         frag0_a[s, r] = above[int(idx)] * f
         fscale_a[s, r] = W_FRAG / (1.0 if c < 1.0 else c)
         s_u, s_m = sum_sm_a.item(s, r), sum_mem_a.item(s, r)
-        for (a_u, a_m), arr in zip(sens, slow_arrays, strict=True):
+        for (a_u, a_m), arr, learn in zip(sens, slow_arrays, learn_arrays, strict=True):
             v = a_u * s_u + a_m * s_m
-            arr[s, r] = 1.0 + (0.0 if v < 0.0 else v)
+            arr[s, r] = (1.0 + (0.0 if v < 0.0 else v)) * learn.item(s, r)
 
 
 def sensitivities(interference: Any) -> list[tuple[float, float]]:
@@ -356,12 +369,25 @@ def sensitivities(interference: Any) -> list[tuple[float, float]]:
 
 
 _SLOW_KEYS = tuple("slow_" + key for key in PROFILE_KEYS)
+_LEARN_KEYS = tuple("learn_" + key for key in PROFILE_KEYS)
+
+
+def learned_factors(book: Mapping[tuple[str, tuple[str, ...]], float], running: Iterable[str | None]
+                    ) -> tuple[float, float, float]:
+    """The learned factor (observed ÷ prior) of each class of :data:`PROFILE_KEYS` beside the classes ``running`` on
+    a GPU, from ``book``: ``(class, sorted co-runner classes) -> factor`` of the GPU's model, as the node agent's
+    ``GPUNode.status.learnedSlowdowns`` publishes them (calibrated entries only); 1.0 where it has none, and on an
+    idle GPU (nothing to be slowed by)."""
+    mates = tuple(sorted(intensity_key(c) for c in running))
+    if not mates or not book:
+        return (1.0, 1.0, 1.0)
+    return tuple(book.get((key, mates), 1.0) for key in PROFILE_KEYS)  # type: ignore[return-value]
 
 
 def set_gpu_derived(
     a: PlacementState, slot: int, r: int, *, capacity: float, used: float, healthy: bool, clients: int,
     max_clients: int, qbytes: float, qsecs: float, running: Sequence[tuple[float, float, float, float]],
-    above: np.ndarray, sens: Sequence[tuple[float, float]],
+    above: np.ndarray, sens: Sequence[tuple[float, float]], learned: Sequence[float] = (1.0, 1.0, 1.0),
 ) -> None:
     """:func:`set_gpu` followed by :func:`derive_cells` on that one GPU, in one pass: the derived figures come from
     the raw figures as Python values instead of being written and read back. ``sens``: :func:`sensitivities` of the
@@ -390,6 +416,8 @@ def set_gpu_derived(
     a["qsecs"][slot, r] = qsecs
     a["sum_sm"][slot, r] = sum_sm
     a["sum_mem"][slot, r] = sum_mem
+    for key, factor in zip(_LEARN_KEYS, learned, strict=True):
+        a[key][slot, r] = factor
     ends_a, freed_a = a["ends"], a["freed"]
     if running:
         ordered = sorted(running, key=lambda j: j[0]) if len(running) > 1 else running
@@ -436,9 +464,9 @@ def set_gpu_derived(
         idx = top
     a["frag0"][slot, r] = above.item(int(idx)) * f
     a["fscale"][slot, r] = W_FRAG / (1.0 if cap < 1.0 else cap)
-    for (a_u, a_m), key in zip(sens, _SLOW_KEYS, strict=True):
+    for (a_u, a_m), key, learn_key in zip(sens, _SLOW_KEYS, _LEARN_KEYS, strict=True):
         v = a_u * sum_sm + a_m * sum_mem
-        a[key][slot, r] = 1.0 + (0.0 if v < 0.0 else v)
+        a[key][slot, r] = (1.0 + (0.0 if v < 0.0 else v)) * a[learn_key].item(slot, r)
 
 
 def fit_mask(a: PlacementState, gpu_bytes: float) -> np.ndarray:
@@ -762,7 +790,7 @@ __all__ = [
     "domain_blocked",
     "candidate_costs", "cost_matrix", "derive", "derive_arrays", "derive_cells", "fit_costs", "fit_mask",
     "fit_summary", "frag",
-    "intensity_key", "new_state",
+    "intensity_key", "learned_factors", "new_state",
     "node_filter", "normalise_scores",
     "sensitivities", "set_gpu", "set_gpu_derived", "set_host", "size_table", "wait_bound", "wait_seconds",
 ]

@@ -21,6 +21,7 @@ from gnnsched.contract import (
     GPUJob,
     GPUNodeStatus,
     GPUStatus,
+    LearnedSlowdown,
     MPSStatus,
 )
 from gnnsched.extender.cache import BindError, ClusterCache, reservation_from_pod
@@ -156,6 +157,37 @@ def test_score_prefers_free_gpu_over_waiting_and_mixed_intensity() -> None:
     assert cost[2] < cost[1]  # memory-bound job prefers the compute-bound neighbour
     scores = c.score(d, rows)
     assert scores.tolist()[2] == 10 and scores[0] < scores[1] <= 10
+
+
+def test_learned_slowdowns_in_the_gpunode_status_move_the_score() -> None:
+    """The extender reads what the node agents learned (issue 37): two nodes each run one job, a memory-bound one
+    beside which the model predicts a memory-bound pod's slowdown low, and a compute-bound one. The model's prior
+    prefers the first; once the first node's agent has learned (calibrated: enough samples) that memory beside memory
+    runs 2.5x its prior, the pod scores the second best. An uncalibrated entry changes nothing."""
+    model = load_default()
+    prior = model.slowdown(model.profile_for("memory"), [model.profile_for("memory")])
+
+    def learned(calibrated: bool) -> list[LearnedSlowdown]:
+        return [LearnedSlowdown(gpu_model=get_gpu_model("A100-80GB").name, job_class="memory", beside=["memory"],
+                                slowdown=round(prior * 2.5, 4), prior=round(prior, 4), samples=9,
+                                calibrated=calibrated)]
+
+    d = parse_pod(make_pod("p", 20, runtime=600, intensity="memory"))
+    costs = {}
+    for label, entries in (("prior", []), ("uncalibrated", learned(False)), ("learned", learned(True))):
+        c = ClusterCache(model, clock=lambda: NOW)
+        mem = status("memmate", gpu(0, running=[job("m", 10, 3600, "memory")]))
+        c.upsert_gpunode(mem.model_copy(update={"learned_slowdowns": entries}), now=NOW)
+        c.upsert_gpunode(status("compmate", gpu(0, running=[job("c", 10, 3600, "compute")])), now=NOW)
+        rows = c.index_of(["memmate", "compmate"])
+        costs[label] = c.costs(d, rows)[1].tolist()
+        if label == "learned":
+            assert c.score(d, rows).tolist()[1] == 10
+    assert costs["prior"][0] < costs["prior"][1]  # the model alone: beside the memory-bound job
+    assert costs["uncalibrated"] == costs["prior"]
+    assert costs["learned"][1] == costs["prior"][1]
+    assert costs["learned"][0] == pytest.approx(costs["prior"][0] * 2.5, rel=1e-3)  # the slowdown is the cost here
+    assert costs["learned"][0] > costs["learned"][1]
 
 
 def test_wait_follows_running_jobs_end_times() -> None:

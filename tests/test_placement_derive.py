@@ -41,7 +41,8 @@ def _random_state(rng: np.random.Generator, rows: int, gpus: int) -> pl.Placemen
             pl.set_gpu(a, s, r, capacity=cap, used=used, healthy=bool(rng.random() > 0.15),
                        clients=int(rng.integers(0, max_clients + 1)), max_clients=max_clients,
                        qbytes=float(rng.choice([0.0, rng.uniform(0, 3e10)])), qsecs=float(rng.uniform(0, 50)),
-                       running=running)
+                       running=running,  # learned co-location factors: none, or one per class
+                       learned=tuple(float(rng.choice([1.0, rng.uniform(0.5, 2.5)])) for _ in pl.PROFILE_KEYS))
     return a
 
 

@@ -27,7 +27,8 @@ def _random_gpu(rng: np.random.Generator) -> dict:
                 used=int(sum(j[1] for j in running) * float(rng.choice([1.0, 1.5, 0.0]))),
                 healthy=bool(rng.random() > 0.15), clients=int(rng.integers(0, max_clients + 1)),
                 max_clients=max_clients, qbytes=float(rng.choice([0.0, rng.uniform(0, 3e10)])),
-                qsecs=float(rng.uniform(0, 50)), running=running)
+                qsecs=float(rng.uniform(0, 50)), running=running,
+                learned=tuple(float(rng.choice([1.0, rng.uniform(0.5, 2.5)])) for _ in pl.PROFILE_KEYS))
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -121,6 +121,21 @@ class SlowdownBook(BaseModel):
         return fn
 
 
+FactorBook = dict[str, dict[tuple[str, tuple[str, ...]], float]]
+"""GPU model -> ``(class, sorted co-runner classes) -> learned factor`` (observed ÷ prior): what the extender scores
+with (``gnnsched.placement.learned_factors``)."""
+
+
+def factor_book(entries: Iterable[LearnedSlowdown]) -> FactorBook:
+    """The calibrated entries of a ``GPUNode.status.learnedSlowdowns`` as factors the placement multiplies its prior
+    slowdowns by: an uncalibrated entry (fewer samples than the rule acts on) says nothing yet, as at the gate."""
+    book: FactorBook = {}
+    for e in entries:
+        if e.calibrated and e.prior > 0:
+            book.setdefault(e.gpu_model, {})[(e.job_class, tuple(sorted(e.beside)))] = e.slowdown / e.prior
+    return book
+
+
 def interval_step_seconds(before: StepProgress | None, after: StepProgress) -> float | None:
     """Seconds per step between two progress reports of one pod (None when no step was done between them or the
     reports are not usable): the pace of that interval alone, so a pod whose group changed is measured per group."""

@@ -425,6 +425,11 @@ class PlacementView:
         self.sim = sim
         self.interference = interference
         self.aware = bool(sim.policy.interference)
+        # the learned co-location factors reach the simulated extender as they reach the real one: through the
+        # agents' GPUNode status (+progress learns them); a new sample re-writes every GPU (_sync)
+        self.learning = self.aware and sim.coloc is not None
+        self.samples_seen = 0
+        self.factors_seen: dict = {}
         self.rows = len(sim.nodes)
         self.state = pl.new_state(self.rows, max(len(n.gpus) for n in sim.nodes))
         self.above = pl.size_table(())
@@ -472,6 +477,8 @@ class PlacementView:
         queued = extra_used = 0
         # The node's queued jobs reserved on this GPU, in queue order (sim.reserved_on mirrors node.queue per GPU,
         # so this is O(reservations on the GPU), not O(queue)).
+        learning = self.learning
+        classes = [r.intensity for r in g.running] if learning else None
         for job in sim.reserved_on.get((node.idx, index), {}).values():
             immediate = sim.reservations[job.id][1]
             prof = job.profile(g.model)
@@ -480,6 +487,8 @@ class PlacementView:
                 at = sim.reserved_at.get(job.id, sim.now)
                 running.append((at + prof.predicted_s, prof.admit_bytes, prof.sm_util, prof.mem_util))
                 extra_used += prof.admit_bytes
+                if classes is not None:
+                    classes.append(prof.intensity)
             else:
                 qbytes += prof.admit_bytes
                 qsecs += prof.predicted_s
@@ -489,7 +498,11 @@ class PlacementView:
         capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued
         max_clients = cap_clients if cap_clients is not None else g.max_clients
         healthy = g.quarantine_until <= sim.now  # a faulted GPU is unhealthy in its GPUNode while it drains or is out
-        inputs = (capacity, used, clients, max_clients, qbytes, qsecs, running, healthy)
+        # +progress with interference-aware scoring: the learned factors of the classes beside the GPU's clients, as
+        # the extender reads them from the agent's GPUNode status (ClusterCache._refresh)
+        learned = (1.0, 1.0, 1.0) if classes is None else self.pl.learned_factors(
+            sim.coloc.factors().get(g.model, {}), classes)
+        inputs = (capacity, used, clients, max_clients, qbytes, qsecs, running, healthy, learned)
         if derive:
             if self.written[g.gid] == inputs:
                 return False
@@ -497,18 +510,24 @@ class PlacementView:
             self.pl.set_gpu_derived(
                 self.state, index, node.idx, capacity=capacity, used=used, healthy=healthy, clients=clients,
                 max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running, above=self.above,
-                sens=self.sens,
+                sens=self.sens, learned=learned,
             )
             return True
         self.written[g.gid] = inputs
         self.pl.set_gpu(
             self.state, index, node.idx, capacity=capacity, used=used, healthy=healthy, clients=clients,
-            max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running,
+            max_clients=max_clients, qbytes=qbytes, qsecs=qsecs, running=running, learned=learned,
         )
         return True
 
     def _sync(self) -> None:
         sim, pl = self.sim, self.pl
+        if self.learning and sim.coloc.samples != self.samples_seen:
+            self.samples_seen = sim.coloc.samples
+            factors = sim.coloc.factors()
+            if factors != self.factors_seen:  # a calibrated factor moved: every GPU's may have
+                self.factors_seen = factors
+                sim.changed_gpus.update((g.node.idx, g.index) for g in sim.gpus)
         for idx in sim.changed_nodes:
             self.refresh_host(sim.nodes[idx])
         sim.changed_nodes.clear()

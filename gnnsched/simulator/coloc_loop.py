@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gnnsched.colocation.interference import SlowdownModel
-from gnnsched.colocation.learned import SlowdownBook, SlowdownFn, observed_slowdown
+from gnnsched.colocation.learned import FactorBook, SlowdownBook, SlowdownFn, factor_book, observed_slowdown
 from gnnsched.progress import REPORT_INTERVAL_S
 
 
@@ -34,6 +34,7 @@ class ColocLoop:
     alone: set[int] = field(default_factory=set)  # jobs whose progress measured them alone (their solo pace)
     samples: int = 0
     _fns: dict[str, SlowdownFn] = field(default_factory=dict)
+    _factors: FactorBook | None = None
 
     def rerated(self, runs: list[Any], slowdowns: list[float], gpu_model: str, now: float) -> None:
         """The GPU's running jobs (past start-up) now run at ``slowdowns``: close each job's last segment (a sample
@@ -71,6 +72,7 @@ class ColocLoop:
         prior = self.model.slowdown(self.model.profile_for(cls), [self.model.profile_for(o) for o in others])
         self.book = self.book.record(gpu_model, cls, others, observed, prior)
         self._fns.clear()
+        self._factors = None
         self.samples += 1
 
     def slowdown_fn(self, gpu_model: str) -> SlowdownFn:
@@ -79,6 +81,13 @@ class ColocLoop:
         if fn is None:
             fn = self._fns[gpu_model] = self.book.slowdown_fn(gpu_model, self.model)
         return fn
+
+    def factors(self) -> FactorBook:
+        """The learned factors as the extender reads them from the GPUNode status (``factor_book`` of the published
+        entries), cached until the next sample."""
+        if self._factors is None:
+            self._factors = factor_book(self.book.entries(self.model))
+        return self._factors
 
     def summary(self) -> dict:
         return {"slowdown_samples": self.samples, "learned_slowdowns": self.book.learned(self.model)}

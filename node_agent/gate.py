@@ -279,6 +279,8 @@ class GateServer:
             for e in d.entries:
                 if self.metrics is not None:
                     self.metrics.admitted(now - e.queued_at)
+                    if e.probation is not None:
+                        self.metrics.probation.labels("alone" if e.held else "shared").inc()
                 at = rfc3339(now)
                 self._annotate(e, {ANN_GPU: d.gpu.uuid, ANN_GROUP: d.group, ANN_ADMITTED_AT: at,
                                    ANN_ADMISSION_SEAL: self.seal.seal(e.pod_uid, e.key, d.gpu.uuid, at),
@@ -472,6 +474,8 @@ class GateServer:
         self._changed()
         if released:
             self._event("probation-passed", key=key, step=e.probation, steps=report.steps)
+            if self.metrics is not None:
+                self.metrics.probation.labels("passed").inc()
             self.decide()  # its GPU takes others now
         return progress
 

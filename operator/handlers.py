@@ -1047,6 +1047,10 @@ class Operator:
                 # ... and runs alone until it passes the step it faulted at, where a GPU of its own is idle or soon
                 # will be (gnnsched.attempts.probation): the culprit's next fault is then its own, alone
                 requeue_extra.update(attempt_rules.probation_update(status, failed, bool(step.apart), step.alone))
+                on_probation = _probation({**status, **requeue_extra})
+                if on_probation is not None and "probationStep" in requeue_extra:
+                    message += (f"; on probation until it passes step {on_probation}: the next attempt runs alone "
+                                "while a GPU is idle")
                 if step.undecided != _count(status, "undecidedFaults"):
                     # Its own error was a fatal fault, not 810: on drivers where every client of an MPS fault sees
                     # the same error (an H100 with driver 580 gives all of them 700) the suspect cannot be told

@@ -358,6 +358,9 @@ async def test_a_probation_attempt_holds_an_idle_gpu_until_it_passes_its_step(ga
     await wp.drain()
     await gate.settle(lambda: not entry.held)
     assert "probation-passed" in (gate.tmp / "events.jsonl").read_text()
+    probation = {e: gate.metrics.registry.get_sample_value("gnnsched_gate_probation_total", {"event": e})
+                 for e in ("alone", "passed")}
+    assert probation == {"alone": 1.0, "passed": 1.0}
     assert gate.books.committed_bytes(admitted["gpuIndex"]) == 4 * GiB
     await asyncio.sleep(0.1)
     assert len(gate.books.queued) == 1  # 75 GiB still does not fit beside the probe's 4 GiB on 78 GiB: it waits
@@ -372,6 +375,7 @@ async def test_a_probation_attempt_holds_an_idle_gpu_until_it_passes_its_step(ga
     rl, _wl = await gate.request(late)
     shared = await gate.reply(rl, "admitted")
     assert shared["gpuIndex"] == admitted["gpuIndex"] and not gate.books.running[late["metadata"]["uid"]].held
+    assert gate.metrics.registry.get_sample_value("gnnsched_gate_probation_total", {"event": "shared"}) == 1.0
     wp.close()
 
 

@@ -342,6 +342,8 @@ async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_
     ann = second["metadata"]["annotations"]
     assert ann[ANN_PROBATION_STEP] == "37" and ann[ANN_FAULT_PEERS] == "default/other"
     assert on_probation["status"]["probationStep"] == 37
+    requeued = next(c for c in on_probation["status"]["conditions"] if c["type"] == "Requeued")
+    assert "on probation until it passes step 37" in requeued["message"]
     assert on_probation["status"]["podFacts"]["probationStep"] == 37  # what the gate trusts
     assert second["spec"]["priorityClassName"] == first["spec"]["priorityClassName"] != order.retry_name
     assert ANN_PROBATION_STEP not in third["metadata"]["annotations"]

@@ -66,9 +66,9 @@ ever keeps pods apart. Written and read by ``gnnsched.attempts.fault_classes.for
 
 ANN_PROBATION_STEP = f"{GROUP}/probation-step"
 """An int: the step at which this attempt's last undecided MPS fault came (``gnnsched.attempts.probation``). The gate
-admits the attempt alone, if a GPU of its own is idle or soon will be, and books the whole GPU until its progress
-reports pass that step: a culprit's next fault is then its own, alone, and fails it; an innocent client passes the
-step and shares again. Set by the operator; read from the GNNJob's ``status.podFacts``, never from the pod."""
+admits the attempt alone where a GPU is idle, and books the whole GPU until its progress reports pass that step: a
+culprit's next fault is then its own, alone, and fails it; an innocent client passes the step and shares again. Set
+by the operator; read from the GNNJob's ``status.podFacts``, never from the pod."""
 
 
 def gnnjob_owner(meta: object) -> tuple[str, str] | None:

@@ -89,7 +89,8 @@ class Entry:
     domain: str | None = None  # its trust domain (gnnsched.trust.domain): it shares a GPU only within it
     mates: tuple[str, ...] | None = None  # co-runners' classes at its last progress report (learned slowdowns)
     solo_step_s: float | None = None  # its seconds per step measured while it ran alone
-    # probation (gnnsched.attempts.probation): the step its undecided fault came at; it runs alone until it passes it
+    # probation (gnnsched.attempts.probation): the step its undecided fault came at; admitted on an idle GPU, it holds
+    # the GPU alone until it passes that step
     probation: int | None = None
     held: bool = False  # admitted alone on probation: books the whole GPU until its progress passes ``probation``
 

@@ -107,8 +107,8 @@ class AgentMetrics:
             "after the retries)", ("outcome",), registry=r)
         self.probation = Counter(
             "gnnsched_gate_probation",
-            "Pods on probation after an undecided MPS fault (gnnsched.attempts.probation): admitted alone on an idle GPU "
-            "(alone), admitted with their own bytes because no GPU was idle (shared), or past their fault's step, "
+            "Pods on probation after an undecided MPS fault (gnnsched.attempts.probation): admitted alone on an idle "
+            "GPU (alone), admitted with their own bytes because no GPU was idle (shared), or past their fault's step, "
             "their GPU open to others again (passed)", ("event",), registry=r)
         self.mps_up = Gauge("gnnsched_mps_daemon_up", "1 if the MPS control daemon answers", registry=r)
         self.mps_restarts = Gauge(

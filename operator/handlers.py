@@ -1044,8 +1044,8 @@ class Operator:
                     # its peers in an undecided fault: the next attempt shares no GPU with them while it runs
                     # (gnnsched.attempts.fault_classes.undecided_peers), so the culprit's next fault names it alone
                     requeue_extra["faultPeers"] = sorted(step.apart)
-                # ... and runs alone until it passes the step it faulted at, where a GPU of its own is idle or soon
-                # will be (gnnsched.attempts.probation): the culprit's next fault is then its own, alone
+                # ... and, where a GPU is idle, runs alone there until it passes the step it faulted at
+                # (gnnsched.attempts.probation): the culprit's next fault is then its own, alone
                 requeue_extra.update(attempt_rules.probation_update(status, failed, bool(step.apart), step.alone))
                 on_probation = _probation({**status, **requeue_extra})
                 if on_probation is not None and "probationStep" in requeue_extra:

@@ -156,6 +156,7 @@ def test_printer_columns():
         "Resizes": ".status.resizes",
         "Requeues": ".status.requeues",
         "Resumed": ".status.resumedFromStep",
+        "Probation": ".status.probationStep",
         "Age": ".metadata.creationTimestamp",
     }
 

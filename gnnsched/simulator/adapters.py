@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gnnsched.attempts.probation import choice as probation_choice
 from gnnsched.progress import seconds_left as progress_seconds_left
 from gnnsched.scheduler_config import DEFAULT_WEIGHT
 from gnnsched.simulator import kube_scores
@@ -364,11 +365,9 @@ class Integrations:
         """The gate's probation rule (``node_agent.books.Books._probation_tasks``, the same core
         ``gnnsched.attempts.probation.choice``): a queued probation attempt is planned at the whole GPU's bytes while
         a healthy GPU is idle, else with its own. Returns the tasks and the keys planned alone."""
-        from gnnsched.attempts import probation as prob
-
         pol = self._policies()
         idle = any(not g.running and g.quarantine_until <= sim.now for g in node.gpus)
-        if prob.choice(idle) == "share":
+        if probation_choice(idle) == "share":
             return tasks, set()
         whole = max(g.total - g.reserve for g in node.gpus)
         out, alone = [], set()
@@ -426,7 +425,8 @@ class PlacementView:
         self.interference = interference
         self.aware = bool(sim.policy.interference)
         # the learned co-location factors reach the simulated extender as they reach the real one: through the
-        # agents' GPUNode status (+progress learns them); a new sample re-writes every GPU (_sync)
+        # agents' GPUNode status (+progress learns them); every GPU is re-written when a calibrated factor moves
+        # (_sync)
         self.learning = self.aware and sim.coloc is not None
         self.samples_seen = 0
         self.factors_seen: dict = {}

@@ -887,7 +887,6 @@ class Simulation:
         kind, payload = event[2], event[3]
         if kind in (STARTED, MEM_EXCEEDED, APP_FAULT, PROBATION_END):
             return payload.killed
-
         if kind not in (FAULT, QUARANTINE_END):
             return False
         if self.resolved >= len(self.jobs):

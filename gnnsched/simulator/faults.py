@@ -256,7 +256,7 @@ class LoopBooks:
     kept: dict[int, float] = field(default_factory=dict)
     fault_steps: dict[int, list[int]] = field(default_factory=dict)  # job id -> steps of its own-error faults so far
     # probation (gnnsched.attempts.probation): job id -> (its probation step, that step as a share of its steps); the
-    # gate admits its attempts alone until they pass it, where a GPU of their own is idle or soon will be
+    # gate admits its attempts alone where a GPU is idle, holding it until they pass that step
     probation: dict[int, tuple[int, float]] = field(default_factory=dict)
     probation_rule: bool = True  # False: the rule before probation (bench/checkpoint_sweep.py compares the two)
     probation_alone: int = 0  # attempts the gate admitted alone on probation

@@ -953,6 +953,8 @@ class Operator:
                                               f"pod {view.name} succeeded; {detail}", now, generation)
             self._count_checkpoint(checkpoint.attempt_record(status, attempt, attempt_facts(pod).result), new)
             new.setdefault("finishedAt", now)
+            if _probation(status) is not None:
+                new["probationStep"] = None  # merge patch: it ran every step, so it passed its probation's
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None:  # its peak and its runtime, in one write of the calibration object
                 # measured by the node agent (NVML) and the kubelet, never what the container says about itself

@@ -320,7 +320,7 @@ async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_
     """gnnsched.attempts.probation: an undecided fault at step 37 puts the next attempt on probation (the pod's
     ``probation-step`` and the job's ``status.probationStep``, kept apart from its peers too) in the job's own
     runtime class, not the retry class; an attempt that then fails past step 37 (a neighbour's fault) clears it, and
-    its requeue goes ahead in the retry class again."""
+    its requeue goes ahead in the retry class again; so does an attempt on probation that succeeds."""
     order = QueueOrder()
     async with emulated_cluster(tmp_path) as cluster:
         await queue_cluster(cluster, order, (order.retry_name, order.retry_value))
@@ -338,6 +338,17 @@ async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_
                 + "\nCUDA error: cudaErrorMpsClientTerminated"))
             third = await pod_named(cluster, "gcn-cora-2")
             passed = await cluster.get_job("gcn-cora")
+            # another job on probation whose next attempt succeeds: it ran every step, its probation ends
+            await cluster.create_job(manifest("gat-cora"))
+            await pod_named(cluster, "gat-cora-0")
+            await cluster.patch_pod("gat-cora-0", {"metadata": {"annotations": {
+                ANN_FAULT: _fault_record("victim", ["default/other"])}}})
+            await cluster.patch_pod("gat-cora-0", _fault_end(5))
+            await pod_named(cluster, "gat-cora-1")
+            await cluster.patch_pod("gat-cora-1", {"metadata": {"annotations": {ANN_GPU: "GPU-a100-0"}}})
+            await cluster.patch_pod("gat-cora-1", ended("Succeeded", json.dumps({"outcome": "succeeded"}),
+                                                        "Completed", 0))
+            done = await job_status(cluster, "gat-cora", "Succeeded")
     assert on_probation is not None and passed is not None
     ann = second["metadata"]["annotations"]
     assert ann[ANN_PROBATION_STEP] == "37" and ann[ANN_FAULT_PEERS] == "default/other"
@@ -349,3 +360,4 @@ async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_
     assert ANN_PROBATION_STEP not in third["metadata"]["annotations"]
     assert not passed["status"].get("probationStep")
     assert third["spec"]["priorityClassName"] == order.retry_name
+    assert "probationStep" not in done

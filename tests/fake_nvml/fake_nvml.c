@@ -8,12 +8,18 @@
  *   proc <gpu-index> <pid> <used-bytes|-1> <compute|mps>
  *   xid  <gpu-index> <xid>            (each xid line is delivered once, in order, by nvmlEventSetWait_v2)
  * Unknown lines are ignored. Written for this project; signatures follow the public nvml.h.
+ *
+ * Thread-safe as the real library is: a process calls NVML from several threads at once (the node agent's sampler
+ * and its Xid watcher, the device plugin's refresh and its event thread; ctypes releases the GIL), and re-reading the
+ * file resets the tables, so every entry point holds one lock around its re-read and its reads. Without it a reader
+ * saw zero GPUs mid-reload, the backend raised, and the device plugin marked every slot Unhealthy for a moment.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <stdint.h>
+#include <pthread.h>
 
 #define OK 0
 #define E_UNINIT 1
@@ -40,6 +46,11 @@ static struct prc P[MAXP]; static int NP;
 static struct xid X[MAXX]; static int NX;
 static int delivered; static int inited;
 static int event_set_token;
+static pthread_mutex_t M = PTHREAD_MUTEX_INITIALIZER;
+#define LOCKED(type, name, params, args) \
+    static type name##_locked params; \
+    type name params { pthread_mutex_lock(&M); type r = name##_locked args; pthread_mutex_unlock(&M); return r; } \
+    static type name##_locked params
 
 static void load(void) {
     NG = NP = NX = 0;
@@ -84,32 +95,32 @@ const char *nvmlErrorString(int r) {
     }
 }
 
-int nvmlDeviceGetCount_v2(unsigned int *n) { if (!inited) return E_UNINIT; load(); *n = (unsigned)NG; return OK; }
+LOCKED(int, nvmlDeviceGetCount_v2, (unsigned int *n), (n)) { if (!inited) return E_UNINIT; load(); *n = (unsigned)NG; return OK; }
 
-int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) {
+LOCKED(int, nvmlDeviceGetHandleByIndex_v2, (unsigned int i, void **h), (i, h)) {
     load(); if (i >= (unsigned)NG) return E_INVALID; *h = (void *)(intptr_t)(i + 1); return OK;
 }
 
-int nvmlDeviceGetUUID(void *h, char *buf, unsigned int len) {
+LOCKED(int, nvmlDeviceGetUUID, (void *h, char *buf, unsigned int len), (h, buf, len)) {
     load(); int i = idx(h); if (i < 0) return E_INVALID;
     if (strlen(G[i].uuid) + 1 > len) return E_INSUFFICIENT;
     strcpy(buf, G[i].uuid);
     return OK;
 }
 
-int nvmlDeviceGetName(void *h, char *buf, unsigned int len) {
+LOCKED(int, nvmlDeviceGetName, (void *h, char *buf, unsigned int len), (h, buf, len)) {
     load(); int i = idx(h); if (i < 0) return E_INVALID;
     if (strlen(G[i].name) + 1 > len) return E_INSUFFICIENT;
     strcpy(buf, G[i].name);
     return OK;
 }
 
-int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
+LOCKED(int, nvmlDeviceGetMemoryInfo, (void *h, mem_t *m), (h, m)) {
     load(); int i = idx(h); if (i < 0) return E_INVALID;
     m->total = G[i].total; m->used = G[i].used; m->free = G[i].total - G[i].used; return OK;
 }
 
-int nvmlDeviceGetUtilizationRates(void *h, util_t *u) {
+LOCKED(int, nvmlDeviceGetUtilizationRates, (void *h, util_t *u), (h, u)) {
     load(); int i = idx(h); if (i < 0) return E_INVALID;
     if (G[i].ug < 0) return E_NOT_SUPPORTED;
     u->gpu = (unsigned)G[i].ug; u->memory = (unsigned)G[i].um; return OK;
@@ -128,26 +139,33 @@ static int procs(void *h, unsigned int *count, proc_t *out, int mps) {
     }
     *count = n; return OK;
 }
-int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned int *c, proc_t *o) { return procs(h, c, o, 0); }
-int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *h, unsigned int *c, proc_t *o) { return procs(h, c, o, 1); }
+LOCKED(int, nvmlDeviceGetComputeRunningProcesses_v3, (void *h, unsigned int *c, proc_t *o), (h, c, o)) {
+    return procs(h, c, o, 0);
+}
+LOCKED(int, nvmlDeviceGetMPSComputeRunningProcesses_v3, (void *h, unsigned int *c, proc_t *o), (h, c, o)) {
+    return procs(h, c, o, 1);
+}
 
 int nvmlEventSetCreate(void **set) { *set = &event_set_token; return OK; }
 int nvmlEventSetFree(void *set) { (void)set; return OK; }
-int nvmlDeviceRegisterEvents(void *h, unsigned long long types, void *set) {
+LOCKED(int, nvmlDeviceRegisterEvents, (void *h, unsigned long long types, void *set), (h, types, set)) {
     (void)types; (void)set; load(); return idx(h) < 0 ? E_INVALID : OK;
 }
 
 int nvmlEventSetWait_v2(void *set, event_t *ev, unsigned int timeout_ms) {
     (void)set;
     for (unsigned int waited = 0;; waited += 10) {
+        pthread_mutex_lock(&M);  /* not held while it sleeps: the other threads' calls go on meanwhile */
         load();
         if (delivered < NX) {
             ev->device = (void *)(intptr_t)(X[delivered].gpu + 1);
             ev->type = 0x8; /* nvmlEventTypeXidCriticalError */
             ev->data = X[delivered].xid; ev->gi = ev->ci = 0xFFFFFFFFu;
             delivered++;
+            pthread_mutex_unlock(&M);
             return OK;
         }
+        pthread_mutex_unlock(&M);
         if (waited >= timeout_ms) return E_TIMEOUT;
         usleep(10000);
     }

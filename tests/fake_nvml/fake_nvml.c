@@ -12,7 +12,7 @@
  * Thread-safe as the real library is: a process calls NVML from several threads at once (the node agent's sampler
  * and its Xid watcher, the device plugin's refresh and its event thread; ctypes releases the GIL), and re-reading the
  * file resets the tables, so every entry point holds one lock around its re-read and its reads. Without it a reader
- * saw zero GPUs mid-reload, the backend raised, and the device plugin marked every slot Unhealthy for a moment.
+ * could see zero GPUs mid-reload, the backend raise, and the device plugin mark every slot Unhealthy for a moment.
  */
 #include <stdio.h>
 #include <stdlib.h>

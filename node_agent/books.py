@@ -368,23 +368,14 @@ class Books:
         return out
 
     def _probation_tasks(self, free: list[GPUFree]) -> tuple[list[Task], set[str]]:
-        """The queued tasks this decision plans with, and the keys of the probation entries planned alone: while a
-        healthy GPU is idle, such an entry is planned at the whole GPU's bytes, else with its own
-        (``gnnsched.attempts.probation.choice``)."""
-        waiting = [e for e in self.queued.values() if e.probation is not None]
+        """The queued tasks this decision plans with, and the keys of the probation entries planned alone
+        (``gnnsched.attempts.probation.planned_tasks``: at the whole GPU's bytes while a healthy GPU is idle)."""
+        waiting = {e.key for e in self.queued.values() if e.probation is not None}
         if not waiting:
             return list(self._tasks.values()), set()
         busy = {e.gpu_index for e in self.running.values()}
         idle = any(self.gpus[f.index].healthy and f.index not in busy for f in free)
-        if prob.choice(idle) == "share":
-            return list(self._tasks.values()), set()
-        whole = self.whole_gpu_bytes()
-        tasks = dict(self._tasks)
-        for e in waiting:
-            tasks[e.key] = Task(key=e.key, bytes=whole, seq=e.seq, qt_seconds=e.qt_seconds, intensity=e.intensity,
-                                bypassed=e.bypassed, qos_seconds=e.qos_seconds, job=e.job, apart=e.apart,
-                                domain=e.domain)
-        return list(tasks.values()), {e.key for e in waiting}
+        return prob.planned_tasks(self._tasks.values(), waiting, idle, self.whole_gpu_bytes())
 
     def restore(
         self,

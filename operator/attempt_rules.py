@@ -55,17 +55,19 @@ def fault_step_update(status: dict[str, Any], attempt: FailedAttempt) -> dict[st
     return {"faultSteps": (fault_steps(status) + [attempt.step])[-MAX_FAULT_STEPS:]}
 
 
+def probation_of(status: dict[str, Any]) -> int | None:
+    """The job's probation step (``status.probationStep``; its next attempt's ``gnnsched.io/probation-step``)."""
+    value = status.get("probationStep")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def probation_update(status: dict[str, Any], attempt: FailedAttempt, undecided_apart: bool,
                      sent_alone: bool = False) -> dict[str, Any]:
     """``{"probationStep": N}`` when this attempt's undecided fault (``undecided_apart``: it is requeued apart from
     its peers) puts the job on probation at the step it reached (``gnnsched.attempts.probation``);
     ``{"probationStep": None}`` (merge patch: removed) when the attempt passed the job's probation step; else
     nothing."""
-    current = status.get("probationStep")
-    current = current if isinstance(current, int) and not isinstance(current, bool) else None
-    if probation.passed(current, attempt.step):
-        current = None
-    wanted = probation.probation_step(undecided_apart, attempt.step, sent_alone, current)
+    wanted = probation.probation_step(undecided_apart, attempt.step, sent_alone, probation_of(status))
     if wanted == status.get("probationStep"):
         return {}
     return {"probationStep": wanted}

@@ -255,16 +255,11 @@ def _need(plan: Plan, gpu_model: str | None, constants: str | None = None) -> in
     return plan.needs[0].bytes if plan.needs else None
 
 
-def _probation(status: dict[str, Any]) -> int | None:
-    """The job's probation step (``status.probationStep``), the next attempt's ``gnnsched.io/probation-step``."""
-    value = status.get("probationStep")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _class_reason(attempt_reason: str | None, status: dict[str, Any]) -> str | None:
     """The attempt reason its PriorityClass is chosen by: a requeued attempt on probation is not put in the retry
     class (``gnnsched.attempts.probation``: ahead of the queue it would take the idle GPUs first)."""
-    return "Probation" if attempt_reason in RETRY_FIRST_REASONS and _probation(status) is not None else attempt_reason
+    on_probation = attempt_rules.probation_of(status) is not None
+    return "Probation" if attempt_reason in RETRY_FIRST_REASONS and on_probation else attempt_reason
 
 
 def _count(status: dict[str, Any], key: str) -> int:
@@ -590,7 +585,7 @@ class Operator:
                                                             worker_prestart=self.config.worker_prestart,
                                                             fault_peers=[p for p in peers if isinstance(p, str)]
                                                             if isinstance(peers, list) else (),
-                                                            probation_step=_probation(status)))
+                                                            probation_step=attempt_rules.probation_of(status)))
         if pod is not None:
             self._apply_pod(body, status, pod, deleted=False)
 
@@ -951,9 +946,10 @@ class Operator:
                 new["prestartFallback"] = view.prestart_fallback
             new["conditions"] = set_condition(new.get("conditions"), "Complete", "True", "Succeeded",
                                               f"pod {view.name} succeeded; {detail}", now, generation)
-            self._count_checkpoint(checkpoint.attempt_record(status, attempt, attempt_facts(pod).result), new)
+            result = attempt_facts(pod).result  # its result line: steps, checkpoint, resumed-from step
+            self._count_checkpoint(checkpoint.attempt_record(status, attempt, result), new)
             new.setdefault("finishedAt", now)
-            if _probation(status) is not None:
+            if attempt_rules.probation_of(status) is not None:
                 new["probationStep"] = None  # merge patch: it ran every step, so it passed its probation's
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None:  # its peak and its runtime, in one write of the calibration object
@@ -961,8 +957,7 @@ class Operator:
                 peak, seconds = measured_peak(pod), measured_runtime(pod)
                 self._record([
                     self._peak_sample(job, pod, plan, peak, attempt) if peak is not None else None,
-                    self._runtime_sample(job, pod, plan, seconds, attempt, attempt_facts(pod).result)
-                    if seconds is not None else None,
+                    self._runtime_sample(job, pod, plan, seconds, attempt, result) if seconds is not None else None,
                 ])
         self._write(job, status, new, message=message)
 
@@ -1049,7 +1044,7 @@ class Operator:
                 # ... and, where a GPU is idle, runs alone there until it passes the step it faulted at
                 # (gnnsched.attempts.probation): the culprit's next fault is then its own, alone
                 requeue_extra.update(attempt_rules.probation_update(status, failed, bool(step.apart), step.alone))
-                on_probation = _probation({**status, **requeue_extra})
+                on_probation = attempt_rules.probation_of({**status, **requeue_extra})
                 if on_probation is not None and "probationStep" in requeue_extra:
                     message += (f"; on probation until it passes step {on_probation}: the next attempt runs alone "
                                 "while a GPU is idle")
@@ -1177,7 +1172,7 @@ class Operator:
                                                                worker_device=self.config.worker_device,
                                                                worker_prestart=self.config.worker_prestart,
                                                                fault_peers=updates.get("faultPeers") or (),
-                                                               probation_step=_probation(
+                                                               probation_step=attempt_rules.probation_of(
                                                                    {**status, **updates})))
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gnnsched.attempts import probation as prob
+from gnnsched.policies import Task
 from gnnsched.simulator.adapters import Integrations
 from gnnsched.simulator.cli import default_data_dir, fits_on
 from gnnsched.simulator.cluster import parse_cluster
@@ -25,10 +26,15 @@ def test_an_undecided_fault_with_a_known_step_starts_probation_and_passing_it_en
     assert prob.probation_step(True, None, False, 5) == 5  # a container that reports no step: nothing to pass
     assert prob.probation_step(True, 37, True, None) is None  # runs alone for good anyway
     assert prob.probation_step(False, 37, False, None) is None  # a hardware fault, a victim of 810, a charge
+    assert prob.probation_step(False, 37, False, 37) == 37 and prob.probation_step(False, 38, False, 37) is None
+    assert prob.probation_step(True, 50, False, 37) == 50  # passed 37, undecided again further on
     assert prob.on_probation(37, None) and prob.on_probation(37, 37) and not prob.on_probation(37, 38)
     assert not prob.on_probation(None, None)
     assert prob.passed(37, 38) and not prob.passed(37, 37) and not prob.passed(None, 99) and not prob.passed(37, None)
     assert prob.choice(True) == "alone" and prob.choice(False) == "share"
+    tasks = [Task(key="a", bytes=1, seq=1), Task(key="b", bytes=2, seq=2)]
+    assert prob.planned_tasks(tasks, {"b"}, True, 99) == ([tasks[0], Task(key="b", bytes=99, seq=2)], {"b"})
+    assert prob.planned_tasks(tasks, {"b"}, False, 99) == (tasks, set())  # no GPU idle: it shares
 
 
 class _Faults(Simulation):

@@ -25,15 +25,23 @@ One rule for the node agent's gate (``node_agent.books``), the operator (which w
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+from dataclasses import replace
 from typing import Literal
+
+from gnnsched.policies import Task
 
 Choice = Literal["alone", "share"]
 
 
 def probation_step(undecided: bool, step: int | None, sent_alone: bool, current: int | None) -> int | None:
-    """The job's probation step after a failed attempt: the step an ``undecided`` attempt faulted at (the larger of
-    it and a ``current`` one), unless its later attempts run alone anyway (``sent_alone``) or the step is unknown (a
-    container that reports none). Any other failure keeps ``current``."""
+    """The job's probation step after a failed attempt that reached ``step`` (its result line's): a ``current`` one
+    the attempt passed is over; an ``undecided`` attempt (requeued apart from its fault's peers) starts one at
+    ``step`` (the larger of the two, if one is still on), unless its later attempts run alone anyway
+    (``sent_alone``) or the step is unknown (a container that reports none). The operator and the simulator's books
+    both call this."""
+    if passed(current, step):
+        current = None
     if not undecided or step is None or sent_alone:
         return current
     return step if current is None else max(current, step)
@@ -55,3 +63,16 @@ def choice(idle_gpu: bool) -> Choice:
     """Where a queued probation attempt goes now: ``alone`` (booking the whole GPU) while a healthy GPU is idle,
     else ``share`` (its own bytes, the apart rule)."""
     return "alone" if idle_gpu else "share"
+
+
+def planned_tasks(tasks: Iterable[Task], on_probation: Collection[str], idle_gpu: bool, whole_bytes: int
+                  ) -> tuple[list[Task], set[str]]:
+    """A gate decision's tasks under probation (:func:`choice`): while a healthy GPU is idle (``idle_gpu``), each
+    task whose key is ``on_probation`` is planned at ``whole_bytes`` (the whole GPU), so it runs alone and nothing
+    joins it; else every task keeps its own bytes. Returns the tasks and the keys planned alone. One rule for the node
+    agent's ``Books`` and the simulator's gate."""
+    planned = list(tasks)
+    if not on_probation or choice(idle_gpu) == "share":
+        return planned, set()
+    alone = {t.key for t in planned if t.key in on_probation}
+    return [replace(t, bytes=whole_bytes) if t.key in alone else t for t in planned], alone

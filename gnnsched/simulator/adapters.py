@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from gnnsched.attempts.probation import choice as probation_choice
+from gnnsched.attempts.probation import planned_tasks
 from gnnsched.progress import seconds_left as progress_seconds_left
 from gnnsched.scheduler_config import DEFAULT_WEIGHT
 from gnnsched.simulator import kube_scores
@@ -321,7 +321,7 @@ class Integrations:
             append(hit[0])
         alone: set[str] = set()
         if not paper and probation_here:
-            tasks, alone = self._probation_tasks(sim, node, tasks, gpus)
+            tasks, alone = self._probation_tasks(sim, node, tasks)
         if paper:  # the published SQTF/BQT baseline: next group only on an idle GPU, no memory bound
             gpus = [
                 pol.GPUFree(index=g.index, free_bytes=g.free_admit_bytes,
@@ -361,24 +361,12 @@ class Integrations:
                     sim.held_next[int(t.key)] = t.bytes
         return [(cache[int(t.key)][1], node.gpus[a.gpu_index]) for a in plan for t in a.tasks]
 
-    def _probation_tasks(self, sim: Any, node: Any, tasks: list, gpus: list) -> tuple[list, set[str]]:
+    def _probation_tasks(self, sim: Any, node: Any, tasks: list) -> tuple[list, set[str]]:
         """The gate's probation rule (``node_agent.books.Books._probation_tasks``, the same core
-        ``gnnsched.attempts.probation.choice``): a queued probation attempt is planned at the whole GPU's bytes while
-        a healthy GPU is idle, else with its own. Returns the tasks and the keys planned alone."""
-        pol = self._policies()
+        ``gnnsched.attempts.probation.planned_tasks``). Returns the tasks and the keys planned alone."""
         idle = any(not g.running and g.quarantine_until <= sim.now for g in node.gpus)
-        if probation_choice(idle) == "share":
-            return tasks, set()
-        whole = max(g.total - g.reserve for g in node.gpus)
-        out, alone = [], set()
-        for t in tasks:
-            if int(t.key) in sim.loop.probation:
-                alone.add(t.key)
-                t = pol.Task(key=t.key, bytes=whole, seq=t.seq, qt_seconds=t.qt_seconds, intensity=t.intensity,
-                             bypassed=t.bypassed, qos_seconds=t.qos_seconds, job=t.job, apart=t.apart,
-                             domain=t.domain)
-            out.append(t)
-        return out, alone
+        keys = {t.key for t in tasks if int(t.key) in sim.loop.probation}
+        return planned_tasks(tasks, keys, idle, max(g.total - g.reserve for g in node.gpus))
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
         """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``. The
@@ -477,8 +465,11 @@ class PlacementView:
         queued = extra_used = 0
         # The node's queued jobs reserved on this GPU, in queue order (sim.reserved_on mirrors node.queue per GPU,
         # so this is O(reservations on the GPU), not O(queue)).
-        learning = self.learning
-        classes = [r.intensity for r in g.running] if learning else None
+        # +progress with interference-aware scoring: the learned factors of the classes beside the GPU's clients, as
+        # the extender reads them from the agent's GPUNode status (ClusterCache._refresh); none learned on this GPU
+        # model yet (the common case): nothing to look up
+        book = sim.coloc.factors().get(g.model) if self.learning else None
+        classes = [r.intensity for r in g.running] if book else None
         for job in sim.reserved_on.get((node.idx, index), {}).values():
             immediate = sim.reservations[job.id][1]
             prof = job.profile(g.model)
@@ -498,10 +489,7 @@ class PlacementView:
         capacity, used, clients = g.total - g.reserve, g.committed + extra_used, len(g.running) + queued
         max_clients = cap_clients if cap_clients is not None else g.max_clients
         healthy = g.quarantine_until <= sim.now  # a faulted GPU is unhealthy in its GPUNode while it drains or is out
-        # +progress with interference-aware scoring: the learned factors of the classes beside the GPU's clients, as
-        # the extender reads them from the agent's GPUNode status (ClusterCache._refresh)
-        learned = (1.0, 1.0, 1.0) if classes is None else self.pl.learned_factors(
-            sim.coloc.factors().get(g.model, {}), classes)
+        learned = (1.0, 1.0, 1.0) if book is None or classes is None else self.pl.learned_factors(book, classes)
         inputs = (capacity, used, clients, max_clients, qbytes, qsecs, running, healthy, learned)
         if derive:
             if self.written[g.gid] == inputs:

@@ -805,8 +805,7 @@ class Simulation:
             self.idle_gpus -= 1
         if self.loop is not None and job.id in self.loop.buggy:
             # its own application fault, at the same point of every attempt's run (after its start-up)
-            point = self.loop.buggy[job.id]
-            after = self.loop.fault_after(job.id, point, prof.solo_s) if ckpt else point * prof.solo_s
+            after = self._until_point(job, self.loop.buggy[job.id], prof.solo_s, ckpt)
             self._push(self.now + startup + after, APP_FAULT, run)
         held = self.held_next.pop(job.id, None)
         if held is not None and self.loop is not None:
@@ -815,8 +814,7 @@ class Simulation:
             run.held = max(0, held - prof.admit_bytes)
             gpu.committed += run.held
             self.loop.probation_alone += 1
-            point = self.loop.probation[job.id][1]
-            after = self.loop.fault_after(job.id, point, prof.solo_s) if ckpt else point * prof.solo_s
+            after = self._until_point(job, self.loop.probation[job.id][1], prof.solo_s, ckpt)
             steps = max(1, job.spec.steps) if job.spec is not None else 1000
             self._push(self.now + startup + after + prof.solo_s / steps, PROBATION_END, run)
         if self.loop_ours and self.loop is not None and self.loop.exceeds(job, gpu.model):
@@ -831,6 +829,11 @@ class Simulation:
         if rerate:
             self._rerate(gpu)
         return True
+
+    def _until_point(self, job: SimJob, point: float, solo_s: float, ckpt: bool) -> float:
+        """Seconds of an attempt's GPU work (after its start-up) until it reaches ``point`` of its job's steps: from
+        its checkpoint (``LoopBooks.fault_after``) or from step 0."""
+        return self.loop.fault_after(job.id, point, solo_s) if ckpt and self.loop is not None else point * solo_s
 
     def _finish(self, run: Run) -> None:
         gpu = run.gpu
@@ -923,7 +926,7 @@ class Simulation:
             return kept
         done = run.work - max(0.0, run.remaining - run.rate * (self.now - run.last))
         if ours:
-            done = max(0.0, done - loop.resume_cost(run.job.id)) / loop.overhead()  # type: ignore[union-attr]
+            done = loop.stepped(run.job.id, done)  # type: ignore[union-attr]
         return min(1.0, kept + done / run.solo_full)
 
     def _end_attempt(self, run: Run) -> None:

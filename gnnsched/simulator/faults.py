@@ -455,8 +455,6 @@ class LoopBooks:
                           requeues, peers)
         step = replace(step, requeue=verdict.action == "Ignore")
         current = self.probation.get(job.id)
-        if current is not None and prob.passed(current[0], at_step):
-            current = None
         wanted = prob.probation_step(bool(step.apart) and self.probation_rule, at_step, step.alone,
                                      current[0] if current is not None else None)
         if wanted is None:
@@ -496,6 +494,11 @@ class LoopBooks:
         from its checkpoint (the same step every attempt: the fault is deterministic)."""
         return max(0.0, point - self.kept.get(job_id, 0.0)) * solo_s * self.overhead() + self.resume_cost(job_id)
 
+    def stepped(self, job_id: int, done_s: float) -> float:
+        """Solo-seconds of the job's steps among ``done_s`` solo-seconds of an attempt's work (``attempt_work``: its
+        checkpoint's load and its saves left out)."""
+        return max(0.0, done_s - self.resume_cost(job_id)) / self.overhead()
+
     def attempt_ended(self, job_id: int, solo_s: float, done_s: float, running_s: float) -> None:
         """An attempt that did not complete ran ``done_s`` solo-seconds of its work (``attempt_work``) in
         ``running_s`` seconds past its start-up: its last save holds ``kept_fraction`` of the steps it ran; the
@@ -503,7 +506,7 @@ class LoopBooks:
         if solo_s <= 0:
             return
         m = self.fault_model
-        stepped = max(0.0, done_s - self.resume_cost(job_id)) / self.overhead()
+        stepped = self.stepped(job_id, done_s)
         kept = stepped * kept_fraction(running_s, m.checkpoint_every_s, m.checkpoint_write_s) \
             if m.checkpointing and self.gnnsched else 0.0
         self.lost_work_s += stepped - kept

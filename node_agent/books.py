@@ -394,8 +394,11 @@ class Books:
         exclusive: bool = False,
         apart: frozenset[str] = frozenset(),
         domain: str | None = None,
+        probation: int | None = None,
     ) -> Entry:
         """Book a pod that was admitted before an agent restart (a reconnecting client or an annotated pod).
+        ``probation``: the step of its undecided fault, from its trusted pod facts; the whole-GPU hold is not booked
+        here but by :meth:`rehold_probation` once every client is restored.
 
         Refused if the key is already booked, the GPU is unknown, or booking it would break the invariant — the books
         never grow past the bound, whatever a client claims.
@@ -417,8 +420,29 @@ class Books:
         e = Entry(
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, gpu_index=gpu.index, group=group, admitted_at=admitted_at,
-            exclusive=exclusive, apart=apart, domain=domain,
+            exclusive=exclusive, apart=apart, domain=domain, probation=None if exclusive else probation,
         )
         self.running[key] = e
         self.check()
         return e
+
+    def rehold_probation(self) -> list[Entry]:
+        """After a restart, once every client is restored: a client on probation that runs alone on its GPU holds
+        the whole GPU again, as it did (or, if it shared before and its neighbours have ended, as an attempt admitted
+        now onto an idle GPU would), until a progress report shows it past its step (:meth:`report_progress`). The
+        hold itself is not persisted: a restored client books its own bytes, so booking in restore order could not
+        tell whether a later-restored neighbour shared its GPU. Without this an agent restart dropped every hold,
+        and the GPU took others before the client passed the step it had faulted at. Returns the entries re-held."""
+        out = []
+        whole = self.whole_gpu_bytes()
+        for e in self.running.values():
+            if e.probation is None or e.held or e.gpu_index is None or self.gpus[e.gpu_index].capacity_bytes < whole:
+                continue  # a held client books the largest GPU's bytes, so it holds only a GPU of that size
+            if any(x.gpu_index == e.gpu_index and x.key != e.key for x in self.running.values()):
+                continue
+            if not prob.on_probation(e.probation, e.progress.steps if e.progress is not None else None):
+                continue
+            e.held = True
+            out.append(e)
+        self.check()
+        return out

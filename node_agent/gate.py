@@ -293,9 +293,16 @@ class GateServer:
         return decisions
 
     async def _release_hold(self) -> None:
+        """The end of the post-restart hold: every client that will be restored is, so probation holds are booked
+        again (:meth:`Books.rehold_probation`) before the first decision."""
         delay = self._hold_until - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        reheld = self.books.rehold_probation()
+        for e in reheld:
+            self._event("probation-rehold", key=e.key, gpu=e.gpu_index, step=e.probation)
+        if reheld:
+            self._changed()
         self.decide()
 
     def release(self, key: str, why: str) -> None:
@@ -623,7 +630,7 @@ class GateServer:
             key, pod_uid=req.pod_uid, bytes=req.bytes, gpu_uuid=req.gpu_uuid, namespace=pod.namespace,
             name=pod.name, job=demand.job, group=ann.get(ANN_GROUP), admitted_at=parse_rfc3339(admitted_at),
             qt_seconds=demand.qt_seconds, intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
-            domain=domain,
+            domain=domain, probation=demand.probation,
         )
 
     # --- pods: adoption after restart, release when gone ----------------------------------------------------------
@@ -655,7 +662,7 @@ class GateServer:
                     name=pod.name, job=demand.job, group=pod.annotations.get(ANN_GROUP),
                     admitted_at=parse_rfc3339(pod.annotations.get(ANN_ADMITTED_AT)), qt_seconds=demand.qt_seconds,
                     intensity=demand.intensity, exclusive=demand.exclusive, apart=demand.apart,
-                    domain=await self.config.domains.of_async(pod.namespace),
+                    domain=await self.config.domains.of_async(pod.namespace), probation=demand.probation,
                 )
                 self._event("adopted", key=key, bytes=demand.bytes)
             except (Rejected, IdentityError) as exc:

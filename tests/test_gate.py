@@ -37,6 +37,7 @@ from gnnsched.node_agent.identity import FilePodLookup, PeerVerifier, pod_uids_i
 from gnnsched.node_agent.metrics import AgentMetrics
 from gnnsched.node_agent.protocol import MAX_LINE
 from gnnsched.node_agent.status import build_status
+from gnnsched.progress import StepProgress
 
 pytestmark = [pytest.mark.timeout(30)]
 
@@ -377,6 +378,71 @@ async def test_a_probation_attempt_holds_an_idle_gpu_until_it_passes_its_step(ga
     assert shared["gpuIndex"] == admitted["gpuIndex"] and not gate.books.running[late["metadata"]["uid"]].held
     assert gate.metrics.registry.get_sample_value("gnnsched_gate_probation_total", {"event": "shared"}) == 1.0
     wp.close()
+
+
+def _sealed_server(h: Harness, books: Books, grace: float, key: bytes) -> GateServer:
+    """A gate over ``h``'s pods with a fixed node seal key: an agent and its successor after a restart."""
+    return GateServer(
+        books, GateConfig(node_name="node-a", pipe_directory="/run/mps", recovery_grace=grace, reconcile_seconds=0,
+                          seal_key=key),
+        pods=FilePodLookup(h.pods_file), verifier=PeerVerifier(enabled=False), metrics=h.metrics,
+        event_log=h.tmp / "events.jsonl",
+    )
+
+
+@pytest.mark.asyncio
+async def test_an_agent_restart_keeps_a_probation_hold_until_the_step_is_passed(tmp_path) -> None:
+    """The hold survives an agent restart: the successor adopts the probation pod from its sealed annotations with
+    its own bytes, then, at the end of the recovery grace, books its GPU whole again (it runs alone there), so a pod
+    that would fit beside it goes to the other GPU; its first report past the step releases the GPU."""
+    key = b"s" * 32
+    h = Harness(tmp_path)
+    h.server = _sealed_server(h, h.books, 0.0, key)
+    await h.server.start(h.sock)
+    probe, job = job_pod("probe", 4 * GiB, runtime=100)
+    probe["metadata"]["annotations"][ANN_PROBATION_STEP] = "40"
+    h.add(probe, name_in_status(job, probe))
+    rp, wp = await h.request(probe)
+    first = await h.reply(rp, "admitted")
+    await h.settle(lambda: json.loads(h.pods_file.read_text())["pods"][0]["metadata"]["annotations"].get(ANN_GPU))
+    # The agent dies: nothing is released or annotated; the successor has new books and the same node seal key.
+    h.server._annotations = None
+    wp.close()
+    books = Books(_gpus(), "base")
+    successor = _sealed_server(h, books, 0.3, key)
+    h.sock = tmp_path / "gate2.sock"
+    await successor.start(h.sock)
+    try:
+        entry = books.running[probe["metadata"]["uid"]]
+        assert entry.probation == 40 and not entry.held  # adopted with its own bytes during the grace
+        await h.settle(lambda: entry.held)
+        assert books.committed_bytes(first["gpuIndex"]) == 78 * GiB
+        assert "probation-rehold" in (tmp_path / "events.jsonl").read_text()
+        other = h.add(*job_pod("other", 2 * GiB, runtime=100))
+        r2, w2 = await h.request(other)
+        assert (await h.reply(r2, "admitted"))["gpuIndex"] != first["gpuIndex"]
+        assert books.report_progress(entry, StepProgress(steps=41, total=100, seconds=9.0, at=0.0))
+        assert not entry.held and books.committed_bytes(first["gpuIndex"]) == 4 * GiB
+        w2.close()
+    finally:
+        await successor.close()
+        await h.server.close()
+
+
+def test_a_probation_client_restored_beside_another_is_not_reheld() -> None:
+    """:meth:`Books.rehold_probation` holds only a probation client alone on a GPU of the largest size: one that
+    shared its GPU before the restart keeps its own bytes, and so does one alone on a smaller GPU (the whole-GPU
+    booking is the largest GPU's bytes)."""
+    gpus = [GPUSlot(0, "GPU-a", "Fake-GPU", 80 * GiB, 2 * GiB, 4), GPUSlot(1, "GPU-b", "Fake-GPU", 40 * GiB, 2 * GiB, 4)]
+    books = Books(gpus, "base")
+    books.restore("p", pod_uid="p", bytes=4 * GiB, gpu_uuid="GPU-a", probation=7)
+    books.restore("n", pod_uid="n", bytes=4 * GiB, gpu_uuid="GPU-a")
+    books.restore("small", pod_uid="small", bytes=4 * GiB, gpu_uuid="GPU-b", probation=7)
+    assert books.rehold_probation() == []
+    assert books.committed_bytes(0) == 8 * GiB and books.committed_bytes(1) == 4 * GiB
+    books.release("n")
+    assert [e.key for e in books.rehold_probation()] == ["p"]
+    assert books.committed_bytes(0) == 78 * GiB
 
 
 @pytest.mark.asyncio

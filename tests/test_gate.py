@@ -433,7 +433,8 @@ def test_a_probation_client_restored_beside_another_is_not_reheld() -> None:
     """:meth:`Books.rehold_probation` holds only a probation client alone on a GPU of the largest size: one that
     shared its GPU before the restart keeps its own bytes, and so does one alone on a smaller GPU (the whole-GPU
     booking is the largest GPU's bytes)."""
-    gpus = [GPUSlot(0, "GPU-a", "Fake-GPU", 80 * GiB, 2 * GiB, 4), GPUSlot(1, "GPU-b", "Fake-GPU", 40 * GiB, 2 * GiB, 4)]
+    gpus = [GPUSlot(0, "GPU-a", "Fake-GPU", 80 * GiB, 2 * GiB, 4),
+            GPUSlot(1, "GPU-b", "Fake-GPU", 40 * GiB, 2 * GiB, 4)]
     books = Books(gpus, "base")
     books.restore("p", pod_uid="p", bytes=4 * GiB, gpu_uuid="GPU-a", probation=7)
     books.restore("n", pod_uid="n", bytes=4 * GiB, gpu_uuid="GPU-a")

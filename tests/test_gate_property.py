@@ -305,11 +305,12 @@ def test_exclusive_waits_for_an_empty_gpu_and_then_runs_alone() -> None:
 def test_books_spread_reads_the_running_clients() -> None:
     """The agent's books hand the planner each GPU's running clients (intensity, predicted seconds left), so under
     spread a new pod goes to the idle GPU even when the busy one has more free bytes; without spread it goes by
-    free bytes. With the share rule a long pod that would share waits while an idle GPU is coming."""
+    free bytes. With the share rule a long pod that would share a GPU busy for long waits while a GPU, too full for
+    it now, is due to be idle in ~5 s."""
     def books(**kw: bool) -> Books:
         b = Books([GPUSlot(0, "GPU-0", "Fake-GPU", 80 * UNIT, 0, 5), GPUSlot(1, "GPU-1", "Fake-GPU", 40 * UNIT, 0, 5)],
                   Policy.SQTF, **kw)
-        b.enqueue("first", pod_uid="first", bytes=10 * UNIT, qt_seconds=60.0, intensity="memory", now=0.0)
+        b.enqueue("first", pod_uid="first", bytes=10 * UNIT, qt_seconds=600.0, intensity="memory", now=0.0)
         assert [d.gpu.index for d in b.decide(now=0.0)] == [0]
         return b
 
@@ -320,10 +321,10 @@ def test_books_spread_reads_the_running_clients() -> None:
     b = books(spread=True, share_when_pays=True)
     b.enqueue("idle", pod_uid="idle", bytes=10 * UNIT, qt_seconds=50.0, intensity="memory", now=1.0)
     assert [d.gpu.index for d in b.decide(now=1.0)] == [1]
-    b.enqueue("long", pod_uid="long", bytes=10 * UNIT, qt_seconds=100.0, intensity="memory", now=50.0)
-    assert b.decide(now=50.0) == []  # both GPUs busy, GPU 1 due in 1 s: waiting pays
-    b.release("first")
-    assert [d.gpu.index for d in b.decide(now=61.0)] == [0]
+    b.enqueue("long", pod_uid="long", bytes=35 * UNIT, qt_seconds=100.0, intensity="memory", now=50.0)
+    assert b.decide(now=50.0) == []  # GPU 0 busy for 554 s, GPU 1 (no room now) due in 5.4 s: waiting pays
+    b.release("idle")
+    assert [d.gpu.index for d in b.decide(now=56.0)] == [1]
 
 
 def test_books_share_rule_keeps_an_inference_latency_target() -> None:

@@ -383,11 +383,13 @@ def test_share_pays_keeps_an_inference_latency_target():
 
 
 def test_share_when_pays_holds_a_long_task_and_lets_a_short_one_pass():
-    """The gate's rule: a long task that would share a busy GPU stays queued while a GPU frees soon; a short task
-    behind it may still join (backfill counts the overtake), and without the rule both join on memory alone."""
+    """The gate's rule: a long task that would share a GPU busy for long stays queued while another GPU, full now,
+    frees soon (joining would slow it and its neighbour for all its ~106 s, ~12 s lost, against 8 s of waiting); a
+    short task behind it may still join (backfill counts the overtake), and without the rule both join on memory
+    alone."""
     ts = [Task(key="long", bytes=10, seq=0, qt_seconds=100.0, intensity="memory"),
           Task(key="short", bytes=10, seq=1, qt_seconds=1.0, intensity="memory")]
-    gpus = [_busy(0, 60, 5.0), _busy(1, 60, 8.0)]
+    gpus = [_busy(0, 60, 500.0), _busy(1, 5, 8.0)]
     plain = plan_decision("base", ts, gpus, bypass_limit=4, spread=True)
     assert sorted(t.key for a in plain.admissions for t in a.tasks) == ["long", "short"]
     held = plan_decision("base", ts, gpus, bypass_limit=4, spread=True, share_when_pays=True)
@@ -399,6 +401,11 @@ def test_share_when_pays_holds_a_long_task_and_lets_a_short_one_pass():
     # an idle GPU takes the long task at once
     idle = plan_decision("base", ts, [*gpus, GPUFree(2, 60, 48, 80)], bypass_limit=4, share_when_pays=True)
     assert {t.key: a.gpu_index for a in idle.admissions for t in a.tasks}["long"] == 2
+    # a neighbour that ends in 5 s slows the long task for those 5 s only, not for its whole run: joining costs
+    # well under a second against 5 s of waiting, so it joins (the rule once charged R * (s - 1) and held it)
+    soon = plan_decision("base", ts, [_busy(0, 60, 5.0), _busy(1, 60, 8.0)], bypass_limit=4, spread=True,
+                         share_when_pays=True)
+    assert sorted(t.key for a in soon.admissions for t in a.tasks) == ["long", "short"]
 
 
 def test_remaining_seconds_is_what_the_gate_knows():

@@ -284,6 +284,8 @@ class Operator:
         self.predictor_reloader: Any = None  # predictor_model.PredictorModelReloader with --predictor-model-configmap
         self._job_locks: dict[str, threading.Lock] = {}
         self._job_locks_guard = threading.Lock()
+        # job uid -> uid of its attempt's pod that a resync found gone, awaiting that pod's DELETED event (_resync)
+        self._pod_gone: dict[str, str] = {}
         self.probes = ProbeCache()
 
     # ------------------------------------------------------------------ events and status writes
@@ -438,10 +440,39 @@ class Operator:
             self.reconcile_job(body, status)  # not planned yet, or Unschedulable: GPUs may have joined since
             return
         pod = self.kube.read_pod(ref.namespace, str(status["podName"]))
-        if pod is None:
-            self.reconcile_job(body, status)
-        else:
+        if pod is not None:
+            self._pod_gone.pop(ref.uid, None)
             self._apply_pod(body, status, pod, deleted=False)
+            return
+        self._resync_without_pod(ref, status)
+
+    def _resync_without_pod(self, ref: JobRef, status: dict[str, Any]) -> None:
+        """A resync that finds the attempt's pod gone. Two cases: the pod was never created (the operator stopped
+        between the status write and the create) or it was deleted (an eviction, ``kubectl delete``). A deleted pod's
+        end is the pod watch's to record, from its DELETED event, which carries its final conditions
+        (``DisruptionTarget``: a requeue that is not charged). The timer's body can predate that: it re-created the
+        pod under the same attempt from a stale status and overwrote the requeue (a drained job ran on without a
+        ``Requeued`` condition, tests/e2e/test_checkpoint_e2e.py under load). So the job is read again; a pod whose
+        uid the status recorded is left to its event for one resync interval, and only a pod still gone at the next
+        resync (its event lost) is re-created, as before."""
+        fresh = self.kube.read_job(ref.namespace, ref.name)
+        if fresh is None or _dict(fresh.get("metadata")).get("uid") != ref.uid:
+            return
+        fresh_status = _dict(fresh.get("status"))
+        if fresh_status.get("phase") in TERMINAL:
+            return
+        if (fresh_status.get("podName"), fresh_status.get("attempts")) != (status.get("podName"),
+                                                                            status.get("attempts")):
+            return  # the job moved on (the pod event recorded the end): the next resync reads the new attempt
+        facts = _dict(fresh_status.get(STATUS_FACTS))
+        created = facts.get("podUid") if facts.get("pod") == fresh_status.get("podName") else None
+        if isinstance(created, str) and self._pod_gone.get(ref.uid) != created:
+            self._pod_gone[ref.uid] = created
+            log.info("resync of %s/%s: pod %s (uid %s) is gone; its DELETED event records how it ended",
+                     ref.namespace, ref.name, fresh_status.get("podName"), created)
+            return
+        self._pod_gone.pop(ref.uid, None)
+        self.reconcile_job(fresh, fresh_status)
 
     def on_spec_update(self, body: Any, **_: Any) -> None:
         """A spec edit after the pod exists is not applied (pods are immutable); say so instead of ignoring it."""
@@ -480,6 +511,7 @@ class Operator:
             log.warning("cleanup of %s/%s: %s", namespace, name, exc)
         if isinstance(meta.get("uid"), str):
             self.metrics.job_gone(meta["uid"])
+            self._pod_gone.pop(meta["uid"], None)
 
     def _seen(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         """Count a job in its stored phase (jobs found at start-up are counted, not only the ones changed since)."""
@@ -891,6 +923,10 @@ class Operator:
         current = int(status["attempts"]) - 1 if isinstance(status.get("attempts"), int) else 0
         if attempt != current:
             return  # an older attempt's pod (or one ahead of a stale status: the job handler catches up)
+        facts = _dict(status.get(STATUS_FACTS))
+        if (facts.get("pod") == pod_meta.get("name") and isinstance(facts.get("podUid"), str)
+                and isinstance(pod_meta.get("uid"), str) and facts["podUid"] != pod_meta["uid"]):
+            return  # an earlier pod of this name, which a resync re-created after its DELETED event was lost
         view = view_pod(pod)
         if deleted and view.phase not in TERMINAL:
             view.phase = "Failed"

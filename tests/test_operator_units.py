@@ -349,3 +349,60 @@ def test_a_calibrated_runtime_class_scales_the_prediction_and_says_so() -> None:
     other = parse_spec({**spec.model_dump(mode="json", by_alias=True, exclude_none=True), "mode": "train",
                         "requests": None})
     assert planner.plan(other, [], runtime_calibration=table).predicted_runtime_seconds == 100.0
+
+
+@pytest.mark.asyncio
+async def test_a_resync_from_a_stale_body_leaves_a_deleted_pods_end_to_its_event(tmp_path: Path) -> None:
+    """An evicted pod's end is the pod watch's to record (its DELETED event carries ``DisruptionTarget``: an uncharged
+    requeue). A resync that finds the pod gone, from a timer body taken before the eviction, used to re-create the
+    pod under the same attempt and overwrite the requeue. Now it leaves a pod whose uid the status recorded to its
+    event; a stale body of an attempt since requeued changes nothing; a pod still gone at the next resync (its event
+    lost) is re-created, and its earlier incarnation's late event is ignored."""
+    from operator_harness import a100, emulated_cluster, manifest
+
+    from gnnsched.kubeclient import load_client_configuration
+    from gnnsched.operator.handlers import Operator, OperatorConfig
+    from gnnsched.operator.kube import Kube
+    from gnnsched.operator.planning import Planner
+
+    async with emulated_cluster(tmp_path) as cluster:
+        await cluster.add_gpunode("node-a", [a100()])
+        created = await cluster.create_job(manifest("evicted"))
+        kube = Kube(load_client_configuration(str(cluster.kubeconfig)))
+        op = Operator(OperatorConfig(), kube, Planner())
+        await asyncio.to_thread(op.on_job, created)
+        stale = await cluster.get_job("evicted")
+        assert stale is not None and stale["status"]["attempts"] == 1
+        (pod,) = await cluster.pods()
+        first_uid = pod["metadata"]["uid"]
+        assert stale["status"]["podFacts"]["podUid"] == first_uid
+        # the eviction: DisruptionTarget on the pod, then its deletion
+        await cluster.patch_pod(pod["metadata"]["name"], {"status": {"conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}}, status_sub=True)
+        (final,) = await cluster.pods()
+        code, _ = await cluster.request("DELETE", f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}")
+        assert code == 200
+        await asyncio.to_thread(op.on_resync, stale)
+        assert await cluster.pods() == []  # not re-created: the DELETED event says how it ended
+        await asyncio.to_thread(op.on_pod_event, final, {"type": "DELETED"})
+        job = await cluster.get_job("evicted")
+        assert job is not None and job["status"]["attempts"] == 2 and not job["status"].get("retriesUsed")
+        requeued = next(c for c in job["status"]["conditions"] if c["type"] == "Requeued")
+        assert requeued["reason"] == "Disrupted", requeued
+        second = job["status"]["podName"]
+        assert [p["metadata"]["name"] for p in await cluster.pods()] == [second]
+        await asyncio.to_thread(op.on_resync, stale)  # the stale body's attempt was requeued: nothing to do
+        assert [p["metadata"]["name"] for p in await cluster.pods()] == [second]
+        assert (await cluster.get_job("evicted"))["status"]["attempts"] == 2  # type: ignore[index]
+        # a pod whose DELETED event is lost: left one resync interval, then re-created under its attempt
+        (gone,) = await cluster.pods()
+        await cluster.request("DELETE", f"/api/v1/namespaces/default/pods/{second}")
+        await asyncio.to_thread(op.on_resync, job)
+        assert await cluster.pods() == []
+        await asyncio.to_thread(op.on_resync, job)
+        (again,) = await cluster.pods()
+        assert again["metadata"]["name"] == second and again["metadata"]["uid"] != gone["metadata"]["uid"]
+        await asyncio.to_thread(op.on_pod_event, gone, {"type": "DELETED"})  # its late event: an earlier pod
+        after = await cluster.get_job("evicted")
+        assert after is not None and after["status"]["attempts"] == 2 and after["status"]["phase"] != "Failed"
+        kube.close()

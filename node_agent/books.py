@@ -438,8 +438,8 @@ class Books:
         for e in self.running.values():
             if e.probation is None or e.held or e.gpu_index is None or self.gpus[e.gpu_index].capacity_bytes < whole:
                 continue  # a held client books the largest GPU's bytes, so it holds only a GPU of that size
-            if any(x.gpu_index == e.gpu_index and x.key != e.key for x in self.running.values()):
-                continue
+            if self.clients(e.gpu_index) != 1:
+                continue  # it shares its GPU
             if not prob.on_probation(e.probation, e.progress.steps if e.progress is not None else None):
                 continue
             e.held = True

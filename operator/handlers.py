@@ -422,6 +422,11 @@ class Operator:
             ref = _job_ref(body)
         except SpecError:
             return body, status  # a partial object: reconcile_job reports it
+        return self._stored(ref)
+
+    def _stored(self, ref: JobRef) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The job and its status as the API server has them now; None when it is gone, re-created under its name
+        (another uid) or finished."""
         fresh = self.kube.read_job(ref.namespace, ref.name)
         if fresh is None or _dict(fresh.get("metadata")).get("uid") != ref.uid:
             return None
@@ -455,12 +460,10 @@ class Operator:
         ``Requeued`` condition, tests/e2e/test_checkpoint_e2e.py under load). So the job is read again; a pod whose
         uid the status recorded is left to its event for one resync interval, and only a pod still gone at the next
         resync (its event lost) is re-created, as before."""
-        fresh = self.kube.read_job(ref.namespace, ref.name)
-        if fresh is None or _dict(fresh.get("metadata")).get("uid") != ref.uid:
+        stored = self._stored(ref)
+        if stored is None:
             return
-        fresh_status = _dict(fresh.get("status"))
-        if fresh_status.get("phase") in TERMINAL:
-            return
+        fresh, fresh_status = stored
         if (fresh_status.get("podName"), fresh_status.get("attempts")) != (status.get("podName"),
                                                                             status.get("attempts")):
             return  # the job moved on (the pod event recorded the end): the next resync reads the new attempt

@@ -172,7 +172,7 @@ def test_the_gate_learns_a_pair_from_progress_and_stops_sharing_it() -> None:
     assert validate(load_crd("gpunode.yaml"), gpunode) == []
     # a new compute pod too large for the room beside 'long' (12 GiB), which ends in 120 s (30 steps left at 4 s);
     # beside 'hog' it would overlap a memory pod for all its run. Under the prior (compute beside memory 1.29x)
-    # joining 'hog' costs ~60 s against 120 s of waiting and pays; at the learned 2x it costs ~130 s: it waits
+    # joining 'hog' costs ~68 s against 120 s of waiting and pays; at the learned 2x it costs ~160 s: it waits
     books.release(c.key)
     books.enqueue("c2", pod_uid="u-c2", bytes=16 * GIB, qt_seconds=100.0, intensity="compute", now=40.0)
     books.running["long"].progress = StepProgress(steps=70, total=100, seconds=280.0, at=40.0)

@@ -281,7 +281,7 @@ class CalibrationPolicy(BaseModel):
     min_samples: int = Field(default=5, ge=1, le=10_000)
     floor: float = Field(default=1.0, ge=1.0)
     cap: float = Field(default=2.0, ge=1.0, le=10.0)
-    static_factor: float = Field(default=1.10, ge=1.0)
+    static_factor: float = Field(default=1.09, ge=1.0)
     """The estimator's static CUDA safety factor (``gnnsched.estimator.DEFAULT_SAFETY_FACTOR_CUDA``)."""
     pooled: bool = True
     """A class with too few ratios uses its pool's (same GPU model, mode and container; any architecture)."""

@@ -69,6 +69,10 @@ ANN_PROBATION_STEP = f"{GROUP}/probation-step"
 admits the attempt alone where a GPU is idle, and books the whole GPU until its progress reports pass that step: a
 culprit's next fault is then its own, alone, and fails it; an innocent client passes the step and shares again. Set
 by the operator; read from the GNNJob's ``status.podFacts``, never from the pod."""
+ANN_PROBATION_SUSPECT = f"{GROUP}/probation-suspect"
+"""``"true"`` beside ``probation-step`` when the probation is a suspect's (its own fault, alone): the gate admits it
+alone whether or not a GPU is idle, so it waits for a GPU of its own (``gnnsched.attempts.probation``). Set by the
+operator; read from the GNNJob's ``status.podFacts``, never from the pod."""
 
 
 def gnnjob_owner(meta: object) -> tuple[str, str] | None:

@@ -92,6 +92,7 @@ class Entry:
     # probation (gnnsched.attempts.probation): the step its undecided fault came at; admitted on an idle GPU, it holds
     # the GPU alone until it passes that step
     probation: int | None = None
+    probation_suspect: bool = False  # that fault was its own as the suspect: planned alone even when no GPU is idle
     held: bool = False  # admitted alone on probation: books the whole GPU until its progress passes ``probation``
 
     def task(self) -> Task:
@@ -220,6 +221,7 @@ class Books:
         apart: frozenset[str] = frozenset(),
         domain: str | None = None,
         probation: int | None = None,
+        probation_suspect: bool = False,
     ) -> Entry:
         """Queue a request. Refused when the key is already queued or running, or when no GPU could ever hold it.
         ``qos_seconds``: an inference pod's latency target, which the share rule (``share_when_pays``) keeps.
@@ -227,7 +229,8 @@ class Books:
         ``apart``: the jobs it may not share a GPU with while it runs (``policies.apart_allows``).
         ``domain``: its trust domain; it joins only GPUs whose clients are all of it (``gnnsched.trust.domain``).
         ``probation``: the step its undecided fault came at: while a GPU is idle it is admitted alone there, booking the
-        whole GPU until it passes that step (``gnnsched.attempts.probation``).
+        whole GPU until it passes that step (``gnnsched.attempts.probation``); ``probation_suspect``: the fault was its
+        own as the suspect, so it is planned alone even when no GPU is idle (it waits for one).
 
         ``exclusive``: the pod runs alone on a whole GPU; it is booked at :meth:`whole_gpu_bytes` whatever ``bytes``
         says (its own estimate may exceed the shareable capacity: that is why it runs alone)."""
@@ -247,6 +250,7 @@ class Books:
             key=key, pod_uid=pod_uid, namespace=namespace, name=name, job=job, bytes=bytes, seq=self._seq,
             qt_seconds=qt_seconds, intensity=intensity, queued_at=now, exclusive=exclusive, qos_seconds=qos_seconds,
             prestarted=prestarted, apart=apart, domain=domain, probation=None if exclusive else probation,
+            probation_suspect=probation_suspect and not exclusive and probation is not None,
         )
         self.queued[key] = e
         self._tasks[key] = e.task()
@@ -369,13 +373,15 @@ class Books:
 
     def _probation_tasks(self, free: list[GPUFree]) -> tuple[list[Task], set[str]]:
         """The queued tasks this decision plans with, and the keys of the probation entries planned alone
-        (``gnnsched.attempts.probation.planned_tasks``: at the whole GPU's bytes while a healthy GPU is idle)."""
+        (``gnnsched.attempts.probation.planned_tasks``: at the whole GPU's bytes while a healthy GPU is idle, a
+        suspect's always)."""
         waiting = {e.key for e in self.queued.values() if e.probation is not None}
         if not waiting:
             return list(self._tasks.values()), set()
         busy = {e.gpu_index for e in self.running.values()}
         idle = any(self.gpus[f.index].healthy and f.index not in busy for f in free)
-        return prob.planned_tasks(self._tasks.values(), waiting, idle, self.whole_gpu_bytes())
+        suspects = {e.key for e in self.queued.values() if e.probation_suspect}
+        return prob.planned_tasks(self._tasks.values(), waiting, idle, self.whole_gpu_bytes(), suspects)
 
     def restore(
         self,

@@ -506,7 +506,7 @@ class GateServer:
                 job=demand.job, qt_seconds=demand.qt_seconds, intensity=demand.intensity, now=self._wall(),
                 exclusive=demand.exclusive, qos_seconds=demand.qos_seconds, prestarted=demand.prestarted,
                 apart=demand.apart, domain=await self.config.domains.of_async(pod.namespace),
-                probation=demand.probation,
+                probation=demand.probation, probation_suspect=demand.probation_suspect,
             )
         except Rejected as exc:
             self._reject(exc.reason)

@@ -435,6 +435,7 @@ class Demand:
     prestarted: bool = False  # ANN_PRESTART: behind gate --prestart, its start-up runs while it waits at the gate
     apart: frozenset[str] = frozenset()  # the jobs it may not share a GPU with (fault peers): trusted facts only
     probation: int | None = None  # the step of its undecided fault: alone until it passes it (trusted facts only)
+    probation_suspect: bool = False  # that fault was its own as the suspect: alone even when no GPU is idle
 
 
 def trusted_demand(pod: PodInfo, whole_gpu_bytes: int) -> Demand:
@@ -452,7 +453,8 @@ def _trusted(facts: JobFacts, whole_gpu_bytes: int) -> Demand:
         return Demand(whole_gpu_bytes, "exclusive", facts.job, facts.predicted_runtime_seconds, facts.intensity,
                       exclusive=True, qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers)
     return Demand(facts.admit_bytes, "admit-bytes", facts.job, facts.predicted_runtime_seconds, facts.intensity,
-                  qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers, probation=facts.probation_step)
+                  qos_seconds=facts.qos_target_seconds, apart=facts.fault_peers, probation=facts.probation_step,
+                  probation_suspect=facts.probation_suspect)
 
 
 def _untrusted(pod: PodInfo, whole_gpu_bytes: int) -> Demand:

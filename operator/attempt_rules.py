@@ -61,13 +61,28 @@ def probation_of(status: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def probation_update(status: dict[str, Any], attempt: FailedAttempt, undecided_apart: bool,
-                     sent_alone: bool = False) -> dict[str, Any]:
-    """``{"probationStep": N}`` when this attempt's undecided fault (``undecided_apart``: it is requeued apart from
-    its peers) puts the job on probation at the step it reached (``gnnsched.attempts.probation``);
-    ``{"probationStep": None}`` (merge patch: removed) when the attempt passed the job's probation step; else
-    nothing."""
-    wanted = probation.probation_step(undecided_apart, attempt.step, sent_alone, probation_of(status))
-    if wanted == status.get("probationStep"):
-        return {}
-    return {"probationStep": wanted}
+def probation_suspect_of(status: dict[str, Any]) -> bool:
+    """Whether the job's probation is a suspect's (``status.probationSuspect``; its next attempt's
+    ``gnnsched.io/probation-suspect``): it then runs alone whether or not a GPU is idle."""
+    return probation_of(status) is not None and status.get("probationSuspect") is True
+
+
+def probation_update(status: dict[str, Any], attempt: FailedAttempt, own_fault: bool,
+                     sent_alone: bool = False, suspect: bool = False) -> dict[str, Any]:
+    """``{"probationStep": N, "probationSuspect": ...}`` when this attempt's own fatal fault (``own_fault``: an
+    undecided fault, requeued apart from its peers, or, with ``suspect``, its own as the fault's suspect) puts the
+    job on probation at the step it reached (``gnnsched.attempts.probation``); ``{"probationStep": None, ...}``
+    (merge patch: removed) when the attempt passed the job's probation step; else nothing."""
+    current = probation_of(status)
+    wanted = probation.probation_step(own_fault, attempt.step, sent_alone, current)
+    if wanted is None:
+        return {} if current is None and "probationSuspect" not in status else {"probationStep": None,
+                                                                                 "probationSuspect": None}
+    started = own_fault and wanted == attempt.step  # this fault set the step (else an earlier one still stands)
+    is_suspect = suspect if started else probation_suspect_of(status)
+    out: dict[str, Any] = {}
+    if wanted != current:
+        out["probationStep"] = wanted
+    if is_suspect != probation_suspect_of(status):
+        out["probationSuspect"] = True if is_suspect else None
+    return out

@@ -620,7 +620,9 @@ class Operator:
                                                             worker_prestart=self.config.worker_prestart,
                                                             fault_peers=[p for p in peers if isinstance(p, str)]
                                                             if isinstance(peers, list) else (),
-                                                            probation_step=attempt_rules.probation_of(status)))
+                                                            probation_step=attempt_rules.probation_of(status),
+                                                            probation_suspect=attempt_rules.probation_suspect_of(
+                                                                status)))
         if pod is not None:
             self._apply_pod(body, status, pod, deleted=False)
 
@@ -990,6 +992,7 @@ class Operator:
             new.setdefault("finishedAt", now)
             if attempt_rules.probation_of(status) is not None:
                 new["probationStep"] = None  # merge patch: it ran every step, so it passed its probation's
+                new["probationSuspect"] = None
             message = f"pod {view.name} succeeded; {detail}"
             if plan is not None:  # its peak and its runtime, in one write of the calibration object
                 # measured by the node agent (NVML) and the kubelet, never what the container says about itself
@@ -1142,12 +1145,19 @@ class Operator:
                 suspected, alone_reason = step.suspected, step.alone_reason
             extra: dict[str, Any] = {"suspected": suspected} if decision.suspect else {}
             extra.update(attempt_rules.fault_step_update(status, failed))
-            extra.update(attempt_rules.probation_update(status, failed, False))
+            # a suspect retried runs alone until it passes its fault's step, waiting for a GPU of its own
+            # (gnnsched.attempts.probation): a deterministic bug would kill its new neighbours at that step
+            extra.update(attempt_rules.probation_update(status, failed, decision.suspect and facts.fault is not None,
+                                                        alone_reason is not None or plan.exclusive,
+                                                        suspect=decision.suspect))
             if decision.suspect:
                 self._event(job, "Warning", "FaultSuspect",
                             f"pod {view.name} is the suspect of a fatal MPS fault on GPU "
                             f"{facts.fault.gpu if facts.fault else '?'}; charged to backoffLimit "
-                            f"(suspected {suspected} time(s))")
+                            f"(suspected {suspected} time(s))"
+                            + (f"; on probation until it passes step {extra['probationStep']}: the next attempt "
+                               "runs alone, waiting for a GPU of its own" if extra.get("probationStep") is not None
+                               else ""))
             used = _count(status, "retriesUsed")
             if used < limit:
                 if alone_reason is not None and not plan.exclusive:
@@ -1212,6 +1222,8 @@ class Operator:
                                                                worker_prestart=self.config.worker_prestart,
                                                                fault_peers=updates.get("faultPeers") or (),
                                                                probation_step=attempt_rules.probation_of(
+                                                                   {**status, **updates}),
+                                                               probation_suspect=attempt_rules.probation_suspect_of(
                                                                    {**status, **updates})))
         if pod is not None:
             self._apply_pod(job, status, pod, deleted=False)

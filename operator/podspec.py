@@ -55,6 +55,7 @@ from gnnsched.contract import (
     ANN_PREDICTED_RUNTIME,
     ANN_PRESTART,
     ANN_PROBATION_STEP,
+    ANN_PROBATION_SUSPECT,
     ANN_QOS_TARGET,
     API_VERSION,
     DEFAULT_JOB_RUNTIME_CLASS,
@@ -301,13 +302,15 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
               scheduler_name: str = SCHEDULER_NAME, priority_class_name: str | None = None,
               settings: JobPodSettings | None = None, worker_device: str = "cuda",
               worker_prestart: bool = False, fault_peers: Collection[str] = (),
-              probation_step: int | None = None) -> dict[str, Any]:
+              probation_step: int | None = None, probation_suspect: bool = False) -> dict[str, Any]:
     """The pod for one attempt. ``image`` is the operator's default worker image unless the spec names one.
     ``priority_class_name``: the class the handler chose (the user's, or the runtime bucket's); None sets none.
     ``settings``: UID, RuntimeClass, tolerations and nodeSelector (``JobPodSettings()`` defaults when None).
     ``worker_device``, ``worker_prestart``: see ``container_command``.
     ``fault_peers``: the jobs this attempt may not share a GPU with (``ANN_FAULT_PEERS``, the gate's apart rule).
-    ``probation_step``: the step of its last undecided fault (``ANN_PROBATION_STEP``: alone until it passes it).
+    ``probation_step``: the step of its last undecided or suspect fault (``ANN_PROBATION_STEP``: alone until it
+    passes it); ``probation_suspect``: that fault was its own as the suspect (``ANN_PROBATION_SUSPECT``: alone even
+    when no GPU is idle).
     Raises ``SpecError`` when the job's nodeSelector contradicts the operator's."""
     settings = settings if settings is not None else JobPodSettings()
     node_selector = settings.node_selector_for(spec)
@@ -333,6 +336,8 @@ def build_pod(job: dict[str, Any], spec: GNNJobSpec, plan: Plan, attempt: int, i
         annotations[ANN_FAULT_PEERS] = format_fault_peers(fault_peers)
     if probation_step is not None:
         annotations[ANN_PROBATION_STEP] = str(probation_step)
+        if probation_suspect:
+            annotations[ANN_PROBATION_SUSPECT] = "true"
     if plan.predicted_runtime_seconds is not None:
         annotations[ANN_PREDICTED_RUNTIME] = f"{plan.predicted_runtime_seconds:.3f}"
     if plan.intensity is not None:

@@ -446,6 +446,55 @@ def test_a_probation_client_restored_beside_another_is_not_reheld() -> None:
     assert books.committed_bytes(0) == 78 * GiB
 
 
+def test_a_suspects_probation_waits_for_a_gpu_of_its_own_within_the_bypass_bound() -> None:
+    """gnnsched.attempts.probation: with no GPU idle, an undecided probation attempt shares where it fits, while a
+    suspect's (its own fault, certain) waits though it fits as well: a deterministic bug would kill its new
+    neighbours at the same step. The bounded bypass bounds the wait: once ``bypass_limit`` later pods have overtaken
+    it, the queue stops behind it, a GPU drains, and it is admitted alone there, holding the whole GPU."""
+    gpus = [GPUSlot(i, f"GPU-{i}", "Fake-GPU", 40 * GiB, 2 * GiB, 4) for i in (0, 1)]
+    books = Books(gpus, "base", bypass_limit=2)
+    for key in ("r0", "r1"):
+        books.enqueue(key, pod_uid=key, bytes=30 * GiB)
+    books.decide()
+    assert {e.gpu_index for e in books.running.values()} == {0, 1}  # no GPU idle now
+    books.enqueue("undecided", pod_uid="undecided", bytes=4 * GiB, probation=9)
+    books.enqueue("suspect", pod_uid="suspect", bytes=4 * GiB, probation=12, probation_suspect=True)
+    admitted = {e.key for d in books.decide() for e in d.entries}
+    assert admitted == {"undecided"} and not books.running["undecided"].held  # it shares, with its own bytes
+    assert list(books.queued) == ["suspect"]  # it fits beside them too, but waits
+    for key in ("n0", "n1", "n2"):  # later pods overtake it, up to the bypass limit
+        books.enqueue(key, pod_uid=key, bytes=4 * GiB)
+    admitted = {e.key for d in books.decide() for e in d.entries}
+    assert admitted == {"n0", "n1"} and set(books.queued) == {"suspect", "n2"}  # the queue stops behind it
+    gpu0 = {e.key for e in books.running.values() if e.gpu_index == 0}
+    for key in sorted(gpu0):
+        assert "suspect" in books.queued
+        books.release(key)
+        books.decide()
+    entry = books.running["suspect"]  # the first GPU to empty is its own
+    assert entry.held and books.committed_bytes(entry.gpu_index) == 38 * GiB
+    assert books.clients(entry.gpu_index) == 1
+
+
+def test_a_suspects_probation_is_read_from_the_jobs_status_only() -> None:
+    """The ``probation-suspect`` flag reaches the gate's demand from the GNNJob's ``status.podFacts`` (the operator
+    writes both from the same annotations); on a pod no status names, or without a probation step, it is not read."""
+    from gnnsched.contract import ANN_PROBATION_SUSPECT
+    from gnnsched.node_agent.identity import PodInfo, pod_from_object, trusted_demand
+
+    pod, job = job_pod("s", 4 * GiB)
+    pod["metadata"]["annotations"].update({ANN_PROBATION_STEP: "12", ANN_PROBATION_SUSPECT: "true"})
+    name_in_status(job, pod)
+    assert job["status"]["podFacts"]["probationSuspect"] is True
+    demand = trusted_demand(pod_from_object(pod, lambda ns, n: job), 78 * GiB)
+    assert demand.probation == 12 and demand.probation_suspect
+    del pod["metadata"]["annotations"][ANN_PROBATION_STEP]  # a suspect flag without a step says nothing
+    name_in_status(job, pod)
+    assert not trusted_demand(pod_from_object(pod, lambda ns, n: job), 78 * GiB).probation_suspect
+    plain = PodInfo("p", "default", "p", annotations={ANN_PROBATION_STEP: "12", ANN_PROBATION_SUSPECT: "true"})
+    assert not trusted_demand(plain, 78 * GiB).probation_suspect
+
+
 @pytest.mark.asyncio
 async def test_resume_checks_the_pod(gate: Harness) -> None:
     """A resume is checked before anything is booked: its bytes, its GPU, and that this agent admitted it (a pod it

@@ -21,7 +21,7 @@ MiB = 2**20
 
 # Reserved-byte gaps the model still has on the H200, as measured against this code: case -> (predicted - measured).
 # PNA training's extra 132 MiB is a GPU-side allocation pattern no trace here shows (its allocated peak is exact;
-# docs/gpu-measurements.md, section 10); the admission's 1.10 factor covers it (2,112 MiB admitted for
+# docs/gpu-measurements.md, section 10); the admission's 1.09 factor covers it (2,093 MiB admitted for
 # 2,052 MiB of context plus reserved). GATv2 training is one 2 MiB small-pool segment short. A change that closes a gap
 # fails here until the gap is removed from this list; a change that widens one, or opens another, fails too.
 H200_RESERVED_GAPS = {
@@ -65,15 +65,26 @@ def test_h200_reserved_bytes_are_never_under_but_for_the_pinned_gaps(h200: list)
     assert statistics.median(abs(r.reserved_rel_error) for r in h200) <= 0.01
 
 
-def test_h200_gaps_stay_inside_the_admission_margin(h200: list) -> None:
-    """What a job is admitted with (context + reserved, times 1.10) covers what it takes on the GPU even where the
-    reserved model is short."""
+def test_every_measured_case_stays_inside_the_admission_margin(h200: list) -> None:
+    """What a job is admitted with (context + reserved, times the static factor) covers what it takes on the GPU even
+    where the reserved model is short, on every case of both GPUs; and the factor is what the measurements ask for
+    (docs/estimator.md, "Why 1.09"): the largest need is PNA training's on the H200, about 1.069, and the factor
+    covers it with at least 1 % and at most 3 % to spare, so a change to the model or to the factor that moves
+    either side fails here."""
     from gnnsched.estimator import DEFAULT_SAFETY_FACTOR_CUDA
     from gnnsched.gpu.catalogue import get_gpu_model
 
-    context = get_gpu_model("NVIDIA H200").context_bytes
-    for r in h200:
-        assert (context + r.reserved_predicted) * DEFAULT_SAFETY_FACTOR_CUDA >= context + r.reserved_measured, r.case
+    h100, _ = bench.against(str(H100 / "pmc_accuracy_cuda.json"), "NVIDIA H100 80GB HBM3")
+    needs = []
+    for rows, name in ((h200, "NVIDIA H200"), (h100, "NVIDIA H100 80GB HBM3")):
+        context = get_gpu_model(name).context_bytes
+        for r in rows:
+            need = (context + r.reserved_measured) / (context + r.reserved_predicted)
+            assert DEFAULT_SAFETY_FACTOR_CUDA >= need, r.case
+            needs.append((need, r.case))
+    largest, case = max(needs)
+    assert case.startswith("PNA train") and largest == pytest.approx(1.069, abs=0.001)
+    assert 1.01 <= DEFAULT_SAFETY_FACTOR_CUDA / largest <= 1.03
 
 
 def test_the_kernel_scratch_allowance_covers_every_h200_and_h100_gap_but_two(h200: list) -> None:

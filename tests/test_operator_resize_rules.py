@@ -95,27 +95,27 @@ def test_calibration_summary_shows_each_class_factor() -> None:
     table = CalibrationTable().record(builtin, 1.2, policy).record(builtin, 1.3, policy).record(custom, 1.5, policy)
     fields = derived_fields(table, policy)
     assert fields["classes"] == 2 and fields["calibratedClasses"] == 1
-    # two ratios cannot place the 0.95 quantile below their largest: 1.3 x the static 1.1, and the summary says so
-    assert fields["factors"][builtin.key()] == {"factor": 1.43, "samples": 2, "calibrated": True, "source": "class",
+    # two ratios cannot place the 0.95 quantile below their largest: 1.3 x the static 1.09, and the summary says so
+    assert fields["factors"][builtin.key()] == {"factor": 1.417, "samples": 2, "calibrated": True, "source": "class",
                                                 "lowerBounds": 0, "censored": False, "padded": True}
-    assert "V100-32GB.gcn.train.builtin=1.43 (above the largest sample)" in fields["summary"]
+    assert "V100-32GB.gcn.train.builtin=1.417 (above the largest sample)" in fields["summary"]
     three = derived_fields(table.record(builtin, 1.25, policy), policy.model_copy(update={"quantile": 0.6}))
     assert three["factors"][builtin.key()]["factor"] == 1.25 and three["factors"][builtin.key()]["padded"] is False
     assert "V100-32GB.gcn.train.builtin=1.25;" in three["summary"]  # the 2nd of 3, below the largest: as it is
-    assert "V100-32GB.sage.train.custom=1.1 (static, 1 samples)" in fields["summary"]
+    assert "V100-32GB.sage.train.custom=1.09 (static, 1 samples)" in fields["summary"]
     # A class with one sample of its own borrows its pool's factor (same GPU model, mode, container).
     gat = CalibrationClass(gpu_model="V100-32GB", arch="gat", mode="train")
     fields = derived_fields(table.record(gat, 1.25, policy), policy)
-    assert fields["factors"][gat.key()] == {"factor": 1.43, "samples": 1, "calibrated": True, "source": "pool",
+    assert fields["factors"][gat.key()] == {"factor": 1.417, "samples": 1, "calibrated": True, "source": "pool",
                                             "lowerBounds": 0, "censored": False, "padded": True}
-    assert "V100-32GB.gat.train.builtin=1.43 (pool, 1 own samples) (above the largest sample)" in fields["summary"]
+    assert "V100-32GB.gat.train.builtin=1.417 (pool, 1 own samples) (above the largest sample)" in fields["summary"]
     assert fields["calibratedClasses"] == 2
     # A class whose only sample is a memory-exceeded lower bound: above it, and the summary says so.
     gin = CalibrationClass(gpu_model="V100-32GB", arch="gin", mode="infer")
     fields = derived_fields(table.record(gin, 1.1, policy, exceeded=True), policy)
-    assert fields["factors"][gin.key()] == {"factor": 1.21, "samples": 1, "calibrated": True, "source": "pool",
+    assert fields["factors"][gin.key()] == {"factor": 1.199, "samples": 1, "calibrated": True, "source": "pool",
                                             "lowerBounds": 1, "censored": True, "padded": True}
-    assert "V100-32GB.gin.infer.builtin=1.21 (pool, 1 own samples) (above a lower bound)" in fields["summary"]
+    assert "V100-32GB.gin.infer.builtin=1.199 (pool, 1 own samples) (above a lower bound)" in fields["summary"]
 
 
 FINISHED = datetime(2026, 1, 1, 10, 0, 9, tzinfo=timezone.utc)

@@ -148,7 +148,7 @@ def test_no_errors_no_faults_changes_nothing(ix: Integrations) -> None:
 
 
 def test_overrun_fails_alone_and_is_resized(ix: Integrations) -> None:
-    """Bias 1.3 puts every true peak past the static 1.1 reservation: each gnnsched job fails once inside its own
+    """Bias 1.3 puts every true peak past the static 1.09 reservation: each gnnsched job fails once inside its own
     limit (no OOM kill of anyone), is retried at next_reservation's size, and completes."""
     wl = _workload(6)
     rep = _run(ix, wl, "lmcf-calib,bqt-calib", EstimateError("lognormal", 0.0, 1.3))
@@ -167,7 +167,7 @@ def test_overrun_fails_alone_and_is_resized(ix: Integrations) -> None:
 
 
 def test_resizes_are_bounded_and_a_job_past_every_gpu_is_not_lost(ix: Integrations) -> None:
-    """maxResizes bounds the retries: a true peak 40x the estimate still fits a V100 alone, but 1.1 x 1.5^3 of the
+    """maxResizes bounds the retries: a true peak 40x the estimate still fits a V100 alone, but 1.09 x 1.5^3 of the
     estimate does not reach it, so after 3 resizes the job is lost. At 400x no GPU could hold it: it fails the same
     way but is not counted as lost. Nobody is OOM-killed either way."""
     wl = _workload(3)
@@ -367,7 +367,7 @@ def test_baselines_fail_the_job_by_default_and_backoff_limit_overrides(ix: Integ
 def test_memory_exceeded_attempt_is_recorded_as_a_lower_bound(ix: Integrations) -> None:
     """As the operator does, a memory-exceeded attempt records (bytes it needed) / predicted in the calibration
     table, as a lower bound (``exceeded``), at the OOM: in the model it held its limit, so the bound is the factor it
-    ran at, never above the job's true one. The next job of its class is then sized above it (bound x 1.1)."""
+    ran at, never above the job's true one. The next job of its class is then sized above it (bound x 1.09)."""
     wl = _workload(2)
     cl = parse_cluster(CLUSTER, None)
     job = materialise(wl, cl, ix, scaling=False)[0]
@@ -379,10 +379,10 @@ def test_memory_exceeded_attempt_is_recorded_as_a_lower_bound(ix: Integrations) 
     assert books.exceeds(first, model) and books.resized(first, model)
     assert books.table.ratios == {}
     (bounds,) = books.table.exceeded.values()
-    assert bounds == [pytest.approx(1.1, abs=1e-3)] and bounds[0] <= 1.5
+    assert bounds == [pytest.approx(1.09, abs=1e-3)] and bounds[0] <= 1.5
     other = replace(job, id=job.id + 1)
     new = books.attempt(other).profile(model)
-    assert new.admit_bytes == math.ceil(new.peak_bytes * round(bounds[0] * 1.1, 4))  # padded_quantile
+    assert new.admit_bytes == math.ceil(new.peak_bytes * round(bounds[0] * 1.09, 4))  # padded_quantile
 
 
 def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:
@@ -402,7 +402,7 @@ def test_faulted_gpu_admits_nothing_while_it_drains(ix: Integrations) -> None:
 
 def test_loop_books_calibrated_and_exclusive_reservations(ix: Integrations) -> None:
     """A class with min_samples recorded ratios uses their high quantile on the predicted need (with too few to place
-    it below their largest, the largest times 1.1); -calib keeps the static 1.1; a job suspected twice books the
+    it below their largest, the largest times 1.09); -calib keeps the static 1.09; a job suspected twice books the
     GPU's whole capacity."""
     wl = _workload(2)
     cl = parse_cluster(CLUSTER, None)
@@ -415,12 +415,12 @@ def test_loop_books_calibrated_and_exclusive_reservations(ix: Integrations) -> N
     static = LoopBooks(error=NO_ERROR, fault_model=NO_FAULTS, seed=0, mode="calib-off", largest_bytes=cap,
                        capacity={model: cap})
     first = books.attempt(job)
-    assert first.profile(model).admit_bytes == math.ceil(need * 1.1)  # too few samples: the static factor
+    assert first.profile(model).admit_bytes == math.ceil(need * 1.09)  # too few samples: the static factor
     for ratio in (1.2, 1.25, 1.3, 1.22, 1.28):
         books.table = books.table.record(books._class(job, model), ratio)
         static.table = static.table.record(static._class(job, model), ratio)
-    assert books.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.43)
-    assert static.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.1)
+    assert books.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.417)
+    assert static.attempt(job).profile(model).admit_bytes == math.ceil(need * 1.09)
     (charge,) = books.fault_charges(13, [job], job.id).values()  # alone: its own fault, the suspect
     assert charge.role == "suspect" and charge.charged
     assert not books.step(job, charge).alone and books.attempt(job).profile(model).admit_bytes < cap

@@ -366,7 +366,8 @@ class Integrations:
         ``gnnsched.attempts.probation.planned_tasks``). Returns the tasks and the keys planned alone."""
         idle = any(not g.running and g.quarantine_until <= sim.now for g in node.gpus)
         keys = {t.key for t in tasks if int(t.key) in sim.loop.probation}
-        return planned_tasks(tasks, keys, idle, max(g.total - g.reserve for g in node.gpus))
+        suspects = {k for k in keys if int(k) in sim.loop.probation_suspects}
+        return planned_tasks(tasks, keys, idle, max(g.total - g.reserve for g in node.gpus), suspects)
 
     def check_gate(self, sim: Any, gpu: Any) -> None:
         """``gnnsched.policies.check_gate_invariant`` on ``gpu``'s books; raises ``GateInvariantError``. The

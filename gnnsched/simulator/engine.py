@@ -905,6 +905,7 @@ class Simulation:
         loop = self.loop
         assert loop is not None  # probation exists only in a closed-loop run
         loop.probation.pop(run.job.id, None)
+        loop.probation_suspects.discard(run.job.id)
         if not run.held:
             return
         loop.probation_passed += 1

@@ -258,6 +258,8 @@ class LoopBooks:
     # probation (gnnsched.attempts.probation): job id -> (its probation step, that step as a share of its steps); the
     # gate admits its attempts alone where a GPU is idle, holding it until they pass that step
     probation: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # of those, the jobs whose probation is a suspect's: the gate plans them alone whether or not a GPU is idle
+    probation_suspects: set[int] = field(default_factory=set)
     probation_rule: bool = True  # False: the rule before probation (bench/checkpoint_sweep.py compares the two)
     probation_alone: int = 0  # attempts the gate admitted alone on probation
     probation_passed: int = 0  # of those, attempts that passed their probation step (their GPU took others again)
@@ -444,7 +446,8 @@ class LoopBooks:
         books, and the failure rules' verdict on it (``gnnsched.attempts.failure_policy.judge``, gnnsched's default
         rules: the simulated jobs have none of their own); ``peers``: its undecided fault's peers (:meth:`fault_peers`),
         which its next attempt is kept apart from; ``at_step``: the step it faulted at, ``at_point`` the same as a
-        share of the job's steps (its probation step, when an undecided fault puts it on probation)."""
+        share of the job's steps (its probation step, when an undecided fault, or its own as the suspect, puts it on
+        probation)."""
         requeues = self.requeues.get(job.id, 0)
         earlier = self.fault_steps.setdefault(job.id, [])
         attempt = FailedAttempt(classes=attempt_classes(charge, True, at_step, earlier), step=at_step)
@@ -455,12 +458,17 @@ class LoopBooks:
                           requeues, peers)
         step = replace(step, requeue=verdict.action == "Ignore")
         current = self.probation.get(job.id)
-        wanted = prob.probation_step(bool(step.apart) and self.probation_rule, at_step, step.alone,
-                                     current[0] if current is not None else None)
+        suspect = charge.role == "suspect"
+        own = (bool(step.apart) or suspect) and self.probation_rule
+        wanted = prob.probation_step(own, at_step, step.alone, current[0] if current is not None else None)
         if wanted is None:
             self.probation.pop(job.id, None)
         elif current is None or wanted != current[0]:
             self.probation[job.id] = (wanted, at_point if at_point is not None else 0.0)
+        if wanted is None or (own and wanted == at_step and not suspect):
+            self.probation_suspects.discard(job.id)
+        elif own and wanted == at_step:  # this fault set the step (operator/attempt_rules.probation_update too)
+            self.probation_suspects.add(job.id)
         if step.apart:
             self.apart[job.id] = step.apart
         else:

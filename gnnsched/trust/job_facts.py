@@ -38,6 +38,7 @@ from gnnsched.contract import (
     ANN_JOB,
     ANN_PREDICTED_RUNTIME,
     ANN_PROBATION_STEP,
+    ANN_PROBATION_SUSPECT,
     ANN_QOS_TARGET,
     MAX_FAULT_PEERS,
     gnnjob_owner,
@@ -66,6 +67,7 @@ class PodFacts(BaseModel):
     exclusive: bool = False
     fault_peers: list[str] = Field(default_factory=list, alias="faultPeers", max_length=MAX_FAULT_PEERS)
     probation_step: int | None = Field(default=None, alias="probationStep", ge=0)
+    probation_suspect: bool = Field(default=False, alias="probationSuspect")
 
     @field_validator("predicted_runtime_seconds", "qos_target_seconds")
     @classmethod
@@ -89,6 +91,7 @@ class JobFacts(BaseModel):
     exclusive: bool
     fault_peers: frozenset[str]
     probation_step: int | None = None
+    probation_suspect: bool = False
 
 
 class FactsError(ValueError):
@@ -114,6 +117,8 @@ def facts_status(pod: Mapping[str, Any]) -> dict[str, Any]:
             out["qosTargetSeconds"] = float(ann[ANN_QOS_TARGET])
         if ANN_PROBATION_STEP in ann:
             out["probationStep"] = int(ann[ANN_PROBATION_STEP])
+            if ann.get(ANN_PROBATION_SUSPECT) == "true":
+                out["probationSuspect"] = True
     except (KeyError, ValueError) as exc:
         raise FactsError(f"pod {meta.get('name')}: its annotations do not hold the planned facts: {exc}") from None
     if ann.get(ANN_INTENSITY) in ("memory", "compute"):
@@ -183,6 +188,7 @@ def resolve_verbose(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> tu
         predicted_runtime_seconds=facts.predicted_runtime_seconds, intensity=facts.intensity,
         qos_target_seconds=facts.qos_target_seconds, exclusive=facts.exclusive,
         fault_peers=parse_fault_peers(",".join(facts.fault_peers)), probation_step=facts.probation_step,
+        probation_suspect=facts.probation_step is not None and facts.probation_suspect,
     ), "trusted"
 
 
@@ -199,7 +205,7 @@ def owner_name(pod: Mapping[str, Any]) -> str | None:
 
 
 FACT_ANNOTATIONS = (ANN_ADMIT_BYTES, ANN_PREDICTED_RUNTIME, ANN_INTENSITY, ANN_QOS_TARGET, ANN_FAULT_PEERS, ANN_JOB,
-                    ANN_PROBATION_STEP)
+                    ANN_PROBATION_STEP, ANN_PROBATION_SUSPECT)
 """The pod annotations that state a trusted fact: :func:`trusted_view` sets them from the status, or drops them."""
 
 
@@ -229,6 +235,8 @@ def trusted_view(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> tuple
             ann[ANN_FAULT_PEERS] = ",".join(sorted(facts.fault_peers))
         if facts.probation_step is not None:
             ann[ANN_PROBATION_STEP] = str(facts.probation_step)
+        if facts.probation_suspect:
+            ann[ANN_PROBATION_SUSPECT] = "true"
         if facts.exclusive:
             ann[ANN_EXCLUSIVE] = "true"
         else:

@@ -44,6 +44,13 @@ def ended(phase: str, message: str, reason: str = "Error", code: int = 1,
         "finishedAt": finished_at, "message": message}}}]}}
 
 
+def own_fault_end(steps: int) -> dict[str, Any]:
+    """An attempt that failed with its own fatal error at ``steps`` (its result line), as every client of an MPS
+    fault does on the H100."""
+    line = AttemptResult(outcome="fault", steps=steps, message="CUDA error: an illegal memory access").line()
+    return ended("Failed", line + "\nCUDA error: an illegal memory access was encountered")
+
+
 def ago(seconds: float) -> str:
     """An RFC 3339 time ``seconds`` before now (the operator's wait for the agent counts from the finish time)."""
     return (datetime.now(timezone.utc) - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -150,3 +150,32 @@ def test_the_operator_and_the_simulator_decide_a_buggy_jobs_faults_alike() -> No
         _, sim = books.judged_step(job, charge, frozenset(), step)
         assert (ours.action, ours.reason) == (sim.action, sim.reason), (facts, ours, sim)
     assert ours.action == "FailJob" and status["faultSteps"] == [40, 40]
+
+
+def test_the_operators_probation_follows_the_fault_that_set_its_step() -> None:
+    """``status.probationStep`` and ``status.probationSuspect`` (operator/attempt_rules.probation_update): a suspect's
+    fault starts a suspect's probation; an undecided fault that moves the step makes it an undecided one (it shares
+    when no GPU is idle); a fault that is not the job's own (a hardware Xid) keeps both; passing the step ends both.
+    The simulator's books keep the same flag (``LoopBooks.probation_suspects``)."""
+    from gnnsched.operator.attempt_rules import probation_suspect_of, probation_update
+
+    status: dict[str, Any] = {}
+
+    def apply(step: int, own: bool, suspect: bool = False) -> dict[str, Any]:
+        update = probation_update(status, FailedAttempt(classes=frozenset(), step=step), own, suspect=suspect)
+        for key, value in update.items():
+            if value is None:
+                status.pop(key, None)
+            else:
+                status[key] = value
+        return update
+
+    assert apply(12, True, suspect=True) == {"probationStep": 12, "probationSuspect": True}
+    assert probation_suspect_of(status)
+    assert apply(5, False) == {}  # a hardware fault before the step: still a suspect's probation at 12
+    assert apply(20, True) == {"probationStep": 20, "probationSuspect": None}  # passed 12, undecided at 20
+    assert status == {"probationStep": 20} and not probation_suspect_of(status)
+    assert apply(20, True, suspect=True) == {"probationSuspect": True}  # its own fault at 20 again, alone
+    assert apply(30, False) == {"probationStep": None, "probationSuspect": None}  # passed 20: over
+    assert status == {} and apply(3, False) == {}
+    assert not probation_suspect_of({"probationSuspect": True})  # no step: nothing to run alone for

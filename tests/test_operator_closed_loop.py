@@ -27,6 +27,7 @@ from operator_harness import (
     ended,
     manifest,
     oom_line,
+    own_fault_end,
     running_operator,
     wait_for,
 )
@@ -239,9 +240,7 @@ async def test_a_suspect_retried_goes_on_probation_that_waits_for_a_gpu_of_its_o
             await cluster.create_job(manifest(backoffLimit=3))
             await pod(cluster, "gcn-cora-0")
             await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {ANN_FAULT: fault("suspect")}}})
-            await cluster.patch_pod("gcn-cora-0", ended("Failed", AttemptResult(
-                outcome="fault", steps=12, message="CUDA error: an illegal memory access").line()
-                + "\nCUDA error: an illegal memory access was encountered"))
+            await cluster.patch_pod("gcn-cora-0", own_fault_end(12))
             second = await pod(cluster, "gcn-cora-1")
             on_probation = await cluster.get_job("gcn-cora")
             events = [e["message"] for e in await cluster.events() if e.get("reason") == "FaultSuspect"]

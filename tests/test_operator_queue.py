@@ -16,6 +16,7 @@ from typing import Any
 import kmock
 import pytest
 from operator_harness import Cluster, a100, ago, emulated_cluster, ended, manifest, oom_line, running_operator, wait_for
+from operator_harness import own_fault_end as fault_ended_at
 
 from gnnsched.closed_loop import AttemptResult
 from gnnsched.contract import (
@@ -308,13 +309,6 @@ def _fault_record(role: str, peers: list[str] | None = None) -> str:
                        "at": "2026-01-01T10:00:08Z", **({"peers": peers} if peers else {})})
 
 
-def _fault_end(steps: int) -> dict[str, Any]:
-    """An attempt that failed with its own fatal error at ``steps`` (its result line), as every client of an MPS
-    fault does on the H100."""
-    line = AttemptResult(outcome="fault", steps=steps, message="CUDA error: an illegal memory access").line()
-    return ended("Failed", line + "\nCUDA error: an illegal memory access was encountered")
-
-
 async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_passes_its_step(
         tmp_path: Path) -> None:
     """gnnsched.attempts.probation: an undecided fault at step 37 puts the next attempt on probation (the pod's
@@ -329,7 +323,7 @@ async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_
             first = await pod_named(cluster, "gcn-cora-0")
             await cluster.patch_pod("gcn-cora-0", {"metadata": {"annotations": {
                 ANN_FAULT: _fault_record("victim", ["default/other"])}}})
-            await cluster.patch_pod("gcn-cora-0", _fault_end(37))
+            await cluster.patch_pod("gcn-cora-0", fault_ended_at(37))
             second = await pod_named(cluster, "gcn-cora-1")
             on_probation = await cluster.get_job("gcn-cora")
             await cluster.patch_pod("gcn-cora-1", {"metadata": {"annotations": {ANN_FAULT: _fault_record("victim")}}})
@@ -343,7 +337,7 @@ async def test_an_undecided_attempt_goes_on_probation_in_its_own_class_until_it_
             await pod_named(cluster, "gat-cora-0")
             await cluster.patch_pod("gat-cora-0", {"metadata": {"annotations": {
                 ANN_FAULT: _fault_record("victim", ["default/other"])}}})
-            await cluster.patch_pod("gat-cora-0", _fault_end(5))
+            await cluster.patch_pod("gat-cora-0", fault_ended_at(5))
             await pod_named(cluster, "gat-cora-1")
             await cluster.patch_pod("gat-cora-1", {"metadata": {"annotations": {ANN_GPU: "GPU-a100-0"}}})
             await cluster.patch_pod("gat-cora-1", ended("Succeeded", json.dumps({"outcome": "succeeded"}),

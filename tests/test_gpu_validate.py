@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -70,7 +71,10 @@ def test_default_budget_matches_the_docstring():
 def test_colocation_runs_pairs_then_triples_under_both_sharing_modes(tmp_path):
     step = next(s for s in _validate().steps(tmp_path) if s.name == "colocation")
     modes = [(c.argv[c.argv.index("--mode") + 1], c.argv[c.argv.index("--sizes") + 1], c.mps) for c in step.commands]
-    assert modes == [("time-slicing", "2", False), ("mps", "2", True), ("mps", "3", True), ("time-slicing", "3", False)]
+    assert modes == [("time-slicing", "2", False), ("mps", "2", True), ("mps", "2", True), ("mps", "3", True),
+                     ("time-slicing", "3", False)]
+    assert [c.argv[c.argv.index("--active-thread-percentage") + 1] for c in step.commands
+            if "--active-thread-percentage" in c.argv] == ["50"]  # the third: the pairs at half the threads
     for command in step.commands:  # each sizes its steps from its share of the budget, every row into one file
         assert "{budget}" in command.argv and str(tmp_path / "colocation.json") in command.argv
     context = next(s for s in _validate().steps(tmp_path) if s.name == "context_by_share").commands
@@ -278,6 +282,18 @@ def test_colocation_sizing_and_modes(tmp_path):
     sliced = coloc.worker_env("time-slicing", base, tmp_path)
     assert sliced == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path), "X": "1"}
     assert coloc.worker_env("mps", base, tmp_path) == {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/d", "X": "1"}
+    assert coloc.worker_env("mps", base, tmp_path, 50)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert coloc.parse_args(["--mode", "mps", "--active-thread-percentage", "50"]).key == "mps@50"
+    assert coloc.parse_args(["--mode", "mps"]).key == "mps"
+    for bad in (["--mode", "time-slicing", "--active-thread-percentage", "50"],
+                ["--mode", "mps", "--active-thread-percentage", "101"]):
+        with pytest.raises(SystemExit):
+            coloc.parse_args(bad)
+    # what a share costs each job: its time alone at P % over alone under plain mps
+    runs = {"mps": {"a": {"s_per_step": 0.02}, "b": {"s_per_step": 0.05}},
+            "mps@50": {"a": {"s_per_step": 0.03}, "b": {"s_per_step": 0.05}, "c": {"s_per_step": 1.0}},
+            "time-slicing": {"a": {"s_per_step": 0.04}}}
+    assert coloc.share_costs(runs) == {"mps@50": {"a": pytest.approx(1.5), "b": pytest.approx(1.0)}}
     assert "not set" in coloc.mps_problem({})
     assert "no 'control' socket" in coloc.mps_problem({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
     # steps from the budget: a bigger budget never gives fewer steps, never fewer than the H200 run's 20
@@ -320,18 +336,33 @@ def test_colocation_writes_every_row_with_its_mode(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
     assert coloc.main(["--mode", "mps", "--sizes", "2,3", "--budget", "60", "--json", str(out)]) == 0
     assert coloc.main(["--mode", "time-slicing", "--sizes", "3", "--budget", "60", "--json", str(out)]) == 0
+    seen: list[str] = []  # the workers' share, as each fake saw it
+    monkeypatch.setattr(coloc, "run_together", _recording(coloc.run_together, seen))
+    assert coloc.main(["--mode", "mps", "--active-thread-percentage", "50", "--sizes", "2", "--budget", "60",
+                       "--json", str(out)]) == 0
+    assert seen and set(seen) == {"50"}
     printed = capsys.readouterr().out
     assert "[time-slicing] gcn-train+gin-train" in printed and "[mps] gcn-train+gin-train+sage-infer" in printed
     data = json.loads(out.read_text())
-    assert data["steps"] == 20 and set(data["solo"]) == {"mps", "time-slicing"}
+    assert data["steps"] == 20 and set(data["solo"]) == {"mps", "time-slicing", "mps@50"}
     assert [(r["mode"], len(r["jobs"])) for r in data["rows"]] == [
         ("time-slicing", 2), ("time-slicing", 2), ("time-slicing", 2), ("mps", 2), ("mps", 2), ("mps", 2),
-        ("mps", 3), ("time-slicing", 3)]
+        ("mps", 3), ("time-slicing", 3), ("mps@50", 2), ("mps@50", 2), ("mps@50", 2)]
+    assert set(data["share_cost"]["mps@50"]) == set(coloc.JOBS)  # the fakes' steps never slow: about 1.0 each
+    assert "[mps@50] solo gcn-train" in printed and "x its time under mps" in printed
     for row in data["rows"]:
         assert set(row["measured"]) == set(row["jobs"]) == set(row["predicted"]) == set(row["solo_s_per_step"])
         assert all(row["predicted"][j] >= 1.0 for j in row["jobs"])
         assert all(row["measured"][j] == pytest.approx(1.0) for j in row["jobs"])  # the fakes' steps never slow
-    assert set(data["summary"]) == {"mps", "time-slicing"}
+    assert set(data["summary"]) == {"mps", "time-slicing", "mps@50"}
+
+
+def _recording(run_together: Any, seen: list[str]) -> Any:
+    """``run_together`` that records each run's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``."""
+    def wrapped(jobs: Any, env: dict[str, str], timeout: float) -> Any:
+        seen.append(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "unset"))
+        return run_together(jobs, env, timeout)
+    return wrapped
 
 
 def test_colocation_skips_a_group_that_no_longer_fits(tmp_path, monkeypatch, capsys):

@@ -12,6 +12,12 @@ processes started together, under one sharing mode per run:
 - ``time-slicing``: the clients are pointed at an empty pipe directory, so no daemon (not even a system one in
   ``/tmp/nvidia-mps``) serves them and the driver time-slices their contexts.
 
+``--active-thread-percentage P`` (``mps`` only) gives every client ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=P``, as the
+node agent sets it at admission, and keys its solo runs and rows as mode ``mps@P``: a class's seconds per step alone at
+``mps@P`` over alone at ``mps`` is what a share of ``P`` % costs it, the measurement the gate would choose per-client
+shares from (issue 37 item 4: each member's latency under its share within its QoS target); pairs at ``mps@50`` are
+two clients split down the middle. Without the option the clients get no percentage (the daemon's default, 100).
+
 A job's slowdown is its seconds per step co-located over its seconds per step alone in the same mode (both from the
 worker's result line, start-up excluded); the prediction is ``InterferenceModel.slowdown`` of its intensity class
 against its co-runners' classes. ``overlap`` is the part of a job's steps during which every co-runner was stepping
@@ -29,6 +35,7 @@ and the triple reuses the pairs' solo runs.
 Usage (a GPU node, gnnsched installed; ``bench/gpu/validate`` runs it for both modes)::
 
     python bench/gpu/colocation.py --mode time-slicing [--sizes 2,3] [--budget 120] [--steps N] [--json out.json]
+    python bench/gpu/colocation.py --mode mps --active-thread-percentage 50 --sizes 2 [--json out.json]
 
 Exit status: 0 when something was measured (skipped groups are listed), 5 with a ``SKIP:`` line when nothing could
 be (no GPU, no MPS daemon for ``--mode mps``, no time), 1 when a worker failed.
@@ -83,7 +90,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                   "from the budget)")
     parser.add_argument("--json", dest="json_path", type=Path, help="rows, solo runs and summary (merged into an "
                                                                     "existing file's)")
+    parser.add_argument("--active-thread-percentage", type=int, metavar="P",
+                        help="mps only: every client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (1-100); rows and solo runs "
+                             "are keyed mps@P")
     args = parser.parse_args(argv)
+    share = args.active_thread_percentage
+    if share is not None and args.mode != "mps":
+        parser.error("--active-thread-percentage: only with --mode mps (time-slicing has no per-client share)")
+    if share is not None and not 1 <= share <= 100:
+        parser.error(f"--active-thread-percentage: a percentage from 1 to 100, not {share}")
+    args.key = args.mode if share is None else f"mps@{share}"
     try:
         args.sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     except ValueError:
@@ -109,14 +125,17 @@ def mps_problem(env: dict[str, str]) -> str | None:
     return None
 
 
-def worker_env(mode: str, base: dict[str, str], empty_pipe: Path) -> dict[str, str]:
+def worker_env(mode: str, base: dict[str, str], empty_pipe: Path, share: int | None = None) -> dict[str, str]:
     """The workers' environment for a sharing mode. Time-slicing points the clients at an empty pipe directory, so
-    that no MPS daemon (not even a system one at the default ``/tmp/nvidia-mps``) takes them."""
+    that no MPS daemon (not even a system one at the default ``/tmp/nvidia-mps``) takes them. ``share``: every MPS
+    client's active-thread percentage (none: the daemon's default)."""
     env = dict(base)
     for name in ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
         env.pop(name, None)  # as validate deploys them: every client may use the whole GPU
     if mode == "time-slicing":
         env["CUDA_MPS_PIPE_DIRECTORY"] = str(empty_pipe)
+    elif share is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
     return env
 
 
@@ -264,7 +283,7 @@ def _load(path: Path | None) -> dict[str, Any]:
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in dict.fromkeys(r["mode"] for r in rows):  # mps, time-slicing and any mps@P, in the order measured
         mine = [r for r in rows if r["mode"] == mode]
         errors = [abs(r["measured"][j] - r["predicted"][j]) for r in mine for j in r["jobs"]]
         if errors:
@@ -273,6 +292,15 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                          "measured_mean_slowdown_by_group": {
                              "+".join(r["jobs"]): statistics.mean(r["measured"].values()) for r in mine}}
     return out
+
+
+def share_costs(solo_by_mode: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per ``mps@P`` key, each job's seconds per step alone at ``P`` % over alone under plain ``mps``: what running at
+    that share costs it (1.0: the job never used more of the GPU). Jobs without both solo runs are left out."""
+    plain = solo_by_mode.get("mps", {})
+    return {key: {job: run["s_per_step"] / plain[job]["s_per_step"] for job, run in runs.items()
+                  if job in plain and plain[job]["s_per_step"] > 0}
+            for key, runs in solo_by_mode.items() if key.startswith("mps@")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,20 +334,20 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = [r for r in data.get("rows", []) if isinstance(r, dict) and "mode" in r]
     skipped: list[dict[str, Any]] = list(data.get("skipped", []))
     solo_by_mode: dict[str, dict[str, dict[str, float]]] = data.setdefault("solo", {})
-    solo = solo_by_mode.setdefault(args.mode, {})
+    solo = solo_by_mode.setdefault(args.key, {})
     todo = groups(args.sizes)
 
     def save() -> None:
-        data.update(rows=rows, skipped=skipped, summary=_summary(rows))
+        data.update(rows=rows, skipped=skipped, summary=_summary(rows), share_cost=share_costs(solo_by_mode))
         if args.json_path is not None:
             args.json_path.write_text(json.dumps(data, indent=2))
 
     def skip(what: str, why: str) -> None:
-        skipped.append({"mode": args.mode, "what": what, "reason": why})
-        print(f"[{args.mode}] SKIP {what}: {why}", flush=True)
+        skipped.append({"mode": args.key, "what": what, "reason": why})
+        print(f"[{args.key}] SKIP {what}: {why}", flush=True)
         save()
 
-    print(f"device {name} ({gpu_model}), sharing: {args.mode}, groups: {', '.join('+'.join(g) for g in todo)}, "
+    print(f"device {name} ({gpu_model}), sharing: {args.key}, groups: {', '.join('+'.join(g) for g in todo)}, "
           f"budget {args.budget:.0f} s", flush=True)
     measured = 0
     missing: list[str] = []
@@ -327,12 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         empty_pipe = folder / "no-mps"
         empty_pipe.mkdir()
-        env = worker_env(args.mode, dict(os.environ), empty_pipe)
+        env = worker_env(args.mode, dict(os.environ), empty_pipe, args.active_thread_percentage)
         missing = [job for job in JOBS if job not in solo]
         if "steps" not in data or args.steps is not None:
             data["steps"] = size_steps(deadline - time.monotonic(), len(missing) + len(todo), args.steps)
         steps = int(data["steps"])
-        print(f"[{args.mode}] {steps} steps per worker", flush=True)
+        print(f"[{args.key}] {steps} steps per worker", flush=True)
         for job in missing:
             left = deadline - time.monotonic()
             if left < STARTUP_GUESS_S:
@@ -344,12 +372,14 @@ def main(argv: list[str] | None = None) -> int:
                 skip(f"solo {job}", f"out of budget: {exc}")
                 break
             except RuntimeError as exc:
-                print(f"[{args.mode}] FAIL solo {exc}", flush=True)
+                print(f"[{args.key}] FAIL solo {exc}", flush=True)
                 save()
                 return 1
             solo[job] = {"s_per_step": run.s_per_step, "startup_s": run.startup_s, "steps": run.steps}
-            print(f"[{args.mode}] solo {job:11} {run.steps:5} steps  {run.s_per_step * 1000:8.2f} ms/step  "
-                  f"start-up {run.startup_s:5.1f} s", flush=True)
+            cost = share_costs(solo_by_mode).get(args.key, {}).get(job)
+            print(f"[{args.key}] solo {job:11} {run.steps:5} steps  {run.s_per_step * 1000:8.2f} ms/step  "
+                  f"start-up {run.startup_s:5.1f} s" + (f"  {cost:5.2f}x its time under mps" if cost else ""),
+                  flush=True)
             save()
         for group in todo:
             what = "+".join(group)
@@ -368,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
                 skip(what, f"timed out: {exc}")
                 continue
             except RuntimeError as exc:
-                print(f"[{args.mode}] FAIL {what}: {exc}", flush=True)
+                print(f"[{args.key}] FAIL {what}: {exc}", flush=True)
                 save()
                 return 1
-            row: dict[str, Any] = {"mode": args.mode, "jobs": list(group), "steps": {}, "s_per_step": {},
+            row: dict[str, Any] = {"mode": args.key, "jobs": list(group), "steps": {}, "s_per_step": {},
                                    "solo_s_per_step": {}, "measured": {}, "predicted": {}, "overlap": {},
                                    "intensity": {j: classes[j] for j in group}}
             for run in runs:
@@ -387,15 +417,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             measured += 1
             for job in group:
-                print(f"[{args.mode}] {what:34} {job:11} ({classes[job]:13}) measured {row['measured'][job]:5.2f}x  "
+                print(f"[{args.key}] {what:34} {job:11} ({classes[job]:13}) measured {row['measured'][job]:5.2f}x  "
                       f"predicted {row['predicted'][job]:5.2f}x  overlap {row['overlap'][job]:4.2f}", flush=True)
             save()
     save()
-    print(json.dumps({"mode": args.mode, "measured_groups": measured, "skipped": len(skipped),
-                      "summary": data["summary"].get(args.mode)}), flush=True)
+    print(json.dumps({"mode": args.key, "measured_groups": measured, "skipped": len(skipped),
+                      "summary": data["summary"].get(args.key),
+                      "share_cost": data["share_cost"].get(args.key)}), flush=True)
     if measured == 0 and not any(job in missing and job in solo for job in JOBS):
         reason = skipped[-1]["reason"] if skipped else "no group to run"
-        print(f"SKIP: nothing measured under {args.mode} within {args.budget:.0f} s ({reason})", flush=True)
+        print(f"SKIP: nothing measured under {args.key} within {args.budget:.0f} s ({reason})", flush=True)
         return SKIP_EXIT
     return 0
 

@@ -27,7 +27,15 @@ What it does, each step as kubelet does it (``pkg/kubelet``):
   (at most 4096 bytes), or with ``FallbackToLogsOnError`` and an error exit and an empty file the log's last 80
   lines (at most 2048 bytes).
 * **Deletion** (``killPod``/``killContainer``): a pod with ``deletionTimestamp`` gets SIGTERM, then SIGKILL after
-  ``deletionGracePeriodSeconds``; once its containers are gone the kubelet deletes the object with grace 0.
+  ``deletionGracePeriodSeconds``; once its containers are gone **and their terminal status is written** the kubelet
+  deletes the object with grace 0 (the status manager's ``canBeDeleted``: a pod is removed only once the API shows
+  its final status, so the DELETED event carries how it ended).
+* **Status writes** (``status_manager.go`` ``syncPod``): the object is read first and a status is never written to
+  a pod of the same name with another UID ("Pod was deleted and then recreated, skipping status update"); the
+  conditions the kubelet does not own (``PodScheduled``, ``DisruptionTarget`` from an eviction, any other
+  controller's) are kept from the object as it is (``mergePodStatus``), the kubelet's own (``Initialized``,
+  ``ContainersReady``, ``Ready``) replaced. Before, a terminal status dropped an eviction's ``DisruptionTarget``, and
+  a late one could land on a pod re-created under the same name.
 
 Without a container runtime there are no namespaces or cgroups. So:
 
@@ -75,6 +83,8 @@ from gnnsched.device_plugin.v1beta1 import api_pb2_grpc as pb_grpc
 log = logging.getLogger("e2e.kubelet")
 
 MAX_MESSAGE = 4096
+KUBELET_CONDITIONS = frozenset({"Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers"})
+"""The pod conditions the kubelet owns and rewrites (``kubetypes.PodConditionByKubelet``); it keeps every other."""
 FALLBACK_LINES = 80
 FALLBACK_BYTES = 2048
 HEALTHY = "Healthy"
@@ -154,6 +164,7 @@ class _Container:
     devices: list[str] = field(default_factory=list)
     done: bool = False
     terminating: bool = False
+    reported: bool = False  # its terminal status is written (or there is none to write): the pod may be deleted now
 
 
 class KubeletStandIn:
@@ -298,15 +309,26 @@ class KubeletStandIn:
             self.api.delete(self._path(pod), grace_seconds=0)
 
     def _status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        """Write ``status`` to ``pod`` as the status manager does (module docstring): only to the same pod (UID), with
+        the conditions the kubelet does not own kept from the object."""
+        name = pod["metadata"]["name"]
         try:
+            current = self.api.get_or_none(self._path(pod))
+            if current is None or (current.get("metadata") or {}).get("uid") != pod["metadata"]["uid"]:
+                log.debug("%s: pod %s was deleted (and maybe re-created): its status is not written", self.node, name)
+                return
+            if "conditions" in status:
+                mine = {c.get("type") for c in status["conditions"]} | KUBELET_CONDITIONS
+                kept = [c for c in (current.get("status") or {}).get("conditions") or [] if c.get("type") not in mine]
+                status = {**status, "conditions": [*kept, *status["conditions"]]}
             self.api.patch(self._path(pod) + "/status", {"status": status})
         except ApiError as exc:
-            log.debug("%s: status of %s not written: %s", self.node, pod["metadata"]["name"], exc)
+            log.debug("%s: status of %s not written: %s", self.node, name, exc)
 
     def _conditions(self, pod: dict[str, Any], ready: bool, reason: str | None = None) -> list[dict[str, Any]]:
+        """The kubelet's own conditions (the others are kept from the object by :meth:`_status`)."""
         stamp = now()
-        out = [c for c in ((pod.get("status") or {}).get("conditions") or []) if c.get("type") == "PodScheduled"]
-        out.append({"type": "Initialized", "status": "True", "lastTransitionTime": stamp})
+        out = [{"type": "Initialized", "status": "True", "lastTransitionTime": stamp}]
         for kind in ("ContainersReady", "Ready"):
             cond = {"type": kind, "status": "True" if ready else "False", "lastTransitionTime": stamp}
             if not ready and reason:
@@ -408,6 +430,7 @@ class KubeletStandIn:
             container.done = True
             self._status(pod, {"phase": "Failed", "reason": reason, "message": message,
                                "conditions": self._conditions(pod, False, "PodFailed"), **statuses})
+            container.reported = True
             self.on_event("failed", pod, message)
 
         try:
@@ -416,7 +439,7 @@ class KubeletStandIn:
             for i, ic in enumerate(inits):
                 argv, env, term_file = self._launch(pod, ic, pod_dir, {}, {})
                 if not self._exec(container, ic, argv, env, pod_dir):
-                    container.done = True
+                    container.done = container.reported = True  # deleted while starting: nothing ran to report
                     return
                 started = container.started_at
                 init_statuses[i]["state"] = {"running": {"startedAt": started}}
@@ -443,7 +466,7 @@ class KubeletStandIn:
                 "startedAt": start_time, "finishedAt": now()}}}]})
             return
         if not self._exec(container, c, argv, env, pod_dir):
-            container.done = True
+            container.done = container.reported = True  # deleted while starting: nothing ran to report
             return
         assert container.proc is not None
         waiting["containerID"] = f"local://{container.proc.pid}"
@@ -480,6 +503,7 @@ class KubeletStandIn:
             final.update(reason="DeadlineExceeded",
                          message="Pod was active on the node longer than the specified deadline")
         self._status(pod, final)
+        container.reported = True
         self.on_event("finished", pod, f"{phase} exit {exit_code}")
         if container.terminating:
             self._finish_delete(pod)
@@ -498,7 +522,7 @@ class KubeletStandIn:
             if proc.poll() is None:
                 _kill_group(proc.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while not container.done and time.monotonic() < deadline:
+        while not container.reported and time.monotonic() < deadline:  # its final status first, then the delete
             time.sleep(0.05)
         self._finish_delete(pod)
 

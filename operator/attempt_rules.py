@@ -73,16 +73,11 @@ def probation_update(status: dict[str, Any], attempt: FailedAttempt, own_fault: 
     undecided fault, requeued apart from its peers, or, with ``suspect``, its own as the fault's suspect) puts the
     job on probation at the step it reached (``gnnsched.attempts.probation``); ``{"probationStep": None, ...}``
     (merge patch: removed) when the attempt passed the job's probation step; else nothing."""
-    current = probation_of(status)
-    wanted = probation.probation_step(own_fault, attempt.step, sent_alone, current)
-    if wanted is None:
-        return {} if current is None and "probationSuspect" not in status else {"probationStep": None,
-                                                                                 "probationSuspect": None}
-    started = own_fault and wanted == attempt.step  # this fault set the step (else an earlier one still stands)
-    is_suspect = suspect if started else probation_suspect_of(status)
+    current, current_suspect = probation_of(status), probation_suspect_of(status)
+    wanted, is_suspect = probation.after_fault(own_fault, attempt.step, sent_alone, current, current_suspect, suspect)
     out: dict[str, Any] = {}
     if wanted != current:
         out["probationStep"] = wanted
-    if is_suspect != probation_suspect_of(status):
+    if is_suspect != current_suspect or (wanted is None and "probationSuspect" in status):
         out["probationSuspect"] = True if is_suspect else None
     return out

@@ -47,8 +47,12 @@ def test_a_suspects_probation_is_planned_alone_whether_or_not_a_gpu_is_idle() ->
     planned, alone = prob.planned_tasks(tasks, {"b", "c"}, True, 99, suspects={"c"})
     assert alone == {"b", "c"} and [t.bytes for t in planned] == [1, 99, 99]
     assert prob.planned_tasks(tasks, set(), False, 99, suspects={"c"}) == (tasks, set())  # not on probation
-    # the suspect's own fault starts it, as an undecided one does (the operator and the simulator pass own_fault)
-    assert prob.probation_step(True, 12, False, None) == 12
+    # the suspect's own fault starts it, as an undecided one does; the fault that sets the step decides the kind
+    assert prob.after_fault(True, 12, False, None, False, suspect=True) == (12, True)
+    assert prob.after_fault(False, 5, False, 12, True, suspect=False) == (12, True)  # a hardware fault: it stands
+    assert prob.after_fault(True, 20, False, 12, True, suspect=False) == (20, False)  # passed 12, undecided at 20
+    assert prob.after_fault(True, 20, True, None, False, suspect=True) == (None, False)  # runs alone for good
+    assert prob.after_fault(False, 30, False, 20, True, suspect=False) == (None, False)  # passed: over
 
 
 class _Faults(Simulation):

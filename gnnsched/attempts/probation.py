@@ -54,6 +54,18 @@ def probation_step(own_fault: bool, step: int | None, sent_alone: bool, current:
     return step if current is None else max(current, step)
 
 
+def after_fault(own_fault: bool, step: int | None, sent_alone: bool, current: int | None, current_suspect: bool,
+                suspect: bool) -> tuple[int | None, bool]:
+    """The job's probation after a failed attempt: its step (:func:`probation_step`) and whether it is a suspect's.
+    The fault that sets the step (``own_fault`` and the step is its own) decides the kind, ``suspect`` when it was
+    the attempt's own fault as the suspect; an earlier probation that still stands keeps its kind
+    (``current_suspect``); no probation, no kind. The operator's status and the simulator's books both call this."""
+    wanted = probation_step(own_fault, step, sent_alone, current)
+    if wanted is None:
+        return None, False
+    return wanted, suspect if own_fault and wanted == step else current_suspect
+
+
 def on_probation(probation: int | None, reported_steps: int | None) -> bool:
     """Whether an attempt with probation step ``probation`` still runs alone: until a progress report counts more
     steps than that (the steps include the ones its checkpoint held). No report yet: still on probation."""

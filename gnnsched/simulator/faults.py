@@ -459,16 +459,17 @@ class LoopBooks:
         step = replace(step, requeue=verdict.action == "Ignore")
         current = self.probation.get(job.id)
         suspect = charge.role == "suspect"
-        own = (bool(step.apart) or suspect) and self.probation_rule
-        wanted = prob.probation_step(own, at_step, step.alone, current[0] if current is not None else None)
+        wanted, is_suspect = prob.after_fault((bool(step.apart) or suspect) and self.probation_rule, at_step,
+                                              step.alone, current[0] if current is not None else None,
+                                              job.id in self.probation_suspects, suspect)
         if wanted is None:
             self.probation.pop(job.id, None)
         elif current is None or wanted != current[0]:
             self.probation[job.id] = (wanted, at_point if at_point is not None else 0.0)
-        if wanted is None or (own and wanted == at_step and not suspect):
-            self.probation_suspects.discard(job.id)
-        elif own and wanted == at_step:  # this fault set the step (operator/attempt_rules.probation_update too)
+        if is_suspect:
             self.probation_suspects.add(job.id)
+        else:
+            self.probation_suspects.discard(job.id)
         if step.apart:
             self.apart[job.id] = step.apart
         else:
